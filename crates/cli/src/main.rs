@@ -1,0 +1,5 @@
+//! The `tokenmill` binary: `serve`, `generate`, `bench serve`, `triage`.
+
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

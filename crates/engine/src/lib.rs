@@ -1,0 +1,1 @@
+//! tokenmill-engine: see ARCHITECTURE.md.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: fetch the default model, set up the test tools,
+# check formatting and lints, run every Rust test (unit, integration, real-model parity and
+# batch invariance) and the Python client tests against a live server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export TOKENMILL_TEST_MODEL="${TOKENMILL_TEST_MODEL:-$(scripts/fetch-model.sh)}"
+echo "== model: $TOKENMILL_TEST_MODEL"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+echo "== cargo test"
+cargo test --release --workspace
+
+if [ -x scripts/test-python.sh ]; then
+  echo "== python client tests"
+  scripts/test-python.sh
+fi
+echo "== all tests passed"
