@@ -1,0 +1,207 @@
+//! Property tests: random request streams (lengths, budgets, priorities, aborts, salts, tiny
+//! pools) through the scheduler and a paged token executor, with every invariant checked after
+//! every step (see `common/driver.rs`).
+
+mod common;
+
+use proptest::prelude::*;
+use tokenmill_core::{SchedulerConfig, SchedulingPolicy, StopParams};
+
+use common::driver::{run, RequestSpec};
+use common::EOS;
+
+/// Raw per-request draws, turned into a valid request once the scenario's limits are known.
+#[derive(Debug, Clone)]
+struct RawRequest {
+    arrival_step: usize,
+    base: usize,
+    shared_len: usize,
+    suffix: Vec<u32>,
+    max_tokens: u32,
+    min_tokens: u32,
+    priority: i32,
+    ignore_eos: bool,
+    abort_at_step: Option<usize>,
+    salt: Option<u8>,
+    stop_token: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    config: SchedulerConfig,
+    eos_every: u64,
+    requests: Vec<RequestSpec>,
+}
+
+fn raw_request() -> impl Strategy<Value = RawRequest> {
+    (
+        (
+            0usize..12,
+            0usize..2,
+            0usize..40,
+            prop::collection::vec(0u32..6, 0..10),
+        ),
+        (1u32..48, 0u32..6, -2i32..=2, any::<bool>()),
+        (
+            prop::option::weighted(0.2, 0usize..40),
+            prop::option::weighted(0.3, 0u8..2),
+            prop::option::weighted(0.3, 1u32..64),
+        ),
+    )
+        .prop_map(
+            |(
+                (arrival_step, base, shared_len, suffix),
+                (max_tokens, min_tokens, priority, ignore_eos),
+                (abort_at_step, salt, stop_token),
+            )| RawRequest {
+                arrival_step,
+                base,
+                shared_len,
+                suffix,
+                max_tokens,
+                min_tokens,
+                priority,
+                ignore_eos,
+                abort_at_step,
+                salt,
+                stop_token,
+            },
+        )
+}
+
+fn build_request(raw: &RawRequest, bases: &[Vec<u32>; 2], max_model_len: usize) -> RequestSpec {
+    let base = &bases[raw.base];
+    let mut prompt: Vec<u32> = base[..raw.shared_len.min(base.len())].to_vec();
+    prompt.extend_from_slice(&raw.suffix);
+    if prompt.is_empty() {
+        prompt.push(1);
+    }
+    prompt.truncate(max_model_len - 1);
+    let room = (max_model_len - prompt.len()) as u32;
+    let max_tokens = 1 + (raw.max_tokens - 1) % room;
+    RequestSpec {
+        arrival_step: raw.arrival_step,
+        prompt,
+        stop: StopParams {
+            max_tokens,
+            min_tokens: raw.min_tokens.min(max_tokens),
+            ignore_eos: raw.ignore_eos,
+            eos_token_ids: vec![EOS],
+            stop_token_ids: raw.stop_token.into_iter().collect(),
+        },
+        priority: raw.priority,
+        salt: raw.salt,
+        abort_at_step: raw.abort_at_step,
+    }
+}
+
+/// Scenarios with pools from "one max-length request" to roomy, budgets from 1 token.
+fn scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
+    (
+        (
+            1usize..=6,
+            4usize..=40,
+            prop_oneof![0usize..=2, 0usize..=12],
+            1usize..=24,
+            1usize..=6,
+        ),
+        (
+            any::<bool>(),
+            prop_oneof![
+                Just(SchedulingPolicy::Fcfs),
+                Just(SchedulingPolicy::Priority)
+            ],
+            prop::option::weighted(0.3, 1usize..=10),
+            0u64..=10,
+        ),
+        prop::collection::vec(raw_request(), 1..=10),
+        (
+            prop::collection::vec(0u32..6, 40),
+            prop::collection::vec(0u32..6, 40),
+        ),
+    )
+        .prop_map(
+            move |(
+                (block_size, max_model_len, extra_blocks, budget, max_num_seqs),
+                (enable_prefix_caching, policy, long_prefill_token_threshold, eos_every),
+                raws,
+                (base_a, base_b),
+            )| {
+                let bases = [base_a, base_b];
+                let config = SchedulerConfig {
+                    max_num_batched_tokens: budget,
+                    max_num_seqs,
+                    max_model_len,
+                    block_size,
+                    num_blocks: (max_model_len.div_ceil(block_size) + extra_blocks) as u32,
+                    enable_prefix_caching,
+                    policy,
+                    long_prefill_token_threshold,
+                };
+                let requests = raws
+                    .iter()
+                    .map(|raw| {
+                        let mut spec = build_request(raw, &bases, max_model_len);
+                        if !with_aborts {
+                            spec.abort_at_step = None;
+                        }
+                        spec
+                    })
+                    .collect();
+                Scenario {
+                    config,
+                    eos_every,
+                    requests,
+                }
+            },
+        )
+}
+
+/// Generous for the worst case (budget 1, one-request pools, repeated recompute).
+const MAX_STEPS: usize = 50_000;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn invariants_hold_and_every_request_finishes(scenario in scenario(true)) {
+        let result = run(scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(result.is_ok(), "{}", result.err().unwrap_or_default());
+    }
+}
+
+/// The same requests with a pool big enough that nothing is ever preempted, no prefix cache,
+/// no chunking and room for everyone at once.
+fn reference_config(scenario: &Scenario) -> SchedulerConfig {
+    let config = scenario.config;
+    let blocks_per_request = config.max_model_len.div_ceil(config.block_size);
+    SchedulerConfig {
+        max_num_batched_tokens: 100_000,
+        max_num_seqs: 1_000,
+        num_blocks: (blocks_per_request * scenario.requests.len() + 1) as u32,
+        enable_prefix_caching: false,
+        long_prefill_token_threshold: None,
+        ..config
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Architecture invariant 3: greedy output does not depend on batching, chunking,
+    /// preemption with recompute, or prefix caching.
+    #[test]
+    fn greedy_outputs_do_not_depend_on_scheduling(scenario in scenario(false)) {
+        let reference = run(reference_config(&scenario), &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(reference.is_ok(), "{}", reference.clone().err().unwrap_or_default());
+        let reference = reference.unwrap_or_else(|_| unreachable!());
+        prop_assert_eq!(reference.stats.num_preemptions, 0);
+        for caching in [false, true] {
+            let config = SchedulerConfig { enable_prefix_caching: caching, ..scenario.config };
+            let result = run(config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+            prop_assert!(result.is_ok(), "{}", result.clone().err().unwrap_or_default());
+            let result = result.unwrap_or_else(|_| unreachable!());
+            prop_assert_eq!(&result.outcomes, &reference.outcomes, "caching={}", caching);
+        }
+    }
+}
