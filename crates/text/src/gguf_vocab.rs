@@ -1,0 +1,394 @@
+//! Building a tokenizer from a GGUF file's `tokenizer.ggml.*` metadata.
+//!
+//! GGUF stores the vocabulary as plain arrays (token strings, types, scores, merges) plus a few
+//! names and ids. [`GgufVocab`] is that data, read once; [`GgufVocab::build`] turns it into a
+//! Hugging Face `tokenizers` pipeline that tokenizes the way llama.cpp does:
+//! - `gpt2`: byte-level BPE over `tokens` and `merges`, pre-tokenized by the regexes llama.cpp
+//!   uses for `tokenizer.ggml.pre` ([`crate::pretokenize`]);
+//! - `llama`: SentencePiece BPE. Merges are derived from the scores (a pair merges when the
+//!   concatenation is a token; higher score first), unknown characters fall back to `<0xXX>`
+//!   byte tokens, spaces become `▁` and a `▁` is prepended when `add_space_prefix` (default on).
+//!
+//! Control (3), unknown (2) and user-defined (4) tokens are registered as added tokens, so
+//! "<|im_start|>" in text becomes one token, as llama.cpp does with `parse_special = true`.
+
+use std::collections::HashMap;
+
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::byte_level::ByteLevel;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
+use tokenmill_gguf::{GgufFile, MetadataValue};
+
+use crate::error::{Result, TextError};
+use crate::pretokenize::PreTokenizerSpec;
+
+/// GGUF token types (llama.cpp `llama_token_type`).
+pub mod token_type {
+    pub const NORMAL: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const CONTROL: i32 = 3;
+    pub const USER_DEFINED: i32 = 4;
+    pub const UNUSED: i32 = 5;
+    pub const BYTE: i32 = 6;
+}
+
+/// The tokenizer half of a GGUF file's metadata, as plain data.
+#[derive(Debug, Clone, Default)]
+pub struct GgufVocab {
+    /// `tokenizer.ggml.model`: "gpt2" or "llama" (others are rejected by [`Self::build`]).
+    pub model: String,
+    /// `tokenizer.ggml.pre`, absent for older files.
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    /// One per token; [`token_type::NORMAL`] when the file has none.
+    pub token_types: Vec<i32>,
+    /// SentencePiece scores (empty for BPE vocabularies).
+    pub scores: Vec<f32>,
+    /// "left right" pairs, highest priority first.
+    pub merges: Vec<String>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub eot_token_id: Option<u32>,
+    pub eom_token_id: Option<u32>,
+    pub unknown_token_id: Option<u32>,
+    /// `None`: not stated; llama.cpp then adds BOS for "llama" vocabularies only.
+    pub add_bos_token: Option<bool>,
+    pub add_eos_token: Option<bool>,
+    pub add_space_prefix: Option<bool>,
+    /// `tokenizer.chat_template`.
+    pub chat_template: Option<String>,
+}
+
+fn strings(file: &GgufFile, key: &str) -> Result<Vec<String>> {
+    let values = file
+        .get_array(key)
+        .ok_or_else(|| TextError::MissingMetadata {
+            key: key.to_string(),
+        })?;
+    values
+        .iter()
+        .map(|value| value.as_str().map(str::to_string))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| TextError::MissingMetadata {
+            key: key.to_string(),
+        })
+}
+
+fn id(file: &GgufFile, key: &str) -> Option<u32> {
+    // Some converters write -1 (as a signed or wrapped unsigned int) for "no such token".
+    file.get_u64(key)
+        .and_then(|value| u32::try_from(value).ok())
+        .filter(|&value| value != u32::MAX)
+}
+
+impl GgufVocab {
+    /// Reads the `tokenizer.*` keys of an opened GGUF file.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let model = file
+            .get_str("tokenizer.ggml.model")
+            .ok_or_else(|| TextError::MissingMetadata {
+                key: "tokenizer.ggml.model".to_string(),
+            })?
+            .to_string();
+        let tokens = strings(file, "tokenizer.ggml.tokens")?;
+        let token_types = match file.get_array("tokenizer.ggml.token_type") {
+            Some(values) => values
+                .iter()
+                .map(|value| value.as_i64().and_then(|t| i32::try_from(t).ok()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| TextError::MissingMetadata {
+                    key: "tokenizer.ggml.token_type".to_string(),
+                })?,
+            None => vec![token_type::NORMAL; tokens.len()],
+        };
+        let scores = match file.get_array("tokenizer.ggml.scores") {
+            Some(values) => values
+                .iter()
+                .map(|value| value.as_f64().map(|s| s as f32))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| TextError::MissingMetadata {
+                    key: "tokenizer.ggml.scores".to_string(),
+                })?,
+            None => Vec::new(),
+        };
+        let merges = if file.get("tokenizer.ggml.merges").is_some() {
+            strings(file, "tokenizer.ggml.merges")?
+        } else {
+            Vec::new()
+        };
+        Ok(GgufVocab {
+            model,
+            pre: file.get_str("tokenizer.ggml.pre").map(str::to_string),
+            tokens,
+            token_types,
+            scores,
+            merges,
+            bos_token_id: id(file, "tokenizer.ggml.bos_token_id"),
+            eos_token_id: id(file, "tokenizer.ggml.eos_token_id"),
+            eot_token_id: id(file, "tokenizer.ggml.eot_token_id"),
+            eom_token_id: id(file, "tokenizer.ggml.eom_token_id"),
+            unknown_token_id: id(file, "tokenizer.ggml.unknown_token_id"),
+            add_bos_token: file
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(MetadataValue::as_bool),
+            add_eos_token: file
+                .get("tokenizer.ggml.add_eos_token")
+                .and_then(MetadataValue::as_bool),
+            add_space_prefix: file
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(MetadataValue::as_bool),
+            chat_template: file.get_str("tokenizer.chat_template").map(str::to_string),
+        })
+    }
+
+    fn token_type(&self, id: usize) -> i32 {
+        self.token_types
+            .get(id)
+            .copied()
+            .unwrap_or(token_type::NORMAL)
+    }
+
+    /// Whether encoding with special tokens prepends BOS (llama.cpp's default: SentencePiece yes,
+    /// BPE no, unless the file says otherwise).
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos_token.unwrap_or(self.model == "llama")
+    }
+
+    /// First id of every token string; later duplicates (some SentencePiece vocabularies have
+    /// them) keep their id but are reachable only by id.
+    fn vocab_map(&self) -> HashMap<String, u32> {
+        let mut vocab = HashMap::with_capacity(self.tokens.len());
+        for (id, token) in self.tokens.iter().enumerate() {
+            let id = u32::try_from(id).unwrap_or(u32::MAX);
+            vocab.entry(token.clone()).or_insert(id);
+        }
+        vocab
+    }
+
+    /// The Hugging Face tokenizer pipeline equivalent to llama.cpp's for this vocabulary.
+    pub fn build(&self) -> Result<tokenizers::Tokenizer> {
+        if self.tokens.is_empty() {
+            return Err(TextError::InvalidVocabulary(
+                "tokenizer.ggml.tokens is empty".to_string(),
+            ));
+        }
+        let mut tokenizer = match self.model.as_str() {
+            "gpt2" => self.build_byte_level_bpe()?,
+            "llama" => self.build_sentencepiece()?,
+            other => {
+                return Err(TextError::UnsupportedTokenizerModel {
+                    model: other.to_string(),
+                })
+            }
+        };
+        let mut special = Vec::new();
+        let mut user_defined = Vec::new();
+        for (id, token) in self.tokens.iter().enumerate() {
+            match self.token_type(id) {
+                token_type::CONTROL | token_type::UNKNOWN => {
+                    special.push(AddedToken::from(token.clone(), true))
+                }
+                token_type::USER_DEFINED => {
+                    user_defined.push(AddedToken::from(token.clone(), false).normalized(false))
+                }
+                _ => {}
+            }
+        }
+        tokenizer.add_special_tokens(&special);
+        tokenizer.add_tokens(&user_defined);
+        Ok(tokenizer)
+    }
+
+    fn build_byte_level_bpe(&self) -> Result<tokenizers::Tokenizer> {
+        let spec = PreTokenizerSpec::for_name(self.pre.as_deref())?;
+        let merges = self
+            .merges
+            .iter()
+            .map(|merge| {
+                merge
+                    .split_once(' ')
+                    .map(|(left, right)| (left.to_string(), right.to_string()))
+                    .ok_or_else(|| {
+                        TextError::InvalidVocabulary(format!(
+                            "merge {merge:?} is not \"left right\""
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let model = BPE::builder()
+            .vocab_and_merges(self.vocab_map().into_iter().collect::<Vocab>(), merges)
+            .ignore_merges(spec.ignore_merges)
+            .build()
+            .map_err(TextError::tokenizer)?;
+        let mut pieces: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
+        for regex in &spec.regexes {
+            let split = Split::new(
+                SplitPattern::Regex((*regex).to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(TextError::tokenizer)?;
+            pieces.push(split.into());
+        }
+        // The regexes already split the text; ByteLevel only maps bytes to its printable alphabet.
+        pieces.push(
+            tokenizers::pre_tokenizers::byte_level::ByteLevel::new(false, false, false).into(),
+        );
+        let mut tokenizer = tokenizers::Tokenizer::new(model);
+        tokenizer
+            .with_pre_tokenizer(Some(PreTokenizerSequence::new(pieces)))
+            .with_decoder(Some(ByteLevel::default()));
+        Ok(tokenizer)
+    }
+
+    fn build_sentencepiece(&self) -> Result<tokenizers::Tokenizer> {
+        if self.scores.len() != self.tokens.len() {
+            return Err(TextError::MissingMetadata {
+                key: "tokenizer.ggml.scores".to_string(),
+            });
+        }
+        let vocab = self.vocab_map();
+        let merges = sentencepiece_merges(&self.tokens, &self.scores, &self.token_types, &vocab);
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges)
+            .byte_fallback(true)
+            .fuse_unk(true);
+        if let Some(unknown) = self
+            .unknown_token_id
+            .and_then(|id| self.tokens.get(id as usize))
+        {
+            builder = builder.unk_token(unknown.clone());
+        }
+        let model = builder.build().map_err(TextError::tokenizer)?;
+        let add_space_prefix = self.add_space_prefix.unwrap_or(true);
+        let replace_space = Replace::new(" ", "\u{2581}").map_err(TextError::tokenizer)?;
+        let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
+        if add_space_prefix {
+            normalizers.push(Prepend::new("\u{2581}".to_string()).into());
+        }
+        normalizers.push(replace_space.into());
+        let mut decoders: Vec<DecoderWrapper> = vec![
+            Replace::new("\u{2581}", " ")
+                .map_err(TextError::tokenizer)?
+                .into(),
+            ByteFallback::new().into(),
+            Fuse::new().into(),
+        ];
+        if add_space_prefix {
+            decoders.push(Strip::new(' ', 1, 0).into());
+        }
+        let mut tokenizer = tokenizers::Tokenizer::new(model);
+        tokenizer
+            .with_normalizer(Some(NormalizerSequence::new(normalizers)))
+            .with_decoder(Some(DecoderSequence::new(decoders)));
+        Ok(tokenizer)
+    }
+}
+
+/// SentencePiece BPE as ranked merges: every split of a normal token into two tokens is a merge,
+/// ranked by the merged token's score (higher first), ties by id. This is what Hugging Face's
+/// Llama converter does, and it reproduces SentencePiece's greedy highest-score-pair merging.
+fn sentencepiece_merges(
+    tokens: &[String],
+    scores: &[f32],
+    token_types: &[i32],
+    vocab: &HashMap<String, u32>,
+) -> Vec<(String, String)> {
+    let mut ranked: Vec<(f32, usize, String, String)> = Vec::new();
+    for (id, token) in tokens.iter().enumerate() {
+        let kind = token_types.get(id).copied().unwrap_or(token_type::NORMAL);
+        if kind != token_type::NORMAL && kind != token_type::USER_DEFINED {
+            continue;
+        }
+        for (split, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(split);
+            if vocab.contains_key(left) && vocab.contains_key(right) {
+                ranked.push((scores[id], id, left.to_string(), right.to_string()));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    ranked
+        .into_iter()
+        .map(|(_, _, left, right)| (left, right))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentencepiece_vocab() -> GgufVocab {
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut token_types = vec![
+            token_type::UNKNOWN,
+            token_type::CONTROL,
+            token_type::CONTROL,
+        ];
+        for byte in 0..=255u8 {
+            tokens.push(format!("<0x{byte:02X}>"));
+            token_types.push(token_type::BYTE);
+        }
+        for piece in [
+            "▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "▁he", "llo", "▁hello", "▁w", "or",
+            "▁wor", "ld", "▁world",
+        ] {
+            tokens.push(piece.to_string());
+            token_types.push(token_type::NORMAL);
+        }
+        // Longer pieces score higher, as in a trained SentencePiece model.
+        let scores = tokens.iter().map(|t| t.chars().count() as f32).collect();
+        GgufVocab {
+            model: "llama".into(),
+            tokens,
+            token_types,
+            scores,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            unknown_token_id: Some(0),
+            ..GgufVocab::default()
+        }
+    }
+
+    #[test]
+    fn sentencepiece_merges_by_score_and_falls_back_to_bytes() {
+        let vocab = sentencepiece_vocab();
+        let tokenizer = vocab.build().unwrap();
+        let encoding = tokenizer.encode("hello world", false).unwrap();
+        let pieces: Vec<&str> = encoding.get_tokens().iter().map(String::as_str).collect();
+        assert_eq!(pieces, vec!["▁hello", "▁world"]);
+        // "é" is not in the vocabulary: its two UTF-8 bytes become byte tokens.
+        let encoding = tokenizer.encode("hé", false).unwrap();
+        let pieces: Vec<&str> = encoding.get_tokens().iter().map(String::as_str).collect();
+        assert_eq!(pieces, vec!["▁", "h", "<0xC3>", "<0xA9>"]);
+        assert_eq!(tokenizer.decode(encoding.get_ids(), false).unwrap(), "hé");
+    }
+
+    #[test]
+    fn sentencepiece_control_tokens_are_split_out() {
+        let tokenizer = sentencepiece_vocab().build().unwrap();
+        let encoding = tokenizer.encode("hello</s>", false).unwrap();
+        assert_eq!(encoding.get_ids().last().copied(), Some(2));
+    }
+
+    #[test]
+    fn unknown_model_is_named_in_the_error() {
+        let vocab = GgufVocab {
+            model: "t5".into(),
+            tokens: vec!["a".into()],
+            ..GgufVocab::default()
+        };
+        let error = vocab.build().unwrap_err();
+        assert!(error.to_string().contains("\"t5\""), "{error}");
+    }
+}

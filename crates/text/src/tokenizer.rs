@@ -1,0 +1,462 @@
+//! [`Tokenizer`]: text ↔ token ids for one model, from tokenizer.json or GGUF metadata.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use tokenizers::decoders::DecoderWrapper;
+use tokenmill_gguf::GgufFile;
+
+use crate::error::{Result, TextError};
+use crate::gguf_vocab::GgufVocab;
+
+/// Token texts llama.cpp treats as end-of-generation whenever they are in the vocabulary
+/// (`llama_vocab::impl::load`, "auto-detect special tokens by text").
+const LLAMA_CPP_END_OF_GENERATION: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+];
+
+/// End-of-turn markers chat templates close an assistant message with; when a model's template
+/// contains one that is a token, generating it ends the turn.
+const TEMPLATE_END_OF_TURN: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|END_OF_TURN_TOKEN|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "</s>",
+];
+
+/// Where a tokenizer came from; decides how `add_special_tokens` behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// tokenizer.json: its post-processor decides what `add_special_tokens` adds.
+    HuggingFace,
+    /// GGUF metadata: BOS/EOS are added by hand per `add_bos_token`/`add_eos_token`.
+    Gguf,
+}
+
+/// A model's tokenizer: encoding, decoding, special tokens and the end-of-sequence set.
+///
+/// Special tokens written in the input text (e.g. "<|im_start|>") always encode to their single
+/// id, as vLLM and llama.cpp's server do for rendered chat prompts.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    source: Source,
+    byte_level: bool,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    eos_token_ids: BTreeSet<u32>,
+    special_ids: HashSet<u32>,
+    chat_template: Option<String>,
+    /// Highest id + 1, computed once: `tokenizers` rebuilds its whole vocabulary map to count it.
+    vocab_size: usize,
+}
+
+impl Tokenizer {
+    /// Loads a Hugging Face `tokenizer.json`, with BOS/EOS names and the chat template from
+    /// `tokenizer_config.json` when given.
+    pub fn from_file(tokenizer_json: &Path, tokenizer_config: Option<&Path>) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|error| {
+            TextError::Tokenizer(format!("{}: {error}", tokenizer_json.display()))
+        })?;
+        let config = match tokenizer_config {
+            Some(path) => read_json(path)?,
+            None => Value::Null,
+        };
+        let bos_token_id =
+            special_token_name(&config, "bos_token").and_then(|name| inner.token_to_id(&name));
+        let eos_token_id =
+            special_token_name(&config, "eos_token").and_then(|name| inner.token_to_id(&name));
+        let chat_template = config_chat_template(&config);
+        // The post-processor, not the config's flags, decides what encoding adds: ask it.
+        let added = inner
+            .encode_fast("", true)
+            .map_err(TextError::tokenizer)?
+            .get_ids()
+            .to_vec();
+        let mut tokenizer = Tokenizer::assemble(
+            inner,
+            Source::HuggingFace,
+            bos_token_id,
+            eos_token_id,
+            chat_template,
+        );
+        tokenizer.add_bos = bos_token_id.is_some() && added.first().copied() == bos_token_id;
+        tokenizer.add_eos = eos_token_id.is_some() && added.last().copied() == eos_token_id;
+        Ok(tokenizer)
+    }
+
+    /// Loads a Hugging Face model directory: `tokenizer.json`, and `tokenizer_config.json` and
+    /// `generation_config.json` (its `eos_token_id`, one id or a list, joins the EOS set) if present.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let config = dir.join("tokenizer_config.json");
+        let mut tokenizer = Tokenizer::from_file(
+            &dir.join("tokenizer.json"),
+            config.exists().then_some(config.as_path()),
+        )?;
+        let generation_config = dir.join("generation_config.json");
+        if generation_config.exists() {
+            let value = read_json(&generation_config)?;
+            let ids = match value.get("eos_token_id") {
+                Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_u64).collect(),
+                Some(id) => id.as_u64().into_iter().collect(),
+                None => Vec::new(),
+            };
+            for id in ids {
+                if let Ok(id) = u32::try_from(id) {
+                    tokenizer.eos_token_ids.insert(id);
+                }
+            }
+        }
+        Ok(tokenizer)
+    }
+
+    /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        Tokenizer::from_gguf_vocab(&GgufVocab::from_gguf(file)?)
+    }
+
+    /// Builds the tokenizer from GGUF vocabulary data already read (see [`GgufVocab`]).
+    pub fn from_gguf_vocab(vocab: &GgufVocab) -> Result<Self> {
+        let inner = vocab.build()?;
+        let mut tokenizer = Tokenizer::assemble(
+            inner,
+            Source::Gguf,
+            vocab.bos_token_id,
+            vocab.eos_token_id,
+            vocab.chat_template.clone(),
+        );
+        tokenizer.byte_level = vocab.model == "gpt2";
+        tokenizer.add_bos = vocab.adds_bos();
+        tokenizer.add_eos = vocab.add_eos_token.unwrap_or(false);
+        tokenizer.eos_token_ids.extend(vocab.eot_token_id);
+        tokenizer.eos_token_ids.extend(vocab.eom_token_id);
+        for text in LLAMA_CPP_END_OF_GENERATION {
+            if let Some(id) = tokenizer.token_to_id(text) {
+                tokenizer.eos_token_ids.insert(id);
+            }
+        }
+        Ok(tokenizer)
+    }
+
+    fn assemble(
+        inner: tokenizers::Tokenizer,
+        source: Source,
+        bos_token_id: Option<u32>,
+        eos_token_id: Option<u32>,
+        chat_template: Option<String>,
+    ) -> Self {
+        let special_ids = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        let byte_level = inner.get_decoder().is_some_and(decoder_is_byte_level);
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| id as usize + 1);
+        let mut tokenizer = Tokenizer {
+            inner,
+            source,
+            byte_level,
+            bos_token_id,
+            eos_token_id,
+            add_bos: false,
+            add_eos: false,
+            eos_token_ids: eos_token_id.into_iter().collect(),
+            special_ids,
+            chat_template: None,
+            vocab_size,
+        };
+        if let Some(template) = &chat_template {
+            tokenizer.register_chat_template_end_tokens(template);
+        }
+        tokenizer.chat_template = chat_template;
+        tokenizer
+    }
+
+    /// Adds the end-of-turn tokens a chat template uses (e.g. "<|im_end|>") to the EOS set; call
+    /// it for a template given on the command line, the model's own is registered at load.
+    pub fn register_chat_template_end_tokens(&mut self, template_source: &str) {
+        for text in TEMPLATE_END_OF_TURN {
+            if template_source.contains(text) {
+                if let Some(id) = self.token_to_id(text) {
+                    self.eos_token_ids.insert(id);
+                }
+            }
+        }
+    }
+
+    /// The model's own chat template source (GGUF `tokenizer.chat_template` or
+    /// tokenizer_config.json `chat_template`, the "default" one when it is a list).
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Token ids for `text`. Special tokens written in the text are recognised. With
+    /// `add_special_tokens`, BOS (and EOS) are added only where the model asks for them.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        match self.source {
+            Source::HuggingFace => {
+                let encoding = self
+                    .inner
+                    .encode_fast(text, add_special_tokens)
+                    .map_err(TextError::tokenizer)?;
+                Ok(encoding.get_ids().to_vec())
+            }
+            Source::Gguf => {
+                let encoding = self
+                    .inner
+                    .encode_fast(text, false)
+                    .map_err(TextError::tokenizer)?;
+                let ids = encoding.get_ids();
+                let mut out = Vec::with_capacity(ids.len() + 2);
+                if add_special_tokens && self.add_bos {
+                    out.extend(self.bos_token_id);
+                }
+                out.extend_from_slice(ids);
+                if add_special_tokens && self.add_eos {
+                    out.extend(self.eos_token_id);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Text for `ids`. Incomplete UTF-8 at the end (a character split across tokens) decodes to
+    /// U+FFFD; use [`crate::IncrementalDetokenizer`] for streaming.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        let vocab_size = self.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(TextError::InvalidTokenId { id, vocab_size });
+        }
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(TextError::tokenizer)
+    }
+
+    /// The bytes one token stands for on its own (llama.cpp's `token_to_piece` with special
+    /// tokens rendered). A piece may be part of a UTF-8 character, hence bytes.
+    pub fn token_to_piece(&self, id: u32) -> Result<Vec<u8>> {
+        let token = self
+            .inner
+            .id_to_token(id)
+            .ok_or(TextError::InvalidTokenId {
+                id,
+                vocab_size: self.vocab_size(),
+            })?;
+        if self.special_ids.contains(&id) {
+            return Ok(token.into_bytes());
+        }
+        if self.byte_level {
+            let table = byte_level_decode_table();
+            return Ok(token
+                .chars()
+                .flat_map(|c| match table.get(&c) {
+                    Some(&byte) => vec![byte],
+                    None => c.to_string().into_bytes(),
+                })
+                .collect());
+        }
+        if let Some(byte) = byte_fallback_value(&token) {
+            return Ok(vec![byte]);
+        }
+        Ok(token.replace('\u{2581}', " ").into_bytes())
+    }
+
+    /// The vocabulary string of a token (byte-level or `▁`-marked, as stored).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Number of token ids (highest id + 1), added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_token_id
+    }
+
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_id
+    }
+
+    /// BOS as text, for chat templates' `bos_token` ("" when the model has none).
+    pub fn bos_token(&self) -> String {
+        self.bos_token_id
+            .and_then(|id| self.inner.id_to_token(id))
+            .unwrap_or_default()
+    }
+
+    /// EOS as text, for chat templates' `eos_token` ("" when the model has none).
+    pub fn eos_token(&self) -> String {
+        self.eos_token_id
+            .and_then(|id| self.inner.id_to_token(id))
+            .unwrap_or_default()
+    }
+
+    /// Whether encoding with special tokens prepends BOS.
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// Every id that ends generation: EOS, EOT/EOM, the chat template's end-of-turn token and
+    /// (GGUF) the tokens llama.cpp treats as end-of-generation. Sorted.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos_token_ids.iter().copied().collect()
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_token_ids.contains(&id)
+    }
+
+    /// Control tokens: skipped by `decode(.., skip_special_tokens = true)`.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| TextError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| TextError::Json {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// tokenizer_config.json writes special tokens as a string or as `{"content": ...}`.
+fn special_token_name(config: &Value, key: &str) -> Option<String> {
+    match config.get(key)? {
+        Value::String(name) => Some(name.clone()),
+        Value::Object(token) => token
+            .get("content")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` of which "default" is used.
+pub(crate) fn config_chat_template(config: &Value) -> Option<String> {
+    match config.get("chat_template")? {
+        Value::String(template) => Some(template.clone()),
+        Value::Array(templates) => templates
+            .iter()
+            .find(|entry| entry.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|entry| entry.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+fn decoder_is_byte_level(decoder: &DecoderWrapper) -> bool {
+    match decoder {
+        DecoderWrapper::ByteLevel(_) => true,
+        DecoderWrapper::Sequence(_) => {
+            serde_json::to_string(decoder).is_ok_and(|json| json.contains("\"type\":\"ByteLevel\""))
+        }
+        _ => false,
+    }
+}
+
+/// `<0xAB>` → 0xAB (SentencePiece byte-fallback tokens).
+fn byte_fallback_value(token: &str) -> Option<u8> {
+    let hex = token.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+/// GPT-2's byte-level alphabet reversed: printable char → the byte it stands for. Bytes that are
+/// printable Latin-1 map to themselves; the other 68 are shifted to U+0100 and up, in order.
+fn byte_level_decode_table() -> &'static std::collections::HashMap<char, u8> {
+    static TABLE: OnceLock<std::collections::HashMap<char, u8>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut shifted = 0u32;
+        (0..=255u8)
+            .map(|byte| {
+                let c = if printable(byte) {
+                    char::from(byte)
+                } else {
+                    shifted += 1;
+                    char::from_u32(255 + shifted).unwrap_or(char::REPLACEMENT_CHARACTER)
+                };
+                (c, byte)
+            })
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<crate::ChatTemplate>();
+        assert_send_sync::<crate::IncrementalDetokenizer>();
+    }
+
+    #[test]
+    fn byte_level_table_matches_gpt2() {
+        let table = byte_level_decode_table();
+        assert_eq!(table.len(), 256);
+        assert_eq!(table[&'Ġ'], b' ');
+        assert_eq!(table[&'Ċ'], b'\n');
+        assert_eq!(table[&'A'], b'A');
+        assert_eq!(table[&'ĉ'], b'\t');
+    }
+
+    #[test]
+    fn byte_fallback_tokens_parse() {
+        assert_eq!(byte_fallback_value("<0x0A>"), Some(b'\n'));
+        assert_eq!(byte_fallback_value("<0xZZ>"), None);
+        assert_eq!(byte_fallback_value("<0x0A0>"), None);
+    }
+
+    #[test]
+    fn config_chat_template_picks_default_from_list() {
+        let config = serde_json::json!({
+            "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+        });
+        assert_eq!(config_chat_template(&config).as_deref(), Some("D"));
+        let config = serde_json::json!({"eos_token": {"content": "</s>", "lstrip": false}});
+        assert_eq!(
+            special_token_name(&config, "eos_token").as_deref(),
+            Some("</s>")
+        );
+    }
+}
