@@ -1,0 +1,77 @@
+//! tokenmill-protocol: the OpenAI/vLLM wire format and its validation.
+//!
+//! This is the only crate that knows what OpenAI clients, vLLM's benchmark, GuideLLM and
+//! lm-eval put on the wire (architecture invariant 2). The server maps HTTP onto these types;
+//! the engine only ever sees the plain, checked [`SamplingOptions`].
+//!
+//! # Key types
+//!
+//! - Requests: [`CompletionRequest`] (prompt as [`PromptInput`]), [`ChatCompletionRequest`]
+//!   (messages as [`ChatMessage`] with string or text-part content), [`TokenizeRequest`],
+//!   [`DetokenizeRequest`]. Unknown fields are ignored; every optional field accepts `null`.
+//! - Responses: [`CompletionResponse`] / [`CompletionStreamChunk`] (legacy
+//!   [`CompletionLogprobs`]), [`ChatCompletionResponse`] / [`ChatCompletionChunk`], [`Usage`],
+//!   [`ModelList`], [`TokenizeResponse`], [`DetokenizeResponse`], [`ErrorResponse`].
+//! - Validation: [`ValidationLimits`] in, [`ValidatedSampling`] ([`SamplingOptions`] +
+//!   [`OutputOptions`]) out, or a [`ProtocolError`] naming the offending `param` (a 400).
+//! - [`openapi_json`]: the OpenAPI 3.1 document of the served routes.
+//!
+//! # Usage (server side)
+//!
+//! ```
+//! use tokenmill_protocol::{parse_json, CompletionRequest, ErrorResponse, ValidationLimits};
+//!
+//! let limits = ValidationLimits::new(2048, 49152);
+//! let body = br#"{"model": "m", "prompt": "Hello", "max_tokens": 8, "top_k": 40}"#;
+//! let request: CompletionRequest = parse_json(body).unwrap();
+//! let validated = request.validate(&limits).unwrap();
+//! let prompts = request.prompts(&limits).unwrap();
+//! // ... tokenize prompts[0], then check the context budget:
+//! let max_tokens = validated.resolve_max_tokens(5, &limits).unwrap();
+//! assert_eq!((max_tokens, validated.sampling.top_k), (8, Some(40)));
+//!
+//! let bad: CompletionRequest = parse_json(br#"{"prompt": "x", "top_p": 0}"#).unwrap();
+//! let error = ErrorResponse::from(bad.validate(&limits).unwrap_err());
+//! assert_eq!((error.status(), error.error.param.as_deref()), (400, Some("top_p")));
+//! ```
+//!
+//! Not implemented yet (accepted on the wire, documented in the OpenAPI document):
+//! `response_format` is not enforced (structured outputs are a later issue); `tools` are passed
+//! to the chat template but tool calls are not parsed, and `tool_choice` other than `none` /
+//! `auto` is a 400; `best_of` must equal `n`; beam search is a 400.
+
+mod chat;
+mod common;
+mod completion;
+mod error;
+mod models;
+mod openapi;
+mod sampling;
+
+pub use chat::{
+    conversation, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, ChatMessage,
+    ChatResponseMessage, ChatTemplateOptions, ChatTopLogprob, ContentPart, ConversationMessage,
+    MessageContent, Role,
+};
+pub use common::{
+    chat_completion_id, completion_id, random_hex_id, wire_logprob, FinishReason,
+    PromptTokensDetails, ResponseFormat, ResponseFormatKind, StopInput, StopReason, StreamOptions,
+    TopLogprobMap, Usage,
+};
+pub use completion::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+    CompletionStreamChoice, CompletionStreamChunk, Prompt, PromptInput, PromptLogprob,
+    PromptLogprobs,
+};
+pub use error::{parse_json, ErrorBody, ErrorResponse, ProtocolError};
+pub use models::{
+    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeChatRequest,
+    TokenizeCompletionRequest, TokenizeInput, TokenizeRequest, TokenizeResponse, VersionResponse,
+};
+pub use openapi::openapi_json;
+pub use sampling::{
+    OutputOptions, SamplingDefaults, SamplingOptions, ValidatedSampling, ValidationLimits,
+    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS,
+    GREEDY_TEMPERATURE_EPSILON, MAX_CACHE_SALT_LEN,
+};

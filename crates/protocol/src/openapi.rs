@@ -1,0 +1,554 @@
+//! The OpenAPI 3.1 document served at `GET /openapi.json`, written by hand from the wire types
+//! in this crate. Tests keep it honest: every request field the types accept is in the schema
+//! and every schema property is a field the types accept.
+
+use serde_json::{json, Map, Value};
+
+fn schema_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn nullable(schema: Value) -> Value {
+    json!({"anyOf": [schema, {"type": "null"}]})
+}
+
+fn integer(description: &str) -> Value {
+    nullable(json!({"type": "integer", "description": description}))
+}
+
+fn number(description: &str) -> Value {
+    nullable(json!({"type": "number", "description": description}))
+}
+
+fn boolean(description: &str) -> Value {
+    nullable(json!({"type": "boolean", "description": description}))
+}
+
+fn string(description: &str) -> Value {
+    nullable(json!({"type": "string", "description": description}))
+}
+
+fn token_ids(description: &str) -> Value {
+    nullable(
+        json!({"type": "array", "items": {"type": "integer", "minimum": 0}, "description": description}),
+    )
+}
+
+fn object(properties: Vec<(&str, Value)>, required: &[&str]) -> Value {
+    let properties: Map<String, Value> = properties
+        .into_iter()
+        .map(|(name, schema)| (name.to_string(), schema))
+        .collect();
+    json!({"type": "object", "properties": properties, "required": required})
+}
+
+/// Parameters both generation endpoints accept, with the same meaning.
+fn shared_generation_properties() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "model",
+            string("Served model name; optional when one model is served."),
+        ),
+        (
+            "temperature",
+            number("0 to 2; 0 is greedy. Default 1 or the generation config."),
+        ),
+        ("top_p", number("Nucleus mass in (0, 1]. Default 1.")),
+        (
+            "n",
+            integer("Number of choices, 1 to --max-n. n > 1 needs temperature > 0."),
+        ),
+        (
+            "stream",
+            boolean("Stream chunks as server-sent events, ending with [DONE]."),
+        ),
+        ("stream_options", nullable(schema_ref("StreamOptions"))),
+        (
+            "stop",
+            nullable(
+                json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+            "description": "Stop string(s); not included in the output unless include_stop_str_in_output."}),
+            ),
+        ),
+        ("seed", integer("Any 64-bit integer; -1 means unseeded.")),
+        ("presence_penalty", number("-2 to 2.")),
+        ("frequency_penalty", number("-2 to 2.")),
+        (
+            "logit_bias",
+            nullable(
+                json!({"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            "description": "Token id (as a string) to additive bias."}),
+            ),
+        ),
+        ("user", string("Ignored.")),
+        ("response_format", nullable(schema_ref("ResponseFormat"))),
+        ("top_k", integer("vLLM: 0 or -1 disables; else at least 1.")),
+        ("min_p", number("vLLM: 0 to 1.")),
+        (
+            "repetition_penalty",
+            number("vLLM: greater than 0; 1 disables."),
+        ),
+        (
+            "length_penalty",
+            number("vLLM: beam search only; accepted and ignored."),
+        ),
+        (
+            "use_beam_search",
+            boolean("vLLM: true is rejected (not supported)."),
+        ),
+        (
+            "stop_token_ids",
+            token_ids("vLLM: extra token ids that end a choice."),
+        ),
+        (
+            "include_stop_str_in_output",
+            boolean("vLLM: keep the matched stop string."),
+        ),
+        ("ignore_eos", boolean("vLLM: keep generating past EOS.")),
+        (
+            "min_tokens",
+            integer("vLLM: EOS and stop tokens are ignored before this many tokens."),
+        ),
+        ("skip_special_tokens", boolean("vLLM: default true.")),
+        (
+            "spaces_between_special_tokens",
+            boolean("vLLM: default true."),
+        ),
+        (
+            "truncate_prompt_tokens",
+            integer("vLLM: keep only the last N prompt tokens; -1 means max_model_len."),
+        ),
+        (
+            "prompt_logprobs",
+            integer("vLLM: logprobs for prompt tokens, 0 to 20; not with stream."),
+        ),
+        (
+            "allowed_token_ids",
+            token_ids("vLLM: restrict sampling to these tokens."),
+        ),
+        (
+            "bad_words",
+            nullable(
+                json!({"type": "array", "items": {"type": "string"}, "description": "vLLM: words that must not be generated."}),
+            ),
+        ),
+        (
+            "priority",
+            integer("vLLM: lower is scheduled earlier under priority scheduling. Default 0."),
+        ),
+        (
+            "request_id",
+            string("vLLM: id used in the response id and logs."),
+        ),
+        (
+            "return_token_ids",
+            boolean("vLLM: add token_ids / prompt_token_ids to the response."),
+        ),
+        (
+            "cache_salt",
+            string("vLLM: 1 to 1024 bytes salting the prefix-cache hashes."),
+        ),
+    ]
+}
+
+fn completion_request_schema() -> Value {
+    let mut properties = shared_generation_properties();
+    properties.extend([
+        ("prompt", json!({"anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}}
+        ], "description": "A prompt, a batch of prompts, token ids, or a batch of token-id lists."})),
+        ("suffix", json!({"type": "null", "description": "Not supported; must be null or absent."})),
+        ("max_tokens", integer("Default 16. With echo, 0 scores the prompt only.")),
+        ("logprobs", integer("Legacy logprobs: top alternatives per token, 0 to 20.")),
+        ("echo", boolean("Prepend the prompt (and its logprobs) to each choice.")),
+        ("best_of", integer("Must equal n when set.")),
+        ("add_special_tokens", boolean("vLLM: default true.")),
+    ]);
+    object(properties, &["prompt"])
+}
+
+fn chat_request_schema() -> Value {
+    let mut properties = shared_generation_properties();
+    properties.extend([
+        ("messages", json!({"type": "array", "minItems": 1, "items": schema_ref("ChatMessage")})),
+        ("max_tokens", integer("Deprecated alias of max_completion_tokens.")),
+        ("max_completion_tokens", integer("Default: the rest of the context.")),
+        ("logprobs", boolean("Return the sampled tokens' logprobs.")),
+        ("top_logprobs", integer("0 to 20 alternatives per token; needs logprobs.")),
+        ("tools", nullable(json!({"type": "array", "items": {"type": "object"},
+            "description": "Passed to the chat template; tool calls are not parsed from the output."}))),
+        ("tool_choice", nullable(json!({"anyOf": [{"type": "string", "enum": ["none", "auto"]}, {"type": "object"}],
+            "description": "Only none and auto are supported."}))),
+        ("add_generation_prompt", boolean("vLLM: default true (false when continue_final_message).")),
+        ("continue_final_message", boolean("vLLM: continue the last (assistant) message.")),
+        ("add_special_tokens", boolean("vLLM: default false; the template adds them.")),
+        ("chat_template", string("vLLM: a Jinja template overriding the model's.")),
+        ("chat_template_kwargs", nullable(json!({"type": "object", "description": "vLLM: extra template variables."}))),
+        ("documents", nullable(json!({"type": "array", "items": {"type": "object"}, "description": "vLLM: RAG documents for templates."}))),
+        ("echo", boolean("vLLM: prepend the last message when it has the reply's role.")),
+    ]);
+    object(properties, &["messages"])
+}
+
+fn components() -> Value {
+    let usage = object(
+        vec![
+            ("prompt_tokens", json!({"type": "integer"})),
+            ("completion_tokens", json!({"type": "integer"})),
+            ("total_tokens", json!({"type": "integer"})),
+            (
+                "prompt_tokens_details",
+                object(
+                    vec![("cached_tokens", json!({"type": "integer"}))],
+                    &["cached_tokens"],
+                ),
+            ),
+        ],
+        &["prompt_tokens", "completion_tokens", "total_tokens"],
+    );
+    let finish_reason = nullable(
+        json!({"type": "string", "enum": ["stop", "length", "abort", "error", "tool_calls", "content_filter"]}),
+    );
+    let stop_reason = nullable(json!({"anyOf": [{"type": "integer"}, {"type": "string"}]}));
+    let completion_logprobs = nullable(object(
+        vec![
+            (
+                "tokens",
+                json!({"type": "array", "items": {"type": "string"}}),
+            ),
+            (
+                "token_logprobs",
+                json!({"type": "array", "items": {"type": ["number", "null"]}}),
+            ),
+            (
+                "top_logprobs",
+                json!({"type": "array", "items": {"type": ["object", "null"], "additionalProperties": {"type": "number"}}}),
+            ),
+            (
+                "text_offset",
+                json!({"type": "array", "items": {"type": "integer"}}),
+            ),
+        ],
+        &["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+    ));
+    let top_logprob = object(
+        vec![
+            ("token", json!({"type": "string"})),
+            ("logprob", json!({"type": "number"})),
+            (
+                "bytes",
+                nullable(json!({"type": "array", "items": {"type": "integer"}})),
+            ),
+        ],
+        &["token", "logprob"],
+    );
+    let chat_logprobs = nullable(object(
+        vec![(
+            "content",
+            nullable(json!({"type": "array", "items": schema_ref("ChatLogprobToken")})),
+        )],
+        &[],
+    ));
+    let logprob_token = object(
+        vec![
+            ("token", json!({"type": "string"})),
+            ("logprob", json!({"type": "number"})),
+            (
+                "bytes",
+                nullable(json!({"type": "array", "items": {"type": "integer"}})),
+            ),
+            (
+                "top_logprobs",
+                json!({"type": "array", "items": schema_ref("ChatTopLogprob")}),
+            ),
+        ],
+        &["token", "logprob", "top_logprobs"],
+    );
+    let completion_choice = object(
+        vec![
+            ("index", json!({"type": "integer"})),
+            ("text", json!({"type": "string"})),
+            ("logprobs", completion_logprobs.clone()),
+            ("finish_reason", finish_reason.clone()),
+            ("stop_reason", stop_reason.clone()),
+            (
+                "token_ids",
+                json!({"type": "array", "items": {"type": "integer"}}),
+            ),
+            (
+                "prompt_token_ids",
+                json!({"type": "array", "items": {"type": "integer"}}),
+            ),
+            (
+                "prompt_logprobs",
+                json!({"type": "array", "items": {"type": ["object", "null"]}}),
+            ),
+        ],
+        &["index", "text", "logprobs", "finish_reason"],
+    );
+    let role =
+        json!({"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]});
+    let chat_choice = object(
+        vec![
+            ("index", json!({"type": "integer"})),
+            (
+                "message",
+                object(
+                    vec![
+                        ("role", role.clone()),
+                        ("content", string("")),
+                        ("reasoning_content", json!({"type": "string"})),
+                    ],
+                    &["role", "content"],
+                ),
+            ),
+            ("logprobs", chat_logprobs.clone()),
+            ("finish_reason", finish_reason.clone()),
+            ("stop_reason", stop_reason.clone()),
+            (
+                "token_ids",
+                json!({"type": "array", "items": {"type": "integer"}}),
+            ),
+        ],
+        &["index", "message", "finish_reason"],
+    );
+    let chat_chunk_choice = object(
+        vec![
+            ("index", json!({"type": "integer"})),
+            (
+                "delta",
+                object(
+                    vec![
+                        ("role", role.clone()),
+                        ("content", json!({"type": "string"})),
+                        ("reasoning_content", json!({"type": "string"})),
+                    ],
+                    &[],
+                ),
+            ),
+            ("logprobs", chat_logprobs),
+            ("finish_reason", finish_reason),
+            ("stop_reason", stop_reason),
+            (
+                "token_ids",
+                json!({"type": "array", "items": {"type": "integer"}}),
+            ),
+        ],
+        &["index", "delta"],
+    );
+    let envelope = |object_name: &str, choice: Value, usage_required: bool| {
+        let mut required = vec!["id", "object", "created", "model", "choices"];
+        if usage_required {
+            required.push("usage");
+        }
+        object(
+            vec![
+                ("id", json!({"type": "string"})),
+                ("object", json!({"const": object_name})),
+                (
+                    "created",
+                    json!({"type": "integer", "description": "Unix seconds."}),
+                ),
+                ("model", json!({"type": "string"})),
+                ("choices", json!({"type": "array", "items": choice})),
+                ("usage", schema_ref("Usage")),
+                (
+                    "prompt_token_ids",
+                    json!({"type": "array", "items": {"type": "integer"}}),
+                ),
+            ],
+            &required,
+        )
+    };
+    let chat_message = object(
+        vec![
+            ("role", role),
+            (
+                "content",
+                nullable(json!({"anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": object(vec![
+                        ("type", json!({"const": "text", "description": "Other part types are rejected."})),
+                        ("text", json!({"type": "string"})),
+                    ], &["type", "text"])}
+                ]})),
+            ),
+            ("name", json!({"type": "string"})),
+            ("tool_call_id", json!({"type": "string"})),
+            (
+                "tool_calls",
+                json!({"type": "array", "items": {"type": "object"}}),
+            ),
+        ],
+        &["role"],
+    );
+    let model_card = object(
+        vec![
+            ("id", json!({"type": "string"})),
+            ("object", json!({"const": "model"})),
+            ("created", json!({"type": "integer"})),
+            ("owned_by", json!({"type": "string"})),
+            ("root", string("")),
+            ("parent", string("")),
+            ("max_model_len", json!({"type": "integer"})),
+            (
+                "permission",
+                json!({"type": "array", "items": {"type": "object"}}),
+            ),
+        ],
+        &["id", "object", "created", "owned_by"],
+    );
+    let tokenize_request = json!({"oneOf": [
+        object(vec![
+            ("model", string("")),
+            ("prompt", json!({"type": "string"})),
+            ("add_special_tokens", boolean("Default true.")),
+            ("return_token_strs", boolean("Also return each token's text.")),
+        ], &["prompt"]),
+        object(vec![
+            ("model", string("")),
+            ("messages", json!({"type": "array", "minItems": 1, "items": schema_ref("ChatMessage")})),
+            ("add_generation_prompt", boolean("Default true.")),
+            ("continue_final_message", boolean("")),
+            ("add_special_tokens", boolean("Default false.")),
+            ("chat_template", string("")),
+            ("chat_template_kwargs", nullable(json!({"type": "object"}))),
+            ("tools", nullable(json!({"type": "array", "items": {"type": "object"}}))),
+            ("return_token_strs", boolean("Also return each token's text.")),
+        ], &["messages"]),
+    ]});
+    json!({
+        "CompletionRequest": completion_request_schema(),
+        "ChatCompletionRequest": chat_request_schema(),
+        "ChatMessage": chat_message,
+        "StreamOptions": object(vec![
+            ("include_usage", boolean("Send a final chunk with usage and empty choices.")),
+            ("continuous_usage_stats", boolean("vLLM: usage on every chunk.")),
+        ], &[]),
+        "ResponseFormat": object(vec![
+            ("type", json!({"type": "string", "enum": ["text", "json_object", "json_schema"],
+                "description": "Accepted; the format is not enforced yet."})),
+            ("json_schema", json!({"type": "object"})),
+        ], &["type"]),
+        "Usage": usage,
+        "ChatTopLogprob": top_logprob,
+        "ChatLogprobToken": logprob_token,
+        "CompletionResponse": envelope("text_completion", completion_choice.clone(), true),
+        "CompletionStreamChunk": envelope("text_completion", completion_choice, false),
+        "ChatCompletionResponse": envelope("chat.completion", chat_choice, true),
+        "ChatCompletionChunk": envelope("chat.completion.chunk", chat_chunk_choice, false),
+        "ModelCard": model_card,
+        "ModelList": object(vec![
+            ("object", json!({"const": "list"})),
+            ("data", json!({"type": "array", "items": schema_ref("ModelCard")})),
+        ], &["object", "data"]),
+        "TokenizeRequest": tokenize_request,
+        "TokenizeResponse": object(vec![
+            ("count", json!({"type": "integer"})),
+            ("max_model_len", json!({"type": "integer"})),
+            ("tokens", json!({"type": "array", "items": {"type": "integer"}})),
+            ("token_strs", json!({"type": "array", "items": {"type": "string"}})),
+        ], &["count", "max_model_len", "tokens"]),
+        "DetokenizeRequest": object(vec![
+            ("model", string("")),
+            ("tokens", json!({"type": "array", "items": {"type": "integer", "minimum": 0}})),
+        ], &["tokens"]),
+        "DetokenizeResponse": object(vec![("prompt", json!({"type": "string"}))], &["prompt"]),
+        "VersionResponse": object(vec![("version", json!({"type": "string"}))], &["version"]),
+        "ErrorResponse": object(vec![("error", object(vec![
+            ("message", json!({"type": "string"})),
+            ("type", json!({"type": "string"})),
+            ("param", string("The request parameter at fault.")),
+            ("code", integer("The HTTP status.")),
+        ], &["message", "type"]))], &["error"]),
+    })
+}
+
+fn json_body(schema: &str) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": schema_ref(schema)}}})
+}
+
+fn error_responses(statuses: &[u16]) -> Map<String, Value> {
+    statuses
+        .iter()
+        .map(|status| {
+            let description = match status {
+                400 => "Invalid request (malformed JSON, bad parameter, prompt too long).",
+                401 => "Missing or wrong API key.",
+                404 => "Unknown model.",
+                413 => "Request body too large.",
+                503 => "Server draining or engine not running.",
+                _ => "Error.",
+            };
+            (
+                status.to_string(),
+                json!({"description": description,
+                       "content": {"application/json": {"schema": schema_ref("ErrorResponse")}}}),
+            )
+        })
+        .collect()
+}
+
+fn operation(summary: &str, request: Option<&str>, ok: Value, errors: &[u16]) -> Value {
+    let mut responses = error_responses(errors);
+    responses.insert("200".to_string(), ok);
+    let mut operation = json!({"summary": summary, "responses": responses});
+    if let Some(request) = request {
+        operation["requestBody"] = json_body(request);
+    }
+    operation
+}
+
+fn ok_json(schema: &str) -> Value {
+    json!({"description": "OK", "content": {"application/json": {"schema": schema_ref(schema)}}})
+}
+
+fn ok_json_or_stream(schema: &str, chunk: &str) -> Value {
+    json!({"description": format!("OK. With stream: true, text/event-stream of `data: <{chunk}>` lines ending with `data: [DONE]`."),
+    "content": {
+        "application/json": {"schema": schema_ref(schema)},
+        "text/event-stream": {"schema": {"type": "string"}}
+    }})
+}
+
+/// The OpenAPI 3.1 document for every route tokenmill serves.
+pub fn openapi_json() -> Value {
+    let generation_errors = [400, 401, 404, 413, 503];
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "tokenmill",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "OpenAI-compatible (vLLM-compatible) inference server. Unknown request \
+                            fields are ignored. Authenticate with `Authorization: Bearer <key>` \
+                            when the server has --api-key."
+        },
+        "components": {
+            "schemas": components(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/completions": {"post": operation("Create a completion", Some("CompletionRequest"),
+                ok_json_or_stream("CompletionResponse", "CompletionStreamChunk"), &generation_errors)},
+            "/v1/chat/completions": {"post": operation("Create a chat completion", Some("ChatCompletionRequest"),
+                ok_json_or_stream("ChatCompletionResponse", "ChatCompletionChunk"), &generation_errors)},
+            "/v1/models": {"get": operation("List served models", None, ok_json("ModelList"), &[401])},
+            "/tokenize": {"post": operation("Tokenize a prompt or a chat", Some("TokenizeRequest"),
+                ok_json("TokenizeResponse"), &[400, 401, 404])},
+            "/detokenize": {"post": operation("Detokenize token ids", Some("DetokenizeRequest"),
+                ok_json("DetokenizeResponse"), &[400, 401, 404])},
+            "/version": {"get": operation("Server version", None, ok_json("VersionResponse"), &[401])},
+            "/openapi.json": {"get": operation("This document", None,
+                json!({"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}), &[401])},
+            "/health": {"get": {
+                "summary": "Liveness: 200 while the engine runs, 503 while draining or dead",
+                "security": [],
+                "responses": {"200": {"description": "Alive"}, "503": {"description": "Draining or dead"}}
+            }}
+        }
+    })
+}

@@ -1,0 +1,278 @@
+//! The OpenAPI document stays in step with the wire types: every field a request type has is
+//! documented, every documented field exists, and every `$ref` resolves.
+
+// Test helpers outside #[test] fns: a failed unwrap is a failed test here.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+use tokenmill_protocol::*;
+
+fn schema_properties(document: &Value, schema: &str) -> BTreeSet<String> {
+    document["components"]["schemas"][schema]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("schema {schema} has no properties"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+fn serialized_keys<T: serde::Serialize>(value: &T) -> BTreeSet<String> {
+    serde_json::to_value(value)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// A request with every field set. A struct literal without `..Default::default()`: adding a
+/// field to the type without listing it here (and in the schema) fails to compile.
+fn full_completion_request() -> CompletionRequest {
+    CompletionRequest {
+        model: Some("m".into()),
+        prompt: Some(PromptInput::Text("p".into())),
+        suffix: Some(String::new()),
+        max_tokens: Some(1),
+        temperature: Some(1.0),
+        top_p: Some(1.0),
+        n: Some(1),
+        stream: Some(true),
+        stream_options: Some(StreamOptions::default()),
+        logprobs: Some(1),
+        echo: Some(true),
+        stop: Some(StopInput::Single("s".into())),
+        presence_penalty: Some(0.0),
+        frequency_penalty: Some(0.0),
+        best_of: Some(1),
+        logit_bias: Some(Default::default()),
+        seed: Some(1),
+        user: Some("u".into()),
+        top_k: Some(1),
+        min_p: Some(0.0),
+        repetition_penalty: Some(1.0),
+        length_penalty: Some(1.0),
+        use_beam_search: Some(false),
+        stop_token_ids: Some(vec![]),
+        include_stop_str_in_output: Some(false),
+        ignore_eos: Some(false),
+        min_tokens: Some(0),
+        skip_special_tokens: Some(true),
+        spaces_between_special_tokens: Some(true),
+        truncate_prompt_tokens: Some(1),
+        prompt_logprobs: Some(0),
+        allowed_token_ids: Some(vec![]),
+        bad_words: Some(vec![]),
+        add_special_tokens: Some(true),
+        priority: Some(0),
+        request_id: Some("r".into()),
+        return_token_ids: Some(true),
+        cache_salt: Some("c".into()),
+        response_format: Some(ResponseFormat {
+            format_type: "text".into(),
+            json_schema: None,
+        }),
+    }
+}
+
+fn full_chat_request() -> ChatCompletionRequest {
+    ChatCompletionRequest {
+        model: Some("m".into()),
+        messages: vec![ChatMessage::text(Role::User, "x")],
+        max_tokens: Some(1),
+        max_completion_tokens: Some(1),
+        temperature: Some(1.0),
+        top_p: Some(1.0),
+        n: Some(1),
+        stream: Some(true),
+        stream_options: Some(StreamOptions::default()),
+        logprobs: Some(true),
+        top_logprobs: Some(1),
+        stop: Some(StopInput::Many(vec![])),
+        seed: Some(1),
+        presence_penalty: Some(0.0),
+        frequency_penalty: Some(0.0),
+        logit_bias: Some(Default::default()),
+        user: Some("u".into()),
+        tools: Some(vec![]),
+        tool_choice: Some(json!("none")),
+        response_format: Some(ResponseFormat {
+            format_type: "text".into(),
+            json_schema: None,
+        }),
+        top_k: Some(1),
+        min_p: Some(0.0),
+        repetition_penalty: Some(1.0),
+        length_penalty: Some(1.0),
+        use_beam_search: Some(false),
+        ignore_eos: Some(false),
+        min_tokens: Some(0),
+        stop_token_ids: Some(vec![]),
+        skip_special_tokens: Some(true),
+        spaces_between_special_tokens: Some(true),
+        include_stop_str_in_output: Some(false),
+        truncate_prompt_tokens: Some(1),
+        prompt_logprobs: Some(0),
+        allowed_token_ids: Some(vec![]),
+        bad_words: Some(vec![]),
+        add_generation_prompt: Some(true),
+        continue_final_message: Some(false),
+        add_special_tokens: Some(false),
+        chat_template: Some("t".into()),
+        chat_template_kwargs: Some(Default::default()),
+        documents: Some(vec![]),
+        priority: Some(0),
+        request_id: Some("r".into()),
+        return_token_ids: Some(true),
+        cache_salt: Some("c".into()),
+        echo: Some(false),
+    }
+}
+
+#[test]
+fn request_schemas_match_the_request_types() {
+    let document = openapi_json();
+    assert_eq!(
+        schema_properties(&document, "CompletionRequest"),
+        serialized_keys(&full_completion_request())
+    );
+    assert_eq!(
+        schema_properties(&document, "ChatCompletionRequest"),
+        serialized_keys(&full_chat_request())
+    );
+}
+
+#[test]
+fn response_schemas_cover_the_response_fields() {
+    let document = openapi_json();
+    let usage = Usage::new(1, 1, Some(1));
+    assert_eq!(
+        schema_properties(&document, "Usage"),
+        serialized_keys(&usage)
+    );
+    let card = ModelCard::new("m".into(), 0, "r".into(), 1);
+    assert_eq!(
+        schema_properties(&document, "ModelCard"),
+        serialized_keys(&card)
+    );
+    let tokenize = TokenizeResponse {
+        count: 0,
+        max_model_len: 1,
+        tokens: vec![],
+        token_strs: Some(vec![]),
+    };
+    assert_eq!(
+        schema_properties(&document, "TokenizeResponse"),
+        serialized_keys(&tokenize)
+    );
+    let error = ErrorResponse::invalid_request("x");
+    assert_eq!(
+        schema_properties(&document, "ErrorResponse"),
+        serialized_keys(&error)
+    );
+    let chat = ChatCompletionResponse::new("i".into(), 0, "m".into(), vec![], usage);
+    let chat_keys = serialized_keys(&chat);
+    assert!(chat_keys.is_subset(&schema_properties(&document, "ChatCompletionResponse")));
+}
+
+fn choice_properties(document: &Value, schema: &str) -> BTreeSet<String> {
+    document["components"]["schemas"][schema]["properties"]["choices"]["items"]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("schema {schema} has no choice properties"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn choice_schemas_match_fully_populated_choices() {
+    let document = openapi_json();
+    let completion_choice = CompletionChoice {
+        index: 0,
+        text: String::new(),
+        logprobs: Some(CompletionLogprobs::default()),
+        finish_reason: Some(FinishReason::Stop),
+        stop_reason: Some(StopReason::TokenId(1)),
+        token_ids: Some(vec![]),
+        prompt_token_ids: Some(vec![]),
+        prompt_logprobs: Some(vec![]),
+    };
+    assert_eq!(
+        choice_properties(&document, "CompletionResponse"),
+        serialized_keys(&completion_choice)
+    );
+    let chat_choice = ChatChoice {
+        index: 0,
+        message: ChatResponseMessage {
+            role: Role::Assistant,
+            content: Some(String::new()),
+            reasoning_content: Some(String::new()),
+        },
+        logprobs: Some(ChatLogprobs::default()),
+        finish_reason: None,
+        stop_reason: None,
+        token_ids: Some(vec![]),
+    };
+    assert_eq!(
+        choice_properties(&document, "ChatCompletionResponse"),
+        serialized_keys(&chat_choice)
+    );
+    let chunk_choice = ChatChunkChoice {
+        index: 0,
+        delta: ChatDelta::default(),
+        logprobs: None,
+        finish_reason: None,
+        stop_reason: None,
+        token_ids: Some(vec![]),
+    };
+    assert_eq!(
+        choice_properties(&document, "ChatCompletionChunk"),
+        serialized_keys(&chunk_choice)
+    );
+}
+
+fn collect_refs(value: &Value, refs: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(reference)) = map.get("$ref") {
+                refs.push(reference.clone());
+            }
+            map.values().for_each(|child| collect_refs(child, refs));
+        }
+        Value::Array(items) => items.iter().for_each(|child| collect_refs(child, refs)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_ref_resolves_and_every_route_is_documented() {
+    let document = openapi_json();
+    assert_eq!(document["openapi"], "3.1.0");
+    let mut refs = Vec::new();
+    collect_refs(&document, &mut refs);
+    assert!(!refs.is_empty());
+    for reference in refs {
+        let pointer = reference.trim_start_matches('#');
+        assert!(
+            document.pointer(pointer).is_some(),
+            "dangling $ref {reference}"
+        );
+    }
+    for (path, method) in [
+        ("/v1/completions", "post"),
+        ("/v1/chat/completions", "post"),
+        ("/v1/models", "get"),
+        ("/tokenize", "post"),
+        ("/detokenize", "post"),
+        ("/health", "get"),
+        ("/version", "get"),
+        ("/openapi.json", "get"),
+    ] {
+        assert!(
+            document["paths"][path][method]["responses"]["200"].is_object(),
+            "{method} {path}"
+        );
+    }
+}
