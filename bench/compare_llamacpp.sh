@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Head-to-head: tokenmill vs llama.cpp (llama-cpp-python's server) on the same GGUF file.
+#
+# Both servers get the same threads and context; the identical `tokenmill bench serve`
+# workload (random prompts, INPUT_LEN in / OUTPUT_LEN out, greedy, EOS ignored) runs against
+# each at every concurrency, alternating which server goes first. Each benchmark runs in its
+# own process session, and the idle server is paused (SIGSTOP) meanwhile so it cannot steal
+# CPU. Prints a side-by-side markdown table with ratios and the machine, and keeps the raw
+# result files.
+#
+# Usage: bench/compare_llamacpp.sh [GGUF]
+# Environment (all optional):
+#   MODEL / TOKENMILL_TEST_MODEL  GGUF file (default: ~/.cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   THREADS=2                 compute threads for both servers
+#   CONCURRENCIES="1 8 32"    client concurrency levels
+#   INPUT_LEN=128 OUTPUT_LEN=128
+#   NUM_PROMPTS               requests per run (default: max(8, 2 × concurrency))
+#   ROUNDS=1                  repetitions of the whole alternation; the table shows means
+#   CTX=2048                  context length for both servers
+#   LLAMACPP_VENV             a venv that has (or will get) llama-cpp-python[server]==0.3.16,
+#                             e.g. /work/cache/refvenv; default: $CACHE_DIR/llamacpp-venv
+#   CACHE_DIR                 git-ignored cache (default: <repo>/.cache/bench); holds the venv
+#                             and pip's wheel cache (llama-cpp-python compiles llama.cpp once)
+#   OUT_DIR                   where results go (default: <repo>/bench/results/<timestamp>)
+#   TOKENMILL                 the tokenmill binary (default: target/release/tokenmill, built if absent)
+#   SERVER_START_TIMEOUT=300  seconds to wait for each server to answer
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LLAMA_CPP_PYTHON_VERSION="0.3.16"
+MODEL="${1:-${MODEL:-${TOKENMILL_TEST_MODEL:-$HOME/.cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf}}}"
+THREADS="${THREADS:-2}"
+CONCURRENCIES="${CONCURRENCIES:-1 8 32}"
+INPUT_LEN="${INPUT_LEN:-128}"
+OUTPUT_LEN="${OUTPUT_LEN:-128}"
+ROUNDS="${ROUNDS:-1}"
+CTX="${CTX:-2048}"
+CACHE_DIR="${CACHE_DIR:-$ROOT/.cache/bench}"
+LLAMACPP_VENV="${LLAMACPP_VENV:-$CACHE_DIR/llamacpp-venv}"
+OUT_DIR="${OUT_DIR:-$ROOT/bench/results/$(date -u +%Y%m%d-%H%M%S)}"
+TOKENMILL="${TOKENMILL:-$ROOT/target/release/tokenmill}"
+SERVER_START_TIMEOUT="${SERVER_START_TIMEOUT:-300}"
+SERVED_NAME="bench-model"
+
+log() { printf '[compare] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+[[ -f "$MODEL" ]] || die "model file not found: $MODEL (set MODEL=/path/to.gguf)"
+command -v python3 >/dev/null || die "python3 is required"
+command -v curl >/dev/null || die "curl is required"
+mkdir -p "$CACHE_DIR" "$OUT_DIR"
+
+# --- tokenmill binary ------------------------------------------------------------------------
+if [[ ! -x "$TOKENMILL" ]]; then
+    log "building tokenmill (release)"
+    (cd "$ROOT" && cargo build --release -p tokenmill)
+fi
+[[ -x "$TOKENMILL" ]] || die "no tokenmill binary at $TOKENMILL"
+
+# --- llama-cpp-python[server], pinned ---------------------------------------------------------
+venv_ready() {
+    "$LLAMACPP_VENV/bin/python" - "$LLAMA_CPP_PYTHON_VERSION" <<'PY' 2>/dev/null
+import sys
+import importlib.metadata as md
+import llama_cpp.server.app  # noqa: F401  (fails without the [server] extras)
+sys.exit(0 if md.version("llama-cpp-python") == sys.argv[1] else 1)
+PY
+}
+if ! venv_ready; then
+    if [[ ! -x "$LLAMACPP_VENV/bin/python" ]]; then
+        log "creating venv $LLAMACPP_VENV"
+        python3 -m venv "$LLAMACPP_VENV"
+    fi
+    log "installing llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION (compiles llama.cpp on first install; the wheel is cached in $CACHE_DIR/pip)"
+    PIP_CACHE_DIR="$CACHE_DIR/pip" "$LLAMACPP_VENV/bin/pip" install --quiet \
+        "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION"
+    venv_ready || die "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION is not importable from $LLAMACPP_VENV"
+fi
+PYTHON="$LLAMACPP_VENV/bin/python"
+
+# llama-cpp-python ignores vLLM's ignore_eos; a -100 logit bias on every end-of-generation
+# candidate (eos/eot/eom ids and all control tokens, e.g. <|endoftext|>) gives it the same
+# fixed-length work. Ids come from the GGUF metadata (gguf ships with llama-cpp-python).
+LLAMA_EXTRA_BODY="$("$PYTHON" - "$MODEL" <<'PY' 2>/dev/null || echo '{}'
+import json, sys
+try:
+    from gguf import GGUFReader
+except ImportError:
+    print("{}"); sys.exit(0)
+reader = GGUFReader(sys.argv[1])
+ids = set()
+for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+    field = reader.fields.get(key)
+    if field is not None:
+        ids.add(int(field.parts[field.data[0]][0]))
+types = reader.fields.get("tokenizer.ggml.token_type")
+if types is not None:
+    CONTROL = 3
+    ids.update(i for i, part in enumerate(types.data) if int(types.parts[part][0]) == CONTROL)
+print(json.dumps({"logit_bias": {str(i): -100.0 for i in sorted(ids)}}))
+PY
+)"
+log "llama.cpp extra body: $LLAMA_EXTRA_BODY"
+
+# --- servers, each in its own session ----------------------------------------------------------
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+declare -A SERVER_PID=()
+cleanup() {
+    local name pid
+    for name in "${!SERVER_PID[@]}"; do
+        pid="${SERVER_PID[$name]}"
+        kill -CONT -- "-$pid" 2>/dev/null || true
+        kill -TERM -- "-$pid" 2>/dev/null || true
+    done
+    sleep 1
+    for name in "${!SERVER_PID[@]}"; do
+        kill -KILL -- "-${SERVER_PID[$name]}" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT INT TERM
+
+# start_server NAME URL_TO_POLL COMMAND...: a new session whose id is the server's pid.
+start_server() {
+    local name="$1" probe="$2"; shift 2
+    log "starting $name: $*"
+    setsid "$@" >"$OUT_DIR/$name-server.log" 2>&1 &
+    SERVER_PID[$name]=$!
+    local waited=0
+    until curl -fsS -o /dev/null "$probe"; do
+        kill -0 "${SERVER_PID[$name]}" 2>/dev/null || { tail -n 30 "$OUT_DIR/$name-server.log" >&2; die "$name exited during start-up"; }
+        (( waited++ < SERVER_START_TIMEOUT )) || die "$name did not answer $probe within ${SERVER_START_TIMEOUT}s"
+        sleep 1
+    done
+    log "$name is up (pid ${SERVER_PID[$name]})"
+}
+
+pause_server() { kill -STOP -- "-${SERVER_PID[$1]}"; }
+resume_server() { kill -CONT -- "-${SERVER_PID[$1]}"; }
+
+MAX_C=1
+for c in $CONCURRENCIES; do (( c > MAX_C )) && MAX_C=$c; done
+
+TM_PORT="$(free_port)"
+start_server tokenmill "http://127.0.0.1:$TM_PORT/health" \
+    "$TOKENMILL" serve --model "$MODEL" --host 127.0.0.1 --port "$TM_PORT" \
+    --threads "$THREADS" --max-model-len "$CTX" --max-num-seqs "$MAX_C" \
+    --served-model-name "$SERVED_NAME" --disable-log-stats
+pause_server tokenmill
+
+# llama-cpp-python serves one request at a time; by default a new request interrupts the one
+# being generated (cutting it short), so interruption is turned off: later requests queue.
+LLAMA_PORT="$(free_port)"
+start_server llamacpp "http://127.0.0.1:$LLAMA_PORT/v1/models" \
+    "$PYTHON" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$LLAMA_PORT" \
+    --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx "$CTX" --model_alias "$SERVED_NAME" \
+    --interrupt_requests False
+pause_server llamacpp
+
+# --- the identical workload against each, alternating ------------------------------------------
+run_bench() {
+    local server="$1" port="$2" concurrency="$3" round="$4"
+    local prompts="${NUM_PROMPTS:-$(( concurrency * 2 > 8 ? concurrency * 2 : 8 ))}"
+    local extra=()
+    [[ "$server" == llamacpp ]] && extra=(--extra-body "$LLAMA_EXTRA_BODY")
+    log "round $round, C=$concurrency: $server ($prompts prompts)"
+    resume_server "$server"
+    setsid --wait "$TOKENMILL" bench serve \
+        --base-url "http://127.0.0.1:$port" --model "$SERVED_NAME" \
+        --dataset-name random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
+        --num-prompts "$prompts" --max-concurrency "$concurrency" --num-warmups 2 \
+        --ignore-eos --temperature 0 --seed 0 \
+        --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
+        --save-result --result-dir "$OUT_DIR" --result-filename "$server-c$concurrency-r$round.json" \
+        --disable-tqdm "${extra[@]}" \
+        >"$OUT_DIR/$server-c$concurrency-r$round.txt" 2>&1 \
+        || { pause_server "$server"; tail -n 30 "$OUT_DIR/$server-c$concurrency-r$round.txt" >&2; die "bench against $server failed"; }
+    pause_server "$server"
+}
+
+step=0
+for (( round = 1; round <= ROUNDS; round++ )); do
+    for c in $CONCURRENCIES; do
+        if (( step % 2 == 0 )); then order=(tokenmill llamacpp); else order=(llamacpp tokenmill); fi
+        for server in "${order[@]}"; do
+            if [[ "$server" == tokenmill ]]; then port="$TM_PORT"; else port="$LLAMA_PORT"; fi
+            run_bench "$server" "$port" "$c" "$round"
+        done
+        step=$(( step + 1 ))
+    done
+done
+
+# --- the table -------------------------------------------------------------------------------
+CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
+CORES="$(nproc)"
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null | head -n 1)" ]]; then COMMIT="$COMMIT (dirty)"; fi
+
+python3 - "$OUT_DIR" "$ROUNDS" "$CONCURRENCIES" <<PY | tee "$OUT_DIR/table.md"
+import json, os, sys
+out_dir, rounds, levels = sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3].split()]
+def load(server, c):
+    runs = [json.load(open(os.path.join(out_dir, f"{server}-c{c}-r{r}.json"))) for r in range(1, rounds + 1)]
+    return lambda key: sum((run.get(key) or 0) for run in runs) / len(runs)
+rows = [
+    ("output tok/s", "output_throughput"),
+    ("total tok/s", "total_token_throughput"),
+    ("requests/s", "request_throughput"),
+    ("TTFT p50 (ms)", "median_ttft_ms"),
+    ("TTFT p99 (ms)", "p99_ttft_ms"),
+    ("TPOT p50 (ms)", "median_tpot_ms"),
+    ("ITL p50 (ms)", "median_itl_ms"),
+    ("ITL p99 (ms)", "p99_itl_ms"),
+    ("E2E p50 (ms)", "median_e2el_ms"),
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("input tokens", "total_input_tokens"),
+    ("output tokens", "total_output_tokens"),
+]
+print("# tokenmill vs llama.cpp (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION)")
+print()
+print("- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)")
+print("- commit: $COMMIT")
+print("- machine: $CPU_MODEL, $CORES cores")
+print("- model: $(basename "$MODEL"); threads $THREADS; context $CTX")
+print(f"- workload: random, $INPUT_LEN in / $OUTPUT_LEN out, greedy, EOS ignored; {rounds} round(s), servers alternated")
+print()
+print("| C | metric | tokenmill | llama.cpp | tokenmill / llama.cpp |")
+print("|---:|---|---:|---:|---:|")
+for c in levels:
+    tm, ll = load("tokenmill", c), load("llamacpp", c)
+    for label, key in rows:
+        a, b = tm(key), ll(key)
+        ratio = f"{a / b:.2f}x" if b else "n/a"
+        digits = 0 if key in ("completed", "failed", "total_input_tokens", "total_output_tokens") else 2
+        print(f"| {c} | {label} | {a:.{digits}f} | {b:.{digits}f} | {ratio} |")
+print()
+print("Throughput ratios above 1 favour tokenmill; latency ratios below 1 favour tokenmill.")
+PY
+log "results and logs in $OUT_DIR"
