@@ -1,0 +1,170 @@
+//! Row-wise elementwise kernels: RMSNorm, SiLU gating, residual add, softmax.
+//!
+//! These are memory-bound and tiny next to the matmuls; the compiler vectorizes the simple
+//! loops. Reductions (RMSNorm's sum of squares, softmax's sum) use a fixed 8-lane order so
+//! the result depends only on the row's values.
+
+use crate::KernelError;
+
+/// Sums `values` in 8 interleaved lanes then folds the lanes: a fixed order that the compiler
+/// can keep in vector registers.
+fn lane_sum(values: impl Iterator<Item = f32>) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (i, v) in values.enumerate() {
+        lanes[i % 8] += v;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+}
+
+fn sum_of_squares(row: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = row.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (lane, v) in lanes.iter_mut().zip(chunk) {
+            *lane += v * v;
+        }
+    }
+    let tail = chunks.remainder().iter().map(|v| v * v);
+    let folded = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    folded + lane_sum(tail)
+}
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, for each row of `weight.len()` values.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), KernelError> {
+    let dim = weight.len();
+    if dim == 0 || x.len() % dim != 0 {
+        return Err(KernelError::InvalidShape(
+            "rms_norm input is not a whole number of rows of weight.len()",
+        ));
+    }
+    if out.len() != x.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "rms_norm output",
+            expected: x.len(),
+            actual: out.len(),
+        });
+    }
+    for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let mean = sum_of_squares(row) / dim as f32;
+        let inverse = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &w) in out_row.iter_mut().zip(row).zip(weight) {
+            *o = v * inverse * w;
+        }
+    }
+    Ok(())
+}
+
+/// `gate = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
+    if gate.len() != up.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "silu_mul up",
+            expected: gate.len(),
+            actual: up.len(),
+        });
+    }
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+    Ok(())
+}
+
+/// `x += y`.
+pub fn add_inplace(x: &mut [f32], y: &[f32]) -> Result<(), KernelError> {
+    if x.len() != y.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "add_inplace y",
+            expected: x.len(),
+            actual: y.len(),
+        });
+    }
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+    Ok(())
+}
+
+/// Numerically stable softmax of one row, in place. `-inf` entries get probability 0; a row
+/// that is entirely `-inf` (or empty) is left as zeros.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |acc, &v| acc.max(v));
+    if max == f32::NEG_INFINITY {
+        x.iter_mut().for_each(|v| *v = 0.0);
+        return;
+    }
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+    }
+    let sum = lane_sum(x.iter().copied());
+    let inverse = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inverse;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_known_values() {
+        // Row [3, 4]: mean square 12.5.
+        let x = [3.0f32, 4.0, 0.0, 0.0];
+        let mut out = [0.0f32; 4];
+        rms_norm(&x, &[1.0, 2.0], 1e-6, &mut out).unwrap();
+        let inv = 1.0 / 12.5f32.sqrt();
+        assert!((out[0] - 3.0 * inv).abs() < 1e-6);
+        assert!((out[1] - 8.0 * inv).abs() < 1e-6);
+        assert_eq!(&out[2..], &[0.0, 0.0]);
+        assert!(rms_norm(&x, &[1.0, 1.0, 1.0], 0.0, &mut out).is_err());
+    }
+
+    #[test]
+    fn rms_norm_matches_f64_on_odd_rows() {
+        let dim = 37;
+        let x: Vec<f32> = (0..dim * 3)
+            .map(|i| ((i * 7919) % 23) as f32 / 7.0 - 1.5)
+            .collect();
+        let weight: Vec<f32> = (0..dim).map(|i| 0.5 + i as f32 / 50.0).collect();
+        let mut out = vec![0.0; x.len()];
+        rms_norm(&x, &weight, 1e-5, &mut out).unwrap();
+        for (r, row) in x.chunks(dim).enumerate() {
+            let ms: f64 = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / dim as f64;
+            let inv = 1.0 / (ms + 1e-5).sqrt();
+            for c in 0..dim {
+                let expected = f64::from(row[c]) * inv * f64::from(weight[c]);
+                assert!((f64::from(out[r * dim + c]) - expected).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn silu_mul_known_values() {
+        let mut gate = [0.0f32, 1.0, -2.0];
+        silu_mul(&mut gate, &[5.0, 2.0, 1.0]).unwrap();
+        assert_eq!(gate[0], 0.0);
+        assert!((gate[1] - 2.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+        assert!((gate[2] - (-2.0 / (1.0 + 2.0f32.exp()))).abs() < 1e-6);
+    }
+
+    #[test]
+    fn add_and_softmax() {
+        let mut x = [1.0f32, 2.0];
+        add_inplace(&mut x, &[0.5, -2.0]).unwrap();
+        assert_eq!(x, [1.5, 0.0]);
+        let mut row = [0.0f32, (2.0f32).ln(), f32::NEG_INFINITY];
+        softmax_inplace(&mut row);
+        assert!((row[0] - 1.0 / 3.0).abs() < 1e-6);
+        assert!((row[1] - 2.0 / 3.0).abs() < 1e-6);
+        assert_eq!(row[2], 0.0);
+        let mut dead = [f32::NEG_INFINITY; 3];
+        softmax_inplace(&mut dead);
+        assert_eq!(dead, [0.0; 3]);
+    }
+}

@@ -1,0 +1,135 @@
+//! tokenmill-kernels: the CPU compute layer of the engine.
+//!
+//! Everything numeric a transformer forward pass needs lives here, so the model code above it
+//! stays safe, readable Rust and this crate alone carries `unsafe` (SIMD intrinsics and the
+//! thread pool's job hand-off), each block with a `// SAFETY:` note and each SIMD kernel tested
+//! against a scalar reference. Kernels pick AVX2+FMA at runtime when the CPU has them and fall
+//! back to portable scalar code otherwise.
+//!
+//! # Key types and functions
+//!
+//! - [`DType`]: GGML element types (`F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K`,
+//!   `Q5_K`, `Q6_K`) with `ggml_id`/`from_ggml_id`/`name`/`block_size`/`block_bytes`/`row_bytes`.
+//! - [`dequantize`]`(dtype, bytes, &mut [f32])`: scalar reference decoder, bit-exact with GGML.
+//!   [`quantize_row_q8_0`], [`quantize_row_q4_0`], [`quantize_row_q4_1`] (GGML's reference
+//!   quantizers) and [`encode_float_row`] build test data.
+//! - [`ThreadPool`]: persistent workers (spin ~300 µs, then park); `parallel_for(n_tasks,
+//!   &|task| ...)` runs on the caller and the workers and returns when all tasks are done. A
+//!   task panic is caught and re-raised on the caller after all tasks stop; nested calls run
+//!   serially.
+//! - [`QMatrix`]: a linear layer weight `[out_features, in_features]`
+//!   (`from_bytes(dtype, out, in, &bytes)`, `from_f32`), with
+//!   `matmul(&pool, x, n, out, &mut MatmulScratch)` computing `out[n, out] = x[n, in] · Wᵀ` and
+//!   `row_to_f32(row, dst)` for embedding lookups. [`reference_matmul`] is the f64 reference.
+//!   Quantized layers quantize activations per 32 values to int8 and use exact integer block
+//!   dots (AVX2 `maddubs`/`madd`), four activation rows per weight-row pass, split over the pool
+//!   by output rows. F16/BF16 weights are widened to f32 at load (2x memory).
+//! - Elementwise: [`rms_norm`], [`silu_mul`], [`add_inplace`], [`softmax_inplace`].
+//! - RoPE: [`RopeCache`] (`new(rotary_dim, theta, max_positions, RopeScaling)`, angles in f64
+//!   stored as f32; positions past the table are computed on the fly identically) and
+//!   [`apply_rope`]`(x, n_tokens, n_heads, head_dim, positions, &cache, RopeStyle)`, rotating
+//!   the first `rotary_dim` dims of each head.
+//! - Paged attention: [`write_kv`] scatters new K/V rows into the cache by slot
+//!   (`slot = block_id * block_size + offset`, [`PADDING_SLOT`] skips a token);
+//!   [`paged_attention`] runs causal GQA attention over a flattened batch of sequences
+//!   ([`AttentionSeq`]) described by [`AttentionParams`]; [`reference_attention`] is the naive
+//!   materialized-softmax reference. Rows of `out` not covered by any sequence are left as
+//!   they were.
+//!
+//! Shape and index mistakes return [`KernelError`]; kernels never panic on bad input. Hot paths
+//! allocate nothing per call once [`MatmulScratch`] has grown (attention allocates a few small
+//! per-task buffers).
+//!
+//! # Usage loop (one forward step)
+//!
+//! ```
+//! use tokenmill_kernels::{QMatrix, MatmulScratch, ThreadPool, rms_norm};
+//!
+//! let pool = ThreadPool::new(2);
+//! let weight = QMatrix::from_f32(2, 3, &[1.0, 0.0, 0.0, 0.0, 1.0, 1.0]).unwrap();
+//! let mut scratch = MatmulScratch::new();
+//! let x = [1.0f32, 2.0, 3.0];
+//! let mut normed = [0.0f32; 3];
+//! rms_norm(&x, &[1.0, 1.0, 1.0], 1e-6, &mut normed).unwrap();
+//! let mut out = [0.0f32; 2];
+//! weight.matmul(&pool, &x, 1, &mut out, &mut scratch).unwrap();
+//! assert_eq!(out, [1.0, 5.0]);
+//! ```
+//!
+//! # Determinism
+//!
+//! Every result is a pure function of its inputs: a row's matmul output does not depend on the
+//! batch size, the other rows, or the thread count, and one sequence's attention output does
+//! not depend on the other sequences in the batch. This is what lets the engine promise that a
+//! request's output does not depend on what it was batched with.
+
+#![allow(unsafe_code)]
+
+mod attention;
+mod dtype;
+mod elementwise;
+mod matmul;
+mod pool;
+mod quant;
+mod rope;
+mod simd;
+#[cfg(test)]
+mod test_util;
+
+pub use attention::{
+    paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
+};
+pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
+pub use elementwise::{add_inplace, rms_norm, silu_mul, softmax_inplace};
+pub use matmul::{reference_matmul, MatmulScratch, QMatrix};
+pub use pool::ThreadPool;
+pub use quant::{
+    dequantize, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q8_0, QK, QK_K,
+};
+pub use rope::{apply_rope, RopeCache, RopeScaling, RopeStyle};
+
+/// Errors from kernel entry points: always a caller's shape or type mistake.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// A row length is not a whole number of quantization blocks.
+    #[error("{dtype} rows need a multiple of {block_size} elements, got {n_elements}")]
+    NotBlockAligned {
+        /// The element type.
+        dtype: DType,
+        /// The offending element count.
+        n_elements: usize,
+        /// Elements per block of `dtype`.
+        block_size: usize,
+    },
+    /// A buffer has the wrong length for the shape given.
+    #[error("{what}: expected {expected} elements, got {actual}")]
+    LengthMismatch {
+        /// Which buffer.
+        what: &'static str,
+        /// Length implied by the shape.
+        expected: usize,
+        /// Length passed.
+        actual: usize,
+    },
+    /// An index (row, block id, slot, position) is outside its range.
+    #[error("{what} {index} out of range (len {len})")]
+    IndexOutOfRange {
+        /// What was indexed.
+        what: &'static str,
+        /// The index.
+        index: usize,
+        /// The valid length.
+        len: usize,
+    },
+    /// Parameters that cannot describe a valid computation.
+    #[error("invalid shape: {0}")]
+    InvalidShape(&'static str),
+    /// The operation does not support this element type.
+    #[error("{operation} does not support {dtype}")]
+    UnsupportedDType {
+        /// The element type.
+        dtype: DType,
+        /// The operation.
+        operation: &'static str,
+    },
+}

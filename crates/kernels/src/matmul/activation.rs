@@ -1,0 +1,183 @@
+//! Per-32-element int8 quantization of activation rows for the integer dot kernels.
+
+use crate::pool::{SharedMut, ThreadPool};
+use crate::quant::QK;
+use crate::{f16_to_f32, f32_to_f16, KernelError};
+
+/// Activation rows quantized in blocks of 32: `x ≈ q * d` with `d = amax / 127` (kept rounded
+/// to f16, like llama.cpp's Q8_0/Q8_1 blocks).
+///
+/// `block_sums[b] = d[b] * Σ q` feeds the min/offset terms of Q4_1 and Q4_K/Q5_K.
+#[derive(Debug, Default, Clone)]
+pub struct QuantizedActivations {
+    quants: Vec<i8>,
+    scales: Vec<f32>,
+    block_sums: Vec<f32>,
+    in_features: usize,
+}
+
+/// One quantized activation row.
+#[derive(Clone, Copy)]
+pub(crate) struct QuantizedRow<'a> {
+    pub(crate) quants: &'a [i8],
+    pub(crate) scales: &'a [f32],
+    pub(crate) block_sums: &'a [f32],
+}
+
+impl QuantizedActivations {
+    /// Quantizes `n` rows of `in_features` values from `x`, reusing the buffers. Large
+    /// batches are split over `pool` by whole blocks; each block's result is the same whoever
+    /// computes it.
+    pub(crate) fn quantize(
+        &mut self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        in_features: usize,
+    ) -> Result<(), KernelError> {
+        if in_features % QK != 0 {
+            return Err(KernelError::InvalidShape(
+                "quantized matmul needs in_features divisible by 32",
+            ));
+        }
+        let n_blocks = n * in_features / QK;
+        self.in_features = in_features;
+        self.quants.resize(n * in_features, 0);
+        self.scales.resize(n_blocks, 0.0);
+        self.block_sums.resize(n_blocks, 0.0);
+        let x = &x[..n * in_features];
+        if n_blocks < PARALLEL_MIN_BLOCKS || pool.num_threads() == 1 {
+            quantize_blocks(x, &mut self.quants, &mut self.scales, &mut self.block_sums);
+            return Ok(());
+        }
+        let blocks_per_task = n_blocks.div_ceil(pool.num_threads() * 4);
+        let n_tasks = n_blocks.div_ceil(blocks_per_task);
+        let quants = SharedMut::new(&mut self.quants);
+        let scales = SharedMut::new(&mut self.scales);
+        let block_sums = SharedMut::new(&mut self.block_sums);
+        pool.parallel_for(n_tasks, &|task| {
+            let first = task * blocks_per_task;
+            let count = blocks_per_task.min(n_blocks - first);
+            // SAFETY: task `task` alone owns blocks first..first + count of all three buffers,
+            // which were resized to hold n_blocks blocks above and outlive the parallel_for.
+            let (quants, scales, block_sums) = unsafe {
+                (
+                    quants.slice_mut(first * QK, count * QK),
+                    scales.slice_mut(first, count),
+                    block_sums.slice_mut(first, count),
+                )
+            };
+            quantize_blocks(
+                &x[first * QK..(first + count) * QK],
+                quants,
+                scales,
+                block_sums,
+            );
+        });
+        Ok(())
+    }
+
+    pub(crate) fn row(&self, i: usize) -> QuantizedRow<'_> {
+        let k = self.in_features;
+        let nb = k / QK;
+        QuantizedRow {
+            quants: &self.quants[i * k..(i + 1) * k],
+            scales: &self.scales[i * nb..(i + 1) * nb],
+            block_sums: &self.block_sums[i * nb..(i + 1) * nb],
+        }
+    }
+}
+
+/// Blocks below which quantizing on the calling thread beats waking the pool.
+const PARALLEL_MIN_BLOCKS: usize = 2048;
+
+fn quantize_blocks(x: &[f32], quants: &mut [i8], scales: &mut [f32], block_sums: &mut [f32]) {
+    for (((values, quants), scale), block_sum) in x
+        .chunks_exact(QK)
+        .zip(quants.chunks_exact_mut(QK))
+        .zip(scales.iter_mut())
+        .zip(block_sums.iter_mut())
+    {
+        let (block_scale, sum) = quantize_block(values, quants);
+        // Stored rounded to f16, as llama.cpp's Q8_0/Q8_1 activation blocks are: the same
+        // rounding keeps our greedy tokens on llama.cpp's path when logits nearly tie.
+        *scale = round_to_f16(block_scale);
+        *block_sum = round_to_f16(block_scale * sum as f32);
+    }
+}
+
+fn round_to_f16(value: f32) -> f32 {
+    f16_to_f32(f32_to_f16(value))
+}
+
+/// Adding and subtracting 1.5 · 2²³ rounds an f32 of magnitude below 2²² to the nearest
+/// integer, ties to even (the default FP rounding mode), with plain vectorizable arithmetic.
+const ROUNDING_MAGIC: f32 = 12_582_912.0;
+
+/// Quantizes 32 values; returns the scale and the integer sum of the quants.
+fn quantize_block(values: &[f32], quants: &mut [i8]) -> (f32, i32) {
+    let amax = values.iter().fold(0.0f32, |acc, v| acc.max(v.abs()));
+    let scale = amax / 127.0;
+    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in quants.iter_mut().zip(values) {
+        let rounded = ((v * inverse + ROUNDING_MAGIC) - ROUNDING_MAGIC) as i32;
+        *q = rounded.clamp(-127, 127) as i8;
+        sum += i32::from(*q);
+    }
+    (scale, sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantizes_known_block() {
+        // amax = 127 makes the inverse scale exactly 1, so the rounding is visible.
+        let mut values = vec![0.0f32; 32];
+        values[0] = -127.0;
+        values[1] = 63.5;
+        values[2] = 62.5;
+        values[3] = -0.5;
+        values[4] = 3.2;
+        let mut acts = QuantizedActivations::default();
+        acts.quantize(&ThreadPool::new(1), &values, 1, 32).unwrap();
+        let row = acts.row(0);
+        assert_eq!(&row.quants[..5], &[-127, 64, 62, 0, 3]);
+        assert_eq!(row.scales[0], 1.0);
+        assert_eq!(row.block_sums[0], 2.0);
+    }
+
+    #[test]
+    fn magic_rounding_matches_round_ties_even() {
+        for i in -300_000..300_000 {
+            let v = i as f32 / 1000.0 * 0.5;
+            let magic = (v + ROUNDING_MAGIC) - ROUNDING_MAGIC;
+            assert_eq!(magic, v.round_ties_even(), "{v}");
+        }
+    }
+
+    #[test]
+    fn parallel_quantization_equals_serial() {
+        let mut rng = crate::test_util::Rng::new(1);
+        let n = 70;
+        let x = rng.vec(n * 1024, -3.0, 3.0);
+        let mut serial = QuantizedActivations::default();
+        serial.quantize(&ThreadPool::new(1), &x, n, 1024).unwrap();
+        let mut parallel = QuantizedActivations::default();
+        parallel.quantize(&ThreadPool::new(3), &x, n, 1024).unwrap();
+        assert_eq!(serial.quants, parallel.quants);
+        assert_eq!(serial.scales, parallel.scales);
+        assert_eq!(serial.block_sums, parallel.block_sums);
+    }
+
+    #[test]
+    fn zero_block_has_zero_scale() {
+        let mut acts = QuantizedActivations::default();
+        acts.quantize(&ThreadPool::new(1), &[0.0; 64], 1, 64)
+            .unwrap();
+        assert!(acts.row(0).quants.iter().all(|&q| q == 0));
+        assert_eq!(acts.row(0).scales, &[0.0, 0.0]);
+    }
+}

@@ -1,0 +1,512 @@
+//! Linear layers: `out[n, out_features] = x[n, in_features] · Wᵀ` for weights in any [`DType`].
+//!
+//! Weights are repacked once at load ([`QMatrix::from_bytes`]): float types become f32 rows,
+//! 32-element block types are split into f32 scale/min arrays and packed quants, K-quants keep
+//! their GGML super-blocks plus f32 super-block scales. Activations of quantized layers are
+//! quantized per 32 elements to int8 (symmetric, `d = amax / 127`, round to nearest even) and
+//! every block product is an exact integer dot, scaled in f32.
+//!
+//! Determinism: each output element is produced by one call of a per-(weight row, activation
+//! row) routine whose floating-point operation order depends only on `in_features` and the
+//! instruction set picked at runtime, never on `n`, on neighbouring rows, or on the thread
+//! count. Tiles of several activation rows share weight loads but keep separate accumulators.
+
+mod activation;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+use crate::dtype::DType;
+use crate::pool::{SharedMut, ThreadPool};
+use crate::quant::{dequantize, read_f16, QK, QK_K};
+use crate::KernelError;
+
+pub use activation::QuantizedActivations;
+
+/// Activation rows processed together against each weight row.
+const ROW_TILE: usize = 4;
+/// Weight rows visited for all activation tiles before moving on, sized to stay in L2.
+const WEIGHT_ROWS_PER_PASS: usize = 32;
+
+/// How a matrix's weights are held in memory after repacking.
+#[derive(Debug, Clone)]
+pub(crate) enum Storage {
+    /// F32/F16/BF16 weights widened to f32, `[out][in]`.
+    Float { values: Vec<f32> },
+    /// Q8_0 / Q4_0 / Q4_1: per block an f32 scale (and min for Q4_1) and the packed quants
+    /// (32 bytes per block for Q8_0, 16 for the 4-bit types), all row-major.
+    Blocks {
+        scales: Vec<f32>,
+        mins: Vec<f32>,
+        quants: Vec<u8>,
+    },
+    /// K-quants: the GGML super-blocks unchanged plus their f16 `d` (and `dmin`) as f32,
+    /// two per super-block.
+    SuperBlocks {
+        super_scales: Vec<f32>,
+        raw: Vec<u8>,
+    },
+}
+
+/// A linear layer's weight `[out_features, in_features]`, each output row contiguous.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    dtype: DType,
+    out_features: usize,
+    in_features: usize,
+    storage: Storage,
+}
+
+/// Reusable buffers for [`QMatrix::matmul`]; grows to the largest shape seen, then no longer
+/// allocates.
+#[derive(Debug, Default)]
+pub struct MatmulScratch {
+    activations: QuantizedActivations,
+}
+
+impl MatmulScratch {
+    /// An empty scratch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Which kernel family runs: picked once per call from CPU features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+/// One weight row in a kernel-friendly view.
+#[derive(Clone, Copy)]
+pub(crate) enum WeightRow<'a> {
+    Float(&'a [f32]),
+    Q8_0 {
+        scales: &'a [f32],
+        quants: &'a [u8],
+    },
+    Q4_0 {
+        scales: &'a [f32],
+        quants: &'a [u8],
+    },
+    Q4_1 {
+        scales: &'a [f32],
+        mins: &'a [f32],
+        quants: &'a [u8],
+    },
+    Q4K {
+        super_scales: &'a [f32],
+        raw: &'a [u8],
+    },
+    Q5K {
+        super_scales: &'a [f32],
+        raw: &'a [u8],
+    },
+    Q6K {
+        super_scales: &'a [f32],
+        raw: &'a [u8],
+    },
+}
+
+/// `R` activation rows processed together, in the form the weight type needs.
+#[derive(Clone, Copy)]
+pub(crate) enum Tile<'a, const R: usize> {
+    Float([&'a [f32]; R]),
+    Quantized([activation::QuantizedRow<'a>; R]),
+}
+
+impl QMatrix {
+    /// Copies GGML-layout bytes (`out_features` rows of `in_features` elements) into an owned,
+    /// repacked matrix.
+    pub fn from_bytes(
+        dtype: DType,
+        out_features: usize,
+        in_features: usize,
+        bytes: &[u8],
+    ) -> Result<QMatrix, KernelError> {
+        let row_bytes = dtype.row_bytes(in_features)?;
+        let expected = row_bytes
+            .checked_mul(out_features)
+            .ok_or(KernelError::InvalidShape("matrix size overflows usize"))?;
+        if bytes.len() != expected {
+            return Err(KernelError::LengthMismatch {
+                what: "weight bytes",
+                expected,
+                actual: bytes.len(),
+            });
+        }
+        let storage = match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => {
+                let mut values = vec![0.0f32; out_features * in_features];
+                dequantize(dtype, bytes, &mut values)?;
+                Storage::Float { values }
+            }
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+                let n_blocks = out_features * in_features / QK;
+                let quant_bytes = if dtype == DType::Q8_0 { QK } else { QK / 2 };
+                let header = dtype.block_bytes() - quant_bytes;
+                let mut scales = Vec::with_capacity(n_blocks);
+                let mut mins = Vec::with_capacity(if dtype == DType::Q4_1 { n_blocks } else { 0 });
+                let mut quants = Vec::with_capacity(n_blocks * quant_bytes);
+                for block in bytes.chunks_exact(dtype.block_bytes()) {
+                    scales.push(read_f16(block, 0));
+                    if dtype == DType::Q4_1 {
+                        mins.push(read_f16(block, 2));
+                    }
+                    quants.extend_from_slice(&block[header..]);
+                }
+                Storage::Blocks {
+                    scales,
+                    mins,
+                    quants,
+                }
+            }
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+                let mut super_scales = Vec::with_capacity(bytes.len() / dtype.block_bytes() * 2);
+                for block in bytes.chunks_exact(dtype.block_bytes()) {
+                    if dtype == DType::Q6_K {
+                        super_scales.push(read_f16(block, 208));
+                        super_scales.push(0.0);
+                    } else {
+                        super_scales.push(read_f16(block, 0));
+                        super_scales.push(read_f16(block, 2));
+                    }
+                }
+                Storage::SuperBlocks {
+                    super_scales,
+                    raw: bytes.to_vec(),
+                }
+            }
+        };
+        Ok(QMatrix {
+            dtype,
+            out_features,
+            in_features,
+            storage,
+        })
+    }
+
+    /// An F32 matrix from row-major values `[out_features][in_features]`.
+    pub fn from_f32(
+        out_features: usize,
+        in_features: usize,
+        values: &[f32],
+    ) -> Result<QMatrix, KernelError> {
+        if values.len() != out_features * in_features {
+            return Err(KernelError::LengthMismatch {
+                what: "weight values",
+                expected: out_features * in_features,
+                actual: values.len(),
+            });
+        }
+        Ok(QMatrix {
+            dtype: DType::F32,
+            out_features,
+            in_features,
+            storage: Storage::Float {
+                values: values.to_vec(),
+            },
+        })
+    }
+
+    /// The element type the weights were loaded from.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Rows of the weight (outputs of the layer).
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Columns of the weight (inputs of the layer).
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// Bytes held by the repacked weights.
+    pub fn storage_bytes(&self) -> usize {
+        match &self.storage {
+            Storage::Float { values } => values.len() * 4,
+            Storage::Blocks {
+                scales,
+                mins,
+                quants,
+            } => scales.len() * 4 + mins.len() * 4 + quants.len(),
+            Storage::SuperBlocks { super_scales, raw } => super_scales.len() * 4 + raw.len(),
+        }
+    }
+
+    /// Decodes weight row `row` to f32 (an embedding lookup for a `[vocab, hidden]` table).
+    /// Values equal [`dequantize`] of the original bytes exactly.
+    pub fn row_to_f32(&self, row: usize, dst: &mut [f32]) -> Result<(), KernelError> {
+        if row >= self.out_features {
+            return Err(KernelError::IndexOutOfRange {
+                what: "weight row",
+                index: row,
+                len: self.out_features,
+            });
+        }
+        if dst.len() != self.in_features {
+            return Err(KernelError::LengthMismatch {
+                what: "row destination",
+                expected: self.in_features,
+                actual: dst.len(),
+            });
+        }
+        match self.weight_row(row) {
+            WeightRow::Float(values) => dst.copy_from_slice(values),
+            WeightRow::Q8_0 { scales, quants } => {
+                for (b, (out, q)) in dst
+                    .chunks_exact_mut(QK)
+                    .zip(quants.chunks_exact(QK))
+                    .enumerate()
+                {
+                    for (value, &byte) in out.iter_mut().zip(q) {
+                        *value = f32::from(byte as i8) * scales[b];
+                    }
+                }
+            }
+            WeightRow::Q4_0 { scales, quants } => {
+                for (b, (out, q)) in dst
+                    .chunks_exact_mut(QK)
+                    .zip(quants.chunks_exact(QK / 2))
+                    .enumerate()
+                {
+                    for (j, &byte) in q.iter().enumerate() {
+                        out[j] = (i32::from(byte & 0x0f) - 8) as f32 * scales[b];
+                        out[j + QK / 2] = (i32::from(byte >> 4) - 8) as f32 * scales[b];
+                    }
+                }
+            }
+            WeightRow::Q4_1 {
+                scales,
+                mins,
+                quants,
+            } => {
+                for (b, (out, q)) in dst
+                    .chunks_exact_mut(QK)
+                    .zip(quants.chunks_exact(QK / 2))
+                    .enumerate()
+                {
+                    for (j, &byte) in q.iter().enumerate() {
+                        out[j] = f32::from(byte & 0x0f) * scales[b] + mins[b];
+                        out[j + QK / 2] = f32::from(byte >> 4) * scales[b] + mins[b];
+                    }
+                }
+            }
+            WeightRow::Q4K { raw, .. }
+            | WeightRow::Q5K { raw, .. }
+            | WeightRow::Q6K { raw, .. } => {
+                dequantize(self.dtype, raw, dst)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    pub(crate) fn weight_row(&self, row: usize) -> WeightRow<'_> {
+        let k = self.in_features;
+        match &self.storage {
+            Storage::Float { values } => WeightRow::Float(&values[row * k..(row + 1) * k]),
+            Storage::Blocks {
+                scales,
+                mins,
+                quants,
+            } => {
+                let nb = k / QK;
+                let scales = &scales[row * nb..(row + 1) * nb];
+                match self.dtype {
+                    DType::Q8_0 => WeightRow::Q8_0 {
+                        scales,
+                        quants: &quants[row * k..(row + 1) * k],
+                    },
+                    DType::Q4_0 => WeightRow::Q4_0 {
+                        scales,
+                        quants: &quants[row * k / 2..(row + 1) * k / 2],
+                    },
+                    _ => WeightRow::Q4_1 {
+                        scales,
+                        mins: &mins[row * nb..(row + 1) * nb],
+                        quants: &quants[row * k / 2..(row + 1) * k / 2],
+                    },
+                }
+            }
+            Storage::SuperBlocks { super_scales, raw } => {
+                let nsb = k / QK_K;
+                let row_bytes = nsb * self.dtype.block_bytes();
+                let super_scales = &super_scales[row * nsb * 2..(row + 1) * nsb * 2];
+                let raw = &raw[row * row_bytes..(row + 1) * row_bytes];
+                match self.dtype {
+                    DType::Q4_K => WeightRow::Q4K { super_scales, raw },
+                    DType::Q5_K => WeightRow::Q5K { super_scales, raw },
+                    _ => WeightRow::Q6K { super_scales, raw },
+                }
+            }
+        }
+    }
+
+    /// Computes `out[n, out_features] = x[n, in_features] · Wᵀ` on `pool`.
+    pub fn matmul(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), KernelError> {
+        self.matmul_with_isa(Isa::detect(), pool, x, n, out, scratch)
+    }
+
+    pub(crate) fn matmul_with_isa(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), KernelError> {
+        if x.len() != n * self.in_features {
+            return Err(KernelError::LengthMismatch {
+                what: "matmul input",
+                expected: n * self.in_features,
+                actual: x.len(),
+            });
+        }
+        if out.len() != n * self.out_features {
+            return Err(KernelError::LengthMismatch {
+                what: "matmul output",
+                expected: n * self.out_features,
+                actual: out.len(),
+            });
+        }
+        if n == 0 || self.out_features == 0 {
+            return Ok(());
+        }
+        let quantized = self.dtype.is_quantized();
+        if quantized {
+            scratch.activations.quantize(pool, x, n, self.in_features)?;
+        }
+        let activations = &scratch.activations;
+        let in_features = self.in_features;
+        let tile = |first: usize| -> Tile<'_, ROW_TILE> {
+            if quantized {
+                Tile::Quantized(std::array::from_fn(|r| activations.row(first + r)))
+            } else {
+                Tile::Float(std::array::from_fn(|r| {
+                    &x[(first + r) * in_features..(first + r + 1) * in_features]
+                }))
+            }
+        };
+        let single = |i: usize| -> Tile<'_, 1> {
+            if quantized {
+                Tile::Quantized([activations.row(i)])
+            } else {
+                Tile::Float([&x[i * in_features..(i + 1) * in_features]])
+            }
+        };
+
+        let out_features = self.out_features;
+        let target_tasks = pool.num_threads() * 4;
+        let rows_per_task = out_features
+            .div_ceil(target_tasks)
+            .next_multiple_of(ROW_TILE)
+            .max(ROW_TILE);
+        let n_tasks = out_features.div_ceil(rows_per_task);
+        let output = SharedMut::new(out);
+        pool.parallel_for(n_tasks, &|task| {
+            let first = task * rows_per_task;
+            let last = (first + rows_per_task).min(out_features);
+            let mut pass_start = first;
+            while pass_start < last {
+                let pass_end = (pass_start + WEIGHT_ROWS_PER_PASS).min(last);
+                let rows = pass_start..pass_end;
+                let mut i = 0;
+                while i + ROW_TILE <= n {
+                    let mut results = [[0.0f32; ROW_TILE]; WEIGHT_ROWS_PER_PASS];
+                    kernel_pass(isa, self, rows.clone(), &tile(i), &mut results);
+                    for (j, values) in rows.clone().zip(&results) {
+                        for (r, value) in values.iter().enumerate() {
+                            // SAFETY: this task alone owns output columns first..last, and
+                            // (i + r, j) lies inside `out` (lengths checked above).
+                            unsafe { output.write((i + r) * out_features + j, *value) };
+                        }
+                    }
+                    i += ROW_TILE;
+                }
+                while i < n {
+                    let mut results = [[0.0f32; 1]; WEIGHT_ROWS_PER_PASS];
+                    kernel_pass(isa, self, rows.clone(), &single(i), &mut results);
+                    for (j, values) in rows.clone().zip(&results) {
+                        // SAFETY: as above.
+                        unsafe { output.write(i * out_features + j, values[0]) };
+                    }
+                    i += 1;
+                }
+                pass_start = pass_end;
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Computes `out[j - rows.start][r] = W[j] · tile[r]` for the weight rows in `rows`.
+fn kernel_pass<const R: usize>(
+    isa: Isa,
+    matrix: &QMatrix,
+    rows: std::ops::Range<usize>,
+    tile: &Tile<'_, R>,
+    out: &mut [[f32; R]],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2 and FMA.
+        Isa::Avx2 => unsafe { avx2::kernel_pass::<R>(matrix, rows, tile, out) },
+        Isa::Scalar => {
+            for (j, results) in rows.zip(out.iter_mut()) {
+                scalar::dot_tile::<R>(matrix.weight_row(j), tile, results);
+            }
+        }
+    }
+}
+
+/// Plain f32 reference `out = x · Wᵀ` with weights decoded by [`dequantize`]; for tests.
+pub fn reference_matmul(
+    dtype: DType,
+    out_features: usize,
+    in_features: usize,
+    weight_bytes: &[u8],
+    x: &[f32],
+    n: usize,
+) -> Result<Vec<f32>, KernelError> {
+    let mut weights = vec![0.0f32; out_features * in_features];
+    dequantize(dtype, weight_bytes, &mut weights)?;
+    let mut out = vec![0.0f32; n * out_features];
+    for i in 0..n {
+        for j in 0..out_features {
+            let mut sum = 0.0f64;
+            for k in 0..in_features {
+                sum += f64::from(x[i * in_features + k]) * f64::from(weights[j * in_features + k]);
+            }
+            out[i * out_features + j] = sum as f32;
+        }
+    }
+    Ok(out)
+}

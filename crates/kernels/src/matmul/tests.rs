@@ -1,0 +1,207 @@
+use super::*;
+use crate::test_util::{random_weights, Rng};
+
+/// Bound on |kernel - f32 reference| for one output element: int8 activation quantization moves
+/// each x by at most half a step (`amax_block / 254`), so the dot moves by at most
+/// `Σ |w| · amax_block / 254`; f32 accumulation adds a relative `1e-5 · Σ |w·x|`.
+fn tolerance(dtype: DType, weights: &[f32], x: &[f32]) -> f64 {
+    let magnitude: f64 = weights
+        .iter()
+        .zip(x)
+        .map(|(&w, &v)| f64::from(w).abs() * f64::from(v).abs())
+        .sum();
+    let quantization: f64 = if dtype.is_quantized() {
+        weights
+            .chunks(QK)
+            .zip(x.chunks(QK))
+            .map(|(w, xb)| {
+                let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let w_abs: f64 = w.iter().map(|&v| f64::from(v).abs()).sum();
+                w_abs * f64::from(amax) / 254.0
+            })
+            .sum()
+    } else {
+        0.0
+    };
+    quantization * 1.001 + 1e-5 * magnitude + 1e-6
+}
+
+fn isas() -> Vec<Isa> {
+    let mut isas = vec![Isa::Scalar];
+    if Isa::detect() != Isa::Scalar {
+        isas.push(Isa::detect());
+    }
+    isas
+}
+
+#[test]
+fn matmul_matches_reference_for_every_dtype_and_isa() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(7);
+    let mut scratch = MatmulScratch::new();
+    for dtype in DType::ALL {
+        let block = dtype.block_size().max(32);
+        // Odd row counts and batch sizes exercise the tile remainders.
+        for &(rows, cols, n) in &[
+            (13usize, block, 1usize),
+            (37, block * 3, 6),
+            (5, block * 2, 9),
+        ] {
+            let cols = if dtype.is_quantized() { cols } else { cols + 3 };
+            let bytes = random_weights(&mut rng, dtype, rows, cols);
+            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+            let x = rng.vec(n * cols, -2.0, 2.0);
+            let reference = reference_matmul(dtype, rows, cols, &bytes, &x, n).unwrap();
+            let mut weights = vec![0.0f32; rows * cols];
+            dequantize(dtype, &bytes, &mut weights).unwrap();
+            let mut per_isa = Vec::new();
+            for isa in isas() {
+                let mut out = vec![f32::NAN; n * rows];
+                matrix
+                    .matmul_with_isa(isa, &pool, &x, n, &mut out, &mut scratch)
+                    .unwrap();
+                for i in 0..n {
+                    for j in 0..rows {
+                        let got = f64::from(out[i * rows + j]);
+                        let want = f64::from(reference[i * rows + j]);
+                        let bound = tolerance(
+                            dtype,
+                            &weights[j * cols..(j + 1) * cols],
+                            &x[i * cols..(i + 1) * cols],
+                        );
+                        assert!(
+                            (got - want).abs() <= bound,
+                            "{dtype} {isa:?} rows={rows} cols={cols} n={n} [{i},{j}]: {got} vs {want} (bound {bound})"
+                        );
+                    }
+                }
+                per_isa.push(out);
+            }
+            // The SIMD and scalar kernels compute the same integer sums; only the f32
+            // accumulation order differs.
+            if let [scalar, simd] = per_isa.as_slice() {
+                for (a, b) in scalar.iter().zip(simd) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                        "{dtype}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn row_results_do_not_depend_on_batch_or_threads() {
+    let mut rng = Rng::new(11);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    for dtype in DType::ALL {
+        let cols = dtype.block_size().max(32) * 2;
+        let rows = 45;
+        let bytes = random_weights(&mut rng, dtype, rows, cols);
+        let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        let n = 13;
+        let x = rng.vec(n * cols, -1.0, 1.0);
+        for isa in isas() {
+            let mut scratch = MatmulScratch::new();
+            let mut batched = vec![0.0f32; n * rows];
+            matrix
+                .matmul_with_isa(isa, &pools[1], &x, n, &mut batched, &mut scratch)
+                .unwrap();
+            for pool in &pools {
+                let mut again = vec![0.0f32; n * rows];
+                matrix
+                    .matmul_with_isa(isa, pool, &x, n, &mut again, &mut scratch)
+                    .unwrap();
+                assert_eq!(
+                    batched.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    again.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{dtype} {isa:?} threads={}",
+                    pool.num_threads()
+                );
+                for i in [0usize, 5, 12] {
+                    let mut single = vec![0.0f32; rows];
+                    matrix
+                        .matmul_with_isa(
+                            isa,
+                            pool,
+                            &x[i * cols..(i + 1) * cols],
+                            1,
+                            &mut single,
+                            &mut scratch,
+                        )
+                        .unwrap();
+                    for j in 0..rows {
+                        assert_eq!(
+                            single[j].to_bits(),
+                            batched[i * rows + j].to_bits(),
+                            "{dtype} {isa:?} row {i} col {j}: n=1 differs from n=13"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn row_to_f32_equals_dequantize() {
+    let mut rng = Rng::new(3);
+    for dtype in DType::ALL {
+        let cols = dtype.block_size().max(32) * 2;
+        let rows = 4;
+        let bytes = random_weights(&mut rng, dtype, rows, cols);
+        let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        let mut all = vec![0.0f32; rows * cols];
+        dequantize(dtype, &bytes, &mut all).unwrap();
+        let mut row = vec![0.0f32; cols];
+        for r in 0..rows {
+            matrix.row_to_f32(r, &mut row).unwrap();
+            assert_eq!(row, all[r * cols..(r + 1) * cols], "{dtype} row {r}");
+        }
+        assert!(matrix.row_to_f32(rows, &mut row).is_err());
+    }
+}
+
+#[test]
+fn known_q8_0_product() {
+    // One Q8_0 row with d = 1 and q = 1..=32, times x = all 127s: the activation scale is
+    // exactly 1 (also in f16) and Σ 127·q = 67056 is exact.
+    let mut bytes = vec![0u8; 34];
+    bytes[0..2].copy_from_slice(&crate::dtype::f32_to_f16(1.0).to_le_bytes());
+    for j in 0..32 {
+        bytes[2 + j] = (j as u8) + 1;
+    }
+    let matrix = QMatrix::from_bytes(DType::Q8_0, 1, 32, &bytes).unwrap();
+    let pool = ThreadPool::new(2);
+    let mut out = [0.0f32];
+    matrix
+        .matmul(&pool, &[127.0; 32], 1, &mut out, &mut MatmulScratch::new())
+        .unwrap();
+    assert_eq!(out[0], 67056.0);
+}
+
+#[test]
+fn shape_errors() {
+    let matrix = QMatrix::from_f32(2, 3, &[0.0; 6]).unwrap();
+    let pool = ThreadPool::new(1);
+    let mut scratch = MatmulScratch::new();
+    let mut out = [0.0f32; 2];
+    assert!(matrix
+        .matmul(&pool, &[0.0; 4], 1, &mut out, &mut scratch)
+        .is_err());
+    assert!(matrix
+        .matmul(&pool, &[0.0; 3], 1, &mut out[..1], &mut scratch)
+        .is_err());
+    assert!(QMatrix::from_bytes(DType::Q4_1, 2, 32, &[0u8; 39]).is_err());
+    assert!(QMatrix::from_bytes(DType::Q4_K, 1, 32, &[0u8; 144]).is_err());
+}
+
+#[test]
+fn public_types_are_thread_safe() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<QMatrix>();
+    assert_send_sync::<MatmulScratch>();
+    assert_send_sync::<ThreadPool>();
+    assert_send_sync::<crate::RopeCache>();
+}

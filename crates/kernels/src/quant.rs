@@ -1,0 +1,510 @@
+//! Scalar reference dequantizers and quantizers for GGML block formats.
+//!
+//! These follow the block layouts of `ggml-common.h` and the arithmetic of GGML's
+//! `dequantize_row_*` / `quantize_row_*_ref`, so bytes read from a GGUF file decode to the same
+//! f32 values llama.cpp would produce. They are the ground truth the SIMD matmul kernels are
+//! tested against.
+
+use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_f16, DType};
+use crate::KernelError;
+
+/// Elements in a `Q*_0` / `Q*_1` block.
+pub const QK: usize = 32;
+/// Elements in a K-quant super-block.
+pub const QK_K: usize = 256;
+
+pub(crate) fn read_f16(bytes: &[u8], offset: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[offset], bytes[offset + 1]]))
+}
+
+/// Decodes `dst.len()` elements of `dtype` from `src`.
+///
+/// `src` must hold exactly `dtype.row_bytes(dst.len())` bytes.
+pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    let expected = dtype.row_bytes(dst.len())?;
+    if src.len() != expected {
+        return Err(KernelError::LengthMismatch {
+            what: "quantized source bytes",
+            expected,
+            actual: src.len(),
+        });
+    }
+    let block_bytes = dtype.block_bytes();
+    let block_size = dtype.block_size();
+    match dtype {
+        DType::F32 => {
+            for (value, bytes) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *value = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            }
+        }
+        DType::F16 => {
+            for (value, bytes) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *value = f16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]]));
+            }
+        }
+        DType::BF16 => {
+            for (value, bytes) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *value = bf16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]]));
+            }
+        }
+        _ => {
+            let decode: fn(&[u8], &mut [f32]) = match dtype {
+                DType::Q8_0 => dequantize_block_q8_0,
+                DType::Q4_0 => dequantize_block_q4_0,
+                DType::Q4_1 => dequantize_block_q4_1,
+                DType::Q4_K => dequantize_block_q4_k,
+                DType::Q5_K => dequantize_block_q5_k,
+                _ => dequantize_block_q6_k,
+            };
+            for (block, out) in src
+                .chunks_exact(block_bytes)
+                .zip(dst.chunks_exact_mut(block_size))
+            {
+                decode(block, out);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn dequantize_block_q8_0(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    for (value, &q) in out.iter_mut().zip(&block[2..2 + QK]) {
+        *value = f32::from(q as i8) * d;
+    }
+}
+
+fn dequantize_block_q4_0(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    let qs = &block[2..2 + QK / 2];
+    for (j, &byte) in qs.iter().enumerate() {
+        out[j] = (i32::from(byte & 0x0f) - 8) as f32 * d;
+        out[j + QK / 2] = (i32::from(byte >> 4) - 8) as f32 * d;
+    }
+}
+
+fn dequantize_block_q4_1(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    let m = read_f16(block, 2);
+    let qs = &block[4..4 + QK / 2];
+    for (j, &byte) in qs.iter().enumerate() {
+        out[j] = f32::from(byte & 0x0f) * d + m;
+        out[j + QK / 2] = f32::from(byte >> 4) * d + m;
+    }
+}
+
+/// Unpacks the 6-bit scale and min of sub-block `j` (0..8) from a K-quant `scales[12]`.
+///
+/// Sub-blocks 0..4 keep their low six bits in bytes 0..4 (scales) and 4..8 (mins); sub-blocks
+/// 4..8 split theirs between the nibbles of bytes 8..12 and the top two bits of bytes 0..8.
+pub(crate) fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4),
+            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+        )
+    }
+}
+
+fn dequantize_block_q4_k(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    let dmin = read_f16(block, 2);
+    let scales = &block[4..16];
+    let qs = &block[16..16 + QK_K / 2];
+    for chunk in 0..QK_K / 64 {
+        let (scale_lo, min_lo) = scale_min_k4(2 * chunk, scales);
+        let (scale_hi, min_hi) = scale_min_k4(2 * chunk + 1, scales);
+        let (d_lo, m_lo) = (d * f32::from(scale_lo), dmin * f32::from(min_lo));
+        let (d_hi, m_hi) = (d * f32::from(scale_hi), dmin * f32::from(min_hi));
+        let q = &qs[chunk * 32..chunk * 32 + 32];
+        let y = &mut out[chunk * 64..chunk * 64 + 64];
+        for l in 0..32 {
+            y[l] = d_lo * f32::from(q[l] & 0x0f) - m_lo;
+            y[l + 32] = d_hi * f32::from(q[l] >> 4) - m_hi;
+        }
+    }
+}
+
+fn dequantize_block_q5_k(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    let dmin = read_f16(block, 2);
+    let scales = &block[4..16];
+    let qh = &block[16..48];
+    let ql = &block[48..48 + QK_K / 2];
+    for chunk in 0..QK_K / 64 {
+        let (scale_lo, min_lo) = scale_min_k4(2 * chunk, scales);
+        let (scale_hi, min_hi) = scale_min_k4(2 * chunk + 1, scales);
+        let (d_lo, m_lo) = (d * f32::from(scale_lo), dmin * f32::from(min_lo));
+        let (d_hi, m_hi) = (d * f32::from(scale_hi), dmin * f32::from(min_hi));
+        let bit_lo = 1u8 << (2 * chunk);
+        let bit_hi = 2u8 << (2 * chunk);
+        let q = &ql[chunk * 32..chunk * 32 + 32];
+        let y = &mut out[chunk * 64..chunk * 64 + 64];
+        for l in 0..32 {
+            let high_lo = if qh[l] & bit_lo != 0 { 16 } else { 0 };
+            let high_hi = if qh[l] & bit_hi != 0 { 16 } else { 0 };
+            y[l] = d_lo * f32::from((q[l] & 0x0f) + high_lo) - m_lo;
+            y[l + 32] = d_hi * f32::from((q[l] >> 4) + high_hi) - m_hi;
+        }
+    }
+}
+
+fn dequantize_block_q6_k(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 208);
+    for half in 0..2 {
+        let ql = &block[half * 64..half * 64 + 64];
+        let qh = &block[128 + half * 32..128 + half * 32 + 32];
+        let scales = &block[192 + half * 8..192 + half * 8 + 8];
+        let y = &mut out[half * 128..half * 128 + 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = i32::from((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32;
+            let q2 = i32::from((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            let q3 = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            let q4 = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            let scale = |k: usize| d * f32::from(scales[is + k] as i8);
+            y[l] = scale(0) * q1 as f32;
+            y[l + 32] = scale(2) * q2 as f32;
+            y[l + 64] = scale(4) * q3 as f32;
+            y[l + 96] = scale(6) * q4 as f32;
+        }
+    }
+}
+
+fn check_quantize_lengths(dtype: DType, src: &[f32], dst: &[u8]) -> Result<(), KernelError> {
+    let expected = dtype.row_bytes(src.len())?;
+    if dst.len() != expected {
+        return Err(KernelError::LengthMismatch {
+            what: "quantized destination bytes",
+            expected,
+            actual: dst.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Quantizes `src` to Q8_0 blocks as GGML's `quantize_row_q8_0_ref` does: `d = amax / 127`,
+/// `q = round(x / d)` (halves away from zero).
+pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_quantize_lengths(DType::Q8_0, src, dst)?;
+    for (x, block) in src
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(DType::Q8_0.block_bytes()))
+    {
+        let amax = x.iter().fold(0.0f32, |acc, v| acc.max(v.abs()));
+        let d = amax / 127.0;
+        let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        for (q, &v) in block[2..].iter_mut().zip(x) {
+            *q = ((v * inverse).round() as i8) as u8;
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes `src` to Q4_0 blocks as GGML's `quantize_row_q4_0_ref` does: the element of
+/// largest magnitude maps to -8, `d = max / -8`.
+pub fn quantize_row_q4_0(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_quantize_lengths(DType::Q4_0, src, dst)?;
+    for (x, block) in src
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(DType::Q4_0.block_bytes()))
+    {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        for j in 0..QK / 2 {
+            let lo = ((x[j] * inverse + 8.5) as i8).min(15) as u8;
+            let hi = ((x[j + QK / 2] * inverse + 8.5) as i8).min(15) as u8;
+            block[2 + j] = lo | (hi << 4);
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes `src` to Q4_1 blocks as GGML's `quantize_row_q4_1_ref` does: `m = min`,
+/// `d = (max - min) / 15`.
+pub fn quantize_row_q4_1(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_quantize_lengths(DType::Q4_1, src, dst)?;
+    for (x, block) in src
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(DType::Q4_1.block_bytes()))
+    {
+        let min = x.iter().fold(f32::MAX, |acc, &v| acc.min(v));
+        let max = x.iter().fold(f32::MIN, |acc, &v| acc.max(v));
+        let d = (max - min) / 15.0;
+        let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        block[2..4].copy_from_slice(&f32_to_f16(min).to_le_bytes());
+        for j in 0..QK / 2 {
+            let lo = (((x[j] - min) * inverse + 0.5) as i8).min(15) as u8;
+            let hi = (((x[j + QK / 2] - min) * inverse + 0.5) as i8).min(15) as u8;
+            block[4 + j] = lo | (hi << 4);
+        }
+    }
+    Ok(())
+}
+
+/// Encodes `src` as little-endian f16 or bf16 or f32 bytes (`dtype` must be a float type).
+pub fn encode_float_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_quantize_lengths(dtype, src, dst)?;
+    match dtype {
+        DType::F32 => {
+            for (v, bytes) in src.iter().zip(dst.chunks_exact_mut(4)) {
+                bytes.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for (v, bytes) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                bytes.copy_from_slice(&f32_to_f16(*v).to_le_bytes());
+            }
+        }
+        DType::BF16 => {
+            for (v, bytes) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                bytes.copy_from_slice(&crate::dtype::f32_to_bf16(*v).to_le_bytes());
+            }
+        }
+        other => {
+            return Err(KernelError::UnsupportedDType {
+                dtype: other,
+                operation: "encode_float_row",
+            })
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f16_bytes(v: f32) -> [u8; 2] {
+        f32_to_f16(v).to_le_bytes()
+    }
+
+    #[test]
+    fn q8_0_known_values() {
+        let mut block = vec![0u8; 34];
+        block[0..2].copy_from_slice(&f16_bytes(0.5));
+        for j in 0..32 {
+            block[2 + j] = ((j as i8) - 16) as u8;
+        }
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q8_0, &block, &mut out).unwrap();
+        for (j, v) in out.iter().enumerate() {
+            assert_eq!(*v, (j as f32 - 16.0) * 0.5);
+        }
+    }
+
+    #[test]
+    fn q8_0_quantize_known_values() {
+        let x: Vec<f32> = (0..32).map(|j| j as f32 - 15.0).collect();
+        let mut block = vec![0u8; 34];
+        quantize_row_q8_0(&x, &mut block).unwrap();
+        // amax = 16 -> d = 16/127; x = 1 -> 127/16 = 7.9375 -> 8.
+        assert_eq!(block[0..2], f16_bytes(16.0 / 127.0));
+        assert_eq!(block[2 + 16] as i8, 8);
+        assert_eq!(block[2 + 31] as i8, 127);
+        assert_eq!(block[2] as i8, -119);
+    }
+
+    #[test]
+    fn q4_0_known_values() {
+        // d = 2: nibble 0 -> -16, nibble 15 -> 14.
+        let mut block = vec![0u8; 18];
+        block[0..2].copy_from_slice(&f16_bytes(2.0));
+        block[2] = 0xf0; // element 0 has q=0, element 16 has q=15
+        block[3] = 0x19; // element 1 has q=9, element 17 has q=1
+        for b in &mut block[4..] {
+            *b = 0x88;
+        }
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q4_0, &block, &mut out).unwrap();
+        assert_eq!(out[0], -16.0);
+        assert_eq!(out[16], 14.0);
+        assert_eq!(out[1], 2.0);
+        assert_eq!(out[17], -14.0);
+        assert!(out[2..16].iter().chain(&out[18..]).all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn q4_0_quantize_known_values() {
+        let mut x = vec![0.0f32; 32];
+        x[3] = -4.0; // largest magnitude: d = -4 / -8 = 0.5, and -4 maps to q = 0
+        x[20] = 1.0; // 1 / 0.5 + 8.5 = 10.5 -> q = 10
+        let mut block = vec![0u8; 18];
+        quantize_row_q4_0(&x, &mut block).unwrap();
+        assert_eq!(block[0..2], f16_bytes(0.5));
+        assert_eq!(block[2 + 3] & 0x0f, 0);
+        assert_eq!(block[2 + 4] >> 4, 10);
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q4_0, &block, &mut out).unwrap();
+        assert_eq!(out[3], -4.0);
+        assert_eq!(out[20], 1.0);
+        assert_eq!(out[0], 0.0);
+    }
+
+    #[test]
+    fn q4_1_known_values() {
+        let mut block = vec![0u8; 20];
+        block[0..2].copy_from_slice(&f16_bytes(0.25));
+        block[2..4].copy_from_slice(&f16_bytes(-1.0));
+        block[4] = 0x4f; // element 0: q=15 -> 2.75, element 16: q=4 -> 0.0
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q4_1, &block, &mut out).unwrap();
+        assert_eq!(out[0], 2.75);
+        assert_eq!(out[16], 0.0);
+        assert_eq!(out[1], -1.0);
+    }
+
+    #[test]
+    fn q4_1_quantize_round_trip_exact_grid() {
+        // Values on the grid min + k*d with d = 0.5 survive quantization exactly.
+        let x: Vec<f32> = (0..32).map(|j| -3.0 + 0.5 * (j % 16) as f32).collect();
+        let mut block = vec![0u8; 20];
+        quantize_row_q4_1(&x, &mut block).unwrap();
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q4_1, &block, &mut out).unwrap();
+        assert_eq!(out, x);
+    }
+
+    #[test]
+    fn round_trip_error_is_within_half_step() {
+        let mut state = 0x1234_5678u32;
+        let x: Vec<f32> = (0..96)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state as f32 / u32::MAX as f32) * 4.0 - 2.0
+            })
+            .collect();
+        type Quantizer = fn(&[f32], &mut [u8]) -> Result<(), KernelError>;
+        let cases: [(DType, Quantizer, f32); 3] = [
+            (DType::Q8_0, quantize_row_q8_0, 2.0 / 127.0),
+            (DType::Q4_0, quantize_row_q4_0, 2.0 / 8.0),
+            (DType::Q4_1, quantize_row_q4_1, 4.0 / 15.0),
+        ];
+        for (dtype, quantize, step) in cases {
+            let mut bytes = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
+            quantize(&x, &mut bytes).unwrap();
+            let mut out = vec![0.0; x.len()];
+            dequantize(dtype, &bytes, &mut out).unwrap();
+            for (a, b) in x.iter().zip(&out) {
+                assert!((a - b).abs() <= step * 0.51 + 1e-3, "{dtype}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn q4_k_known_values() {
+        let mut block = vec![0u8; 144];
+        block[0..2].copy_from_slice(&f16_bytes(0.5));
+        block[2..4].copy_from_slice(&f16_bytes(0.25));
+        let scales = &mut block[4..16];
+        scales[0] = 3; // sub-block 0 scale 3
+        scales[4] = 8; // sub-block 0 min 8
+        scales[1] = 2; // sub-block 1 scale 2
+        scales[5] = 1; // sub-block 1 min 1
+                       // Sub-block 4: scale 0b01_0101 = 21 = low nibble 5 of byte 8 | top bits (1) of byte 0.
+        scales[8] = 0x35; // scale low nibble 5, min low nibble 3
+        scales[0] |= 1 << 6; // scale high bits = 1 -> 5 | 16 = 21
+        scales[4] |= 2 << 6; // min high bits = 2 -> 3 | 32 = 35
+        block[16] = 0x72; // element 0 q=2, element 32 q=7
+        block[16 + 64] = 0x0a; // element 128 (sub-block 4) q=10
+        let mut out = vec![0.0; 256];
+        dequantize(DType::Q4_K, &block, &mut out).unwrap();
+        assert_eq!(out[0], 0.5 * 3.0 * 2.0 - 0.25 * 8.0);
+        assert_eq!(out[1], -0.25 * 8.0);
+        assert_eq!(out[32], 0.5 * 2.0 * 7.0 - 0.25 * 1.0);
+        assert_eq!(out[128], 0.5 * 21.0 * 10.0 - 0.25 * 35.0);
+        assert_eq!(scale_min_k4(4, &block[4..16]), (21, 35));
+    }
+
+    #[test]
+    fn q5_k_known_values() {
+        let mut block = vec![0u8; 176];
+        block[0..2].copy_from_slice(&f16_bytes(1.0));
+        block[2..4].copy_from_slice(&f16_bytes(0.5));
+        let scales = &mut block[4..16];
+        scales[2] = 4; // sub-block 2 scale 4
+        scales[6] = 6; // sub-block 2 min 6
+        scales[3] = 1; // sub-block 3 scale 1
+                       // qh bit 2 -> sub-block 2 high bit, bit 3 -> sub-block 3.
+        block[16 + 5] = 0b0000_0100;
+        block[16 + 6] = 0b0000_1000;
+        // ql chunk 1 (elements 64..128): byte 48 + 32 + l.
+        block[48 + 32 + 5] = 0x03; // element 64+5 q = 3 + 16 = 19
+        block[48 + 32 + 6] = 0x20; // element 64+6 q = 0; element 96+6 q = 2 + 16 = 18
+        let mut out = vec![0.0; 256];
+        dequantize(DType::Q5_K, &block, &mut out).unwrap();
+        assert_eq!(out[69], 4.0 * 19.0 - 0.5 * 6.0);
+        assert_eq!(out[70], -0.5 * 6.0);
+        assert_eq!(out[102], 18.0);
+        assert_eq!(out[101], 0.0);
+    }
+
+    #[test]
+    fn q6_k_known_values() {
+        let mut block = vec![0u8; 210];
+        block[208..210].copy_from_slice(&f16_bytes(0.5));
+        for (j, s) in block[192..208].iter_mut().enumerate() {
+            *s = (j as i8 - 4) as u8;
+        }
+        // Element 0: ql[0] low = 1, qh[0] bits 0..2 = 2 -> q = 1 | 32 = 33 -> 1; scale[0] = -4.
+        block[0] = 0x01;
+        block[128] = 0x02;
+        // Element 64+17 (second 16 of q3 group): ql[17] high nibble 0xf, qh[17] bits 4..6 = 3
+        // -> q = 15 | 48 = 63 -> 31; scale index 1 + 4 = 5 -> 1.
+        block[17] = 0xf0;
+        block[128 + 17] = 0x30;
+        // Element 128 + 32 + 0 (second half, q2): ql[64 + 32] low = 0, qh[128+32] bits 2..4 = 0
+        // -> q = -32; scale index 8 + 2 = 10 -> 6.
+        let mut out = vec![0.0; 256];
+        dequantize(DType::Q6_K, &block, &mut out).unwrap();
+        assert_eq!(out[0], 0.5 * -4.0 * 1.0);
+        assert_eq!(out[81], 0.5 * 1.0 * 31.0);
+        assert_eq!(out[160], 0.5 * 6.0 * -32.0);
+        assert_eq!(
+            out[17],
+            0.5 * -3.0 * -32.0,
+            "ql low nibble 0 with qh bits 0"
+        );
+    }
+
+    #[test]
+    fn float_types_decode() {
+        let values = [1.5f32, -2.0, 0.0, 65504.0];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let mut bytes = vec![0u8; dtype.row_bytes(values.len()).unwrap()];
+            encode_float_row(dtype, &values, &mut bytes).unwrap();
+            let mut out = vec![0.0; values.len()];
+            dequantize(dtype, &bytes, &mut out).unwrap();
+            assert_eq!(out[..3], values[..3], "{dtype}");
+        }
+    }
+
+    #[test]
+    fn rejects_wrong_lengths() {
+        let mut out = vec![0.0; 32];
+        assert!(matches!(
+            dequantize(DType::Q4_1, &[0u8; 19], &mut out),
+            Err(KernelError::LengthMismatch { .. })
+        ));
+        let mut out = vec![0.0; 33];
+        assert!(matches!(
+            dequantize(DType::Q4_1, &[0u8; 20], &mut out),
+            Err(KernelError::NotBlockAligned { .. })
+        ));
+    }
+}

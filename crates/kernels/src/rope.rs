@@ -1,0 +1,311 @@
+//! Rotary position embeddings from a precomputed cos/sin table.
+
+use crate::KernelError;
+
+/// How the model stretches RoPE frequencies for longer contexts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear {
+        /// Context extension factor.
+        factor: f32,
+    },
+    /// Llama 3.x frequency-dependent scaling (HF `_compute_llama3_parameters`): long
+    /// wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    Llama3 {
+        /// Context extension factor.
+        factor: f32,
+        /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled.
+        low_freq_factor: f32,
+        /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
+        high_freq_factor: f32,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Which dimensions form a rotation pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i + 1)`: GGUF Llama checkpoints (llama.cpp permutes Q/K so this holds).
+    Normal,
+    /// Split halves `(i, i + d/2)`: HF checkpoints, Qwen2 and GPT-NeoX.
+    Neox,
+}
+
+/// cos/sin of `position · inv_freq[i]` for positions `0..max_positions`, computed in f64 and
+/// stored as f32. Positions past the table are computed on the fly the same way, so they give
+/// the same values a larger table would.
+#[derive(Debug, Clone)]
+pub struct RopeCache {
+    rotary_dim: usize,
+    max_positions: usize,
+    inv_freq: Vec<f64>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeCache {
+    /// Builds the table for `rotary_dim` rotated dimensions per head (even, usually
+    /// `head_dim`).
+    pub fn new(
+        rotary_dim: usize,
+        theta: f32,
+        max_positions: usize,
+        scaling: RopeScaling,
+    ) -> Result<RopeCache, KernelError> {
+        if rotary_dim == 0 || rotary_dim % 2 != 0 {
+            return Err(KernelError::InvalidShape(
+                "rotary_dim must be even and non-zero",
+            ));
+        }
+        if theta.is_nan() || theta <= 0.0 {
+            return Err(KernelError::InvalidShape("rope theta must be positive"));
+        }
+        let half = rotary_dim / 2;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| {
+                let base = 1.0 / f64::from(theta).powf((2 * i) as f64 / rotary_dim as f64);
+                scale_frequency(base, scaling)
+            })
+            .collect();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for position in 0..max_positions {
+            for &frequency in &inv_freq {
+                let angle = position as f64 * frequency;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Ok(RopeCache {
+            rotary_dim,
+            max_positions,
+            inv_freq,
+            cos,
+            sin,
+        })
+    }
+
+    /// Rotated dimensions per head.
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim
+    }
+
+    /// Positions covered by the precomputed table.
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// The (possibly scaled) inverse frequencies, one per rotation pair.
+    pub fn inv_freq(&self) -> &[f64] {
+        &self.inv_freq
+    }
+
+    /// Fills `cos`/`sin` (length `rotary_dim / 2`) for `position`.
+    fn angles(&self, position: usize, cos: &mut [f32], sin: &mut [f32]) {
+        let half = self.rotary_dim / 2;
+        if position < self.max_positions {
+            cos.copy_from_slice(&self.cos[position * half..(position + 1) * half]);
+            sin.copy_from_slice(&self.sin[position * half..(position + 1) * half]);
+        } else {
+            for ((c, s), &frequency) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
+                let angle = position as f64 * frequency;
+                *c = angle.cos() as f32;
+                *s = angle.sin() as f32;
+            }
+        }
+    }
+}
+
+fn scale_frequency(inv_freq: f64, scaling: RopeScaling) -> f64 {
+    match scaling {
+        RopeScaling::None => inv_freq,
+        RopeScaling::Linear { factor } => inv_freq / f64::from(factor),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let factor = f64::from(factor);
+            let low = f64::from(low_freq_factor);
+            let high = f64::from(high_freq_factor);
+            let original = original_max_position_embeddings as f64;
+            let low_freq_wavelen = original / low;
+            let high_freq_wavelen = original / high;
+            let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+            if wavelen < high_freq_wavelen {
+                inv_freq
+            } else if wavelen > low_freq_wavelen {
+                inv_freq / factor
+            } else {
+                let smooth = (original / wavelen - low) / (high - low);
+                (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+            }
+        }
+    }
+}
+
+/// Rotates the first `cache.rotary_dim()` dimensions of every head of
+/// `x[n_tokens][n_heads][head_dim]` by the angle of that token's position.
+pub fn apply_rope(
+    x: &mut [f32],
+    n_tokens: usize,
+    n_heads: usize,
+    head_dim: usize,
+    positions: &[u32],
+    cache: &RopeCache,
+    style: RopeStyle,
+) -> Result<(), KernelError> {
+    if x.len() != n_tokens * n_heads * head_dim {
+        return Err(KernelError::LengthMismatch {
+            what: "rope input",
+            expected: n_tokens * n_heads * head_dim,
+            actual: x.len(),
+        });
+    }
+    if positions.len() != n_tokens {
+        return Err(KernelError::LengthMismatch {
+            what: "rope positions",
+            expected: n_tokens,
+            actual: positions.len(),
+        });
+    }
+    let rotary_dim = cache.rotary_dim;
+    if rotary_dim > head_dim {
+        return Err(KernelError::InvalidShape("rotary_dim exceeds head_dim"));
+    }
+    let half = rotary_dim / 2;
+    let mut cos_buffer = [0.0f32; 256];
+    let mut sin_buffer = [0.0f32; 256];
+    let mut cos_heap = Vec::new();
+    let mut sin_heap = Vec::new();
+    let (cos, sin): (&mut [f32], &mut [f32]) = if half <= 256 {
+        (&mut cos_buffer[..half], &mut sin_buffer[..half])
+    } else {
+        cos_heap.resize(half, 0.0);
+        sin_heap.resize(half, 0.0);
+        (&mut cos_heap, &mut sin_heap)
+    };
+    if head_dim == 0 || n_heads == 0 {
+        return Ok(());
+    }
+    for (token, &position) in x.chunks_exact_mut(n_heads * head_dim).zip(positions) {
+        cache.angles(position as usize, cos, sin);
+        for head in token.chunks_exact_mut(head_dim) {
+            match style {
+                RopeStyle::Normal => {
+                    for (pair, (&c, &s)) in head[..rotary_dim]
+                        .chunks_exact_mut(2)
+                        .zip(cos.iter().zip(sin.iter()))
+                    {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a * c - b * s;
+                        pair[1] = a * s + b * c;
+                    }
+                }
+                RopeStyle::Neox => {
+                    let (first, second) = head[..rotary_dim].split_at_mut(half);
+                    for (((a, b), &c), &s) in
+                        first.iter_mut().zip(second).zip(cos.iter()).zip(sin.iter())
+                    {
+                        let (x0, x1) = (*a, *b);
+                        *a = x0 * c - x1 * s;
+                        *b = x0 * s + x1 * c;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normal_and_neox_pairs() {
+        let cache = RopeCache::new(4, 10_000.0, 8, RopeScaling::None).unwrap();
+        // Position 1: pair 0 angle 1 rad, pair 1 angle 0.01 rad.
+        let mut x = vec![1.0f32, 0.0, 1.0, 0.0];
+        apply_rope(&mut x, 1, 1, 4, &[1], &cache, RopeStyle::Normal).unwrap();
+        assert!((x[0] - 1.0f32.cos()).abs() < 1e-6);
+        assert!((x[1] - 1.0f32.sin()).abs() < 1e-6);
+        assert!((x[2] - 0.01f32.cos()).abs() < 1e-6);
+        assert!((x[3] - 0.01f32.sin()).abs() < 1e-6);
+
+        let mut y = vec![1.0f32, 1.0, 0.0, 0.0];
+        apply_rope(&mut y, 1, 1, 4, &[1], &cache, RopeStyle::Neox).unwrap();
+        assert!((y[0] - 1.0f32.cos()).abs() < 1e-6);
+        assert!((y[2] - 1.0f32.sin()).abs() < 1e-6);
+        assert!((y[1] - 0.01f32.cos()).abs() < 1e-6);
+        assert!((y[3] - 0.01f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn partial_rotary_leaves_tail_and_position_zero_is_identity() {
+        let cache = RopeCache::new(2, 10_000.0, 4, RopeScaling::None).unwrap();
+        let mut x = vec![0.3f32, -0.7, 5.0, 6.0, 1.0, 2.0, 3.0, 4.0];
+        apply_rope(&mut x, 2, 1, 4, &[0, 3], &cache, RopeStyle::Normal).unwrap();
+        assert_eq!(&x[..4], &[0.3, -0.7, 5.0, 6.0]);
+        assert_eq!(&x[6..], &[3.0, 4.0]);
+        assert!((x[4] - (3.0f32.cos() - 2.0 * 3.0f32.sin())).abs() < 1e-5);
+    }
+
+    #[test]
+    fn positions_past_table_match_a_larger_table() {
+        let small = RopeCache::new(8, 500_000.0, 4, RopeScaling::None).unwrap();
+        let large = RopeCache::new(8, 500_000.0, 100, RopeScaling::None).unwrap();
+        let base: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
+        let mut a = base.clone();
+        let mut b = base;
+        apply_rope(&mut a, 2, 1, 8, &[50, 99], &small, RopeStyle::Neox).unwrap();
+        apply_rope(&mut b, 2, 1, 8, &[50, 99], &large, RopeStyle::Neox).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn scaling_rules() {
+        let linear = RopeCache::new(4, 10_000.0, 1, RopeScaling::Linear { factor: 4.0 }).unwrap();
+        assert!((linear.inv_freq()[1] - 0.01 / 4.0).abs() < 1e-15);
+
+        // Llama 3.1 parameters with head_dim 128, theta 500000.
+        let scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let plain = RopeCache::new(128, 500_000.0, 1, RopeScaling::None).unwrap();
+        let llama3 = RopeCache::new(128, 500_000.0, 1, scaling).unwrap();
+        for (i, (&p, &s)) in plain.inv_freq().iter().zip(llama3.inv_freq()).enumerate() {
+            let wavelen = 2.0 * std::f64::consts::PI / p;
+            if wavelen < 8192.0 / 4.0 {
+                assert_eq!(p, s, "high-frequency pair {i} unchanged");
+            } else if wavelen > 8192.0 {
+                assert!(
+                    (s - p / 8.0).abs() < 1e-18,
+                    "low-frequency pair {i} divided"
+                );
+            } else {
+                assert!(s < p && s > p / 8.0, "pair {i} interpolated");
+            }
+        }
+        // The first pair (wavelength 2π) is unchanged; the last is divided by 8.
+        assert_eq!(llama3.inv_freq()[0], 1.0);
+        assert!((llama3.inv_freq()[63] - plain.inv_freq()[63] / 8.0).abs() < 1e-18);
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert!(RopeCache::new(3, 10_000.0, 4, RopeScaling::None).is_err());
+        let cache = RopeCache::new(8, 10_000.0, 4, RopeScaling::None).unwrap();
+        let mut x = vec![0.0f32; 4];
+        assert!(apply_rope(&mut x, 1, 1, 4, &[0], &cache, RopeStyle::Normal).is_err());
+        assert!(apply_rope(&mut x, 1, 1, 4, &[], &cache, RopeStyle::Normal).is_err());
+    }
+}
