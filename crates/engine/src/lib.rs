@@ -1,1 +1,50 @@
-//! tokenmill-engine: see ARCHITECTURE.md.
+//! The engine: one thread that owns the scheduler and the model runner and loops
+//! schedule → execute → update while there is work, plus the handle the rest of the program
+//! talks to it through.
+//!
+//! Key types:
+//! - [`EngineConfig`] — everything the engine is built from (model, KV budget, scheduler caps).
+//! - [`Engine`] / [`EngineClient`] — start the engine thread; add a [`GenerateRequest`] and
+//!   receive its [`RequestStream`] of [`RequestOutput`] deltas; abort; read [`EngineStats`].
+//!   Dropping a stream aborts its request and frees its KV blocks.
+//! - [`Executor`] — what the loop calls to run one step; [`ModelRunner`] is the real one
+//!   (flattened batch over the paged KV cache, then per-request sampling).
+//! - [`OutputProcessor`] — per request: incremental detokenization and stop strings.
+//! - [`generate_batch`] — offline batch generation (vLLM's `LLM.generate`) over the same engine.
+//!
+//! Usage loop:
+//! ```text
+//! let engine = Engine::start(config)?;          // loads the model, sizes the KV pool
+//! let client = engine.client();
+//! let mut stream = client.add_request(request)?;
+//! while let Some(event) = stream.recv().await { ... }   // text deltas, then a finish reason
+//! ```
+//!
+//! The engine thread is the only place that touches the model and the scheduler; clients only
+//! exchange plain messages with it over channels, so the HTTP server never blocks a step.
+
+mod client;
+mod config;
+mod core_loop;
+mod error;
+mod executor;
+mod model_runner;
+mod offline;
+mod output;
+mod request;
+mod stats;
+
+pub use client::{Engine, EngineClient, RequestStream};
+pub use config::{EngineConfig, KvCacheSizing};
+pub use error::EngineError;
+pub use executor::{BanRule, Executor, NewSequence, StepOutput};
+pub use model_runner::{LoadedModel, ModelRunner};
+pub use offline::{generate_batch, BatchItem, BatchResult};
+pub use output::OutputProcessor;
+pub use request::{
+    FinishReason, GenerateRequest, RequestEvent, RequestOutput, StopOptions, StopReason,
+    TokenLogprob,
+};
+pub use stats::{CapacityReport, EngineStats};
+pub use tokenmill_core::RequestId;
+pub use tokenmill_models::SamplingParams;

@@ -1,0 +1,299 @@
+//! Starting the engine thread and talking to it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokenmill_metrics::{EngineMetrics, MetricsConfig};
+
+use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig};
+use tokenmill_gguf::GgufFile;
+use tokenmill_models::ModelConfig;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
+use crate::executor::Executor;
+use crate::model_runner::{LoadedModel, ModelRunner};
+use crate::request::{GenerateRequest, RequestEvent};
+use crate::stats::{CapacityReport, EngineStats};
+use crate::{EngineConfig, EngineError};
+
+/// A running engine: the engine thread plus what clients need (tokenizer, limits).
+pub struct Engine {
+    client: EngineClient,
+    loaded: Arc<LoadedModel>,
+    capacity: CapacityReport,
+    metrics: Arc<EngineMetrics>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Loads the model, sizes the KV pool from the budget, and starts the engine thread.
+    pub fn start(config: &EngineConfig) -> Result<Engine, EngineError> {
+        let loaded = Arc::new(LoadedModel::load(
+            &config.model_path,
+            config.chat_template.as_deref(),
+            config.num_threads,
+        )?);
+        let model_config = loaded.config().clone();
+        let bytes_per_block = ModelRunner::bytes_per_block(&model_config, config.block_size);
+        let kv_bytes = config.kv_cache_bytes();
+        let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
+        let pool_tokens = capacity::kv_cache_size_tokens(num_blocks, config.block_size);
+        let max_model_len = match config.max_model_len {
+            Some(len) => len,
+            None => model_config.max_position_embeddings.min(pool_tokens),
+        };
+        let capacity = CapacityReport {
+            kv_cache_bytes: kv_bytes,
+            num_blocks,
+            block_size: config.block_size,
+            max_model_len,
+        };
+        if pool_tokens < max_model_len {
+            return Err(EngineError::Config(format!(
+                "the KV cache holds {pool_tokens} tokens ({num_blocks} blocks of {} from a {} MiB \
+                 budget) but one max-length request needs {max_model_len}: raise \
+                 --kv-cache-memory or lower --max-model-len",
+                config.block_size,
+                kv_bytes >> 20
+            )));
+        }
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+            max_model_len,
+            block_size: config.block_size,
+            num_blocks,
+            enable_prefix_caching: config.enable_prefix_caching,
+            policy: config.scheduling_policy,
+            long_prefill_token_threshold: None,
+        })?;
+        let runner = ModelRunner::new(Arc::clone(&loaded), num_blocks as usize, config.block_size);
+        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
+            model_name: config.served_model_name.clone(),
+            max_model_len,
+            block_size: config.block_size,
+            num_blocks: num_blocks as usize,
+            enable_prefix_caching: config.enable_prefix_caching,
+            cache_dtype: "auto".into(),
+        }));
+        Self::spawn(
+            scheduler,
+            runner,
+            loaded,
+            capacity,
+            metrics,
+            config.log_stats_interval,
+        )
+    }
+
+    /// Bytes one KV block takes for `config`'s model, read from its metadata only.
+    pub fn bytes_per_block_for(config: &EngineConfig) -> Result<usize, EngineError> {
+        let path = &config.model_path;
+        let model_config = if path.is_dir() {
+            ModelConfig::from_hf_config_file(&path.join("config.json"))?
+        } else {
+            let file = GgufFile::open(path).map_err(|e| EngineError::Config(e.to_string()))?;
+            ModelConfig::from_gguf(&file)?
+        };
+        Ok(ModelRunner::bytes_per_block(
+            &model_config,
+            config.block_size,
+        ))
+    }
+
+    /// Starts the engine thread over any executor.
+    fn spawn<E: Executor + 'static>(
+        scheduler: Scheduler,
+        executor: E,
+        loaded: Arc<LoadedModel>,
+        capacity: CapacityReport,
+        metrics: Arc<EngineMetrics>,
+        log_stats_interval: Option<Duration>,
+    ) -> Result<Engine, EngineError> {
+        let (commands_tx, commands_rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let engine_loop = EngineLoop::new(LoopParts {
+            scheduler,
+            executor,
+            tokenizer: Arc::clone(&loaded.tokenizer),
+            max_model_len: capacity.max_model_len,
+            commands: commands_rx,
+            shared: Arc::clone(&shared),
+            metrics: Arc::clone(&metrics),
+            log_stats_interval,
+        });
+        // Mark alive before returning so a health check right after start-up is green.
+        shared.alive.store(true, Ordering::SeqCst);
+        let thread = std::thread::Builder::new()
+            .name("engine-core".into())
+            .spawn(move || engine_loop.run())?;
+        Ok(Engine {
+            client: EngineClient {
+                commands: commands_tx,
+                shared,
+                next_id: Arc::new(AtomicU64::new(1)),
+                max_model_len: capacity.max_model_len,
+            },
+            loaded,
+            capacity,
+            metrics,
+            thread: Some(thread),
+        })
+    }
+
+    /// The Prometheus registry the engine feeds (served on `/metrics`).
+    pub fn metrics(&self) -> &Arc<EngineMetrics> {
+        &self.metrics
+    }
+
+    pub fn client(&self) -> EngineClient {
+        self.client.clone()
+    }
+
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.loaded
+    }
+
+    pub fn capacity(&self) -> &CapacityReport {
+        &self.capacity
+    }
+
+    /// Aborts whatever is in flight and joins the engine thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.client.commands.send(Command::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A cheap, cloneable handle to the engine thread.
+#[derive(Debug, Clone)]
+pub struct EngineClient {
+    commands: Sender<Command>,
+    shared: Arc<Shared>,
+    next_id: Arc<AtomicU64>,
+    max_model_len: usize,
+}
+
+impl EngineClient {
+    /// Submits a request; its outputs arrive on the returned stream. Dropping the stream
+    /// aborts the request.
+    pub fn add_request(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
+        if !self.is_alive() {
+            return Err(EngineError::EngineDead);
+        }
+        let request_id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (events_tx, events_rx) = unbounded_channel();
+        self.commands
+            .send(Command::Add {
+                request_id,
+                request: Box::new(request),
+                events: events_tx,
+            })
+            .map_err(|_| EngineError::EngineDead)?;
+        Ok(RequestStream {
+            request_id,
+            events: events_rx,
+            commands: self.commands.clone(),
+            finished: false,
+        })
+    }
+
+    pub fn abort(&self, request_id: RequestId) {
+        let _ = self.commands.send(Command::Abort(request_id));
+    }
+
+    /// False once the engine thread stopped or crashed.
+    pub fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    /// The state after the most recent step.
+    pub fn stats(&self) -> EngineStats {
+        self.shared
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+}
+
+/// The output events of one request. Dropping it before the request finished aborts it.
+#[derive(Debug)]
+pub struct RequestStream {
+    request_id: RequestId,
+    events: UnboundedReceiver<RequestEvent>,
+    commands: Sender<Command>,
+    finished: bool,
+}
+
+impl RequestStream {
+    pub fn request_id(&self) -> RequestId {
+        self.request_id
+    }
+
+    /// The next event, or `None` once the request finished (or the engine went away).
+    pub async fn recv(&mut self) -> Option<RequestEvent> {
+        if self.finished {
+            return None;
+        }
+        let event = self.events.recv().await;
+        self.note(&event);
+        event
+    }
+
+    /// Blocking variant for synchronous callers (offline generation, the CLI).
+    pub fn blocking_recv(&mut self) -> Option<RequestEvent> {
+        if self.finished {
+            return None;
+        }
+        let event = self.events.blocking_recv();
+        self.note(&event);
+        event
+    }
+
+    fn note(&mut self, event: &Option<RequestEvent>) {
+        match event {
+            Some(RequestEvent::Output(output)) if output.finish_reason.is_some() => {
+                self.finished = true;
+            }
+            Some(RequestEvent::Error(_)) | None => self.finished = true,
+            Some(RequestEvent::Output(_)) => {}
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.commands.send(Command::Abort(self.request_id));
+        }
+    }
+}

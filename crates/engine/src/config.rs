@@ -1,0 +1,82 @@
+//! Engine configuration: what `serve` and `generate` flags turn into.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokenmill_core::SchedulingPolicy;
+
+/// How much memory the KV cache gets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvCacheSizing {
+    /// An explicit budget in bytes (`--kv-cache-memory`).
+    Bytes(u64),
+    /// A fraction of the memory available at start-up (the CPU default).
+    FractionOfAvailable(f64),
+}
+
+/// Default KV budget when none is given: a quarter of available RAM, capped at 4 GiB
+/// (vLLM's CPU backend defaults to a fixed 4 GiB `VLLM_CPU_KVCACHE_SPACE`).
+pub const DEFAULT_KV_FRACTION: f64 = 0.25;
+pub const DEFAULT_KV_CAP_BYTES: u64 = 4 << 30;
+
+/// Everything the engine is built from.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// A resolved model file or directory (see `tokenmill_models::resolve_model`).
+    pub model_path: PathBuf,
+    /// A chat template overriding the model's (file path or inline template).
+    pub chat_template: Option<String>,
+    /// Compute threads; `None` = all cores.
+    pub num_threads: Option<usize>,
+    pub kv_cache: KvCacheSizing,
+    pub block_size: usize,
+    /// `None` = the model's context length, capped by what the KV pool holds.
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub enable_prefix_caching: bool,
+    pub scheduling_policy: SchedulingPolicy,
+    /// The `model_name` label of the engine's metrics (the first served name).
+    pub served_model_name: String,
+    /// Period of the `Engine 000: ...` stats line; `None` turns it off.
+    pub log_stats_interval: Option<Duration>,
+}
+
+impl EngineConfig {
+    /// CPU-tuned defaults for `model_path`.
+    pub fn new(model_path: PathBuf) -> EngineConfig {
+        EngineConfig {
+            model_path,
+            chat_template: None,
+            num_threads: None,
+            kv_cache: KvCacheSizing::FractionOfAvailable(DEFAULT_KV_FRACTION),
+            block_size: 16,
+            max_model_len: None,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            enable_prefix_caching: true,
+            scheduling_policy: SchedulingPolicy::Fcfs,
+            served_model_name: "tokenmill".into(),
+            log_stats_interval: Some(Duration::from_secs(10)),
+        }
+    }
+
+    /// The KV budget in bytes, reading available memory when sized by fraction.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        match self.kv_cache {
+            KvCacheSizing::Bytes(bytes) => bytes,
+            KvCacheSizing::FractionOfAvailable(fraction) => {
+                let available = available_memory_bytes().unwrap_or(8 << 30);
+                ((available as f64 * fraction) as u64).min(DEFAULT_KV_CAP_BYTES)
+            }
+        }
+    }
+}
+
+/// `MemAvailable` from /proc/meminfo, when there is one.
+fn available_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

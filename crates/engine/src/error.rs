@@ -1,0 +1,22 @@
+//! The engine's error type.
+
+/// Everything that can go wrong starting the engine or submitting to it.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] tokenmill_models::ModelError),
+    #[error(transparent)]
+    Text(#[from] tokenmill_text::TextError),
+    #[error(transparent)]
+    Scheduler(#[from] tokenmill_core::SchedulerError),
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("the engine is not running (it stopped or crashed)")]
+    EngineDead,
+    #[error("executor failed: {0}")]
+    Executor(String),
+    #[error("cannot start the engine thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}

@@ -1,0 +1,49 @@
+//! The seam between the engine loop and whatever computes tokens.
+
+use tokenmill_core::{RequestId, SchedulerOutput};
+use tokenmill_models::{SampledToken, SamplingParams};
+
+use crate::request::TokenLogprob;
+use crate::EngineError;
+
+/// What one step produced.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StepOutput {
+    /// The sampled token of every request that sampled this step.
+    pub sampled: Vec<(RequestId, SampledToken)>,
+    /// Prompt-token logprobs computed this step, per request, in prompt order (for requests
+    /// that asked for them; the first prompt token has none and is not listed).
+    pub prompt_logprobs: Vec<(RequestId, Vec<TokenLogprob>)>,
+}
+
+/// A request entering the executor.
+#[derive(Debug, Clone, Copy)]
+pub struct NewSequence<'a> {
+    pub request_id: RequestId,
+    pub prompt_token_ids: &'a [u32],
+    pub sampling: &'a SamplingParams,
+    pub ban: &'a BanRule,
+    /// Compute each prompt token's logprob plus this many alternatives.
+    pub prompt_logprobs: Option<usize>,
+}
+
+/// Runs scheduled steps. Implementations keep per-request sampling state (RNG, penalty
+/// history) between steps; the engine tells them when requests come and go.
+pub trait Executor: Send {
+    /// A request was admitted to the engine.
+    fn add_request(&mut self, sequence: NewSequence<'_>) -> Result<(), EngineError>;
+
+    /// A request finished or was aborted; drop its state.
+    fn remove_request(&mut self, request_id: RequestId);
+
+    /// Runs one step over the paged cache and samples for every request with `samples`.
+    fn execute(&mut self, output: &SchedulerOutput) -> Result<StepOutput, EngineError>;
+}
+
+/// Tokens the sampler must not pick while fewer than `min_tokens` were generated
+/// (EOS and stop tokens; vLLM masks them the same way).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BanRule {
+    pub min_tokens: u32,
+    pub token_ids: Vec<u32>,
+}

@@ -1,0 +1,268 @@
+//! The real executor: flattens a scheduled step into one batch over the paged KV cache, runs
+//! the model once, and samples each sequence that needs a token.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokenmill_core::{RequestId, SchedulerOutput};
+use tokenmill_gguf::GgufFile;
+use tokenmill_models::{
+    BatchInput, KvCacheStorage, LlamaModel, LoadOptions, ModelConfig, Sampler, SamplingContext,
+    Workspace,
+};
+use tokenmill_text::{ChatTemplate, Tokenizer};
+
+use crate::executor::{BanRule, Executor, NewSequence, StepOutput};
+use crate::request::TokenLogprob;
+use crate::EngineError;
+
+/// A model with its tokenizer and chat template, loaded once and shared.
+pub struct LoadedModel {
+    /// Where the model was loaded from (reported as the model card's `root`).
+    pub path: PathBuf,
+    pub model: LlamaModel,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Arc<ChatTemplate>,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("config", self.model.config())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedModel {
+    /// Loads weights, tokenizer and chat template from a GGUF file or an HF directory.
+    /// `chat_template` overrides the model's template (a file path or an inline template).
+    pub fn load(
+        path: &Path,
+        chat_template: Option<&str>,
+        num_threads: Option<usize>,
+    ) -> Result<LoadedModel, EngineError> {
+        let mut options = LoadOptions::default();
+        if let Some(threads) = num_threads {
+            options.num_threads = threads.max(1);
+        }
+        let model = if path.is_dir() {
+            LlamaModel::load_hf_directory(path, &options)?
+        } else {
+            LlamaModel::load_gguf(path, &options)?
+        };
+        let mut tokenizer = if path.is_dir() {
+            Tokenizer::from_hf_dir(path)?
+        } else {
+            let file = GgufFile::open(path).map_err(|e| EngineError::Config(e.to_string()))?;
+            Tokenizer::from_gguf(&file)?
+        };
+        // The model's own template, or ChatML when it ships none.
+        let template = match chat_template {
+            Some(argument) => ChatTemplate::from_argument(argument)?,
+            None => ChatTemplate::for_tokenizer(&tokenizer)?,
+        };
+        tokenizer.register_chat_template_end_tokens(template.source());
+        Ok(LoadedModel {
+            path: path.to_path_buf(),
+            model,
+            tokenizer: Arc::new(tokenizer),
+            chat_template: Arc::new(template),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+}
+
+/// Per-request sampling state kept across steps.
+struct SequenceState {
+    sampler: Sampler,
+    prompt_token_ids: Vec<u32>,
+    output_token_ids: Vec<u32>,
+    ban: BanRule,
+    /// Alternatives per prompt position when prompt logprobs were asked for.
+    prompt_logprobs: Option<usize>,
+    /// Prompt positions below this already had their logprobs reported (a recompute after
+    /// preemption must not report them twice).
+    prompt_logprobs_done: usize,
+}
+
+/// What one logits row of a step is for.
+#[derive(Debug, Clone, Copy)]
+enum LogitsRow {
+    /// Sample the sequence's next token.
+    Sample(RequestId),
+    /// The logprob of the prompt token at `position + 1`.
+    Prompt(RequestId, usize),
+}
+
+/// Runs [`SchedulerOutput`]s through a [`LlamaModel`] over a paged [`KvCacheStorage`].
+pub struct ModelRunner {
+    loaded: Arc<LoadedModel>,
+    kv_cache: KvCacheStorage,
+    workspace: Workspace,
+    batch: BatchInput,
+    logits: Vec<f32>,
+    sequences: HashMap<RequestId, SequenceState>,
+    rows: Vec<LogitsRow>,
+}
+
+impl ModelRunner {
+    pub fn new(loaded: Arc<LoadedModel>, num_blocks: usize, block_size: usize) -> ModelRunner {
+        let kv_cache = KvCacheStorage::new(loaded.config(), num_blocks, block_size);
+        ModelRunner {
+            loaded,
+            kv_cache,
+            workspace: Workspace::default(),
+            batch: BatchInput::default(),
+            logits: Vec::new(),
+            sequences: HashMap::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Bytes one KV block of `block_size` tokens takes for this model.
+    pub fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        KvCacheStorage::bytes_per_block(config, block_size)
+    }
+}
+
+impl Executor for ModelRunner {
+    fn add_request(&mut self, sequence: NewSequence<'_>) -> Result<(), EngineError> {
+        sequence.sampling.validate()?;
+        self.sequences.insert(
+            sequence.request_id,
+            SequenceState {
+                sampler: Sampler::new(sequence.sampling.clone()),
+                prompt_token_ids: sequence.prompt_token_ids.to_vec(),
+                output_token_ids: Vec::new(),
+                ban: sequence.ban.clone(),
+                prompt_logprobs: sequence.prompt_logprobs,
+                prompt_logprobs_done: 0,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove_request(&mut self, request_id: RequestId) {
+        self.sequences.remove(&request_id);
+    }
+
+    fn execute(&mut self, output: &SchedulerOutput) -> Result<StepOutput, EngineError> {
+        let block_size = self.kv_cache.block_size();
+        self.batch.clear();
+        self.rows.clear();
+        for scheduled in &output.scheduled {
+            let query_start = self.batch.num_tokens();
+            self.batch.add_sequence(
+                &scheduled.token_ids,
+                scheduled.start_position,
+                &scheduled.block_table,
+                block_size,
+                false,
+            )?;
+            if let Some(state) = self.sequences.get(&scheduled.request_id) {
+                if state.prompt_logprobs.is_some() {
+                    // Row at position p predicts the prompt token at p + 1.
+                    let last_predicting = state.prompt_token_ids.len().saturating_sub(1);
+                    let from = scheduled.start_position.max(state.prompt_logprobs_done);
+                    let to =
+                        (scheduled.start_position + scheduled.token_ids.len()).min(last_predicting);
+                    for position in from..to {
+                        let row = query_start + position - scheduled.start_position;
+                        self.batch.logits_indices.push(row as u32);
+                        self.rows
+                            .push(LogitsRow::Prompt(scheduled.request_id, position));
+                    }
+                }
+            }
+            if scheduled.samples {
+                let row = query_start + scheduled.token_ids.len() - 1;
+                self.batch.logits_indices.push(row as u32);
+                self.rows.push(LogitsRow::Sample(scheduled.request_id));
+            }
+        }
+        if self.batch.is_empty() {
+            return Ok(StepOutput::default());
+        }
+        self.loaded.model.forward(
+            &self.batch,
+            &mut self.kv_cache,
+            &mut self.workspace,
+            &mut self.logits,
+        )?;
+
+        let vocab = self.loaded.config().vocab_size;
+        let mut step = StepOutput::default();
+        for (row_index, row) in self.rows.iter().enumerate() {
+            let logits = self
+                .logits
+                .get(row_index * vocab..(row_index + 1) * vocab)
+                .ok_or_else(|| EngineError::Executor("logits row out of range".into()))?;
+            match *row {
+                LogitsRow::Sample(request_id) => {
+                    let state = self.sequences.get_mut(&request_id).ok_or_else(|| {
+                        EngineError::Executor(format!("request {request_id} has no sampling state"))
+                    })?;
+                    let generated = state.output_token_ids.len() as u32;
+                    let banned: &[u32] = if generated < state.ban.min_tokens {
+                        &state.ban.token_ids
+                    } else {
+                        &[]
+                    };
+                    let context = SamplingContext {
+                        prompt_tokens: &state.prompt_token_ids,
+                        output_tokens: &state.output_token_ids,
+                        step_banned_token_ids: banned,
+                    };
+                    let token = state.sampler.sample(logits, &context)?;
+                    state.output_token_ids.push(token.token_id);
+                    step.sampled.push((request_id, token));
+                }
+                LogitsRow::Prompt(request_id, position) => {
+                    let Some(state) = self.sequences.get_mut(&request_id) else {
+                        continue;
+                    };
+                    let Some(&target) = state.prompt_token_ids.get(position + 1) else {
+                        continue;
+                    };
+                    let top = state.prompt_logprobs.unwrap_or(0);
+                    let entry = prompt_logprob(logits, target, top);
+                    state.prompt_logprobs_done = position + 1;
+                    match step.prompt_logprobs.last_mut() {
+                        Some((id, entries)) if *id == request_id => entries.push(entry),
+                        _ => step.prompt_logprobs.push((request_id, vec![entry])),
+                    }
+                }
+            }
+        }
+        Ok(step)
+    }
+}
+
+/// Log-softmax of `logits` at `target`, plus the `top` most likely tokens.
+fn prompt_logprob(logits: &[f32], target: u32, top: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_norm = max + sum.ln() as f32;
+    let logprob = logits
+        .get(target as usize)
+        .map_or(f32::NEG_INFINITY, |&l| l - log_norm);
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (id, &l) in logits.iter().enumerate() {
+            if best.len() < top || best.last().is_some_and(|&(_, worst)| l > worst) {
+                let at = best.partition_point(|&(_, v)| v >= l);
+                best.insert(at, (id as u32, l));
+                best.truncate(top);
+            }
+        }
+    }
+    TokenLogprob {
+        token_id: target,
+        logprob,
+        top: best.into_iter().map(|(id, l)| (id, l - log_norm)).collect(),
+    }
+}

@@ -1,0 +1,116 @@
+//! What a caller submits to the engine and what it gets back.
+
+use std::time::Instant;
+
+use tokenmill_models::SamplingParams;
+
+pub use tokenmill_core::FinishReason;
+
+/// Stop conditions of one request, token-level and string-level.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopOptions {
+    /// Cap on generated tokens; `None` = up to `max_model_len`.
+    pub max_tokens: Option<u32>,
+    pub min_tokens: u32,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+    /// Stop strings, matched on detokenized text across token boundaries.
+    pub stop_strings: Vec<String>,
+    pub include_stop_str_in_output: bool,
+}
+
+impl Default for StopOptions {
+    fn default() -> StopOptions {
+        StopOptions {
+            max_tokens: Some(16),
+            min_tokens: 0,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            include_stop_str_in_output: false,
+        }
+    }
+}
+
+/// One generation request, already tokenized and validated.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_token_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopOptions,
+    /// Lower is served first under the priority policy.
+    pub priority: i32,
+    /// Isolates prefix-cache entries (vLLM's `cache_salt`).
+    pub cache_salt: Option<String>,
+    /// Drop special tokens from the text (token ids are always returned).
+    pub skip_special_tokens: bool,
+    /// Return each prompt token's logprob plus this many alternatives (vLLM's
+    /// `prompt_logprobs`; completions `echo` with `logprobs`). Such requests skip prefix-cache
+    /// hits, since cached positions would have no logits.
+    pub prompt_logprobs: Option<usize>,
+    /// When the request reached the process (TTFT and queue time are measured from here).
+    pub arrival: Instant,
+}
+
+impl GenerateRequest {
+    /// A request with default sampling and stop options.
+    pub fn new(prompt_token_ids: Vec<u32>) -> GenerateRequest {
+        GenerateRequest {
+            prompt_token_ids,
+            sampling: SamplingParams::default(),
+            stop: StopOptions::default(),
+            priority: 0,
+            cache_salt: None,
+            skip_special_tokens: true,
+            prompt_logprobs: None,
+            arrival: Instant::now(),
+        }
+    }
+}
+
+/// Log-probabilities of one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// Most likely alternatives, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What ended a request with [`FinishReason::Stop`], when it was not EOS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Token(u32),
+    String(String),
+}
+
+/// One delta of a request's output stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    /// Tokens generated since the previous delta.
+    pub new_token_ids: Vec<u32>,
+    /// Text completed since the previous delta (held back while a stop string may match or a
+    /// UTF-8 character is incomplete).
+    pub new_text: String,
+    /// One entry per new token when logprobs were requested.
+    pub logprobs: Vec<TokenLogprob>,
+    /// With `prompt_logprobs`, on the first delta: one entry per prompt token, `None` for the
+    /// first (nothing precedes it).
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
+    pub num_prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub num_cached_tokens: usize,
+    /// Tokens generated so far, including this delta.
+    pub num_output_tokens: usize,
+    /// Set on the last delta.
+    pub finish_reason: Option<FinishReason>,
+    pub stop_reason: Option<StopReason>,
+}
+
+/// An event on a request's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestEvent {
+    Output(RequestOutput),
+    /// The engine failed this request (engine died, executor error); the stream ends.
+    Error(String),
+}

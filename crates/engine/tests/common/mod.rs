@@ -1,0 +1,121 @@
+//! Shared helpers for the engine's real-model tests.
+
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokenmill_engine::{
+    Engine, EngineClient, EngineConfig, GenerateRequest, KvCacheSizing, RequestEvent,
+    SamplingParams, StopOptions,
+};
+
+/// The default model: `TOKENMILL_TEST_MODEL`, else the cache path `scripts/fetch-model.sh`
+/// fills. Missing → the test fails (CI fetches it first).
+pub fn model_path() -> PathBuf {
+    if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
+        return PathBuf::from(path);
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "default model missing at {}: run scripts/fetch-model.sh or set TOKENMILL_TEST_MODEL",
+        path.display()
+    );
+    path
+}
+
+/// An engine config over the default model with `num_blocks` KV blocks of 16 tokens.
+pub fn config(num_blocks: usize, max_model_len: usize) -> EngineConfig {
+    let mut config = EngineConfig::new(model_path());
+    let probe = Engine::bytes_per_block_for(&config).expect("model config loads");
+    config.kv_cache = KvCacheSizing::Bytes((probe * num_blocks) as u64);
+    config.max_model_len = Some(max_model_len);
+    config
+}
+
+/// A greedy request for `prompt` generating exactly `max_tokens` tokens.
+pub fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
+    let mut request = GenerateRequest::new(prompt);
+    request.sampling = SamplingParams::greedy();
+    request.stop = StopOptions {
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..StopOptions::default()
+    };
+    request
+}
+
+/// Collected output of one request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Collected {
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub num_cached_tokens: usize,
+    pub finish_reason: Option<tokenmill_engine::FinishReason>,
+}
+
+/// Submits all requests at once and waits for every result (input order).
+pub fn run_all(client: &EngineClient, requests: Vec<GenerateRequest>) -> Vec<Collected> {
+    let mut streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| client.add_request(r).expect("engine accepts"))
+        .collect();
+    streams
+        .iter_mut()
+        .map(|stream| {
+            let mut out = Collected::default();
+            while let Some(event) = stream.blocking_recv() {
+                match event {
+                    RequestEvent::Output(o) => {
+                        out.token_ids.extend(o.new_token_ids);
+                        out.text.push_str(&o.new_text);
+                        out.num_cached_tokens = out.num_cached_tokens.max(o.num_cached_tokens);
+                        if o.finish_reason.is_some() {
+                            out.finish_reason = o.finish_reason;
+                        }
+                    }
+                    RequestEvent::Error(e) => panic!("request failed: {e}"),
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// Waits until the engine reports no running or waiting requests.
+pub fn wait_idle(client: &EngineClient) -> tokenmill_engine::EngineStats {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = client.stats();
+        if stats.num_running == 0 && stats.num_waiting == 0 {
+            return stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine did not go idle: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Deterministic varied prompts: token ids drawn from ordinary text tokens.
+pub fn prompts(count: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    (0..count)
+        .map(|_| {
+            let len = 4 + (next() % 60) as usize;
+            // Ids 300..20000 are ordinary subword tokens in the SmolLM2 vocabulary.
+            (0..len).map(|_| 300 + next() % 19_700).collect()
+        })
+        .collect()
+}
