@@ -1,0 +1,68 @@
+//! Server settings, filled from `tokenmill serve` flags (vLLM's names).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokenmill_protocol::SamplingDefaults;
+
+/// PEM files for HTTPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// Everything the HTTP layer needs besides the engine.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Names clients may use for the model; the first one is reported in responses/metrics.
+    pub served_model_names: Vec<String>,
+    /// Bearer token required on every route except `/health` (and `/metrics` unless
+    /// `api_key_metrics`).
+    pub api_key: Option<String>,
+    pub api_key_metrics: bool,
+    pub tls: Option<TlsConfig>,
+    /// How long a drain waits for in-flight requests before aborting them.
+    pub shutdown_timeout: Duration,
+    /// Request bodies above this get a 413.
+    pub max_body_bytes: usize,
+    /// Cap on `n`.
+    pub max_n: u32,
+    /// Log prompts (truncated to `max_log_len` characters) with each request.
+    pub enable_log_requests: bool,
+    pub max_log_len: Option<usize>,
+    /// Paths (e.g. `/health,/metrics`) without access-log lines.
+    pub disable_access_log_for_endpoints: Vec<String>,
+    /// Defaults from `--generation-config`.
+    pub sampling_defaults: SamplingDefaults,
+}
+
+impl ServerConfig {
+    pub fn new(served_model_names: Vec<String>) -> ServerConfig {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            served_model_names,
+            api_key: None,
+            api_key_metrics: false,
+            tls: None,
+            shutdown_timeout: Duration::from_secs(30),
+            max_body_bytes: 32 << 20,
+            max_n: 128,
+            enable_log_requests: false,
+            max_log_len: None,
+            disable_access_log_for_endpoints: Vec::new(),
+            sampling_defaults: SamplingDefaults::default(),
+        }
+    }
+
+    /// The name responses report.
+    pub fn primary_model_name(&self) -> &str {
+        self.served_model_names
+            .first()
+            .map(String::as_str)
+            .unwrap_or("tokenmill")
+    }
+}

@@ -1,0 +1,131 @@
+//! One error type for every handler, with one mapping to an OpenAI-style HTTP response.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tokenmill_protocol::{ErrorResponse, ProtocolError};
+
+/// Anything a handler can fail with; the response body is always OpenAI's error object.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("{}", .0.error.message)]
+    Response(Box<ErrorResponse>),
+    /// Details are logged, not shown to clients.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::Response(Box::new(ErrorResponse::invalid_request(message)))
+    }
+
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError::Protocol(ProtocolError::invalid(param, message))
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::Response(Box::new(ErrorResponse::overloaded(message)))
+    }
+
+    pub fn to_error_response(&self) -> ErrorResponse {
+        match self {
+            ApiError::Protocol(err) => ErrorResponse::from(err.clone()),
+            ApiError::Response(response) => (**response).clone(),
+            ApiError::Internal(detail) => {
+                tracing::error!("internal error: {detail}");
+                ErrorResponse::internal("The server had an error while processing your request.")
+            }
+        }
+    }
+}
+
+impl From<ErrorResponse> for ApiError {
+    fn from(response: ErrorResponse) -> ApiError {
+        ApiError::Response(Box::new(response))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response(self.to_error_response())
+    }
+}
+
+/// Serializes an OpenAI error body with its status.
+pub fn error_response(body: ErrorResponse) -> Response {
+    let status = StatusCode::from_u16(body.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+    use serde_json::Value;
+
+    use super::*;
+
+    async fn status_and_body(error: ApiError) -> (StatusCode, Value) {
+        let response = error.into_response();
+        let status = response.status();
+        let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn protocol_errors_are_400_with_their_param() {
+        let (status, body) =
+            status_and_body(ApiError::invalid_param("top_p", "top_p must be in (0, 1]")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(body["error"]["param"], "top_p");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], 400);
+        assert_eq!(body["error"]["message"], "top_p must be in (0, 1]");
+    }
+
+    #[tokio::test]
+    async fn response_errors_keep_their_status() {
+        for (error, expected) in [
+            (ApiError::invalid("bad"), StatusCode::BAD_REQUEST),
+            (
+                ApiError::unavailable("draining"),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                ApiError::from(ErrorResponse::model_not_found("x")),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                ApiError::from(ErrorResponse::request_too_large(10)),
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            (
+                ApiError::from(ErrorResponse::authentication("no key")),
+                StatusCode::UNAUTHORIZED,
+            ),
+        ] {
+            let (status, body) = status_and_body(error).await;
+            assert_eq!(status, expected);
+            assert_eq!(body["error"]["code"], expected.as_u16());
+        }
+    }
+
+    #[tokio::test]
+    async fn internal_errors_hide_their_details() {
+        let (status, body) =
+            status_and_body(ApiError::Internal("secret stack detail".into())).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("secret"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn an_error_body_without_a_code_is_a_500() {
+        let mut response = ErrorResponse::invalid_request("x");
+        response.error.code = None;
+        let (status, _) = status_and_body(ApiError::from(response)).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}

@@ -1,0 +1,232 @@
+//! What completions and chat share: turning a validated request into engine requests,
+//! collecting a choice's output, and rendering logprobs.
+
+use std::time::Instant;
+
+use std::collections::BTreeMap;
+use tokenmill_engine::{
+    FinishReason as EngineFinish, GenerateRequest, RequestEvent, RequestStream, SamplingParams,
+    StopOptions, StopReason as EngineStop, TokenLogprob,
+};
+
+use tokenmill_protocol::{
+    ChatLogprobToken, ChatLogprobs, ChatTopLogprob, CompletionLogprobs, FinishReason,
+    PromptLogprob, PromptLogprobs, StopReason, TopLogprobMap, ValidatedSampling,
+};
+use tokenmill_text::Tokenizer;
+
+use crate::error::ApiError;
+
+/// One engine request for choice `choice_index` of a prompt.
+pub(crate) fn engine_request(
+    prompt_token_ids: Vec<u32>,
+    validated: &ValidatedSampling,
+    max_tokens: u32,
+    choice_index: u32,
+    arrival: Instant,
+) -> GenerateRequest {
+    let sampling = &validated.sampling;
+    // Each choice of a seeded request draws from its own stream, reproducibly.
+    let seed = sampling
+        .seed
+        .map(|seed| seed.wrapping_add(u64::from(choice_index)));
+    GenerateRequest {
+        prompt_token_ids,
+        sampling: SamplingParams {
+            temperature: sampling.temperature,
+            top_k: sampling.top_k.map(|k| k as usize),
+            top_p: sampling.top_p,
+            min_p: sampling.min_p,
+            seed,
+            repetition_penalty: sampling.repetition_penalty,
+            presence_penalty: sampling.presence_penalty,
+            frequency_penalty: sampling.frequency_penalty,
+            logit_bias: sampling.logit_bias.clone(),
+            logprobs: sampling.logprobs.map(|k| k as usize),
+            allowed_token_ids: sampling.allowed_token_ids.clone(),
+            banned_token_ids: Vec::new(),
+        },
+        stop: StopOptions {
+            max_tokens: Some(max_tokens),
+            min_tokens: sampling.min_tokens,
+            ignore_eos: sampling.ignore_eos,
+            stop_token_ids: sampling.stop_token_ids.clone(),
+            stop_strings: sampling.stop.clone(),
+            include_stop_str_in_output: sampling.include_stop_str_in_output,
+        },
+        priority: i32::try_from(validated.output.priority).unwrap_or(
+            if validated.output.priority < 0 {
+                i32::MIN
+            } else {
+                i32::MAX
+            },
+        ),
+        cache_salt: validated.output.cache_salt.clone(),
+        skip_special_tokens: sampling.skip_special_tokens,
+        prompt_logprobs: sampling.prompt_logprobs.map(|k| k as usize),
+        arrival,
+    }
+}
+
+/// Everything one choice produced.
+#[derive(Debug, Default)]
+pub(crate) struct ChoiceResult {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: Option<FinishReason>,
+    pub stop_reason: Option<StopReason>,
+    pub num_prompt_tokens: usize,
+    pub num_cached_tokens: usize,
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
+}
+
+/// Drains a request's stream into one result (non-streaming responses).
+pub(crate) async fn collect(mut stream: RequestStream) -> Result<ChoiceResult, ApiError> {
+    let mut result = ChoiceResult::default();
+    while let Some(event) = stream.recv().await {
+        match event {
+            RequestEvent::Output(output) => {
+                result.text.push_str(&output.new_text);
+                result.token_ids.extend_from_slice(&output.new_token_ids);
+                result.logprobs.extend(output.logprobs);
+                if output.prompt_logprobs.is_some() {
+                    result.prompt_logprobs = output.prompt_logprobs;
+                }
+                result.num_prompt_tokens = output.num_prompt_tokens;
+                result.num_cached_tokens = output.num_cached_tokens;
+                if let Some(reason) = output.finish_reason {
+                    result.finish_reason = Some(wire_finish_reason(reason));
+                    result.stop_reason = output.stop_reason.map(wire_stop_reason);
+                }
+            }
+            RequestEvent::Error(message) => return Err(ApiError::Internal(message)),
+        }
+    }
+    if result.finish_reason.is_none() {
+        return Err(ApiError::unavailable(
+            "the engine stopped before the request finished",
+        ));
+    }
+    Ok(result)
+}
+
+pub(crate) fn wire_finish_reason(reason: EngineFinish) -> FinishReason {
+    match reason {
+        EngineFinish::Stop => FinishReason::Stop,
+        EngineFinish::Length => FinishReason::Length,
+        EngineFinish::Abort => FinishReason::Abort,
+    }
+}
+
+pub(crate) fn wire_stop_reason(reason: EngineStop) -> StopReason {
+    match reason {
+        EngineStop::Token(id) => StopReason::TokenId(id),
+        EngineStop::String(text) => StopReason::Text(text),
+    }
+}
+
+/// The text of one token as it appears in the output (byte-level pieces decoded; a piece
+/// that is not valid UTF-8 on its own shows replacement characters, as in vLLM).
+pub(crate) fn token_text(tokenizer: &Tokenizer, token_id: u32) -> String {
+    match tokenizer.token_to_piece(token_id) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+fn token_bytes(tokenizer: &Tokenizer, token_id: u32) -> Option<Vec<u8>> {
+    tokenizer.token_to_piece(token_id).ok()
+}
+
+/// Legacy completions logprobs, appended to `out`: one entry per token, `None` where a token
+/// has no logprob (the first prompt token). Offsets continue from `offset` (characters).
+/// Like vLLM, each `top_logprobs` map holds the top alternatives plus the token itself.
+pub(crate) fn append_completion_logprobs(
+    out: &mut CompletionLogprobs,
+    tokenizer: &Tokenizer,
+    entries: &[(u32, Option<&TokenLogprob>)],
+    offset: &mut u32,
+) {
+    for &(token_id, entry) in entries {
+        let text = token_text(tokenizer, token_id);
+        out.text_offset.push(*offset);
+        *offset += text.chars().count() as u32;
+        out.tokens.push(text.clone());
+        out.token_logprobs.push(entry.map(|e| e.logprob));
+        out.top_logprobs.push(entry.map(|e| {
+            let mut map: Vec<(String, f32)> = e
+                .top
+                .iter()
+                .map(|(id, lp)| (token_text(tokenizer, *id), *lp))
+                .collect();
+            if !e.top.iter().any(|(id, _)| *id == token_id) {
+                map.push((text, e.logprob));
+            }
+            TopLogprobMap(map)
+        }));
+    }
+}
+
+/// vLLM's `prompt_logprobs` field: per position, token id → logprob (with rank and text).
+pub(crate) fn wire_prompt_logprobs(
+    tokenizer: &Tokenizer,
+    prompt_token_ids: &[u32],
+    entries: &[Option<TokenLogprob>],
+) -> PromptLogprobs {
+    entries
+        .iter()
+        .zip(prompt_token_ids)
+        .map(|(entry, &token_id)| {
+            entry.as_ref().map(|e| {
+                let mut map = BTreeMap::new();
+                for (rank, (id, lp)) in e.top.iter().enumerate() {
+                    map.insert(
+                        id.to_string(),
+                        PromptLogprob {
+                            logprob: *lp,
+                            rank: Some(rank as u32 + 1),
+                            decoded_token: Some(token_text(tokenizer, *id)),
+                        },
+                    );
+                }
+                map.entry(token_id.to_string())
+                    .or_insert_with(|| PromptLogprob {
+                        logprob: e.logprob,
+                        rank: None,
+                        decoded_token: Some(token_text(tokenizer, token_id)),
+                    });
+                map
+            })
+        })
+        .collect()
+}
+
+/// Chat logprobs (`logprobs.content`).
+pub(crate) fn chat_logprobs(
+    tokenizer: &Tokenizer,
+    logprobs: &[TokenLogprob],
+    top_logprobs: usize,
+) -> ChatLogprobs {
+    let content = logprobs
+        .iter()
+        .map(|entry| ChatLogprobToken {
+            token: token_text(tokenizer, entry.token_id),
+            logprob: entry.logprob,
+            bytes: token_bytes(tokenizer, entry.token_id),
+            top_logprobs: entry
+                .top
+                .iter()
+                .take(top_logprobs)
+                .map(|(id, lp)| ChatTopLogprob {
+                    token: token_text(tokenizer, *id),
+                    logprob: *lp,
+                    bytes: token_bytes(tokenizer, *id),
+                })
+                .collect(),
+        })
+        .collect();
+    ChatLogprobs {
+        content: Some(content),
+    }
+}

@@ -1,0 +1,162 @@
+//! Binding, TLS, signals and the graceful drain.
+//!
+//! On SIGINT/SIGTERM the server keeps its listener open but answers new generation requests
+//! with 503 and `/health` with 503, waits up to `shutdown_timeout` for in-flight requests to
+//! finish, then stops serving; whatever is still running is aborted when the engine shuts down.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum_server::tls_rustls::RustlsConfig;
+use axum_server::Handle;
+use tokenmill_engine::Engine;
+
+use crate::config::ServerConfig;
+use crate::routes::router;
+use crate::state::AppState;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot resolve {address}: {source}")]
+    Resolve {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot load the TLS certificate or key: {0}")]
+    Tls(std::io::Error),
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How often the drain checks whether in-flight requests are done.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// Serves until a signal arrives and the drain completes, then shuts the engine down.
+pub async fn serve(engine: Engine, config: ServerConfig) -> Result<(), ServeError> {
+    let state = AppState::new(
+        engine.client(),
+        Arc::clone(engine.model()),
+        config.clone(),
+        Arc::clone(engine.metrics()),
+    );
+    let app = router(state.clone());
+    let address = format!("{}:{}", config.host, config.port);
+    let socket: SocketAddr = tokio::net::lookup_host(&address)
+        .await
+        .map_err(|source| ServeError::Resolve {
+            address: address.clone(),
+            source,
+        })?
+        .next()
+        .ok_or_else(|| ServeError::Resolve {
+            address: address.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
+        })?;
+
+    let handle = Handle::new();
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tokio::spawn(announce(handle.clone(), scheme));
+    tokio::spawn(drain_on_signal(
+        state.clone(),
+        handle.clone(),
+        config.shutdown_timeout,
+    ));
+
+    let service = app.into_make_service();
+    match &config.tls {
+        Some(tls) => {
+            // One process-wide crypto provider; a second install (tests) is harmless.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let rustls_config = RustlsConfig::from_pem_file(&tls.cert_file, &tls.key_file)
+                .await
+                .map_err(ServeError::Tls)?;
+            axum_server::bind_rustls(socket, rustls_config)
+                .handle(handle)
+                .serve(service)
+                .await?;
+        }
+        None => {
+            axum_server::bind(socket)
+                .handle(handle)
+                .serve(service)
+                .await?;
+        }
+    }
+    tracing::info!("server stopped; shutting down the engine");
+    engine.shutdown();
+    Ok(())
+}
+
+/// Logs the bound address once listening (with `--port 0`, the port the OS chose).
+async fn announce(handle: Handle, scheme: &'static str) {
+    if let Some(address) = handle.listening().await {
+        tracing::info!("Listening on {scheme}://{address}");
+    }
+}
+
+async fn drain_on_signal(state: AppState, handle: Handle, timeout: Duration) {
+    wait_for_signal().await;
+    tracing::info!(
+        "shutdown requested: draining {} in-flight requests (up to {} s)",
+        state.in_flight(),
+        timeout.as_secs_f64()
+    );
+    state.start_draining();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let drained = tokio::select! {
+        () = wait_for_in_flight(&state, deadline) => state.in_flight() == 0,
+        // A second Ctrl-C / SIGTERM means "stop now", as with vLLM's uvicorn.
+        () = wait_for_signal() => {
+            tracing::warn!("second shutdown signal: not waiting for the drain");
+            false
+        }
+    };
+    if drained {
+        handle.graceful_shutdown(Some(Duration::from_secs(1)));
+    } else {
+        tracing::warn!(
+            "{} requests still running at shutdown; aborting them",
+            state.in_flight()
+        );
+        handle.shutdown();
+    }
+}
+
+/// Returns once no generation request is in flight or `deadline` passed.
+async fn wait_for_in_flight(state: &AppState, deadline: tokio::time::Instant) {
+    while state.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,266 @@
+//! `POST /v1/chat/completions`.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use tokenmill_engine::{RequestEvent, RequestStream};
+use tokenmill_protocol::{
+    chat_completion_id, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatResponseMessage, ErrorResponse, Role, Usage,
+    ValidatedSampling,
+};
+
+use crate::error::ApiError;
+use crate::generation::{
+    chat_logprobs, collect, engine_request, wire_finish_reason, wire_stop_reason,
+};
+use crate::routes::tokenize::{encode, render_chat};
+use crate::routes::{check_accepting, check_model, json_response, read_json};
+use crate::sse;
+use crate::state::{unix_now, AppState, InFlightGuard};
+
+/// A validated, templated chat request on its way through the engine.
+struct Job {
+    id: String,
+    created: u64,
+    model: String,
+    validated: ValidatedSampling,
+    prompt_token_ids: Vec<u32>,
+    /// With `echo`: the final message's content, prepended to each reply.
+    echo_prefix: String,
+}
+
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    check_accepting(&state)?;
+    let request: ChatCompletionRequest = read_json(&state, body).await?;
+    let model = check_model(&state, request.model.as_deref())?;
+    let limits = &state.inner.limits;
+    let validated = request.validate(limits)?;
+    let messages = request.conversation()?;
+    let options = request.template_options()?;
+    let prompt = render_chat(&state, &messages, &options)?;
+    if state.config().enable_log_requests {
+        let shown: String = match state.config().max_log_len {
+            Some(max) => prompt.chars().take(max).collect(),
+            None => prompt.clone(),
+        };
+        tracing::info!("chat prompt: {shown:?}");
+    }
+    let prompt_token_ids = encode(&state, &prompt, validated.output.add_special_tokens)?;
+    if prompt_token_ids.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "The rendered prompt is empty.",
+        ));
+    }
+    let max_tokens = validated.resolve_max_tokens(prompt_token_ids.len(), limits)?;
+    let echo_prefix = match messages.last() {
+        Some(last) if validated.output.echo && last.role == Role::Assistant => {
+            last.content.clone().unwrap_or_default()
+        }
+        _ => String::new(),
+    };
+
+    let guard = InFlightGuard::new(&state);
+    let mut streams = Vec::with_capacity(validated.sampling.n as usize);
+    for choice in 0..validated.sampling.n {
+        let engine_req = engine_request(
+            prompt_token_ids.clone(),
+            &validated,
+            max_tokens,
+            choice,
+            arrival,
+        );
+        let stream = state
+            .engine()
+            .add_request(engine_req)
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        streams.push((choice, stream));
+    }
+    let job = Job {
+        id: chat_completion_id(validated.output.request_id.as_deref()),
+        created: unix_now(),
+        model,
+        validated,
+        prompt_token_ids,
+        echo_prefix,
+    };
+    if job.validated.output.stream {
+        Ok(stream_response(state, guard, job, streams))
+    } else {
+        let response = complete(&state, job, streams).await?;
+        drop(guard);
+        Ok(json_response(&response))
+    }
+}
+
+async fn complete(
+    state: &AppState,
+    job: Job,
+    streams: Vec<(u32, RequestStream)>,
+) -> Result<ChatCompletionResponse, ApiError> {
+    let tokenizer = &state.inner.model.tokenizer;
+    let results = futures::future::join_all(
+        streams
+            .into_iter()
+            .map(|(index, stream)| async move { (index, collect(stream).await) }),
+    )
+    .await;
+    let mut choices = Vec::with_capacity(results.len());
+    let mut completion_tokens = 0u32;
+    let mut cached_tokens = 0u32;
+    for (index, result) in results {
+        let result = result?;
+        completion_tokens += result.token_ids.len() as u32;
+        cached_tokens = cached_tokens.max(result.num_cached_tokens as u32);
+        let logprobs = job
+            .validated
+            .sampling
+            .logprobs
+            .map(|k| chat_logprobs(tokenizer, &result.logprobs, k as usize));
+        choices.push(ChatChoice {
+            index,
+            message: ChatResponseMessage {
+                role: Role::Assistant,
+                content: Some(format!("{}{}", job.echo_prefix, result.text)),
+                reasoning_content: None,
+            },
+            logprobs,
+            finish_reason: result.finish_reason,
+            stop_reason: result.stop_reason,
+            token_ids: job
+                .validated
+                .output
+                .return_token_ids
+                .then_some(result.token_ids),
+        });
+    }
+    choices.sort_by_key(|c| c.index);
+    let usage = Usage::new(
+        job.prompt_token_ids.len() as u32,
+        completion_tokens,
+        Some(cached_tokens),
+    );
+    let mut response = ChatCompletionResponse::new(job.id, job.created, job.model, choices, usage);
+    if job.validated.output.return_token_ids {
+        response.prompt_token_ids = Some(job.prompt_token_ids);
+    }
+    Ok(response)
+}
+
+fn stream_response(
+    state: AppState,
+    guard: InFlightGuard,
+    job: Job,
+    streams: Vec<(u32, RequestStream)>,
+) -> Response {
+    let (tx, response) = sse::channel();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let tokenizer = &state.inner.model.tokenizer;
+        let validated = &job.validated;
+        let n = streams.len();
+        let chunk = |choices| {
+            ChatCompletionChunk::new(job.id.clone(), job.created, job.model.clone(), choices)
+        };
+
+        // Role first, one chunk per choice, as OpenAI and vLLM do.
+        for index in 0..n as u32 {
+            let mut first = chunk(vec![ChatChunkChoice {
+                index,
+                delta: ChatDelta {
+                    role: Some(Role::Assistant),
+                    content: Some(job.echo_prefix.clone()),
+                    reasoning_content: None,
+                },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+                token_ids: None,
+            }]);
+            if index == 0 && validated.output.return_token_ids {
+                first.prompt_token_ids = Some(job.prompt_token_ids.clone());
+            }
+            if !sse::send_json(&tx, &first).await {
+                return;
+            }
+        }
+
+        let mut merged = sse::merge(streams);
+        let mut completion_tokens = vec![0u32; n];
+        let mut cached_tokens = 0u32;
+        while let Some((index, event)) = sse::next_event(&tx, &mut merged).await {
+            let output = match event {
+                RequestEvent::Output(output) => output,
+                RequestEvent::Error(message) => {
+                    tracing::error!("request failed mid-stream: {message}");
+                    sse::send_error(
+                        &tx,
+                        ErrorResponse::internal("The engine failed this request."),
+                    )
+                    .await;
+                    return;
+                }
+            };
+            completion_tokens[index as usize] += output.new_token_ids.len() as u32;
+            cached_tokens = cached_tokens.max(output.num_cached_tokens as u32);
+            if output.new_text.is_empty()
+                && output.finish_reason.is_none()
+                && output.logprobs.is_empty()
+            {
+                continue;
+            }
+            let logprobs = validated
+                .sampling
+                .logprobs
+                .map(|k| chat_logprobs(tokenizer, &output.logprobs, k as usize));
+            let mut message = chunk(vec![ChatChunkChoice {
+                index,
+                delta: ChatDelta {
+                    role: None,
+                    content: Some(output.new_text),
+                    reasoning_content: None,
+                },
+                logprobs,
+                finish_reason: output.finish_reason.map(wire_finish_reason),
+                stop_reason: output.stop_reason.map(wire_stop_reason),
+                token_ids: validated
+                    .output
+                    .return_token_ids
+                    .then_some(output.new_token_ids),
+            }]);
+            if validated.output.continuous_usage_stats {
+                message.usage = Some(Usage::new(
+                    job.prompt_token_ids.len() as u32,
+                    completion_tokens[index as usize],
+                    None,
+                ));
+            }
+            if !sse::send_json(&tx, &message).await {
+                return;
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+        if validated.output.include_usage {
+            let mut message = chunk(Vec::new());
+            message.usage = Some(Usage::new(
+                job.prompt_token_ids.len() as u32,
+                completion_tokens.iter().sum(),
+                Some(cached_tokens),
+            ));
+            if !sse::send_json(&tx, &message).await {
+                return;
+            }
+        }
+        sse::send_done(&tx).await;
+    });
+    response
+}

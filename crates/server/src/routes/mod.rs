@@ -1,0 +1,196 @@
+//! The route table and the layers every route passes through (auth, access log, metrics).
+
+mod chat;
+mod completions;
+mod info;
+mod tokenize;
+
+use std::time::Instant;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{header, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokenmill_protocol::{parse_json, ErrorResponse, ProtocolError};
+
+use crate::error::{error_response, ApiError};
+use crate::state::AppState;
+
+/// The whole app, ready for `axum::serve` or in-process `oneshot` tests.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions::create))
+        .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/models", get(info::models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/health", get(info::health))
+        .route("/ping", get(info::health))
+        .route("/version", get(info::version))
+        .route("/openapi.json", get(info::openapi))
+        .route("/metrics", get(info::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(state.clone(), access_log))
+        .with_state(state)
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
+    error_response(ErrorResponse::not_found(format!(
+        "{method} {} is not a route of this server",
+        uri.path()
+    )))
+}
+
+/// A known path with the wrong method: 405 with an OpenAI error body (axum's default is empty).
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
+    error_response(ErrorResponse::new(
+        405,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    ))
+}
+
+/// Bearer-token check: every route except `/health` (and `/metrics` unless
+/// `--api-key-metrics`) needs the key when one is configured.
+async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(expected) = state.config().api_key.as_deref() else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    let open = path == "/health"
+        || path == "/ping"
+        || (path == "/metrics" && !state.config().api_key_metrics);
+    if open {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    if presented.is_some_and(|key| constant_time_eq(key.as_bytes(), expected.as_bytes())) {
+        next.run(request).await
+    } else {
+        error_response(ErrorResponse::authentication(
+            "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'.",
+        ))
+    }
+}
+
+/// Compares keys without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One access-log line per request (method, path, status, latency, request id) and the HTTP
+/// metrics.
+async fn access_log(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let request_id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let response = next.run(request).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let status = response.status().as_u16();
+    let quiet = state
+        .config()
+        .disable_access_log_for_endpoints
+        .iter()
+        .any(|p| p == &path);
+    if !quiet {
+        tracing::info!(
+            target: "tokenmill::access",
+            "{method} {path} {status} {:.1}ms request_id={}",
+            elapsed * 1e3,
+            request_id.as_deref().unwrap_or("-")
+        );
+    }
+    // Like vLLM's instrumentator, scrapes and health checks are not counted.
+    if path != "/metrics" && path != "/health" && path != "/ping" {
+        state
+            .inner
+            .metrics
+            .record_http(&route_label(&path), method.as_str(), status, elapsed);
+    }
+    response
+}
+
+/// The handler label for metrics: known routes by path, everything else lumped together so
+/// scanners cannot blow up label cardinality.
+fn route_label(path: &str) -> String {
+    const KNOWN: [&str; 10] = [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/ping",
+        "/version",
+        "/openapi.json",
+        "/metrics",
+    ];
+    if KNOWN.contains(&path) {
+        path.to_string()
+    } else {
+        "none".to_string()
+    }
+}
+
+/// Reads a JSON request body: over the configured limit is a 413; anything but a JSON object
+/// is a 400 (serde would otherwise accept an array as a struct's fields in order).
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    body: Body,
+) -> Result<T, ApiError> {
+    let limit = state.config().max_body_bytes;
+    let bytes = to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::from(ErrorResponse::request_too_large(limit)))?;
+    let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(ApiError::from(ProtocolError::MalformedJson {
+            message: "Invalid request body: expected a JSON object.".to_string(),
+        }));
+    }
+    Ok(parse_json(&bytes)?)
+}
+
+/// 503 for new generation work while draining or after the engine died.
+pub(crate) fn check_accepting(state: &AppState) -> Result<(), ApiError> {
+    if state.is_draining() {
+        return Err(ApiError::unavailable(
+            "The server is shutting down and accepts no new requests.",
+        ));
+    }
+    if !state.engine().is_alive() {
+        return Err(ApiError::unavailable("The engine is not running."));
+    }
+    Ok(())
+}
+
+/// The served model a request names: absent → the primary name; unknown → 404.
+pub(crate) fn check_model(state: &AppState, model: Option<&str>) -> Result<String, ApiError> {
+    let names = &state.config().served_model_names;
+    match model {
+        None | Some("") => Ok(state.config().primary_model_name().to_string()),
+        Some(name) if names.iter().any(|n| n == name) => Ok(name.to_string()),
+        Some(name) => Err(ApiError::from(ErrorResponse::model_not_found(name))),
+    }
+}
+
+pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response {
+    axum::Json(value).into_response()
+}

@@ -1,0 +1,114 @@
+//! `POST /tokenize` and `POST /detokenize` (vLLM extras), plus the prompt-preparation helpers
+//! the generation routes share: chat templating and tokenization.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use tokenmill_protocol::{
+    ChatTemplateOptions, ConversationMessage, DetokenizeRequest, DetokenizeResponse, TokenizeInput,
+    TokenizeRequest, TokenizeResponse,
+};
+use tokenmill_text::{ChatTemplate, RenderOptions, TextError};
+
+use crate::error::ApiError;
+use crate::generation::token_text;
+use crate::routes::{check_model, json_response, read_json};
+use crate::state::AppState;
+
+pub(crate) async fn tokenize(
+    State(state): State<AppState>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request: TokenizeRequest = read_json(&state, body).await?;
+    check_model(&state, request.model())?;
+    let tokens = match request.input()? {
+        TokenizeInput::Prompt {
+            text,
+            add_special_tokens,
+        } => encode(&state, &text, add_special_tokens)?,
+        TokenizeInput::Chat {
+            messages,
+            template,
+            add_special_tokens,
+        } => {
+            let prompt = render_chat(&state, &messages, &template)?;
+            encode(&state, &prompt, add_special_tokens)?
+        }
+    };
+    let token_strs = request.return_token_strs().then(|| {
+        tokens
+            .iter()
+            .map(|&id| token_text(&state.inner.model.tokenizer, id))
+            .collect()
+    });
+    Ok(json_response(&TokenizeResponse {
+        count: tokens.len(),
+        max_model_len: state.inner.limits.max_model_len,
+        tokens,
+        token_strs,
+    }))
+}
+
+pub(crate) async fn detokenize(
+    State(state): State<AppState>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request: DetokenizeRequest = read_json(&state, body).await?;
+    check_model(&state, request.model.as_deref())?;
+    request.validate(&state.inner.limits)?;
+    let prompt = state
+        .inner
+        .model
+        .tokenizer
+        .decode(&request.tokens, false)
+        .map_err(|e| ApiError::invalid_param("tokens", e.to_string()))?;
+    Ok(json_response(&DetokenizeResponse { prompt }))
+}
+
+/// Tokenizes prompt text (`add_special_tokens` adds BOS where the model wants one).
+pub(crate) fn encode(
+    state: &AppState,
+    text: &str,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, ApiError> {
+    state
+        .inner
+        .model
+        .tokenizer
+        .encode(text, add_special_tokens)
+        .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))
+}
+
+/// Renders a conversation with the request's template, else the server's.
+pub(crate) fn render_chat(
+    state: &AppState,
+    messages: &[ConversationMessage],
+    options: &ChatTemplateOptions,
+) -> Result<String, ApiError> {
+    let values = messages
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let mut render = RenderOptions::for_tokenizer(&state.inner.model.tokenizer);
+    render.add_generation_prompt = options.add_generation_prompt;
+    render.continue_final_message = options.continue_final_message;
+    render.chat_template_kwargs = options.chat_template_kwargs.clone();
+    render.tools = options.tools.clone();
+    render.documents = options.documents.as_ref().map(|docs| {
+        docs.iter()
+            .map(|doc| serde_json::Value::Object(doc.clone()))
+            .collect()
+    });
+    let rendered = match &options.chat_template {
+        Some(source) => {
+            ChatTemplate::new(source.clone()).and_then(|template| template.render(&values, &render))
+        }
+        None => state.inner.model.chat_template.render(&values, &render),
+    };
+    rendered.map_err(template_error)
+}
+
+fn template_error(error: TextError) -> ApiError {
+    ApiError::invalid_param("messages", format!("chat template error: {error}"))
+}

@@ -1,0 +1,79 @@
+//! Server-sent events plumbing shared by the streaming routes.
+//!
+//! A streaming handler spawns one task that reads the engine streams of all its choices and
+//! writes SSE events into a channel the response body drains. When the client goes away the
+//! channel closes, the task returns, and dropping the engine streams aborts the requests.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::stream::{self, BoxStream, SelectAll, StreamExt};
+use serde::Serialize;
+use tokenmill_engine::{RequestEvent, RequestStream};
+use tokenmill_protocol::ErrorResponse;
+use tokio::sync::mpsc;
+
+/// Events queued ahead of a slow client before the producer waits.
+const CHANNEL_DEPTH: usize = 64;
+
+pub(crate) type EventSender = mpsc::Sender<Result<Event, Infallible>>;
+
+/// The engine streams of every choice, merged; items are `(choice index, event)`.
+pub(crate) type MergedStreams = SelectAll<BoxStream<'static, (u32, RequestEvent)>>;
+
+pub(crate) fn merge(streams: Vec<(u32, RequestStream)>) -> MergedStreams {
+    stream::select_all(streams.into_iter().map(|(index, request_stream)| {
+        stream::unfold(request_stream, move |mut s| async move {
+            s.recv().await.map(|event| ((index, event), s))
+        })
+        .boxed()
+    }))
+}
+
+/// A channel and the SSE response that drains it.
+pub(crate) fn channel() -> (EventSender, Response) {
+    let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
+    let body = stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let response = Sse::new(body)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    (tx, response)
+}
+
+/// The next engine event, or `None` when every choice finished or the client disconnected.
+pub(crate) async fn next_event(
+    tx: &EventSender,
+    merged: &mut MergedStreams,
+) -> Option<(u32, RequestEvent)> {
+    tokio::select! {
+        event = merged.next() => event,
+        () = tx.closed() => None,
+    }
+}
+
+/// Sends one JSON `data:` event; `false` when the client is gone.
+pub(crate) async fn send_json<T: Serialize>(tx: &EventSender, value: &T) -> bool {
+    match serde_json::to_string(value) {
+        Ok(json) => tx.send(Ok(Event::default().data(json))).await.is_ok(),
+        Err(err) => {
+            tracing::error!("cannot serialize an SSE chunk: {err}");
+            false
+        }
+    }
+}
+
+/// An error in the middle of a stream: an OpenAI error object as a data event, then `[DONE]`
+/// so clients that wait for the terminator (as vLLM sends it) stop reading.
+pub(crate) async fn send_error(tx: &EventSender, error: ErrorResponse) {
+    if send_json(tx, &error).await {
+        send_done(tx).await;
+    }
+}
+
+/// The terminating `data: [DONE]`.
+pub(crate) async fn send_done(tx: &EventSender) {
+    let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+}

@@ -1,0 +1,122 @@
+//! What every handler shares.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokenmill_engine::{EngineClient, LoadedModel};
+use tokenmill_metrics::EngineMetrics;
+use tokenmill_protocol::ValidationLimits;
+
+use crate::config::ServerConfig;
+
+/// Shared handler state: the engine handle, the model's tokenizer/template, limits, and the
+/// drain flag. Cheap to clone (all `Arc`s).
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub engine: EngineClient,
+    pub model: Arc<LoadedModel>,
+    pub config: ServerConfig,
+    pub limits: ValidationLimits,
+    pub draining: AtomicBool,
+    /// Generation requests in flight (a drain waits for this to reach zero).
+    pub in_flight: AtomicUsize,
+    /// Unix seconds at start-up (`created` of the model cards).
+    pub started_at: u64,
+    /// The engine's Prometheus registry (`/metrics`), which also counts HTTP requests.
+    pub metrics: Arc<EngineMetrics>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("served_model_names", &self.inner.config.served_model_names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineClient,
+        model: Arc<LoadedModel>,
+        config: ServerConfig,
+        metrics: Arc<EngineMetrics>,
+    ) -> AppState {
+        let vocab_size = u32::try_from(model.config().vocab_size).unwrap_or(u32::MAX);
+        let max_model_len = u32::try_from(engine.max_model_len()).unwrap_or(u32::MAX);
+        let mut limits = ValidationLimits::new(max_model_len, vocab_size);
+        limits.max_n = config.max_n;
+        limits.defaults = config.sampling_defaults.clone();
+        let started_at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        AppState {
+            inner: Arc::new(Inner {
+                engine,
+                model,
+                config,
+                limits,
+                draining: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                started_at,
+                metrics,
+            }),
+        }
+    }
+
+    /// Stop accepting generation requests; `/health` turns 503.
+    pub fn start_draining(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn engine(&self) -> &EngineClient {
+        &self.inner.engine
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+}
+
+/// Counts a generation request as in flight until dropped (the response, streamed or not, is
+/// complete or abandoned).
+#[derive(Debug)]
+pub(crate) struct InFlightGuard {
+    state: AppState,
+}
+
+impl InFlightGuard {
+    pub fn new(state: &AppState) -> InFlightGuard {
+        state.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard {
+            state: state.clone(),
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.state.inner.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Unix seconds now (`created` fields).
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
