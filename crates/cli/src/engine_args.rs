@@ -1,0 +1,120 @@
+//! Engine flags shared by `serve` and `generate`, with vLLM's names.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use tokenmill_core::SchedulingPolicy;
+use tokenmill_engine::{EngineConfig, KvCacheSizing};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    Fcfs,
+    Priority,
+}
+
+/// Model and engine flags.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// A GGUF file, an HF model directory, or an HF repo id; default: SmolLM2-135M-Instruct.
+    #[arg(long, help_heading = "Model")]
+    pub model: Option<String>,
+    /// Chat template file or inline Jinja template overriding the model's.
+    #[arg(long, help_heading = "Model")]
+    pub chat_template: Option<String>,
+    /// Maximum prompt + output length; default: the model's context, capped by the KV pool.
+    #[arg(long, help_heading = "Model")]
+    pub max_model_len: Option<usize>,
+    /// KV-cache budget: bytes or a size like 2GiB / 512MiB; default: a quarter of free RAM, at most 4 GiB.
+    #[arg(long, value_parser = parse_size, help_heading = "Cache")]
+    pub kv_cache_memory: Option<u64>,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16, help_heading = "Cache")]
+    pub block_size: usize,
+    /// Automatic prefix caching (on by default).
+    #[arg(
+        long,
+        overrides_with = "no_enable_prefix_caching",
+        help_heading = "Cache"
+    )]
+    pub enable_prefix_caching: bool,
+    #[arg(long, help_heading = "Cache")]
+    pub no_enable_prefix_caching: bool,
+    /// Maximum sequences in one step.
+    #[arg(long, default_value_t = 64, help_heading = "Scheduler")]
+    pub max_num_seqs: usize,
+    /// Token budget of one step (chunked prefill splits longer prompts).
+    #[arg(long, default_value_t = 512, help_heading = "Scheduler")]
+    pub max_num_batched_tokens: usize,
+    #[arg(long, value_enum, default_value_t = PolicyArg::Fcfs, help_heading = "Scheduler")]
+    pub scheduling_policy: PolicyArg,
+    /// Compute threads; default: all cores.
+    #[arg(long, help_heading = "Compute")]
+    pub threads: Option<usize>,
+}
+
+impl EngineArgs {
+    /// Resolves the model (fetching the default one if needed) and builds the engine config.
+    pub fn to_config(&self) -> anyhow::Result<EngineConfig> {
+        let source = tokenmill_models::resolve_model(self.model.as_deref())
+            .context("cannot resolve the model")?;
+        let mut config = EngineConfig::new(PathBuf::from(source.path()));
+        config.chat_template = self.chat_template.clone();
+        config.num_threads = self.threads;
+        if let Some(bytes) = self.kv_cache_memory {
+            config.kv_cache = KvCacheSizing::Bytes(bytes);
+        }
+        if self.block_size == 0 {
+            bail!("--block-size must be at least 1");
+        }
+        config.block_size = self.block_size;
+        config.max_model_len = self.max_model_len;
+        config.max_num_seqs = self.max_num_seqs;
+        config.max_num_batched_tokens = self.max_num_batched_tokens;
+        config.enable_prefix_caching = !self.no_enable_prefix_caching;
+        config.scheduling_policy = match self.scheduling_policy {
+            PolicyArg::Fcfs => SchedulingPolicy::Fcfs,
+            PolicyArg::Priority => SchedulingPolicy::Priority,
+        };
+        Ok(config)
+    }
+}
+
+/// Parses `1073741824`, `4GiB`, `512MiB`, `4G`, `1.5GB`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (e.g. 2GiB, 512MiB, 1073741824)"))?;
+    let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown size unit '{other}' in '{text}'")),
+    };
+    Ok((value * multiplier) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("1073741824"), Ok(1 << 30));
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3parsecs").is_err());
+    }
+}

@@ -1,0 +1,264 @@
+//! `tokenmill generate`: one prompt streamed to stdout, or a JSONL batch through the engine.
+
+use std::io::{BufRead, BufWriter, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Deserialize;
+use tokenmill_engine::{
+    generate_batch, BatchItem, Engine, GenerateRequest, LoadedModel, RequestEvent, SamplingParams,
+    StopOptions,
+};
+use tokenmill_text::{ChatMessage, RenderOptions};
+
+use crate::engine_args::EngineArgs;
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// The prompt to complete.
+    #[arg(long, required_unless_present = "input", conflicts_with = "input")]
+    pub prompt: Option<String>,
+    /// Treat the prompt as a user message and apply the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// JSONL file of prompts ({"prompt": ...} or {"messages": [...]}, plus sampling fields).
+    #[arg(long, requires = "output")]
+    pub input: Option<PathBuf>,
+    /// Where the batch's results go, one JSON line per input line, in input order.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: u32,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let mut config = args.engine.to_config()?;
+    config.log_stats_interval = None;
+    let load_started = Instant::now();
+    let engine = Engine::start(&config)?;
+    let load_time = load_started.elapsed();
+    for line in engine.capacity().log_lines() {
+        tracing::info!("{line}");
+    }
+    eprintln!(
+        "loaded {} in {:.2} s",
+        config.model_path.display(),
+        load_time.as_secs_f64()
+    );
+    match (&args.prompt, &args.input, &args.output) {
+        (Some(prompt), _, _) => run_single(&engine, &args, prompt),
+        (None, Some(input), Some(output)) => run_batch(&engine, &args, input, output),
+        _ => bail!("give --prompt, or --input with --output"),
+    }
+}
+
+fn sampling_from_args(args: &GenerateArgs) -> SamplingParams {
+    SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        min_p: args.min_p,
+        seed: args.seed,
+        ..SamplingParams::default()
+    }
+}
+
+fn prompt_tokens(
+    model: &LoadedModel,
+    text: Option<&str>,
+    messages: Option<&[ChatMessage]>,
+) -> anyhow::Result<Vec<u32>> {
+    let rendered;
+    let text = match (text, messages) {
+        (_, Some(messages)) => {
+            let mut options = RenderOptions::for_tokenizer(&model.tokenizer);
+            options.add_generation_prompt = true;
+            rendered = model.chat_template.render_messages(messages, &options)?;
+            // The template already placed BOS and other special tokens.
+            return Ok(model.tokenizer.encode(&rendered, false)?);
+        }
+        (Some(text), None) => text,
+        (None, None) => bail!("a prompt needs \"prompt\" or \"messages\""),
+    };
+    Ok(model.tokenizer.encode(text, true)?)
+}
+
+fn run_single(engine: &Engine, args: &GenerateArgs, prompt: &str) -> anyhow::Result<()> {
+    let model = engine.model();
+    let prompt_ids = if args.chat {
+        let messages = [ChatMessage::new("user", prompt)];
+        prompt_tokens(model, None, Some(&messages))?
+    } else {
+        prompt_tokens(model, Some(prompt), None)?
+    };
+    let mut request = GenerateRequest::new(prompt_ids);
+    request.sampling = sampling_from_args(args);
+    request.stop = StopOptions {
+        max_tokens: Some(args.max_tokens),
+        ignore_eos: args.ignore_eos,
+        ..StopOptions::default()
+    };
+    let started = Instant::now();
+    let mut stream = engine.client().add_request(request)?;
+    let mut first_token_at = None;
+    let mut output_tokens = 0usize;
+    let mut prompt_len = 0usize;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    while let Some(event) = stream.blocking_recv() {
+        match event {
+            RequestEvent::Output(output) => {
+                if first_token_at.is_none() && !output.new_token_ids.is_empty() {
+                    first_token_at = Some(started.elapsed());
+                }
+                output_tokens = output.num_output_tokens;
+                prompt_len = output.num_prompt_tokens;
+                out.write_all(output.new_text.as_bytes())?;
+                out.flush()?;
+                if let Some(reason) = output.finish_reason {
+                    writeln!(out)?;
+                    eprintln!("finish reason: {reason}");
+                }
+            }
+            RequestEvent::Error(message) => bail!("generation failed: {message}"),
+        }
+    }
+    let total = started.elapsed().as_secs_f64();
+    let ttft = first_token_at.map_or(total, |t| t.as_secs_f64());
+    eprintln!(
+        "prompt: {prompt_len} tokens, prefill {:.1} tok/s (TTFT {:.1} ms); decode: {} tokens, {:.1} tok/s",
+        prompt_len as f64 / ttft.max(1e-9),
+        ttft * 1e3,
+        output_tokens,
+        output_tokens.saturating_sub(1) as f64 / (total - ttft).max(1e-9),
+    );
+    Ok(())
+}
+
+/// One line of a batch input file (the OpenAI API's names).
+#[derive(Debug, Deserialize)]
+struct BatchLine {
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    max_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: StopField,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(untagged)]
+enum StopField {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+fn run_batch(
+    engine: &Engine,
+    args: &GenerateArgs,
+    input: &PathBuf,
+    output: &PathBuf,
+) -> anyhow::Result<()> {
+    let model = engine.model();
+    let file =
+        std::fs::File::open(input).with_context(|| format!("cannot open {}", input.display()))?;
+    let mut items = Vec::new();
+    for (number, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: BatchLine = serde_json::from_str(&line).with_context(|| {
+            format!(
+                "{}:{}: not a valid prompt line",
+                input.display(),
+                number + 1
+            )
+        })?;
+        let prompt_ids = prompt_tokens(model, parsed.prompt.as_deref(), parsed.messages.as_deref())
+            .with_context(|| format!("{}:{}", input.display(), number + 1))?;
+        let mut request = GenerateRequest::new(prompt_ids);
+        let mut sampling = sampling_from_args(args);
+        if let Some(t) = parsed.temperature {
+            sampling.temperature = t;
+        }
+        if let Some(p) = parsed.top_p {
+            sampling.top_p = p;
+        }
+        if parsed.top_k.is_some() {
+            sampling.top_k = parsed.top_k;
+        }
+        if parsed.seed.is_some() {
+            sampling.seed = parsed.seed;
+        }
+        request.sampling = sampling;
+        request.stop = StopOptions {
+            max_tokens: Some(parsed.max_tokens.unwrap_or(args.max_tokens)),
+            ignore_eos: parsed.ignore_eos || args.ignore_eos,
+            stop_strings: match parsed.stop {
+                StopField::None => Vec::new(),
+                StopField::One(s) => vec![s],
+                StopField::Many(v) => v,
+            },
+            ..StopOptions::default()
+        };
+        items.push(BatchItem { request });
+    }
+    let started = Instant::now();
+    let results = generate_batch(&engine.client(), items, true)?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut writer = BufWriter::new(
+        std::fs::File::create(output)
+            .with_context(|| format!("cannot create {}", output.display()))?,
+    );
+    let mut total_out = 0usize;
+    for result in &results {
+        total_out += result.token_ids.len();
+        let line = serde_json::json!({
+            "index": result.index,
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason.map(|r| r.as_str()),
+            "error": result.error,
+            "usage": {
+                "prompt_tokens": result.num_prompt_tokens,
+                "completion_tokens": result.token_ids.len(),
+                "total_tokens": result.num_prompt_tokens + result.token_ids.len(),
+                "prompt_tokens_details": {"cached_tokens": result.num_cached_tokens},
+            },
+        });
+        writeln!(writer, "{line}")?;
+    }
+    writer.flush()?;
+    eprintln!(
+        "{} requests in {:.2} s, {:.1} output tok/s",
+        results.len(),
+        elapsed,
+        total_out as f64 / elapsed.max(1e-9)
+    );
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! `tokenmill serve [MODEL]`: the OpenAI-compatible server.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tokenmill_engine::Engine;
+use tokenmill_protocol::SamplingDefaults;
+use tokenmill_server::{ServerConfig, TlsConfig};
+
+use crate::engine_args::EngineArgs;
+
+/// What clients call the default model when no `--served-model-name` is given.
+const DEFAULT_SERVED_NAME: &str = "SmolLM2-135M-Instruct";
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model to serve (same as --model): a GGUF file, an HF directory or an HF repo id.
+    #[arg(value_name = "MODEL")]
+    pub model_positional: Option<String>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
+    pub port: u16,
+    /// Names clients may use for the model (the first is reported); default: the model argument.
+    #[arg(long, num_args = 1.., help_heading = "Frontend")]
+    pub served_model_name: Vec<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health (and /metrics).
+    #[arg(
+        long,
+        env = "TOKENMILL_API_KEY",
+        hide_env_values = true,
+        help_heading = "Frontend"
+    )]
+    pub api_key: Option<String>,
+    /// Also require the API key on /metrics.
+    #[arg(long, help_heading = "Frontend")]
+    pub api_key_metrics: bool,
+    #[arg(long, requires = "ssl_certfile", help_heading = "Frontend")]
+    pub ssl_keyfile: Option<PathBuf>,
+    #[arg(long, requires = "ssl_keyfile", help_heading = "Frontend")]
+    pub ssl_certfile: Option<PathBuf>,
+    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 30.0, help_heading = "Frontend")]
+    pub shutdown_timeout: f64,
+    /// Largest accepted request body in bytes (413 above).
+    #[arg(long, default_value_t = 32 << 20, help_heading = "Frontend")]
+    pub max_request_body_bytes: usize,
+    /// Cap on `n` per request.
+    #[arg(long, default_value_t = 128, help_heading = "Frontend")]
+    pub max_n: u32,
+    /// Log each request's prompt.
+    #[arg(long, help_heading = "Logging")]
+    pub enable_log_requests: bool,
+    /// Truncate logged prompts to this many characters.
+    #[arg(long, help_heading = "Logging")]
+    pub max_log_len: Option<usize>,
+    /// Turn off the periodic engine stats line.
+    #[arg(long, help_heading = "Logging")]
+    pub disable_log_stats: bool,
+    /// Seconds between engine stats lines.
+    #[arg(long, default_value_t = 10.0, help_heading = "Logging")]
+    pub log_stats_interval: f64,
+    /// Endpoints without access-log lines, comma separated (e.g. /health,/metrics).
+    #[arg(long, value_delimiter = ',', help_heading = "Logging")]
+    pub disable_access_log_for_endpoints: Vec<String>,
+    /// Default sampling parameters: `auto` (the model's generation_config.json), `vllm`
+    /// (none), or a folder holding a generation_config.json.
+    #[arg(long, default_value = "auto", help_heading = "Model")]
+    pub generation_config: String,
+}
+
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    if args.model_positional.is_some() {
+        args.engine.model = args.model_positional.take();
+    }
+    let mut config = args.engine.to_config()?;
+    let served_model_names = if args.served_model_name.is_empty() {
+        vec![args
+            .engine
+            .model
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SERVED_NAME.to_string())]
+    } else {
+        args.served_model_name.clone()
+    };
+    config.served_model_name = served_model_names[0].clone();
+    if args.disable_log_stats {
+        config.log_stats_interval = None;
+    } else {
+        config.log_stats_interval = Some(Duration::from_secs_f64(args.log_stats_interval.max(0.1)));
+    }
+    let mut server = ServerConfig::new(served_model_names);
+    server.host = args.host.clone();
+    server.port = args.port;
+    server.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    server.api_key_metrics = args.api_key_metrics;
+    server.tls = match (&args.ssl_certfile, &args.ssl_keyfile) {
+        (Some(cert_file), Some(key_file)) => Some(TlsConfig {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+        }),
+        _ => None,
+    };
+    server.shutdown_timeout = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
+    server.max_body_bytes = args.max_request_body_bytes;
+    server.max_n = args.max_n;
+    server.enable_log_requests = args.enable_log_requests;
+    server.max_log_len = args.max_log_len;
+    server.disable_access_log_for_endpoints = args.disable_access_log_for_endpoints.clone();
+    server.sampling_defaults = generation_defaults(&args.generation_config, &config.model_path)?;
+
+    let engine = Engine::start(&config)?;
+    for line in engine.capacity().log_lines() {
+        tracing::info!("{line}");
+    }
+    crate::async_runtime()?.block_on(tokenmill_server::serve(engine, server))?;
+    Ok(())
+}
+
+/// vLLM's `--generation-config`: default sampling parameters from a generation_config.json.
+fn generation_defaults(setting: &str, model_path: &Path) -> anyhow::Result<SamplingDefaults> {
+    let folder = match setting {
+        "vllm" => return Ok(SamplingDefaults::default()),
+        "auto" if model_path.is_dir() => model_path.to_path_buf(),
+        "auto" => return Ok(SamplingDefaults::default()),
+        folder => PathBuf::from(folder),
+    };
+    let file = folder.join("generation_config.json");
+    if !file.exists() {
+        if setting == "auto" {
+            return Ok(SamplingDefaults::default());
+        }
+        anyhow::bail!("--generation-config: {} does not exist", file.display());
+    }
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", file.display()))?;
+    let float = |key: &str| {
+        json.get(key)
+            .and_then(serde_json::Value::as_f64)
+            .map(|v| v as f32)
+    };
+    Ok(SamplingDefaults {
+        temperature: float("temperature"),
+        top_p: float("top_p"),
+        top_k: json.get("top_k").and_then(serde_json::Value::as_i64),
+        min_p: float("min_p"),
+        repetition_penalty: float("repetition_penalty"),
+        presence_penalty: None,
+        frequency_penalty: None,
+        max_tokens: json
+            .get("max_new_tokens")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok()),
+    })
+}

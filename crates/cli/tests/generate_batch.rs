@@ -1,0 +1,96 @@
+//! `tokenmill generate --input/--output`: offline batch generation through the engine.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn model_path() -> PathBuf {
+    if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
+        return PathBuf::from(path);
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "default model missing at {}: run scripts/fetch-model.sh",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn a_200_prompt_batch_completes_in_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    let output = dir.path().join("out.jsonl");
+    let mut file = std::fs::File::create(&input).unwrap();
+    for i in 0..200 {
+        let line = if i % 3 == 0 {
+            serde_json::json!({"messages": [{"role": "user", "content": format!("Count to {i}.")}], "max_tokens": 3 + i % 4})
+        } else {
+            serde_json::json!({"prompt": format!("Item number {i} is"), "max_tokens": 2 + i % 5, "temperature": 0.0, "ignore_eos": true})
+        };
+        writeln!(file, "{line}").unwrap();
+    }
+    drop(file);
+
+    let status = Command::new(env!("CARGO_BIN_EXE_tokenmill"))
+        .args(["generate", "--model"])
+        .arg(model_path())
+        .args([
+            "--kv-cache-memory",
+            "256MiB",
+            "--max-num-seqs",
+            "32",
+            "--input",
+        ])
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let text = std::fs::read_to_string(&output).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 200);
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["index"], i, "line {i} out of order");
+        let tokens = line["token_ids"].as_array().unwrap().len();
+        let max_tokens = if i % 3 == 0 { 3 + i % 4 } else { 2 + i % 5 };
+        assert!(
+            tokens >= 1 && tokens <= max_tokens,
+            "line {i}: {tokens} tokens"
+        );
+        if i % 3 != 0 {
+            // ignore_eos: exactly max_tokens, finish reason length.
+            assert_eq!(tokens, max_tokens);
+            assert_eq!(line["finish_reason"], "length");
+        }
+        assert_eq!(line["usage"]["completion_tokens"], tokens);
+        assert!(line["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+        assert!(line["error"].is_null());
+    }
+}
+
+#[test]
+fn a_bad_input_line_is_reported_with_its_line_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    std::fs::write(&input, "{\"prompt\": \"ok\"}\n{not json}\n").unwrap();
+    let result = Command::new(env!("CARGO_BIN_EXE_tokenmill"))
+        .args(["generate", "--model"])
+        .arg(model_path())
+        .args(["--kv-cache-memory", "64MiB", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(dir.path().join("out.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("prompts.jsonl:2"), "{stderr}");
+}
