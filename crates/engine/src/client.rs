@@ -297,3 +297,95 @@ impl Drop for RequestStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use tokenmill_core::{SchedulerOutput, SchedulingPolicy};
+
+    use super::*;
+    use crate::executor::{NewSequence, StepOutput};
+
+    /// An executor whose every step panics, standing in for a kernel bug.
+    struct PanickingExecutor;
+
+    impl Executor for PanickingExecutor {
+        fn add_request(&mut self, _: NewSequence<'_>) -> Result<(), EngineError> {
+            Ok(())
+        }
+
+        fn remove_request(&mut self, _: RequestId) {}
+
+        fn execute(&mut self, _: &SchedulerOutput) -> Result<StepOutput, EngineError> {
+            panic!("kernel exploded");
+        }
+    }
+
+    fn model_path() -> PathBuf {
+        if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
+            return PathBuf::from(path);
+        }
+        let home = std::env::var("HOME").unwrap_or_default();
+        PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    }
+
+    #[test]
+    fn a_panicking_step_fails_in_flight_requests_and_marks_the_engine_dead() {
+        let loaded = Arc::new(LoadedModel::load(&model_path(), None, Some(1)).unwrap());
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            max_model_len: 64,
+            block_size: 16,
+            num_blocks: 16,
+            enable_prefix_caching: true,
+            policy: SchedulingPolicy::Fcfs,
+            long_prefill_token_threshold: None,
+        })
+        .unwrap();
+        let capacity = CapacityReport {
+            kv_cache_bytes: 0,
+            num_blocks: 16,
+            block_size: 16,
+            max_model_len: 64,
+        };
+        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
+            model_name: "test".into(),
+            max_model_len: 64,
+            block_size: 16,
+            num_blocks: 16,
+            enable_prefix_caching: true,
+            cache_dtype: "auto".into(),
+        }));
+        let engine = Engine::spawn(
+            scheduler,
+            PanickingExecutor,
+            loaded,
+            capacity,
+            metrics,
+            None,
+        )
+        .unwrap();
+        let client = engine.client();
+        let mut stream = client
+            .add_request(GenerateRequest::new(vec![504, 3575, 282]))
+            .unwrap();
+        match stream.blocking_recv() {
+            Some(RequestEvent::Error(message)) => {
+                assert!(message.contains("kernel exploded"), "{message}");
+            }
+            other => panic!("expected an error event, got {other:?}"),
+        }
+        assert_eq!(stream.blocking_recv(), None);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while client.is_alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!client.is_alive());
+        assert!(matches!(
+            client.add_request(GenerateRequest::new(vec![1])),
+            Err(EngineError::EngineDead)
+        ));
+    }
+}
