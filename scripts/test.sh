@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 export TOKENMILL_TEST_MODEL="${TOKENMILL_TEST_MODEL:-$(scripts/fetch-model.sh)}"
 echo "== model: $TOKENMILL_TEST_MODEL"
 
+export TOKENMILL_PROMTOOL="${TOKENMILL_PROMTOOL:-$(scripts/install-promtool.sh)}"
+echo "== promtool: $TOKENMILL_PROMTOOL"
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

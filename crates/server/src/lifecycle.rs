@@ -2,7 +2,9 @@
 //!
 //! On SIGINT/SIGTERM the server keeps its listener open but answers new generation requests
 //! with 503 and `/health` with 503, waits up to `shutdown_timeout` for in-flight requests to
-//! finish, then stops serving; whatever is still running is aborted when the engine shuts down.
+//! finish, then stops serving. Whatever is still running at the timeout (or at a second
+//! signal) is aborted in the engine first, so its clients get `finish_reason: "abort"` and a
+//! complete response rather than a cut connection.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +32,9 @@ pub enum ServeError {
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
 }
+
+/// After a drain, how long aborted responses and open connections get to finish.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
 
 /// How often the drain checks whether in-flight requests are done.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
@@ -118,15 +123,15 @@ async fn drain_on_signal(state: AppState, handle: Handle, timeout: Duration) {
             false
         }
     };
-    if drained {
-        handle.graceful_shutdown(Some(Duration::from_secs(1)));
-    } else {
-        tracing::warn!(
-            "{} requests still running at shutdown; aborting them",
-            state.in_flight()
-        );
-        handle.shutdown();
+    if !drained {
+        // Abort what is left in the engine: streams end with `finish_reason: "abort"` and
+        // `[DONE]`, non-streaming requests get their partial output, then connections close.
+        let aborted = state.abort_in_flight();
+        tracing::warn!("{aborted} engine requests still running at shutdown; aborting them");
+        let grace = tokio::time::Instant::now() + ABORT_GRACE;
+        wait_for_in_flight(&state, grace).await;
     }
+    handle.graceful_shutdown(Some(ABORT_GRACE));
 }
 
 /// Returns once no generation request is in flight or `deadline` passed.

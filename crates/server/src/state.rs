@@ -1,10 +1,11 @@
 //! What every handler shares.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokenmill_engine::{EngineClient, LoadedModel};
+use tokenmill_engine::{EngineClient, LoadedModel, RequestId};
 use tokenmill_metrics::EngineMetrics;
 use tokenmill_protocol::ValidationLimits;
 
@@ -25,6 +26,9 @@ pub(crate) struct Inner {
     pub draining: AtomicBool,
     /// Generation requests in flight (a drain waits for this to reach zero).
     pub in_flight: AtomicUsize,
+    /// Engine requests of the in-flight generation requests, so a drain that times out can
+    /// abort them (their clients then get `finish_reason: "abort"`).
+    pub engine_requests: Mutex<HashSet<RequestId>>,
     /// Unix seconds at start-up (`created` of the model cards).
     pub started_at: u64,
     /// The engine's Prometheus registry (`/metrics`), which also counts HTTP requests.
@@ -63,6 +67,7 @@ impl AppState {
                 limits,
                 draining: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
+                engine_requests: Mutex::new(HashSet::new()),
                 started_at,
                 metrics,
             }),
@@ -82,6 +87,19 @@ impl AppState {
         self.inner.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Aborts every engine request still in flight (the end of a drain that timed out).
+    /// Returns how many were aborted.
+    pub fn abort_in_flight(&self) -> usize {
+        let ids: Vec<RequestId> = match self.inner.engine_requests.lock() {
+            Ok(ids) => ids.iter().copied().collect(),
+            Err(_) => return 0,
+        };
+        for &id in &ids {
+            self.inner.engine.abort(id);
+        }
+        ids.len()
+    }
+
     pub fn engine(&self) -> &EngineClient {
         &self.inner.engine
     }
@@ -92,10 +110,11 @@ impl AppState {
 }
 
 /// Counts a generation request as in flight until dropped (the response, streamed or not, is
-/// complete or abandoned).
+/// complete or abandoned), with the engine requests it started.
 #[derive(Debug)]
 pub(crate) struct InFlightGuard {
     state: AppState,
+    engine_requests: Vec<RequestId>,
 }
 
 impl InFlightGuard {
@@ -103,12 +122,26 @@ impl InFlightGuard {
         state.inner.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlightGuard {
             state: state.clone(),
+            engine_requests: Vec::new(),
         }
+    }
+
+    /// Records an engine request of this HTTP request.
+    pub fn track(&mut self, request_id: RequestId) {
+        if let Ok(mut ids) = self.state.inner.engine_requests.lock() {
+            ids.insert(request_id);
+        }
+        self.engine_requests.push(request_id);
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        if let Ok(mut ids) = self.state.inner.engine_requests.lock() {
+            for id in &self.engine_requests {
+                ids.remove(id);
+            }
+        }
         self.state.inner.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -67,7 +67,7 @@ pub(crate) async fn create(
         _ => String::new(),
     };
 
-    let guard = InFlightGuard::new(&state);
+    let mut guard = InFlightGuard::new(&state);
     let mut streams = Vec::with_capacity(validated.sampling.n as usize);
     for choice in 0..validated.sampling.n {
         let engine_req = engine_request(
@@ -81,6 +81,7 @@ pub(crate) async fn create(
             .engine()
             .add_request(engine_req)
             .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        guard.track(stream.request_id());
         streams.push((choice, stream));
     }
     let job = Job {

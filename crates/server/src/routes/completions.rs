@@ -78,7 +78,7 @@ pub(crate) async fn create(
         log_prompts(&state, &prompts);
     }
 
-    let guard = InFlightGuard::new(&state);
+    let mut guard = InFlightGuard::new(&state);
     let n = validated.sampling.n;
     let mut streams = Vec::with_capacity(prompts.len() * n as usize);
     for (prompt_index, prompt) in prompts.iter().enumerate() {
@@ -103,6 +103,7 @@ pub(crate) async fn create(
                 .engine()
                 .add_request(engine_req)
                 .map_err(|e| ApiError::unavailable(e.to_string()))?;
+            guard.track(stream.request_id());
             streams.push((index, stream));
         }
     }

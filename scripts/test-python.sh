@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Real-HTTP tests of `tokenmill serve` with the official `openai` Python client (and httpx):
+# sets up a pinned virtualenv in .cache/venv-tests (git-ignored, reused while the pins are
+# unchanged), makes sure target/release/tokenmill exists and is not older than the sources,
+# and runs pytest over tests/python. Extra arguments go to pytest (e.g. -k drain).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.cache/venv-tests
+REQUIREMENTS=(openai==3.54.0 pytest==9.2.0 httpx==0.28.1)
+STAMP="$VENV/.requirements"
+
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "${REQUIREMENTS[*]}" ]; then
+  echo "== creating $VENV (${REQUIREMENTS[*]})"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
+  echo "${REQUIREMENTS[*]}" > "$STAMP"
+fi
+
+BINARY=target/release/tokenmill
+if [ ! -x "$BINARY" ] || [ -n "$(find crates Cargo.toml Cargo.lock -newer "$BINARY" -print -quit)" ]; then
+  echo "== building $BINARY"
+  cargo build --release -p tokenmill
+fi
+
+export TOKENMILL_BINARY="${TOKENMILL_BINARY:-$PWD/$BINARY}"
+exec "$VENV/bin/python" -m pytest tests/python -q -p no:cacheprovider "$@"
