@@ -30,6 +30,8 @@ pub fn binary() -> &'static str {
 pub struct Server {
     child: Child,
     pub base_url: String,
+    /// Every line the server wrote to stderr so far (its log).
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -47,17 +49,29 @@ impl Server {
             .expect("tokenmill serve starts");
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, rx) = mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(at) = line.find("Listening on ") {
                     let _ = tx.send(line[at + "Listening on ".len()..].trim().to_string());
                 }
+                sink.lock().unwrap().push(line);
             }
         });
         let base_url = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("server announced its address");
-        Server { child, base_url }
+        Server {
+            child,
+            base_url,
+            log,
+        }
+    }
+
+    /// The server's log lines so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
     }
 
     pub fn kill(&mut self) {
