@@ -67,6 +67,10 @@ pub struct ServeArgs {
     /// Endpoints without access-log lines, comma separated (e.g. /health,/metrics).
     #[arg(long, value_delimiter = ',', help_heading = "Logging")]
     pub disable_access_log_for_endpoints: Vec<String>,
+    /// Export one OpenTelemetry span per request over OTLP/HTTP (JSON) to this collector, e.g.
+    /// http://localhost:4318 (`/v1/traces` is appended unless present). Off by default.
+    #[arg(long, value_name = "URL", help_heading = "Observability")]
+    pub otlp_traces_endpoint: Option<String>,
     /// Default sampling parameters: `auto` (the model's generation_config.json), `vllm`
     /// (none), or a folder holding a generation_config.json.
     #[arg(long, default_value = "auto", help_heading = "Model")]
@@ -93,6 +97,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     } else {
         config.log_stats_interval = Some(Duration::from_secs_f64(args.log_stats_interval.max(0.1)));
     }
+    config.otlp_traces_endpoint = args.otlp_traces_endpoint.clone().filter(|e| !e.is_empty());
     let mut server = ServerConfig::new(served_model_names);
     server.host = args.host.clone();
     server.port = args.port;

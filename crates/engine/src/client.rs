@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokenmill_metrics::{EngineMetrics, MetricsConfig};
+use tokenmill_metrics::{EngineMetrics, MetricsConfig, OtlpConfig, OtlpTraceExporter};
 
 use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig};
 use tokenmill_gguf::GgufFile;
@@ -88,6 +88,17 @@ impl Engine {
             enable_prefix_caching: config.enable_prefix_caching,
             cache_dtype: "auto".into(),
         }));
+        // Only a configured endpoint starts the export thread; without one nothing is built.
+        let traces = match &config.otlp_traces_endpoint {
+            Some(endpoint) => {
+                let exporter =
+                    OtlpTraceExporter::start(OtlpConfig::new(endpoint, &config.served_model_name))
+                        .map_err(|e| EngineError::Config(e.to_string()))?;
+                tracing::info!("exporting request spans over OTLP/HTTP to {endpoint}");
+                Some(Arc::new(exporter))
+            }
+            None => None,
+        };
         Self::spawn(
             scheduler,
             runner,
@@ -95,6 +106,7 @@ impl Engine {
             capacity,
             metrics,
             config.log_stats_interval,
+            traces,
         )
     }
 
@@ -121,6 +133,7 @@ impl Engine {
         capacity: CapacityReport,
         metrics: Arc<EngineMetrics>,
         log_stats_interval: Option<Duration>,
+        traces: Option<Arc<OtlpTraceExporter>>,
     ) -> Result<Engine, EngineError> {
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -133,6 +146,7 @@ impl Engine {
             shared: Arc::clone(&shared),
             metrics: Arc::clone(&metrics),
             log_stats_interval,
+            traces,
         });
         // Mark alive before returning so a health check right after start-up is green.
         shared.alive.store(true, Ordering::SeqCst);
@@ -364,6 +378,7 @@ mod tests {
             loaded,
             capacity,
             metrics,
+            None,
             None,
         )
         .unwrap();

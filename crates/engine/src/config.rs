@@ -40,6 +40,9 @@ pub struct EngineConfig {
     pub served_model_name: String,
     /// Period of the `Engine 000: ...` stats line; `None` turns it off.
     pub log_stats_interval: Option<Duration>,
+    /// OTLP/HTTP collector for one span per request (`--otlp-traces-endpoint`); `None` = no
+    /// tracing, no export thread.
+    pub otlp_traces_endpoint: Option<String>,
 }
 
 impl EngineConfig {
@@ -58,6 +61,7 @@ impl EngineConfig {
             scheduling_policy: SchedulingPolicy::Fcfs,
             served_model_name: "tokenmill".into(),
             log_stats_interval: Some(Duration::from_secs(10)),
+            otlp_traces_endpoint: None,
         }
     }
 

@@ -6,11 +6,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokenmill_core::{FinishReason, Request, RequestId, Scheduler, StopParams};
 use tokenmill_metrics::{
-    EngineMetrics, FinishedReason, FinishedRequestMetrics, StatsLogger, StepMetrics,
+    EngineMetrics, FinishedReason, FinishedRequestMetrics, OtlpTraceExporter, RequestSpan,
+    StatsLogger, StepMetrics,
 };
 use tokenmill_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -73,6 +74,8 @@ pub(crate) struct LoopParts<E: Executor> {
     pub metrics: Arc<EngineMetrics>,
     /// `None` turns the periodic stats line off.
     pub log_stats_interval: Option<Duration>,
+    /// Request-span exporter; `None` (the default) builds no spans at all.
+    pub traces: Option<Arc<OtlpTraceExporter>>,
 }
 
 pub(crate) struct EngineLoop<E: Executor> {
@@ -86,6 +89,7 @@ pub(crate) struct EngineLoop<E: Executor> {
     active: HashMap<RequestId, Active>,
     arrival_seq: u64,
     metrics: Arc<EngineMetrics>,
+    traces: Option<Arc<OtlpTraceExporter>>,
     stats_logger: Option<StatsLogger>,
     /// This iteration's counters and latencies, handed to the metrics once per iteration.
     step_metrics: StepMetrics,
@@ -115,6 +119,7 @@ impl<E: Executor> EngineLoop<E> {
             shared,
             metrics,
             log_stats_interval,
+            traces,
         } = parts;
         let eos_token_ids = tokenizer.eos_token_ids();
         EngineLoop {
@@ -128,6 +133,7 @@ impl<E: Executor> EngineLoop<E> {
             active: HashMap::new(),
             arrival_seq: 0,
             metrics,
+            traces,
             stats_logger: log_stats_interval.map(StatsLogger::new),
             step_metrics: StepMetrics::default(),
             last_counters: Counters::default(),
@@ -314,11 +320,14 @@ impl<E: Executor> EngineLoop<E> {
         self.scheduler.finish_requests([request_id], reason);
         self.executor.remove_request(request_id);
         if let Some(mut active) = self.active.remove(&request_id) {
-            self.metrics.record_finished(&finished_metrics(
+            report_finished(
+                &self.metrics,
+                self.traces.as_deref(),
+                request_id,
                 &active,
                 metrics_reason(reason),
                 Instant::now(),
-            ));
+            );
             let text = if reason == FinishReason::Abort {
                 String::new()
             } else {
@@ -456,11 +465,14 @@ impl<E: Executor> EngineLoop<E> {
             } else if let Some(reason) = finish_reason {
                 self.executor.remove_request(update.request_id);
                 if let Some(active) = self.active.remove(&update.request_id) {
-                    self.metrics.record_finished(&finished_metrics(
+                    report_finished(
+                        &self.metrics,
+                        self.traces.as_deref(),
+                        update.request_id,
                         &active,
                         metrics_reason(reason),
                         now,
-                    ));
+                    );
                 }
             }
         }
@@ -468,8 +480,14 @@ impl<E: Executor> EngineLoop<E> {
             self.scheduler.finish_requests([id], FinishReason::Stop);
             self.executor.remove_request(id);
             if let Some(active) = self.active.remove(&id) {
-                self.metrics
-                    .record_finished(&finished_metrics(&active, FinishedReason::Stop, now));
+                report_finished(
+                    &self.metrics,
+                    self.traces.as_deref(),
+                    id,
+                    &active,
+                    FinishedReason::Stop,
+                    now,
+                );
             }
         }
         Ok(scheduled.total_num_scheduled_tokens)
@@ -535,9 +553,15 @@ impl<E: Executor> EngineLoop<E> {
 
     fn fail_all(&mut self, message: &str) {
         let now = Instant::now();
-        for (_, active) in self.active.drain() {
-            self.metrics
-                .record_finished(&finished_metrics(&active, FinishedReason::Error, now));
+        for (id, active) in self.active.drain() {
+            report_finished(
+                &self.metrics,
+                self.traces.as_deref(),
+                id,
+                &active,
+                FinishedReason::Error,
+                now,
+            );
             let _ = active.events.send(RequestEvent::Error(message.to_string()));
         }
     }
@@ -558,6 +582,40 @@ fn metrics_reason(reason: FinishReason) -> FinishedReason {
         FinishReason::Stop => FinishedReason::Stop,
         FinishReason::Length => FinishedReason::Length,
         FinishReason::Abort => FinishedReason::Abort,
+    }
+}
+
+/// Records a finished request in the metrics and, when tracing is on, queues its span.
+fn report_finished(
+    metrics: &EngineMetrics,
+    traces: Option<&OtlpTraceExporter>,
+    request_id: RequestId,
+    active: &Active,
+    reason: FinishedReason,
+    now: Instant,
+) {
+    let finished = finished_metrics(active, reason, now);
+    metrics.record_finished(&finished);
+    if let Some(traces) = traces {
+        // Spans need wall-clock times; the request only carries monotonic instants, so map
+        // `now` and the arrival onto the system clock through the current offset.
+        let end = SystemTime::now()
+            .checked_sub(now.elapsed())
+            .unwrap_or_else(SystemTime::now);
+        let start = end
+            .checked_sub(Duration::from_secs_f64(finished.e2e_latency))
+            .unwrap_or(end);
+        let times = &active.times;
+        let time_to_first_token = times
+            .first_token
+            .map(|first| first.saturating_duration_since(times.arrival).as_secs_f64());
+        traces.record(RequestSpan {
+            request_id: request_id.0,
+            start,
+            end,
+            time_to_first_token,
+            finished,
+        });
     }
 }
 

@@ -1,5 +1,5 @@
-//! vLLM-compatible observability for tokenmill: the Prometheus metrics behind `GET /metrics`
-//! and the periodic engine stats log line.
+//! vLLM-compatible observability for tokenmill: the Prometheus metrics behind `GET /metrics`,
+//! the periodic engine stats log line, and the optional OTLP request-span exporter.
 //!
 //! Operators run vLLM's dashboards, alert rules, autoscalers and routers against whatever
 //! serves their models, and those read vLLM's metric names, labels and histogram buckets. This
@@ -15,6 +15,8 @@
 //!   lock per token.
 //! - [`StatsLogger`]: state and formatting of the `Engine 000: Avg prompt throughput: ...`
 //!   line; pure, the caller passes the clock.
+//! - [`OtlpTraceExporter`]: optional OpenTelemetry tracing, one span per finished request
+//!   ([`RequestSpan`]) batched and POSTed as OTLP/HTTP JSON from a background thread.
 //!
 //! # Usage
 //!
@@ -60,6 +62,7 @@ mod error;
 mod exposition;
 mod histogram;
 mod http;
+mod otlp;
 mod stats_logger;
 
 pub use engine_metrics::{
@@ -70,4 +73,8 @@ pub use exposition::{
     openmetrics_to_prometheus_text, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE,
 };
 pub use histogram::{HistogramSnapshot, StepHistogram};
+pub use otlp::{
+    export_request_json, OtlpConfig, OtlpExportStats, OtlpTraceExporter, RequestSpan,
+    OTLP_TRACES_PATH, REQUEST_SPAN_NAME,
+};
 pub use stats_logger::{StatsLogger, PREFIX_CACHE_WINDOW_STEPS};
