@@ -93,6 +93,9 @@ pub(crate) struct EngineLoop<E: Executor> {
     stats_logger: Option<StatsLogger>,
     /// This iteration's counters and latencies, handed to the metrics once per iteration.
     step_metrics: StepMetrics,
+    /// Output events of this step, sent only after the step's metrics are recorded, so a
+    /// client that saw its request finish also sees it counted on `/metrics`.
+    outbox: Vec<(UnboundedSender<RequestEvent>, RequestEvent)>,
     /// Scheduler counters at the previous iteration, to turn totals into deltas.
     last_counters: Counters,
 }
@@ -136,6 +139,7 @@ impl<E: Executor> EngineLoop<E> {
             traces,
             stats_logger: log_stats_interval.map(StatsLogger::new),
             step_metrics: StepMetrics::default(),
+            outbox: Vec::new(),
             last_counters: Counters::default(),
         }
     }
@@ -174,7 +178,11 @@ impl<E: Executor> EngineLoop<E> {
                         return Ok(false);
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => return Ok(true),
+                Err(RecvTimeoutError::Timeout) => {
+                    // Idle: still refresh gauges and let the periodic stats line fall due.
+                    self.publish_stats(0);
+                    return Ok(true);
+                }
                 Err(RecvTimeoutError::Disconnected) => return Ok(false),
             }
         }
@@ -190,6 +198,9 @@ impl<E: Executor> EngineLoop<E> {
             self.step()?
         };
         self.publish_stats(step_tokens);
+        for (events, event) in self.outbox.drain(..) {
+            let _ = events.send(event);
+        }
         Ok(true)
     }
 
@@ -449,17 +460,20 @@ impl<E: Executor> EngineLoop<E> {
                 }
                 (None, None) => (None, None),
             };
-            let _ = active.events.send(RequestEvent::Output(RequestOutput {
-                new_token_ids: update.new_token_ids.clone(),
-                new_text: text,
-                logprobs,
-                prompt_logprobs: active.prompt_logprobs.take(),
-                num_prompt_tokens: active.num_prompt_tokens,
-                num_cached_tokens: active.num_cached_tokens,
-                num_output_tokens: active.num_output_tokens,
-                finish_reason,
-                stop_reason,
-            }));
+            self.outbox.push((
+                active.events.clone(),
+                RequestEvent::Output(RequestOutput {
+                    new_token_ids: update.new_token_ids.clone(),
+                    new_text: text,
+                    logprobs,
+                    prompt_logprobs: active.prompt_logprobs.take(),
+                    num_prompt_tokens: active.num_prompt_tokens,
+                    num_cached_tokens: active.num_cached_tokens,
+                    num_output_tokens: active.num_output_tokens,
+                    finish_reason,
+                    stop_reason,
+                }),
+            ));
             if stopped_by.is_some() && update.finish_reason.is_none() {
                 stop_string_finishes.push(update.request_id);
             } else if let Some(reason) = finish_reason {
