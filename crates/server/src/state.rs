@@ -5,11 +5,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokenmill_engine::{EngineClient, LoadedModel, RequestId};
+use tokenmill_engine::{EngineClient, GenerateRequest, LoadedModel, RequestId, RequestStream};
 use tokenmill_metrics::EngineMetrics;
 use tokenmill_protocol::ValidationLimits;
 
 use crate::config::ServerConfig;
+use crate::error::ApiError;
 
 /// Shared handler state: the engine handle, the model's tokenizer/template, limits, and the
 /// drain flag. Cheap to clone (all `Arc`s).
@@ -124,6 +125,18 @@ impl InFlightGuard {
             state: state.clone(),
             engine_requests: Vec::new(),
         }
+    }
+
+    /// Submits one engine request on behalf of this HTTP request and tracks it (so a drain
+    /// that times out can abort it).
+    pub fn submit(&mut self, request: GenerateRequest) -> Result<RequestStream, ApiError> {
+        let stream = self
+            .state
+            .engine()
+            .add_request(request)
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        self.track(stream.request_id());
+        Ok(stream)
     }
 
     /// Records an engine request of this HTTP request.

@@ -77,12 +77,7 @@ pub(crate) async fn create(
             choice,
             arrival,
         );
-        let stream = state
-            .engine()
-            .add_request(engine_req)
-            .map_err(|e| ApiError::unavailable(e.to_string()))?;
-        guard.track(stream.request_id());
-        streams.push((choice, stream));
+        streams.push((choice, guard.submit(engine_req)?));
     }
     let job = Job {
         id: chat_completion_id(validated.output.request_id.as_deref()),

@@ -99,12 +99,7 @@ pub(crate) async fn create(
                         Some(engine_req.prompt_logprobs.map_or(k, |p| p.max(k)));
                 }
             }
-            let stream = state
-                .engine()
-                .add_request(engine_req)
-                .map_err(|e| ApiError::unavailable(e.to_string()))?;
-            guard.track(stream.request_id());
-            streams.push((index, stream));
+            streams.push((index, guard.submit(engine_req)?));
         }
     }
     let job = Job {
