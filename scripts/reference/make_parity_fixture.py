@@ -8,15 +8,24 @@ llama.cpp's server tokenizes a raw completion prompt), the GGUF's own chat templ
 prompts. For every prompt the fixture stores the prompt ids, 32 greedy ids (argmax, lowest id on
 ties) and, at every generated step, the 5 largest logits.
 
+With --f32 the model is first dequantized to an all-F32 GGUF (gguf-py; every metadata field
+copied with its type, general.file_type set to ALL_F32) in a cache directory outside the
+repository, llama.cpp runs that file, and the fixture goes to parity_smollm2_f32.json. With F32
+weights neither engine quantizes activations, so the comparison is exact arithmetic against
+exact arithmetic (the weights are identical to tokenmill's `dequantize_to_f32`: Q4_1
+dequantization, d * q + m in f32, is exact in both).
+
 Run by a developer (not CI), e.g.:
     /work/cache/refvenv/bin/python scripts/reference/make_parity_fixture.py \
         --model ~/.cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    /work/cache/refvenv/bin/python scripts/reference/make_parity_fixture.py --f32
 """
 
 import argparse
 import json
 import os
 
+import gguf
 import jinja2
 import llama_cpp
 import numpy as np
@@ -56,6 +65,33 @@ def render_chat(template: str, content: str, bos: str, eos: str) -> str:
     )
 
 
+def write_f32_copy(src: str, dst: str) -> None:
+    """Writes `src` with every tensor dequantized to F32 and all metadata copied."""
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(dst, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name == "general.file_type":
+            writer.add_key_value(name, int(gguf.LlamaFileType.ALL_F32), field.types[0])
+            continue
+        main_type = field.types[0]
+        sub_type = field.types[-1] if main_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), main_type, sub_type)
+    if "general.file_type" not in reader.fields:
+        writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    for tensor in reader.tensors:
+        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        # GGUF shapes are innermost-first; numpy's are outermost-first.
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        writer.add_tensor(tensor.name, np.ascontiguousarray(data, dtype=np.float32).reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -68,9 +104,29 @@ def main() -> None:
             os.path.dirname(__file__), "../../crates/models/tests/fixtures/parity_smollm2.json"
         ),
     )
+    parser.add_argument(
+        "--f32",
+        action="store_true",
+        help="dequantize the model to F32 first and write parity_smollm2_f32.json",
+    )
+    parser.add_argument(
+        "--f32-cache",
+        default=os.path.expanduser("~/.cache/tokenmill/reference"),
+        help="directory for the dequantized F32 copy (outside the repository)",
+    )
     args = parser.parse_args()
+    model_path = args.model
+    if args.f32:
+        os.makedirs(args.f32_cache, exist_ok=True)
+        stem = os.path.splitext(os.path.basename(args.model))[0]
+        model_path = os.path.join(args.f32_cache, stem + ".dequantized-F32.gguf")
+        if not os.path.exists(model_path):
+            write_f32_copy(args.model, model_path + ".tmp")
+            os.replace(model_path + ".tmp", model_path)
+        if args.out == parser.get_default("out"):
+            args.out = args.out.replace("parity_smollm2.json", "parity_smollm2_f32.json")
     llm = llama_cpp.Llama(
-        model_path=args.model,
+        model_path=model_path,
         n_ctx=512,
         n_threads=2,
         n_batch=512,
@@ -108,8 +164,9 @@ def main() -> None:
             }
         )
     fixture = {
-        "model": os.path.basename(args.model),
-        "reference": f"llama-cpp-python {llama_cpp.__version__}, f32 KV cache, 2 threads",
+        "model": os.path.basename(model_path),
+        "reference": f"llama-cpp-python {llama_cpp.__version__}, f32 KV cache, 2 threads"
+        + (f", weights of {os.path.basename(args.model)} dequantized to F32" if args.f32 else ""),
         "new_tokens": NEW_TOKENS,
         "cases": out,
     }
