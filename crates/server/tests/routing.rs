@@ -302,6 +302,8 @@ async fn metrics_use_vllm_names_after_a_request() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
+    let (status, _) = app.get("/no/such/route").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     app.wait_idle().await;
     let (status, text) = app.get("/metrics").await;
     assert_eq!(status, StatusCode::OK);
@@ -332,5 +334,17 @@ async fn metrics_use_vllm_names_after_a_request() {
     assert!(
         text.contains("http_requests_total") || text.contains("http_request_duration"),
         "HTTP metrics are recorded:\n{text}"
+    );
+    // Routes are labelled by their path; unknown paths share one label.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("http_requests_total{")
+                && l.contains("handler=\"/v1/completions\"")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("http_requests_total{") && l.contains("handler=\"none\"")),
+        "{text}"
     );
 }

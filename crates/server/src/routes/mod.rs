@@ -8,7 +8,7 @@ mod tokenize;
 use std::time::Instant;
 
 use axum::body::{to_bytes, Body};
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -96,6 +96,12 @@ async fn access_log(State(state): State<AppState>, request: Request, next: Next)
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_string();
+    // The metrics label is the matched route, so unknown paths (scanners) share one label
+    // instead of blowing up the label cardinality.
+    let handler = request.extensions().get::<MatchedPath>().map_or_else(
+        || "none".to_string(),
+        |matched| matched.as_str().to_string(),
+    );
     let request_id = request
         .headers()
         .get("x-request-id")
@@ -122,31 +128,9 @@ async fn access_log(State(state): State<AppState>, request: Request, next: Next)
         state
             .inner
             .metrics
-            .record_http(&route_label(&path), method.as_str(), status, elapsed);
+            .record_http(&handler, method.as_str(), status, elapsed);
     }
     response
-}
-
-/// The handler label for metrics: known routes by path, everything else lumped together so
-/// scanners cannot blow up label cardinality.
-fn route_label(path: &str) -> String {
-    const KNOWN: [&str; 10] = [
-        "/v1/completions",
-        "/v1/chat/completions",
-        "/v1/models",
-        "/tokenize",
-        "/detokenize",
-        "/health",
-        "/ping",
-        "/version",
-        "/openapi.json",
-        "/metrics",
-    ];
-    if KNOWN.contains(&path) {
-        path.to_string()
-    } else {
-        "none".to_string()
-    }
 }
 
 /// Reads a JSON request body: over the configured limit is a 413; anything but a JSON object
