@@ -1,22 +1,11 @@
 //! `tokenmill generate --input/--output`: offline batch generation through the engine.
 
+mod common;
+
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::Command;
 
-fn model_path() -> PathBuf {
-    if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
-        return PathBuf::from(path);
-    }
-    let home = std::env::var("HOME").unwrap_or_default();
-    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "default model missing at {}: run scripts/fetch-model.sh",
-        path.display()
-    );
-    path
-}
+use common::model_path;
 
 #[test]
 fn a_200_prompt_batch_completes_in_input_order() {
@@ -34,7 +23,7 @@ fn a_200_prompt_batch_completes_in_input_order() {
     }
     drop(file);
 
-    let status = Command::new(env!("CARGO_BIN_EXE_tokenmill"))
+    let status = Command::new(common::binary())
         .args(["generate", "--model"])
         .arg(model_path())
         .args([
@@ -81,7 +70,7 @@ fn a_bad_input_line_is_reported_with_its_line_number() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("prompts.jsonl");
     std::fs::write(&input, "{\"prompt\": \"ok\"}\n{not json}\n").unwrap();
-    let result = Command::new(env!("CARGO_BIN_EXE_tokenmill"))
+    let result = Command::new(common::binary())
         .args(["generate", "--model"])
         .arg(model_path())
         .args(["--kv-cache-memory", "64MiB", "--input"])

@@ -10,7 +10,7 @@ use tokenmill_metrics::{EngineMetrics, MetricsConfig, OtlpConfig, OtlpTraceExpor
 
 use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig};
 use tokenmill_gguf::GgufFile;
-use tokenmill_models::ModelConfig;
+use tokenmill_models::{KvCacheStorage, ModelConfig};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
@@ -46,7 +46,7 @@ impl Engine {
             config.num_threads,
         )?);
         let model_config = loaded.config().clone();
-        let bytes_per_block = ModelRunner::bytes_per_block(&model_config, config.block_size);
+        let bytes_per_block = KvCacheStorage::bytes_per_block(&model_config, config.block_size);
         let kv_bytes = config.kv_cache_bytes();
         let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
         let pool_tokens = capacity::kv_cache_size_tokens(num_blocks, config.block_size);
@@ -119,7 +119,7 @@ impl Engine {
             let file = GgufFile::open(path).map_err(|e| EngineError::Config(e.to_string()))?;
             ModelConfig::from_gguf(&file)?
         };
-        Ok(ModelRunner::bytes_per_block(
+        Ok(KvCacheStorage::bytes_per_block(
             &model_config,
             config.block_size,
         ))

@@ -212,11 +212,11 @@ impl<E: Executor> EngineLoop<E> {
                 request,
                 events,
             } => self.add(request_id, *request, events),
-            Command::Abort(request_id) => self.finish(request_id, FinishReason::Abort, None),
+            Command::Abort(request_id) => self.abort(request_id),
             Command::Shutdown => {
                 let ids: Vec<RequestId> = self.active.keys().copied().collect();
                 for id in ids {
-                    self.finish(id, FinishReason::Abort, None);
+                    self.abort(id);
                 }
                 return false;
             }
@@ -322,13 +322,15 @@ impl<E: Executor> EngineLoop<E> {
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
-            self.finish(id, FinishReason::Abort, None);
+            self.abort(id);
         }
     }
 
-    /// Ends a request from outside the scheduler's own stop checks (abort, stop string).
-    fn finish(&mut self, request_id: RequestId, reason: FinishReason, stop: Option<StopReason>) {
-        self.scheduler.finish_requests([request_id], reason);
+    /// Aborts a request (client gone, abort command, shutdown): frees its blocks and sends a
+    /// final delta with `finish_reason: abort` and no held-back text.
+    fn abort(&mut self, request_id: RequestId) {
+        self.scheduler
+            .finish_requests([request_id], FinishReason::Abort);
         self.executor.remove_request(request_id);
         if let Some(mut active) = self.active.remove(&request_id) {
             report_finished(
@@ -336,24 +338,19 @@ impl<E: Executor> EngineLoop<E> {
                 self.traces.as_deref(),
                 request_id,
                 &active,
-                metrics_reason(reason),
+                FinishedReason::Abort,
                 Instant::now(),
             );
-            let text = if reason == FinishReason::Abort {
-                String::new()
-            } else {
-                active.output.finish().unwrap_or_default()
-            };
             let _ = active.events.send(RequestEvent::Output(RequestOutput {
                 new_token_ids: Vec::new(),
-                new_text: text,
+                new_text: String::new(),
                 logprobs: Vec::new(),
                 prompt_logprobs: active.prompt_logprobs.take(),
                 num_prompt_tokens: active.num_prompt_tokens,
                 num_cached_tokens: active.num_cached_tokens,
                 num_output_tokens: active.num_output_tokens,
-                finish_reason: Some(reason),
-                stop_reason: stop,
+                finish_reason: Some(FinishReason::Abort),
+                stop_reason: None,
             }));
         }
     }

@@ -122,11 +122,6 @@ impl ModelRunner {
             rows: Vec::new(),
         }
     }
-
-    /// Bytes one KV block of `block_size` tokens takes for this model.
-    pub fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
-        KvCacheStorage::bytes_per_block(config, block_size)
-    }
 }
 
 impl Executor for ModelRunner {
