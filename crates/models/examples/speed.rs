@@ -27,6 +27,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .ok_or("--threads needs a value")?
             .parse()?;
     }
+    let only = args
+        .iter()
+        .position(|arg| arg == "--only")
+        .and_then(|position| args.get(position + 1).cloned());
+    let runs = |phase: &str| only.as_deref().is_none_or(|wanted| wanted == phase);
     let source = resolve_model(std::env::var("TOKENMILL_MODEL").ok().as_deref())?;
     let started = Instant::now();
     let model = LlamaModel::load(&source, &options)?;
@@ -59,19 +64,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Single-stream decode after that prompt.
-    let mut next = argmax(&logits).ok_or("no logits")?;
-    let started = Instant::now();
-    for step in 0..DECODE_TOKENS {
-        batch.clear();
-        batch.add_sequence(&[next], PREFILL_TOKENS + step, &table, BLOCK_SIZE, true)?;
-        model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
-        next = argmax(&logits).ok_or("no logits")?;
+    if runs("decode") {
+        let mut next = argmax(&logits).ok_or("no logits")?;
+        let started = Instant::now();
+        for step in 0..DECODE_TOKENS {
+            batch.clear();
+            batch.add_sequence(&[next], PREFILL_TOKENS + step, &table, BLOCK_SIZE, true)?;
+            model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+            next = argmax(&logits).ok_or("no logits")?;
+        }
+        let decode = started.elapsed().as_secs_f64();
+        println!(
+            "decode (1 sequence): {DECODE_TOKENS} tokens in {decode:.3} s = {:.1} tok/s",
+            DECODE_TOKENS as f64 / decode
+        );
     }
-    let decode = started.elapsed().as_secs_f64();
-    println!(
-        "decode (1 sequence): {DECODE_TOKENS} tokens in {decode:.3} s = {:.1} tok/s",
-        DECODE_TOKENS as f64 / decode
-    );
+    if !runs("batched") {
+        return Ok(());
+    }
 
     // Batched decode: 64 sequences with short prompts, decoding together.
     let blocks_per_seq = (BATCH_PROMPT + BATCH_DECODE_STEPS).div_ceil(BLOCK_SIZE);

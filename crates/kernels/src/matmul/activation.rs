@@ -13,6 +13,7 @@ pub struct QuantizedActivations {
     quants: Vec<i8>,
     scales: Vec<f32>,
     block_sums: Vec<f32>,
+    quant_sums: Vec<i32>,
     in_features: usize,
 }
 
@@ -22,6 +23,8 @@ pub(crate) struct QuantizedRow<'a> {
     pub(crate) quants: &'a [i8],
     pub(crate) scales: &'a [f32],
     pub(crate) block_sums: &'a [f32],
+    /// Integer `Σ q` per block (the offset term of Q4_0).
+    pub(crate) quant_sums: &'a [i32],
 }
 
 impl QuantizedActivations {
@@ -45,9 +48,16 @@ impl QuantizedActivations {
         self.quants.resize(n * in_features, 0);
         self.scales.resize(n_blocks, 0.0);
         self.block_sums.resize(n_blocks, 0.0);
+        self.quant_sums.resize(n_blocks, 0);
         let x = &x[..n * in_features];
         if n_blocks < PARALLEL_MIN_BLOCKS || pool.num_threads() == 1 {
-            quantize_blocks(x, &mut self.quants, &mut self.scales, &mut self.block_sums);
+            quantize_blocks(
+                x,
+                &mut self.quants,
+                &mut self.scales,
+                &mut self.block_sums,
+                &mut self.quant_sums,
+            );
             return Ok(());
         }
         let blocks_per_task = n_blocks.div_ceil(pool.num_threads() * 4);
@@ -55,16 +65,18 @@ impl QuantizedActivations {
         let quants = SharedMut::new(&mut self.quants);
         let scales = SharedMut::new(&mut self.scales);
         let block_sums = SharedMut::new(&mut self.block_sums);
+        let quant_sums = SharedMut::new(&mut self.quant_sums);
         pool.parallel_for(n_tasks, &|task| {
             let first = task * blocks_per_task;
             let count = blocks_per_task.min(n_blocks - first);
             // SAFETY: task `task` alone owns blocks first..first + count of all three buffers,
             // which were resized to hold n_blocks blocks above and outlive the parallel_for.
-            let (quants, scales, block_sums) = unsafe {
+            let (quants, scales, block_sums, quant_sums) = unsafe {
                 (
                     quants.slice_mut(first * QK, count * QK),
                     scales.slice_mut(first, count),
                     block_sums.slice_mut(first, count),
+                    quant_sums.slice_mut(first, count),
                 )
             };
             quantize_blocks(
@@ -72,6 +84,7 @@ impl QuantizedActivations {
                 quants,
                 scales,
                 block_sums,
+                quant_sums,
             );
         });
         Ok(())
@@ -84,6 +97,7 @@ impl QuantizedActivations {
             quants: &self.quants[i * k..(i + 1) * k],
             scales: &self.scales[i * nb..(i + 1) * nb],
             block_sums: &self.block_sums[i * nb..(i + 1) * nb],
+            quant_sums: &self.quant_sums[i * nb..(i + 1) * nb],
         }
     }
 }
@@ -91,18 +105,26 @@ impl QuantizedActivations {
 /// Blocks below which quantizing on the calling thread beats waking the pool.
 const PARALLEL_MIN_BLOCKS: usize = 2048;
 
-fn quantize_blocks(x: &[f32], quants: &mut [i8], scales: &mut [f32], block_sums: &mut [f32]) {
-    for (((values, quants), scale), block_sum) in x
+fn quantize_blocks(
+    x: &[f32],
+    quants: &mut [i8],
+    scales: &mut [f32],
+    block_sums: &mut [f32],
+    quant_sums: &mut [i32],
+) {
+    for ((((values, quants), scale), block_sum), quant_sum) in x
         .chunks_exact(QK)
         .zip(quants.chunks_exact_mut(QK))
         .zip(scales.iter_mut())
         .zip(block_sums.iter_mut())
+        .zip(quant_sums.iter_mut())
     {
         let (block_scale, sum) = quantize_block(values, quants);
         // Stored rounded to f16, as llama.cpp's Q8_0/Q8_1 activation blocks are: the same
         // rounding keeps our greedy tokens on llama.cpp's path when logits nearly tie.
         *scale = round_to_f16(block_scale);
         *block_sum = round_to_f16(block_scale * sum as f32);
+        *quant_sum = sum;
     }
 }
 

@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 use super::activation::QuantizedRow;
 use std::ops::Range;
 
+use super::interleaved::{Q4Kind, GROUP};
 use super::{QMatrix, Tile, WeightRow};
 use crate::quant::{scale_min_k4, QK};
 
@@ -39,18 +40,6 @@ pub(crate) unsafe fn kernel_pass<const R: usize>(
             let pair = unsafe {
                 match (matrix.weight_row(j), matrix.weight_row(j + 1)) {
                     (
-                        WeightRow::Q4_1 {
-                            scales: s0,
-                            mins: m0,
-                            quants: q0,
-                        },
-                        WeightRow::Q4_1 {
-                            scales: s1,
-                            mins: m1,
-                            quants: q1,
-                        },
-                    ) => dot_q4_1_pair([s0, s1], [m0, m1], [q0, q1], x),
-                    (
                         WeightRow::Q8_0 {
                             scales: s0,
                             quants: q0,
@@ -78,17 +67,6 @@ pub(crate) unsafe fn kernel_pass<const R: usize>(
                 (WeightRow::Q8_0 { scales, quants }, Tile::Quantized(xs)) => {
                     dot_q8_0(scales, quants, xs, results)
                 }
-                (WeightRow::Q4_0 { scales, quants }, Tile::Quantized(xs)) => {
-                    dot_q4_0(scales, quants, xs, results)
-                }
-                (
-                    WeightRow::Q4_1 {
-                        scales,
-                        mins,
-                        quants,
-                    },
-                    Tile::Quantized(xs),
-                ) => dot_q4_1(scales, mins, quants, xs, results),
                 (WeightRow::Q4K { super_scales, raw }, Tile::Quantized(xs)) => {
                     dot_k4_k5::<R, false>(super_scales, raw, xs, results)
                 }
@@ -127,20 +105,6 @@ unsafe fn load32<T>(bytes: &[T], offset: usize) -> __m256i {
     debug_assert!((offset + 32) * std::mem::size_of::<T>() <= std::mem::size_of_val(bytes));
     // SAFETY: in bounds per the contract; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(bytes.as_ptr().add(offset) as *const __m256i) }
-}
-
-/// Expands 16 packed bytes into 32 nibbles: low nibbles first, then high nibbles.
-///
-/// # Safety
-/// `offset + 16 <= bytes.len()`; AVX2 available.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn load_nibbles(bytes: &[u8], offset: usize) -> __m256i {
-    debug_assert!(offset + 16 <= bytes.len());
-    // SAFETY: in bounds per the contract.
-    let packed = unsafe { _mm_loadu_si128(bytes.as_ptr().add(offset) as *const __m128i) };
-    let high = _mm_srli_epi16::<4>(packed);
-    _mm256_and_si256(_mm256_set_m128i(high, packed), _mm256_set1_epi8(0x0f))
 }
 
 /// Exact `Σ u · s` of 32 unsigned (≤ 127·2 safe) by signed bytes, as 8 i32 lanes.
@@ -286,75 +250,6 @@ unsafe fn dot_q8_0_pair(scales: [&[f32]; 2], quants: [&[u8]; 2], x: &QuantizedRo
     [horizontal_sum(acc[0]), horizontal_sum(acc[1])]
 }
 
-/// Two Q4_1 weight rows against one activation row; per row the same operations, in the same
-/// order, as `dot_q4_1::<1>`.
-// Index loops mirror the one-row kernels' operation order, which the pairing must keep.
-#[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q4_1_pair(
-    scales: [&[f32]; 2],
-    mins: [&[f32]; 2],
-    quants: [&[u8]; 2],
-    x: &QuantizedRow<'_>,
-) -> [f32; 2] {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let mut acc_min = [_mm256_setzero_ps(); 2];
-    let n_blocks = scales[0].len();
-    let mut b = 0;
-    while b + 8 <= n_blocks {
-        // SAFETY: b + 8 <= n_blocks for both weight rows and the activation row.
-        let products: [[[f32; 8]; 1]; 2] = unsafe {
-            [
-                scale_products(scales[0], &[*x], b),
-                scale_products(scales[1], &[*x], b),
-            ]
-        };
-        // SAFETY: as above.
-        unsafe {
-            let sums = _mm256_loadu_ps(x.block_sums.as_ptr().add(b));
-            for w in 0..2 {
-                let m = _mm256_loadu_ps(mins[w].as_ptr().add(b));
-                acc_min[w] = _mm256_fmadd_ps(m, sums, acc_min[w]);
-            }
-        }
-        for k in 0..8 {
-            let block = b + k;
-            // SAFETY: block < n_blocks; weight rows hold 16 bytes and `x` 32 quants per block.
-            unsafe {
-                let xv = load32(x.quants, block * QK);
-                for w in 0..2 {
-                    let wv = load_nibbles(quants[w], block * 16);
-                    let sum = _mm256_cvtepi32_ps(dot_u8_i8(wv, xv));
-                    acc[w] = _mm256_fmadd_ps(_mm256_set1_ps(products[w][0][k]), sum, acc[w]);
-                }
-            }
-        }
-        b += 8;
-    }
-    let mut tail_min = [0.0f32; 2];
-    while b < n_blocks {
-        for w in 0..2 {
-            tail_min[w] += mins[w][b] * x.block_sums[b];
-        }
-        // SAFETY: b < n_blocks.
-        unsafe {
-            let xv = load32(x.quants, b * QK);
-            for w in 0..2 {
-                let wv = load_nibbles(quants[w], b * 16);
-                let sum = _mm256_cvtepi32_ps(dot_u8_i8(wv, xv));
-                let product = scales[w][b] * x.scales[b];
-                acc[w] = _mm256_fmadd_ps(_mm256_set1_ps(product), sum, acc[w]);
-            }
-        }
-        b += 1;
-    }
-    [
-        horizontal_sum(acc[0]) + (horizontal_sum(acc_min[0]) + tail_min[0]),
-        horizontal_sum(acc[1]) + (horizontal_sum(acc_min[1]) + tail_min[1]),
-    ]
-}
-
 /// `w_scale[b + k] · x_scale[b + k]` for 8 blocks of every row, one vector multiply per row
 /// (bitwise the same as the scalar product).
 ///
@@ -378,97 +273,6 @@ unsafe fn scale_products<const R: usize>(
         }
     }
     products
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q4_0<const R: usize>(
-    scales: &[f32],
-    quants: &[u8],
-    xs: &[QuantizedRow<'_>; R],
-    out: &mut [f32; R],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let eight = _mm256_set1_epi8(8);
-    for (b, &scale) in scales.iter().enumerate() {
-        // SAFETY: block b spans quants[16b..16b+16].
-        let w = _mm256_sub_epi8(unsafe { load_nibbles(quants, b * 16) }, eight);
-        for r in 0..R {
-            // SAFETY: block b spans x.quants[32b..32b+32].
-            let x = unsafe { load32(xs[r].quants, b * QK) };
-            let sum = _mm256_cvtepi32_ps(dot_i8_i8(w, x));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale * xs[r].scales[b]), sum, acc[r]);
-        }
-    }
-    for r in 0..R {
-        out[r] = horizontal_sum(acc[r]);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q4_1<const R: usize>(
-    scales: &[f32],
-    mins: &[f32],
-    quants: &[u8],
-    xs: &[QuantizedRow<'_>; R],
-    out: &mut [f32; R],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut acc_min = [_mm256_setzero_ps(); R];
-    let n_blocks = scales.len();
-    let mut b = 0;
-    // Min terms Σ m_w[b] · (d_x Σq)[b] are a plain f32 dot over blocks, done 8 blocks at once.
-    while b + 8 <= n_blocks {
-        // SAFETY: b + 8 <= n_blocks = len of `mins` and of every `block_sums`.
-        let m = unsafe { _mm256_loadu_ps(mins.as_ptr().add(b)) };
-        for r in 0..R {
-            // SAFETY: as above.
-            let s = unsafe { _mm256_loadu_ps(xs[r].block_sums.as_ptr().add(b)) };
-            acc_min[r] = _mm256_fmadd_ps(m, s, acc_min[r]);
-        }
-        // SAFETY: b + 8 <= n_blocks.
-        let products = unsafe { scale_products(scales, xs, b) };
-        for k in 0..8 {
-            // SAFETY: blocks lie inside the rows (b + k < n_blocks).
-            unsafe { q4_1_block(&products, k, quants, b + k, xs, &mut acc) };
-        }
-        b += 8;
-    }
-    let mut tail_min = [0.0f32; R];
-    while b < n_blocks {
-        for r in 0..R {
-            tail_min[r] += mins[b] * xs[r].block_sums[b];
-        }
-        let products: [[f32; 8]; R] = std::array::from_fn(|r| [scales[b] * xs[r].scales[b]; 8]);
-        // SAFETY: b < n_blocks.
-        unsafe { q4_1_block(&products, 0, quants, b, xs, &mut acc) };
-        b += 1;
-    }
-    for r in 0..R {
-        out[r] = horizontal_sum(acc[r]) + (horizontal_sum(acc_min[r]) + tail_min[r]);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q4_1_block<const R: usize>(
-    products: &[[f32; 8]; R],
-    k: usize,
-    quants: &[u8],
-    block: usize,
-    xs: &[QuantizedRow<'_>; R],
-    acc: &mut [__m256; R],
-) {
-    // SAFETY: callers run with AVX2/FMA enabled and `block` inside the row.
-    unsafe {
-        let w = load_nibbles(quants, block * 16);
-        for r in 0..R {
-            let x = load32(xs[r].quants, block * QK);
-            let sum = _mm256_cvtepi32_ps(dot_u8_i8(w, x));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(products[r][k]), sum, acc[r]);
-        }
-    }
 }
 
 /// Q4_K and Q5_K share everything but the fifth bit.
@@ -588,5 +392,73 @@ unsafe fn dot_q6_k<const R: usize>(
     }
     for r in 0..R {
         out[r] = horizontal_sum(acc[r]);
+    }
+}
+
+/// Eight interleaved Q4_0/Q4_1 weight rows (one group, see `interleaved.rs`) against `R`
+/// quantized activation rows: `out[r][lane] = W[lane] · x[r]`.
+///
+/// Per block, the eight `maddubs` partial sums of a row stay in i16 (each is at most
+/// 2 · 15 · 127, eight of them at most 30 480, so nothing saturates), one `madd` widens them to
+/// the exact block dot per lane, and the scale products follow the scalar twin's order.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. `group` must hold `n_blocks` group-blocks of
+/// `kind` and every activation row `n_blocks` quantized blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_group_tile<const R: usize>(
+    kind: Q4Kind,
+    group: &[u8],
+    n_blocks: usize,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut [[f32; GROUP]; R],
+) {
+    let stride = kind.block_stride();
+    debug_assert!(group.len() >= n_blocks * stride);
+    debug_assert!(xs.iter().all(|x| x.quants.len() >= n_blocks * QK));
+    let mask = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..n_blocks {
+        // SAFETY: block b's `stride` bytes lie inside `group`, and activation block b inside
+        // every row (caller contract); all loads are unaligned loads within those ranges.
+        unsafe {
+            let base = group.as_ptr().add(b * stride);
+            let scales = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            let quants = base.add(kind.quant_offset());
+            let mut sums = [_mm256_setzero_si256(); R];
+            for kk in 0..4 {
+                let packed = _mm256_loadu_si256(quants.add(kk * 32) as *const __m256i);
+                let low = _mm256_and_si256(packed, mask);
+                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
+                for r in 0..R {
+                    let x = xs[r].quants.as_ptr().add(b * QK);
+                    let x_low = _mm256_set1_epi32((x.add(4 * kk) as *const i32).read_unaligned());
+                    let x_high =
+                        _mm256_set1_epi32((x.add(16 + 4 * kk) as *const i32).read_unaligned());
+                    sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(low, x_low));
+                    sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(high, x_high));
+                }
+            }
+            let mins = match kind {
+                Q4Kind::One => _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i)),
+                Q4Kind::Zero => _mm256_setzero_ps(),
+            };
+            for r in 0..R {
+                let mut dot = _mm256_madd_epi16(sums[r], ones);
+                if kind == Q4Kind::Zero {
+                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * xs[r].quant_sums[b]));
+                }
+                let d = _mm256_mul_ps(scales, _mm256_set1_ps(xs[r].scales[b]));
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r]);
+                if kind == Q4Kind::One {
+                    acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xs[r].block_sums[b]), acc[r]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: `out[r]` holds exactly 8 f32.
+        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]) };
     }
 }

@@ -1,8 +1,9 @@
 //! Linear layers: `out[n, out_features] = x[n, in_features] · Wᵀ` for weights in any [`DType`].
 //!
 //! Weights are repacked once at load ([`QMatrix::from_bytes`]): float types become f32 rows,
-//! 32-element block types are split into f32 scale/min arrays and packed quants, K-quants keep
-//! their GGML super-blocks plus f32 super-block scales. Activations of quantized layers are
+//! Q4_0/Q4_1 are interleaved eight rows at a time so one integer instruction advances eight
+//! output columns (`interleaved.rs`, same bytes per weight as the GGUF file), Q8_0 is split into
+//! f32 scales and quants, K-quants keep their GGML super-blocks plus f32 super-block scales. Activations of quantized layers are
 //! quantized per 32 elements to int8 (symmetric, `d = amax / 127`, round to nearest even) and
 //! every block product is an exact integer dot, scaled in f32.
 //!
@@ -14,6 +15,7 @@
 mod activation;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod interleaved;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -35,13 +37,10 @@ const WEIGHT_ROWS_PER_PASS: usize = 32;
 pub(crate) enum Storage {
     /// F32/F16/BF16 weights widened to f32, `[out][in]`.
     Float { values: Vec<f32> },
-    /// Q8_0 / Q4_0 / Q4_1: per block an f32 scale (and min for Q4_1) and the packed quants
-    /// (32 bytes per block for Q8_0, 16 for the 4-bit types), all row-major.
-    Blocks {
-        scales: Vec<f32>,
-        mins: Vec<f32>,
-        quants: Vec<u8>,
-    },
+    /// Q8_0: per block an f32 scale and the 32 quants, row-major.
+    Blocks { scales: Vec<f32>, quants: Vec<u8> },
+    /// Q4_0 / Q4_1: eight rows interleaved per block (see `interleaved.rs`).
+    Interleaved(interleaved::Q4Groups),
     /// K-quants: the GGML super-blocks unchanged plus their f16 `d` (and `dmin`) as f32,
     /// two per super-block.
     SuperBlocks {
@@ -85,7 +84,10 @@ impl Isa {
     pub(crate) fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
                 return Isa::Avx2;
             }
         }
@@ -99,15 +101,6 @@ pub(crate) enum WeightRow<'a> {
     Float(&'a [f32]),
     Q8_0 {
         scales: &'a [f32],
-        quants: &'a [u8],
-    },
-    Q4_0 {
-        scales: &'a [f32],
-        quants: &'a [u8],
-    },
-    Q4_1 {
-        scales: &'a [f32],
-        mins: &'a [f32],
         quants: &'a [u8],
     },
     Q4K {
@@ -157,26 +150,22 @@ impl QMatrix {
                 dequantize(dtype, bytes, &mut values)?;
                 Storage::Float { values }
             }
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+            DType::Q8_0 => {
                 let n_blocks = out_features * in_features / QK;
-                let quant_bytes = if dtype == DType::Q8_0 { QK } else { QK / 2 };
-                let header = dtype.block_bytes() - quant_bytes;
                 let mut scales = Vec::with_capacity(n_blocks);
-                let mut mins = Vec::with_capacity(if dtype == DType::Q4_1 { n_blocks } else { 0 });
-                let mut quants = Vec::with_capacity(n_blocks * quant_bytes);
+                let mut quants = Vec::with_capacity(n_blocks * QK);
                 for block in bytes.chunks_exact(dtype.block_bytes()) {
                     scales.push(read_f16(block, 0));
-                    if dtype == DType::Q4_1 {
-                        mins.push(read_f16(block, 2));
-                    }
-                    quants.extend_from_slice(&block[header..]);
+                    quants.extend_from_slice(&block[2..]);
                 }
-                Storage::Blocks {
-                    scales,
-                    mins,
-                    quants,
-                }
+                Storage::Blocks { scales, quants }
             }
+            DType::Q4_0 | DType::Q4_1 => Storage::Interleaved(interleaved::Q4Groups::pack(
+                dtype,
+                out_features,
+                in_features,
+                bytes,
+            )?),
             DType::Q4_K | DType::Q5_K | DType::Q6_K => {
                 let mut super_scales = Vec::with_capacity(bytes.len() / dtype.block_bytes() * 2);
                 for block in bytes.chunks_exact(dtype.block_bytes()) {
@@ -244,11 +233,8 @@ impl QMatrix {
     pub fn storage_bytes(&self) -> usize {
         match &self.storage {
             Storage::Float { values } => values.len() * 4,
-            Storage::Blocks {
-                scales,
-                mins,
-                quants,
-            } => scales.len() * 4 + mins.len() * 4 + quants.len(),
+            Storage::Blocks { scales, quants } => scales.len() * 4 + quants.len(),
+            Storage::Interleaved(groups) => groups.storage_bytes(),
             Storage::SuperBlocks { super_scales, raw } => super_scales.len() * 4 + raw.len(),
         }
     }
@@ -270,6 +256,10 @@ impl QMatrix {
                 actual: dst.len(),
             });
         }
+        if let Storage::Interleaved(groups) = &self.storage {
+            groups.row_to_f32(row, dst);
+            return Ok(());
+        }
         match self.weight_row(row) {
             WeightRow::Float(values) => dst.copy_from_slice(values),
             WeightRow::Q8_0 { scales, quants } => {
@@ -280,34 +270,6 @@ impl QMatrix {
                 {
                     for (value, &byte) in out.iter_mut().zip(q) {
                         *value = f32::from(byte as i8) * scales[b];
-                    }
-                }
-            }
-            WeightRow::Q4_0 { scales, quants } => {
-                for (b, (out, q)) in dst
-                    .chunks_exact_mut(QK)
-                    .zip(quants.chunks_exact(QK / 2))
-                    .enumerate()
-                {
-                    for (j, &byte) in q.iter().enumerate() {
-                        out[j] = (i32::from(byte & 0x0f) - 8) as f32 * scales[b];
-                        out[j + QK / 2] = (i32::from(byte >> 4) - 8) as f32 * scales[b];
-                    }
-                }
-            }
-            WeightRow::Q4_1 {
-                scales,
-                mins,
-                quants,
-            } => {
-                for (b, (out, q)) in dst
-                    .chunks_exact_mut(QK)
-                    .zip(quants.chunks_exact(QK / 2))
-                    .enumerate()
-                {
-                    for (j, &byte) in q.iter().enumerate() {
-                        out[j] = f32::from(byte & 0x0f) * scales[b] + mins[b];
-                        out[j + QK / 2] = f32::from(byte >> 4) * scales[b] + mins[b];
                     }
                 }
             }
@@ -325,29 +287,15 @@ impl QMatrix {
         let k = self.in_features;
         match &self.storage {
             Storage::Float { values } => WeightRow::Float(&values[row * k..(row + 1) * k]),
-            Storage::Blocks {
-                scales,
-                mins,
-                quants,
-            } => {
+            Storage::Blocks { scales, quants } => {
                 let nb = k / QK;
-                let scales = &scales[row * nb..(row + 1) * nb];
-                match self.dtype {
-                    DType::Q8_0 => WeightRow::Q8_0 {
-                        scales,
-                        quants: &quants[row * k..(row + 1) * k],
-                    },
-                    DType::Q4_0 => WeightRow::Q4_0 {
-                        scales,
-                        quants: &quants[row * k / 2..(row + 1) * k / 2],
-                    },
-                    _ => WeightRow::Q4_1 {
-                        scales,
-                        mins: &mins[row * nb..(row + 1) * nb],
-                        quants: &quants[row * k / 2..(row + 1) * k / 2],
-                    },
+                WeightRow::Q8_0 {
+                    scales: &scales[row * nb..(row + 1) * nb],
+                    quants: &quants[row * k..(row + 1) * k],
                 }
             }
+            // Interleaved rows are only read through `Q4Groups`; callers check first.
+            Storage::Interleaved(_) => WeightRow::Float(&[]),
             Storage::SuperBlocks { super_scales, raw } => {
                 let nsb = k / QK_K;
                 let row_bytes = nsb * self.dtype.block_bytes();
@@ -405,6 +353,10 @@ impl QMatrix {
             scratch.activations.quantize(pool, x, n, self.in_features)?;
         }
         let activations = &scratch.activations;
+        if let Storage::Interleaved(groups) = &self.storage {
+            groups.matmul(isa, pool, activations, n, out);
+            return Ok(());
+        }
         let in_features = self.in_features;
         let tile = |first: usize| -> Tile<'_, ROW_TILE> {
             if quantized {

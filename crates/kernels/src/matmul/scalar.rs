@@ -43,26 +43,6 @@ fn dot_quantized(weights: WeightRow<'_>, x: &QuantizedRow<'_>) -> f32 {
             }
             acc
         }
-        WeightRow::Q4_0 { scales, quants } => {
-            let mut acc = 0.0f32;
-            for (b, scale) in scales.iter().enumerate() {
-                let sum = nibble_dot(&quants[b * 16..(b + 1) * 16], &x.quants[b * QK..], -8);
-                acc += scale * x.scales[b] * sum as f32;
-            }
-            acc
-        }
-        WeightRow::Q4_1 {
-            scales,
-            mins,
-            quants,
-        } => {
-            let mut acc = 0.0f32;
-            for (b, scale) in scales.iter().enumerate() {
-                let sum = nibble_dot(&quants[b * 16..(b + 1) * 16], &x.quants[b * QK..], 0);
-                acc += scale * x.scales[b] * sum as f32 + mins[b] * x.block_sums[b];
-            }
-            acc
-        }
         WeightRow::Q4K { super_scales, raw } => {
             let mut acc = 0.0f32;
             for (s, block) in raw.chunks_exact(144).enumerate() {
@@ -138,15 +118,4 @@ fn dot_quantized(weights: WeightRow<'_>, x: &QuantizedRow<'_>) -> f32 {
             acc
         }
     }
-}
-
-/// `Σ (nibble + offset) * q` over one 32-element block: low nibbles pair with `q[0..16]`,
-/// high nibbles with `q[16..32]`.
-fn nibble_dot(packed: &[u8], q: &[i8], offset: i32) -> i32 {
-    let mut sum = 0i32;
-    for (j, &byte) in packed.iter().enumerate() {
-        sum += (i32::from(byte & 0x0f) + offset) * i32::from(q[j]);
-        sum += (i32::from(byte >> 4) + offset) * i32::from(q[j + 16]);
-    }
-    sum
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::dtype::f32_to_f16;
 use crate::test_util::{random_weights, Rng};
 
 /// Bound on |kernel - f32 reference| for one output element: int8 activation quantization moves
@@ -78,8 +79,13 @@ fn matmul_matches_reference_for_every_dtype_and_isa() {
                 per_isa.push(out);
             }
             // The SIMD and scalar kernels compute the same integer sums; only the f32
-            // accumulation order differs.
+            // accumulation order differs, except for the interleaved 4-bit layout, whose
+            // scalar twin follows the SIMD order exactly.
             if let [scalar, simd] = per_isa.as_slice() {
+                if matches!(dtype, DType::Q4_0 | DType::Q4_1) {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(scalar), bits(simd), "{dtype} scalar vs SIMD");
+                }
                 for (a, b) in scalar.iter().zip(simd) {
                     assert!(
                         (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
@@ -168,7 +174,7 @@ fn known_q8_0_product() {
     // One Q8_0 row with d = 1 and q = 1..=32, times x = all 127s: the activation scale is
     // exactly 1 (also in f16) and Σ 127·q = 67056 is exact.
     let mut bytes = vec![0u8; 34];
-    bytes[0..2].copy_from_slice(&crate::dtype::f32_to_f16(1.0).to_le_bytes());
+    bytes[0..2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
     for j in 0..32 {
         bytes[2 + j] = (j as u8) + 1;
     }
@@ -204,4 +210,37 @@ fn public_types_are_thread_safe() {
     assert_send_sync::<MatmulScratch>();
     assert_send_sync::<ThreadPool>();
     assert_send_sync::<crate::RopeCache>();
+}
+
+#[test]
+fn extreme_4bit_products_do_not_saturate() {
+    // Nibbles of 15 against activations of ±127 are the largest i16 partial sums the
+    // interleaved kernel accumulates (8 × 2 · 15 · 127 = 30 480 per lane).
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (9usize, 64usize);
+    let one = f32_to_f16(1.0).to_le_bytes();
+    let zero = f32_to_f16(0.0).to_le_bytes();
+    for (dtype, expected_weight) in [(DType::Q4_1, 15.0f32), (DType::Q4_0, 7.0)] {
+        let mut bytes = Vec::new();
+        for _ in 0..rows * cols / QK {
+            bytes.extend_from_slice(&one);
+            if dtype == DType::Q4_1 {
+                bytes.extend_from_slice(&zero);
+            }
+            bytes.extend_from_slice(&[0xff; QK / 2]);
+        }
+        let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        for sign in [1.0f32, -1.0] {
+            let x = vec![127.0 * sign; 5 * cols];
+            for isa in isas() {
+                let mut out = vec![0.0f32; 5 * rows];
+                let mut scratch = MatmulScratch::new();
+                matrix
+                    .matmul_with_isa(isa, &pool, &x, 5, &mut out, &mut scratch)
+                    .unwrap();
+                let want = expected_weight * 127.0 * sign * cols as f32;
+                assert!(out.iter().all(|&v| v == want), "{dtype} {isa:?}: {out:?}");
+            }
+        }
+    }
 }

@@ -1,0 +1,269 @@
+//! Q4_0 / Q4_1 weights repacked eight rows at a time for integer GEMM/GEMV.
+//!
+//! Layout: rows are taken in groups of [`GROUP`] (the last group padded with zero rows). For each
+//! group and each 32-element block `b`, in order:
+//!
+//! ```text
+//! [8 × f16 scale] [8 × f16 min, Q4_1 only] [4 × (8 rows × 4 packed bytes)]
+//! ```
+//!
+//! The quant part holds, for `kk` in `0..4`, bytes `4kk..4kk + 4` of each of the 8 rows' GGML
+//! block. Masking a 32-byte load with `0x0f` therefore gives elements `4kk..4kk + 4` of all
+//! eight rows, and shifting it right by 4 gives elements `16 + 4kk..16 + 4kk + 4`: one `maddubs`
+//! against four broadcast activation bytes yields partial dot products for eight weight rows at
+//! once, one row per 32-bit lane. Bytes per row and block equal GGUF's (18 for Q4_0, 20 for
+//! Q4_1), so decode streams no more memory than the file holds.
+//!
+//! Arithmetic per (weight row, activation row), shared by the scalar and AVX2 kernels so both
+//! give bitwise-equal results: for every block in order, the exact integer dot `s` of the
+//! unsigned nibbles with the int8 activations (minus `8 · Σq` for Q4_0), then
+//! `acc = fma(d_w · d_x, s, acc)`, then for Q4_1 `acc = fma(m_w, d_x · Σq, acc)`.
+
+use super::activation::{QuantizedActivations, QuantizedRow};
+use super::Isa;
+use crate::dtype::DType;
+use crate::pool::{SharedMut, ThreadPool};
+use crate::quant::QK;
+use crate::{f16_to_f32, KernelError};
+
+/// Weight rows per interleaved group: one per 32-bit lane of an AVX2 register.
+pub(crate) const GROUP: usize = 8;
+/// Activation rows that share each unpacked weight block.
+const ROW_TILE: usize = 4;
+/// Groups visited for all activation tiles before moving on (sized to stay in L1/L2).
+const GROUPS_PER_PASS: usize = 4;
+
+/// The two 4-bit formats this layout holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Q4Kind {
+    /// `w = d · (q - 8)`.
+    Zero,
+    /// `w = d · q + m`.
+    One,
+}
+
+impl Q4Kind {
+    /// Bytes of one group-block: scales, mins (Q4_1) and 128 bytes of quants.
+    pub(crate) const fn block_stride(self) -> usize {
+        match self {
+            Q4Kind::Zero => 16 + GROUP * QK / 2,
+            Q4Kind::One => 32 + GROUP * QK / 2,
+        }
+    }
+
+    /// Offset of the quant bytes inside a group-block.
+    pub(crate) const fn quant_offset(self) -> usize {
+        match self {
+            Q4Kind::Zero => 16,
+            Q4Kind::One => 32,
+        }
+    }
+}
+
+/// A Q4_0/Q4_1 matrix in the interleaved layout.
+#[derive(Debug, Clone)]
+pub(crate) struct Q4Groups {
+    kind: Q4Kind,
+    out_features: usize,
+    n_blocks: usize,
+    bytes: Vec<u8>,
+}
+
+impl Q4Groups {
+    /// Repacks GGML Q4_0/Q4_1 rows (`out_features` rows of `in_features / 32` blocks).
+    pub(crate) fn pack(
+        dtype: DType,
+        out_features: usize,
+        in_features: usize,
+        ggml: &[u8],
+    ) -> Result<Q4Groups, KernelError> {
+        let kind = match dtype {
+            DType::Q4_0 => Q4Kind::Zero,
+            DType::Q4_1 => Q4Kind::One,
+            _ => return Err(KernelError::InvalidShape("interleaved layout is Q4_0/Q4_1")),
+        };
+        let n_blocks = in_features / QK;
+        let src_block = dtype.block_bytes();
+        let header = src_block - QK / 2;
+        let n_groups = out_features.div_ceil(GROUP);
+        let stride = kind.block_stride();
+        let mut bytes = vec![0u8; n_groups * n_blocks * stride];
+        for row in 0..out_features {
+            let (group, lane) = (row / GROUP, row % GROUP);
+            for b in 0..n_blocks {
+                let src = &ggml[(row * n_blocks + b) * src_block..][..src_block];
+                let dst = &mut bytes[(group * n_blocks + b) * stride..][..stride];
+                dst[2 * lane..2 * lane + 2].copy_from_slice(&src[0..2]);
+                if kind == Q4Kind::One {
+                    dst[16 + 2 * lane..16 + 2 * lane + 2].copy_from_slice(&src[2..4]);
+                }
+                let quants = &src[header..];
+                for kk in 0..4 {
+                    let at = kind.quant_offset() + kk * 32 + lane * 4;
+                    dst[at..at + 4].copy_from_slice(&quants[kk * 4..kk * 4 + 4]);
+                }
+            }
+        }
+        Ok(Q4Groups {
+            kind,
+            out_features,
+            n_blocks,
+            bytes,
+        })
+    }
+
+    pub(crate) fn storage_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn group(&self, group: usize) -> &[u8] {
+        let len = self.n_blocks * self.kind.block_stride();
+        &self.bytes[group * len..(group + 1) * len]
+    }
+
+    /// Decodes weight row `row` to f32, equal to GGML's dequantization.
+    pub(crate) fn row_to_f32(&self, row: usize, dst: &mut [f32]) {
+        let (group, lane) = (row / GROUP, row % GROUP);
+        let stride = self.kind.block_stride();
+        let data = self.group(group);
+        for (b, out) in dst.chunks_exact_mut(QK).enumerate() {
+            let block = &data[b * stride..(b + 1) * stride];
+            let (scale, min) = lane_scale_min(self.kind, block, lane);
+            for j in 0..QK / 2 {
+                let byte = block[self.kind.quant_offset() + (j / 4) * 32 + lane * 4 + j % 4];
+                let (low, high) = (f32::from(byte & 0x0f), f32::from(byte >> 4));
+                match self.kind {
+                    Q4Kind::Zero => {
+                        out[j] = (low - 8.0) * scale;
+                        out[j + QK / 2] = (high - 8.0) * scale;
+                    }
+                    Q4Kind::One => {
+                        out[j] = low * scale + min;
+                        out[j + QK / 2] = high * scale + min;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out[n, out_features] = x · Wᵀ` for activations already quantized into `activations`.
+    pub(crate) fn matmul(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        activations: &QuantizedActivations,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let out_features = self.out_features;
+        let n_groups = out_features.div_ceil(GROUP);
+        let target_tasks = pool.num_threads() * 4;
+        let groups_per_task = n_groups.div_ceil(target_tasks).max(1);
+        let n_tasks = n_groups.div_ceil(groups_per_task);
+        let output = SharedMut::new(out);
+        pool.parallel_for(n_tasks, &|task| {
+            let first = task * groups_per_task;
+            let last = (first + groups_per_task).min(n_groups);
+            let mut pass_start = first;
+            while pass_start < last {
+                let pass_end = (pass_start + GROUPS_PER_PASS).min(last);
+                let mut i = 0;
+                while i < n {
+                    let rows = (n - i).min(ROW_TILE);
+                    for group in pass_start..pass_end {
+                        let data = self.group(group);
+                        let mut results = [[0.0f32; GROUP]; ROW_TILE];
+                        match rows {
+                            4 => self.tile::<4>(isa, data, activations, i, &mut results),
+                            3 => self.tile::<3>(isa, data, activations, i, &mut results),
+                            2 => self.tile::<2>(isa, data, activations, i, &mut results),
+                            _ => self.tile::<1>(isa, data, activations, i, &mut results),
+                        }
+                        let lanes = GROUP.min(out_features - group * GROUP);
+                        for (r, values) in results.iter().take(rows).enumerate() {
+                            // SAFETY: this task alone owns output columns of groups
+                            // first..last, and row i + r < n, so the range lies inside `out`
+                            // (its length was checked by the caller).
+                            let target = unsafe {
+                                output.slice_mut((i + r) * out_features + group * GROUP, lanes)
+                            };
+                            target.copy_from_slice(&values[..lanes]);
+                        }
+                    }
+                    i += rows;
+                }
+                pass_start = pass_end;
+            }
+        });
+    }
+
+    fn tile<const R: usize>(
+        &self,
+        isa: Isa,
+        group: &[u8],
+        activations: &QuantizedActivations,
+        first_row: usize,
+        results: &mut [[f32; GROUP]; ROW_TILE],
+    ) {
+        let xs: [QuantizedRow<'_>; R] = std::array::from_fn(|r| activations.row(first_row + r));
+        let out: &mut [[f32; GROUP]; R] = match (&mut results[..R]).try_into() {
+            Ok(out) => out,
+            Err(_) => return,
+        };
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C; the
+            // group holds `n_blocks` group-blocks and every activation row `n_blocks` blocks.
+            Isa::Avx2 => unsafe {
+                super::avx2::q4_group_tile::<R>(self.kind, group, self.n_blocks, &xs, out)
+            },
+            Isa::Scalar => group_tile_scalar(self.kind, group, self.n_blocks, &xs, out),
+        }
+    }
+}
+
+/// Scale and min (0 for Q4_0) of `lane` in one group-block.
+fn lane_scale_min(kind: Q4Kind, block: &[u8], lane: usize) -> (f32, f32) {
+    let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
+    let scale = f16(2 * lane);
+    let min = match kind {
+        Q4Kind::Zero => 0.0,
+        Q4Kind::One => f16(16 + 2 * lane),
+    };
+    (scale, min)
+}
+
+/// Portable twin of the AVX2 group kernel, operation for operation.
+fn group_tile_scalar<const R: usize>(
+    kind: Q4Kind,
+    group: &[u8],
+    n_blocks: usize,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut [[f32; GROUP]; R],
+) {
+    let stride = kind.block_stride();
+    for (r, x) in xs.iter().enumerate() {
+        for lane in 0..GROUP {
+            let mut acc = 0.0f32;
+            for b in 0..n_blocks {
+                let block = &group[b * stride..(b + 1) * stride];
+                let (scale, min) = lane_scale_min(kind, block, lane);
+                let q = &x.quants[b * QK..(b + 1) * QK];
+                let mut dot = 0i32;
+                for j in 0..QK / 2 {
+                    let byte = block[kind.quant_offset() + (j / 4) * 32 + lane * 4 + j % 4];
+                    dot += i32::from(byte & 0x0f) * i32::from(q[j]);
+                    dot += i32::from(byte >> 4) * i32::from(q[j + QK / 2]);
+                }
+                if kind == Q4Kind::Zero {
+                    dot -= 8 * x.quant_sums[b];
+                }
+                acc = (scale * x.scales[b]).mul_add(dot as f32, acc);
+                if kind == Q4Kind::One {
+                    acc = min.mul_add(x.block_sums[b], acc);
+                }
+            }
+            out[r][lane] = acc;
+        }
+    }
+}
