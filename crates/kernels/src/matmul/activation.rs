@@ -112,6 +112,22 @@ fn quantize_blocks(
     block_sums: &mut [f32],
     quant_sums: &mut [i32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        unsafe { avx2::quantize_blocks(x, quants, scales, block_sums, quant_sums) };
+        return;
+    }
+    quantize_blocks_scalar(x, quants, scales, block_sums, quant_sums);
+}
+
+fn quantize_blocks_scalar(
+    x: &[f32],
+    quants: &mut [i8],
+    scales: &mut [f32],
+    block_sums: &mut [f32],
+    quant_sums: &mut [i32],
+) {
     for ((((values, quants), scale), block_sum), quant_sum) in x
         .chunks_exact(QK)
         .zip(quants.chunks_exact_mut(QK))
@@ -148,6 +164,80 @@ fn quantize_block(values: &[f32], quants: &mut [i8]) -> (f32, i32) {
         sum += i32::from(*q);
     }
     (scale, sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{round_to_f16, QK};
+
+    /// AVX2 twin of `quantize_blocks_scalar` with bitwise-equal results: the block maximum is
+    /// order-independent, `cvtps_epi32` rounds to nearest even like the scalar magic-number
+    /// rounding, and the scale arithmetic is the same scalar code.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. Slices must hold matching whole blocks (as the scalar
+    /// version's zips assume): `x` and `quants` 32 values per block, the others one.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_blocks(
+        x: &[f32],
+        quants: &mut [i8],
+        scales: &mut [f32],
+        block_sums: &mut [f32],
+        quant_sums: &mut [i32],
+    ) {
+        let n_blocks = (x.len() / QK)
+            .min(quants.len() / QK)
+            .min(scales.len())
+            .min(block_sums.len())
+            .min(quant_sums.len());
+        let sign = _mm256_set1_ps(-0.0);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let limit = _mm256_set1_epi32(127);
+        for b in 0..n_blocks {
+            // SAFETY: block b spans x[32b..32b + 32] and quants[32b..32b + 32] (n_blocks is
+            // bounded by both lengths above).
+            unsafe {
+                let src = x.as_ptr().add(b * QK);
+                let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(8 * i)));
+                let a: [__m256; 4] = std::array::from_fn(|i| _mm256_andnot_ps(sign, v[i]));
+                let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+                let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+                let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
+                let amax = _mm_cvtss_f32(m1);
+                let scale = amax / 127.0;
+                let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                let factor = _mm256_set1_ps(inverse);
+                let q: [__m256i; 4] = std::array::from_fn(|i| {
+                    let rounded = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], factor));
+                    _mm256_max_epi32(
+                        _mm256_min_epi32(rounded, limit),
+                        _mm256_sub_epi32(_mm256_setzero_si256(), limit),
+                    )
+                });
+                let total =
+                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+                let t4 = _mm_add_epi32(
+                    _mm256_castsi256_si128(total),
+                    _mm256_extracti128_si256::<1>(total),
+                );
+                let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32::<0b01_00_11_10>(t4));
+                let t1 = _mm_add_epi32(t2, _mm_shuffle_epi32::<0b10_11_00_01>(t2));
+                let sum = _mm_cvtsi128_si32(t1);
+                let words = _mm256_packs_epi16(
+                    _mm256_packs_epi32(q[0], q[1]),
+                    _mm256_packs_epi32(q[2], q[3]),
+                );
+                let bytes = _mm256_permutevar8x32_epi32(words, order);
+                _mm256_storeu_si256(quants.as_mut_ptr().add(b * QK) as *mut __m256i, bytes);
+                scales[b] = round_to_f16(scale);
+                block_sums[b] = round_to_f16(scale * sum as f32);
+                quant_sums[b] = sum;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -192,6 +282,33 @@ mod tests {
         assert_eq!(serial.quants, parallel.quants);
         assert_eq!(serial.scales, parallel.scales);
         assert_eq!(serial.block_sums, parallel.block_sums);
+    }
+
+    #[test]
+    fn simd_quantization_equals_scalar() {
+        let mut rng = crate::test_util::Rng::new(3);
+        let n_blocks = 300;
+        let mut x = rng.vec(n_blocks * QK, -4.0, 4.0);
+        // Exact ties at the rounding boundary, zeros, and a lone extreme value.
+        x[0..32]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as f32 - 15.5);
+        x[32..64].fill(0.0);
+        x[64] = 1e30;
+        let run = |simd: bool| {
+            let mut quants = vec![0i8; n_blocks * QK];
+            let (mut scales, mut sums, mut qsums) =
+                (vec![0.0; n_blocks], vec![0.0; n_blocks], vec![0; n_blocks]);
+            if simd {
+                quantize_blocks(&x, &mut quants, &mut scales, &mut sums, &mut qsums);
+            } else {
+                quantize_blocks_scalar(&x, &mut quants, &mut scales, &mut sums, &mut qsums);
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            (quants, bits(&scales), bits(&sums), qsums)
+        };
+        assert_eq!(run(true), run(false));
     }
 
     #[test]

@@ -170,17 +170,9 @@ impl Q4Groups {
                 let mut i = 0;
                 while i < n {
                     let rows = (n - i).min(ROW_TILE);
-                    for group in pass_start..pass_end {
-                        let data = self.group(group);
-                        let mut results = [[0.0f32; GROUP]; ROW_TILE];
-                        match rows {
-                            4 => self.tile::<4>(isa, data, activations, i, &mut results),
-                            3 => self.tile::<3>(isa, data, activations, i, &mut results),
-                            2 => self.tile::<2>(isa, data, activations, i, &mut results),
-                            _ => self.tile::<1>(isa, data, activations, i, &mut results),
-                        }
+                    let mut write = |group: usize, results: &[[f32; GROUP]]| {
                         let lanes = GROUP.min(out_features - group * GROUP);
-                        for (r, values) in results.iter().take(rows).enumerate() {
+                        for (r, values) in results.iter().enumerate() {
                             // SAFETY: this task alone owns output columns of groups
                             // first..last, and row i + r < n, so the range lies inside `out`
                             // (its length was checked by the caller).
@@ -189,6 +181,13 @@ impl Q4Groups {
                             };
                             target.copy_from_slice(&values[..lanes]);
                         }
+                    };
+                    let groups = pass_start..pass_end;
+                    match rows {
+                        4 => self.tiles::<4>(isa, groups, activations, i, &mut write),
+                        3 => self.tiles::<3>(isa, groups, activations, i, &mut write),
+                        2 => self.tiles::<2>(isa, groups, activations, i, &mut write),
+                        _ => self.tiles::<1>(isa, groups, activations, i, &mut write),
                     }
                     i += rows;
                 }
@@ -197,27 +196,31 @@ impl Q4Groups {
         });
     }
 
-    fn tile<const R: usize>(
+    /// Runs activation rows `first_row..first_row + R` against each group in `groups` and
+    /// hands every group's results to `write`.
+    fn tiles<const R: usize>(
         &self,
         isa: Isa,
-        group: &[u8],
+        groups: std::ops::Range<usize>,
         activations: &QuantizedActivations,
         first_row: usize,
-        results: &mut [[f32; GROUP]; ROW_TILE],
+        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
     ) {
         let xs: [QuantizedRow<'_>; R] = std::array::from_fn(|r| activations.row(first_row + r));
-        let out: &mut [[f32; GROUP]; R] = match (&mut results[..R]).try_into() {
-            Ok(out) => out,
-            Err(_) => return,
-        };
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C; the
-            // group holds `n_blocks` group-blocks and every activation row `n_blocks` blocks.
-            Isa::Avx2 => unsafe {
-                super::avx2::q4_group_tile::<R>(self.kind, group, self.n_blocks, &xs, out)
-            },
-            Isa::Scalar => group_tile_scalar(self.kind, group, self.n_blocks, &xs, out),
+        for group in groups {
+            let data = self.group(group);
+            let mut out = [[0.0f32; GROUP]; R];
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
+                // the group holds `n_blocks` group-blocks and every activation row `n_blocks`
+                // blocks.
+                Isa::Avx2 => unsafe {
+                    super::avx2::q4_group_tile::<R>(self.kind, data, self.n_blocks, &xs, &mut out)
+                },
+                Isa::Scalar => group_tile_scalar(self.kind, data, self.n_blocks, &xs, &mut out),
+            }
+            write(group, &out);
         }
     }
 }
