@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use super::activation::QuantizedRow;
 use std::ops::Range;
 
-use super::interleaved::{Q4Kind, GROUP};
+use super::interleaved::{GroupKind, GROUP};
 use super::{QMatrix, Tile, WeightRow};
 use crate::quant::{scale_min_k4, QK};
 
@@ -27,46 +27,12 @@ pub(crate) unsafe fn kernel_pass<const R: usize>(
     tile: &Tile<'_, R>,
     out: &mut [[f32; R]],
 ) {
-    let mut rows = rows;
-    let mut out = out;
-    // Decode (one activation row): two weight rows per pass share the activation loads and
-    // give the core two independent accumulator chains. Each pair member follows exactly the
-    // operation order of the one-row kernels, so results do not depend on the pairing.
-    if let (1, Tile::Quantized(xs)) = (R, tile) {
-        let x = &xs[0];
-        while rows.len() >= 2 {
-            let (j, pair_out) = (rows.start, &mut out[..2]);
-            // SAFETY: AVX2/FMA enabled; rows j and j + 1 span `in_features` like `x`.
-            let pair = unsafe {
-                match (matrix.weight_row(j), matrix.weight_row(j + 1)) {
-                    (
-                        WeightRow::Q8_0 {
-                            scales: s0,
-                            quants: q0,
-                        },
-                        WeightRow::Q8_0 {
-                            scales: s1,
-                            quants: q1,
-                        },
-                    ) => dot_q8_0_pair([s0, s1], [q0, q1], x),
-                    _ => break,
-                }
-            };
-            pair_out[0][0] = pair[0];
-            pair_out[1][0] = pair[1];
-            rows.start += 2;
-            out = &mut out[2..];
-        }
-    }
     for (j, results) in rows.zip(out.iter_mut()) {
         // SAFETY: (all arms) AVX2/FMA are enabled; every kernel bounds its loads by the row
         // lengths, and weight rows and activation rows both span `in_features` elements.
         unsafe {
             match (matrix.weight_row(j), tile) {
                 (WeightRow::Float(w), Tile::Float(xs)) => dot_f32(w, xs, results),
-                (WeightRow::Q8_0 { scales, quants }, Tile::Quantized(xs)) => {
-                    dot_q8_0(scales, quants, xs, results)
-                }
                 (WeightRow::Q4K { super_scales, raw }, Tile::Quantized(xs)) => {
                     dot_k4_k5::<R, false>(super_scales, raw, xs, results)
                 }
@@ -114,13 +80,6 @@ fn dot_u8_i8(unsigned: __m256i, signed: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned, signed), _mm256_set1_epi16(1))
 }
 
-/// Exact `Σ a · b` of 32 signed bytes (`a` never -128 after unpacking, or at most one side).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn dot_i8_i8(a: __m256i, b: __m256i) -> __m256i {
-    dot_u8_i8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &[&[f32]; R], out: &mut [f32; R]) {
@@ -149,130 +108,6 @@ unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &[&[f32]; R], out: &mut [f32; R
         }
         out[r] = horizontal_sum(_mm256_add_ps(acc0[r], acc1[r])) + tail;
     }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q8_0<const R: usize>(
-    scales: &[f32],
-    quants: &[u8],
-    xs: &[QuantizedRow<'_>; R],
-    out: &mut [f32; R],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let n_blocks = scales.len();
-    let mut b = 0;
-    while b + 8 <= n_blocks {
-        // SAFETY: b + 8 <= n_blocks.
-        let products = unsafe { scale_products(scales, xs, b) };
-        for k in 0..8 {
-            // SAFETY: block b + k spans quants[32(b+k)..] and x.quants[32(b+k)..].
-            unsafe { q8_0_block(&products, k, quants, b + k, xs, &mut acc) };
-        }
-        b += 8;
-    }
-    while b < n_blocks {
-        let products: [[f32; 8]; R] = std::array::from_fn(|r| [scales[b] * xs[r].scales[b]; 8]);
-        // SAFETY: b < n_blocks.
-        unsafe { q8_0_block(&products, 0, quants, b, xs, &mut acc) };
-        b += 1;
-    }
-    for r in 0..R {
-        out[r] = horizontal_sum(acc[r]);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q8_0_block<const R: usize>(
-    products: &[[f32; 8]; R],
-    k: usize,
-    quants: &[u8],
-    block: usize,
-    xs: &[QuantizedRow<'_>; R],
-    acc: &mut [__m256; R],
-) {
-    // SAFETY: callers pass a block inside the rows.
-    let w = unsafe { load32(quants, block * QK) };
-    for r in 0..R {
-        // SAFETY: as above.
-        let x = unsafe { load32(xs[r].quants, block * QK) };
-        let sum = _mm256_cvtepi32_ps(dot_i8_i8(w, x));
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(products[r][k]), sum, acc[r]);
-    }
-}
-
-/// Two Q8_0 weight rows against one activation row; per row the same operations, in the same
-/// order, as `dot_q8_0::<1>`.
-// Index loops mirror the one-row kernels' operation order, which the pairing must keep.
-#[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q8_0_pair(scales: [&[f32]; 2], quants: [&[u8]; 2], x: &QuantizedRow<'_>) -> [f32; 2] {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let n_blocks = scales[0].len();
-    let mut b = 0;
-    while b + 8 <= n_blocks {
-        // SAFETY: b + 8 <= n_blocks for both weight rows and the activation row.
-        let products: [[[f32; 8]; 1]; 2] = unsafe {
-            [
-                scale_products(scales[0], &[*x], b),
-                scale_products(scales[1], &[*x], b),
-            ]
-        };
-        for k in 0..8 {
-            let block = b + k;
-            // SAFETY: block < n_blocks; rows hold 32 quants per block.
-            unsafe {
-                let xv = load32(x.quants, block * QK);
-                for w in 0..2 {
-                    let wv = load32(quants[w], block * QK);
-                    let sum = _mm256_cvtepi32_ps(dot_i8_i8(wv, xv));
-                    acc[w] = _mm256_fmadd_ps(_mm256_set1_ps(products[w][0][k]), sum, acc[w]);
-                }
-            }
-        }
-        b += 8;
-    }
-    while b < n_blocks {
-        // SAFETY: b < n_blocks.
-        unsafe {
-            let xv = load32(x.quants, b * QK);
-            for w in 0..2 {
-                let wv = load32(quants[w], b * QK);
-                let sum = _mm256_cvtepi32_ps(dot_i8_i8(wv, xv));
-                let product = scales[w][b] * x.scales[b];
-                acc[w] = _mm256_fmadd_ps(_mm256_set1_ps(product), sum, acc[w]);
-            }
-        }
-        b += 1;
-    }
-    [horizontal_sum(acc[0]), horizontal_sum(acc[1])]
-}
-
-/// `w_scale[b + k] · x_scale[b + k]` for 8 blocks of every row, one vector multiply per row
-/// (bitwise the same as the scalar product).
-///
-/// # Safety
-/// `b + 8` must not exceed the block count of `scales` and of every row.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scale_products<const R: usize>(
-    scales: &[f32],
-    xs: &[QuantizedRow<'_>; R],
-    b: usize,
-) -> [[f32; 8]; R] {
-    debug_assert!(b + 8 <= scales.len());
-    let mut products = [[0.0f32; 8]; R];
-    // SAFETY: b + 8 is within `scales` and every row's scales (caller contract).
-    unsafe {
-        let w = _mm256_loadu_ps(scales.as_ptr().add(b));
-        for r in 0..R {
-            let x = _mm256_loadu_ps(xs[r].scales.as_ptr().add(b));
-            _mm256_storeu_ps(products[r].as_mut_ptr(), _mm256_mul_ps(w, x));
-        }
-    }
-    products
 }
 
 /// Q4_K and Q5_K share everything but the fifth bit.
@@ -407,7 +242,7 @@ unsafe fn dot_q6_k<const R: usize>(
 /// `kind` and every activation row `n_blocks` quantized blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_group_tile<const R: usize>(
-    kind: Q4Kind,
+    kind: GroupKind,
     group: &[u8],
     n_blocks: usize,
     xs: &[QuantizedRow<'_>; R],
@@ -441,19 +276,71 @@ pub(crate) unsafe fn q4_group_tile<const R: usize>(
                 }
             }
             let mins = match kind {
-                Q4Kind::One => _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i)),
-                Q4Kind::Zero => _mm256_setzero_ps(),
+                GroupKind::Q4One => {
+                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i))
+                }
+                GroupKind::Q4Zero | GroupKind::Q8Zero => _mm256_setzero_ps(),
             };
             for r in 0..R {
                 let mut dot = _mm256_madd_epi16(sums[r], ones);
-                if kind == Q4Kind::Zero {
+                if kind == GroupKind::Q4Zero {
                     dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * xs[r].quant_sums[b]));
                 }
                 let d = _mm256_mul_ps(scales, _mm256_set1_ps(xs[r].scales[b]));
                 acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r]);
-                if kind == Q4Kind::One {
+                if kind == GroupKind::Q4One {
                     acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xs[r].block_sums[b]), acc[r]);
                 }
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: `out[r]` holds exactly 8 f32.
+        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]) };
+    }
+}
+
+/// Eight interleaved Q8_0 weight rows against `R` quantized activation rows. Signed weights
+/// use the sign transfer `|w| · (x · sign(w))`; a pair of such products reaches 2 · 128 · 127,
+/// so each step's `maddubs` is widened to i32 right away.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. `group` must hold `n_blocks` Q8_0 group-blocks and
+/// every activation row `n_blocks` quantized blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_group_tile<const R: usize>(
+    group: &[u8],
+    n_blocks: usize,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut [[f32; GROUP]; R],
+) {
+    let kind = GroupKind::Q8Zero;
+    let stride = kind.block_stride();
+    debug_assert!(group.len() >= n_blocks * stride);
+    debug_assert!(xs.iter().all(|x| x.quants.len() >= n_blocks * QK));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..n_blocks {
+        // SAFETY: block b's `stride` bytes lie inside `group`, and activation block b inside
+        // every row (caller contract); all loads are unaligned loads within those ranges.
+        unsafe {
+            let base = group.as_ptr().add(b * stride);
+            let scales = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            let quants = base.add(kind.quant_offset());
+            let mut sums = [_mm256_setzero_si256(); R];
+            for step in 0..8 {
+                let w = _mm256_loadu_si256(quants.add(step * 32) as *const __m256i);
+                let magnitude = _mm256_sign_epi8(w, w);
+                for r in 0..R {
+                    let x = xs[r].quants.as_ptr().add(b * QK + 4 * step);
+                    let x = _mm256_set1_epi32((x as *const i32).read_unaligned());
+                    let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
+                    sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+            for r in 0..R {
+                let d = _mm256_mul_ps(scales, _mm256_set1_ps(xs[r].scales[b]));
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[r]), acc[r]);
             }
         }
     }

@@ -1,22 +1,24 @@
-//! Q4_0 / Q4_1 weights repacked eight rows at a time for integer GEMM/GEMV.
+//! Q4_0 / Q4_1 / Q8_0 weights repacked eight rows at a time for integer GEMM/GEMV.
 //!
 //! Layout: rows are taken in groups of [`GROUP`] (the last group padded with zero rows). For each
 //! group and each 32-element block `b`, in order:
 //!
 //! ```text
-//! [8 × f16 scale] [8 × f16 min, Q4_1 only] [4 × (8 rows × 4 packed bytes)]
+//! Q4_0/Q4_1: [8 × f16 scale] [8 × f16 min, Q4_1 only] [4 × (8 rows × 4 packed bytes)]
+//! Q8_0:      [8 × f16 scale] [8 × (8 rows × 4 quants)]
 //! ```
 //!
-//! The quant part holds, for `kk` in `0..4`, bytes `4kk..4kk + 4` of each of the 8 rows' GGML
-//! block. Masking a 32-byte load with `0x0f` therefore gives elements `4kk..4kk + 4` of all
-//! eight rows, and shifting it right by 4 gives elements `16 + 4kk..16 + 4kk + 4`: one `maddubs`
-//! against four broadcast activation bytes yields partial dot products for eight weight rows at
-//! once, one row per 32-bit lane. Bytes per row and block equal GGUF's (18 for Q4_0, 20 for
-//! Q4_1), so decode streams no more memory than the file holds.
+//! The 4-bit quant part holds, for `kk` in `0..4`, bytes `4kk..4kk + 4` of each of the 8 rows'
+//! GGML block. Masking a 32-byte load with `0x0f` therefore gives elements `4kk..4kk + 4` of all
+//! eight rows, and shifting it right by 4 gives elements `16 + 4kk..16 + 4kk + 4`; Q8_0's step
+//! `k` holds elements `4k..4k + 4` of all eight rows. One `maddubs` against four broadcast
+//! activation bytes thus yields partial dot products for eight weight rows at once, one row per
+//! 32-bit lane. Bytes per row and block equal GGUF's (18 for Q4_0, 20 for Q4_1, 34 for Q8_0), so
+//! decode streams no more memory than the file holds.
 //!
 //! Arithmetic per (weight row, activation row), shared by the scalar and AVX2 kernels so both
 //! give bitwise-equal results: for every block in order, the exact integer dot `s` of the
-//! unsigned nibbles with the int8 activations (minus `8 · Σq` for Q4_0), then
+//! weight quants with the int8 activations (unsigned nibbles minus `8 · Σq` for Q4_0), then
 //! `acc = fma(d_w · d_x, s, acc)`, then for Q4_1 `acc = fma(m_w, d_x · Σq, acc)`.
 
 use super::activation::{QuantizedActivations, QuantizedRow};
@@ -33,58 +35,71 @@ const ROW_TILE: usize = 4;
 /// Groups visited for all activation tiles before moving on (sized to stay in L1/L2).
 const GROUPS_PER_PASS: usize = 4;
 
-/// The two 4-bit formats this layout holds.
+/// The block formats this layout holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Q4Kind {
-    /// `w = d · (q - 8)`.
-    Zero,
-    /// `w = d · q + m`.
-    One,
+pub(crate) enum GroupKind {
+    /// Q4_0: `w = d · (q - 8)`.
+    Q4Zero,
+    /// Q4_1: `w = d · q + m`.
+    Q4One,
+    /// Q8_0: `w = d · q`, q signed.
+    Q8Zero,
 }
 
-impl Q4Kind {
-    /// Bytes of one group-block: scales, mins (Q4_1) and 128 bytes of quants.
+impl GroupKind {
+    /// Bytes of one group-block: scales, mins (Q4_1) and the quants.
     pub(crate) const fn block_stride(self) -> usize {
-        match self {
-            Q4Kind::Zero => 16 + GROUP * QK / 2,
-            Q4Kind::One => 32 + GROUP * QK / 2,
-        }
+        self.quant_offset() + GROUP * self.quant_bytes_per_row()
     }
 
     /// Offset of the quant bytes inside a group-block.
     pub(crate) const fn quant_offset(self) -> usize {
         match self {
-            Q4Kind::Zero => 16,
-            Q4Kind::One => 32,
+            GroupKind::Q4Zero | GroupKind::Q8Zero => 16,
+            GroupKind::Q4One => 32,
+        }
+    }
+
+    /// Quant bytes of one row in one block.
+    const fn quant_bytes_per_row(self) -> usize {
+        match self {
+            GroupKind::Q4Zero | GroupKind::Q4One => QK / 2,
+            GroupKind::Q8Zero => QK,
         }
     }
 }
 
 /// A Q4_0/Q4_1 matrix in the interleaved layout.
 #[derive(Debug, Clone)]
-pub(crate) struct Q4Groups {
-    kind: Q4Kind,
+pub(crate) struct Groups {
+    kind: GroupKind,
     out_features: usize,
     n_blocks: usize,
     bytes: Vec<u8>,
 }
 
-impl Q4Groups {
+impl Groups {
     /// Repacks GGML Q4_0/Q4_1 rows (`out_features` rows of `in_features / 32` blocks).
     pub(crate) fn pack(
         dtype: DType,
         out_features: usize,
         in_features: usize,
         ggml: &[u8],
-    ) -> Result<Q4Groups, KernelError> {
+    ) -> Result<Groups, KernelError> {
         let kind = match dtype {
-            DType::Q4_0 => Q4Kind::Zero,
-            DType::Q4_1 => Q4Kind::One,
-            _ => return Err(KernelError::InvalidShape("interleaved layout is Q4_0/Q4_1")),
+            DType::Q4_0 => GroupKind::Q4Zero,
+            DType::Q4_1 => GroupKind::Q4One,
+            DType::Q8_0 => GroupKind::Q8Zero,
+            _ => {
+                return Err(KernelError::InvalidShape(
+                    "interleaved layout is Q4_0/Q4_1/Q8_0",
+                ))
+            }
         };
         let n_blocks = in_features / QK;
         let src_block = dtype.block_bytes();
-        let header = src_block - QK / 2;
+        let row_quants = kind.quant_bytes_per_row();
+        let header = src_block - row_quants;
         let n_groups = out_features.div_ceil(GROUP);
         let stride = kind.block_stride();
         let mut bytes = vec![0u8; n_groups * n_blocks * stride];
@@ -94,17 +109,17 @@ impl Q4Groups {
                 let src = &ggml[(row * n_blocks + b) * src_block..][..src_block];
                 let dst = &mut bytes[(group * n_blocks + b) * stride..][..stride];
                 dst[2 * lane..2 * lane + 2].copy_from_slice(&src[0..2]);
-                if kind == Q4Kind::One {
+                if kind == GroupKind::Q4One {
                     dst[16 + 2 * lane..16 + 2 * lane + 2].copy_from_slice(&src[2..4]);
                 }
                 let quants = &src[header..];
-                for kk in 0..4 {
-                    let at = kind.quant_offset() + kk * 32 + lane * 4;
-                    dst[at..at + 4].copy_from_slice(&quants[kk * 4..kk * 4 + 4]);
+                for step in 0..row_quants / 4 {
+                    let at = kind.quant_offset() + step * 32 + lane * 4;
+                    dst[at..at + 4].copy_from_slice(&quants[step * 4..step * 4 + 4]);
                 }
             }
         }
-        Ok(Q4Groups {
+        Ok(Groups {
             kind,
             out_features,
             n_blocks,
@@ -129,17 +144,25 @@ impl Q4Groups {
         for (b, out) in dst.chunks_exact_mut(QK).enumerate() {
             let block = &data[b * stride..(b + 1) * stride];
             let (scale, min) = lane_scale_min(self.kind, block, lane);
-            for j in 0..QK / 2 {
-                let byte = block[self.kind.quant_offset() + (j / 4) * 32 + lane * 4 + j % 4];
-                let (low, high) = (f32::from(byte & 0x0f), f32::from(byte >> 4));
-                match self.kind {
-                    Q4Kind::Zero => {
-                        out[j] = (low - 8.0) * scale;
-                        out[j + QK / 2] = (high - 8.0) * scale;
+            let quant =
+                |j: usize| block[self.kind.quant_offset() + (j / 4) * 32 + lane * 4 + j % 4];
+            match self.kind {
+                GroupKind::Q8Zero => {
+                    for (j, value) in out.iter_mut().enumerate() {
+                        *value = f32::from(quant(j) as i8) * scale;
                     }
-                    Q4Kind::One => {
-                        out[j] = low * scale + min;
-                        out[j + QK / 2] = high * scale + min;
+                }
+                GroupKind::Q4Zero | GroupKind::Q4One => {
+                    let offset = if self.kind == GroupKind::Q4Zero {
+                        -8.0
+                    } else {
+                        0.0
+                    };
+                    for j in 0..QK / 2 {
+                        let byte = quant(j);
+                        let (low, high) = (f32::from(byte & 0x0f), f32::from(byte >> 4));
+                        out[j] = (low + offset) * scale + min;
+                        out[j + QK / 2] = (high + offset) * scale + min;
                     }
                 }
             }
@@ -216,7 +239,18 @@ impl Q4Groups {
                 // the group holds `n_blocks` group-blocks and every activation row `n_blocks`
                 // blocks.
                 Isa::Avx2 => unsafe {
-                    super::avx2::q4_group_tile::<R>(self.kind, data, self.n_blocks, &xs, &mut out)
+                    match self.kind {
+                        GroupKind::Q8Zero => {
+                            super::avx2::q8_group_tile::<R>(data, self.n_blocks, &xs, &mut out)
+                        }
+                        kind => super::avx2::q4_group_tile::<R>(
+                            kind,
+                            data,
+                            self.n_blocks,
+                            &xs,
+                            &mut out,
+                        ),
+                    }
                 },
                 Isa::Scalar => group_tile_scalar(self.kind, data, self.n_blocks, &xs, &mut out),
             }
@@ -225,20 +259,20 @@ impl Q4Groups {
     }
 }
 
-/// Scale and min (0 for Q4_0) of `lane` in one group-block.
-fn lane_scale_min(kind: Q4Kind, block: &[u8], lane: usize) -> (f32, f32) {
+/// Scale and min (0 unless Q4_1) of `lane` in one group-block.
+fn lane_scale_min(kind: GroupKind, block: &[u8], lane: usize) -> (f32, f32) {
     let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
     let scale = f16(2 * lane);
     let min = match kind {
-        Q4Kind::Zero => 0.0,
-        Q4Kind::One => f16(16 + 2 * lane),
+        GroupKind::Q4One => f16(16 + 2 * lane),
+        GroupKind::Q4Zero | GroupKind::Q8Zero => 0.0,
     };
     (scale, min)
 }
 
 /// Portable twin of the AVX2 group kernel, operation for operation.
 fn group_tile_scalar<const R: usize>(
-    kind: Q4Kind,
+    kind: GroupKind,
     group: &[u8],
     n_blocks: usize,
     xs: &[QuantizedRow<'_>; R],
@@ -252,17 +286,23 @@ fn group_tile_scalar<const R: usize>(
                 let block = &group[b * stride..(b + 1) * stride];
                 let (scale, min) = lane_scale_min(kind, block, lane);
                 let q = &x.quants[b * QK..(b + 1) * QK];
+                let quant = |j: usize| block[kind.quant_offset() + (j / 4) * 32 + lane * 4 + j % 4];
                 let mut dot = 0i32;
-                for j in 0..QK / 2 {
-                    let byte = block[kind.quant_offset() + (j / 4) * 32 + lane * 4 + j % 4];
-                    dot += i32::from(byte & 0x0f) * i32::from(q[j]);
-                    dot += i32::from(byte >> 4) * i32::from(q[j + QK / 2]);
+                if kind == GroupKind::Q8Zero {
+                    for (j, &x) in q.iter().enumerate() {
+                        dot += i32::from(quant(j) as i8) * i32::from(x);
+                    }
+                } else {
+                    for j in 0..QK / 2 {
+                        dot += i32::from(quant(j) & 0x0f) * i32::from(q[j]);
+                        dot += i32::from(quant(j) >> 4) * i32::from(q[j + QK / 2]);
+                    }
                 }
-                if kind == Q4Kind::Zero {
+                if kind == GroupKind::Q4Zero {
                     dot -= 8 * x.quant_sums[b];
                 }
                 acc = (scale * x.scales[b]).mul_add(dot as f32, acc);
-                if kind == Q4Kind::One {
+                if kind == GroupKind::Q4One {
                     acc = min.mul_add(x.block_sums[b], acc);
                 }
             }

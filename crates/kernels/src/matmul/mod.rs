@@ -1,9 +1,9 @@
 //! Linear layers: `out[n, out_features] = x[n, in_features] · Wᵀ` for weights in any [`DType`].
 //!
 //! Weights are repacked once at load ([`QMatrix::from_bytes`]): float types become f32 rows,
-//! Q4_0/Q4_1 are interleaved eight rows at a time so one integer instruction advances eight
-//! output columns (`interleaved.rs`, same bytes per weight as the GGUF file), Q8_0 is split into
-//! f32 scales and quants, K-quants keep their GGML super-blocks plus f32 super-block scales. Activations of quantized layers are
+//! Q8_0/Q4_0/Q4_1 are interleaved eight rows at a time so one integer instruction advances
+//! eight output columns (`interleaved.rs`, same bytes per weight as the GGUF file), K-quants
+//! keep their GGML super-blocks plus f32 super-block scales. Activations of quantized layers are
 //! quantized per 32 elements to int8 (symmetric, `d = amax / 127`, round to nearest even) and
 //! every block product is an exact integer dot, scaled in f32.
 //!
@@ -22,7 +22,7 @@ mod tests;
 
 use crate::dtype::DType;
 use crate::pool::{SharedMut, ThreadPool};
-use crate::quant::{dequantize, read_f16, QK, QK_K};
+use crate::quant::{dequantize, read_f16, QK_K};
 use crate::KernelError;
 
 pub use activation::QuantizedActivations;
@@ -37,10 +37,8 @@ const WEIGHT_ROWS_PER_PASS: usize = 32;
 pub(crate) enum Storage {
     /// F32/F16/BF16 weights widened to f32, `[out][in]`.
     Float { values: Vec<f32> },
-    /// Q8_0: per block an f32 scale and the 32 quants, row-major.
-    Blocks { scales: Vec<f32>, quants: Vec<u8> },
-    /// Q4_0 / Q4_1: eight rows interleaved per block (see `interleaved.rs`).
-    Interleaved(interleaved::Q4Groups),
+    /// Q8_0 / Q4_0 / Q4_1: eight rows interleaved per block (see `interleaved.rs`).
+    Interleaved(interleaved::Groups),
     /// K-quants: the GGML super-blocks unchanged plus their f16 `d` (and `dmin`) as f32,
     /// two per super-block.
     SuperBlocks {
@@ -99,10 +97,6 @@ impl Isa {
 #[derive(Clone, Copy)]
 pub(crate) enum WeightRow<'a> {
     Float(&'a [f32]),
-    Q8_0 {
-        scales: &'a [f32],
-        quants: &'a [u8],
-    },
     Q4K {
         super_scales: &'a [f32],
         raw: &'a [u8],
@@ -150,22 +144,9 @@ impl QMatrix {
                 dequantize(dtype, bytes, &mut values)?;
                 Storage::Float { values }
             }
-            DType::Q8_0 => {
-                let n_blocks = out_features * in_features / QK;
-                let mut scales = Vec::with_capacity(n_blocks);
-                let mut quants = Vec::with_capacity(n_blocks * QK);
-                for block in bytes.chunks_exact(dtype.block_bytes()) {
-                    scales.push(read_f16(block, 0));
-                    quants.extend_from_slice(&block[2..]);
-                }
-                Storage::Blocks { scales, quants }
-            }
-            DType::Q4_0 | DType::Q4_1 => Storage::Interleaved(interleaved::Q4Groups::pack(
-                dtype,
-                out_features,
-                in_features,
-                bytes,
-            )?),
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => Storage::Interleaved(
+                interleaved::Groups::pack(dtype, out_features, in_features, bytes)?,
+            ),
             DType::Q4_K | DType::Q5_K | DType::Q6_K => {
                 let mut super_scales = Vec::with_capacity(bytes.len() / dtype.block_bytes() * 2);
                 for block in bytes.chunks_exact(dtype.block_bytes()) {
@@ -233,7 +214,6 @@ impl QMatrix {
     pub fn storage_bytes(&self) -> usize {
         match &self.storage {
             Storage::Float { values } => values.len() * 4,
-            Storage::Blocks { scales, quants } => scales.len() * 4 + quants.len(),
             Storage::Interleaved(groups) => groups.storage_bytes(),
             Storage::SuperBlocks { super_scales, raw } => super_scales.len() * 4 + raw.len(),
         }
@@ -262,17 +242,6 @@ impl QMatrix {
         }
         match self.weight_row(row) {
             WeightRow::Float(values) => dst.copy_from_slice(values),
-            WeightRow::Q8_0 { scales, quants } => {
-                for (b, (out, q)) in dst
-                    .chunks_exact_mut(QK)
-                    .zip(quants.chunks_exact(QK))
-                    .enumerate()
-                {
-                    for (value, &byte) in out.iter_mut().zip(q) {
-                        *value = f32::from(byte as i8) * scales[b];
-                    }
-                }
-            }
             WeightRow::Q4K { raw, .. }
             | WeightRow::Q5K { raw, .. }
             | WeightRow::Q6K { raw, .. } => {
@@ -287,14 +256,7 @@ impl QMatrix {
         let k = self.in_features;
         match &self.storage {
             Storage::Float { values } => WeightRow::Float(&values[row * k..(row + 1) * k]),
-            Storage::Blocks { scales, quants } => {
-                let nb = k / QK;
-                WeightRow::Q8_0 {
-                    scales: &scales[row * nb..(row + 1) * nb],
-                    quants: &quants[row * k..(row + 1) * k],
-                }
-            }
-            // Interleaved rows are only read through `Q4Groups`; callers check first.
+            // Interleaved rows are only read through `Groups`; callers check first.
             Storage::Interleaved(_) => WeightRow::Float(&[]),
             Storage::SuperBlocks { super_scales, raw } => {
                 let nsb = k / QK_K;

@@ -29,20 +29,6 @@ pub(crate) fn dot_tile<const R: usize>(
 fn dot_quantized(weights: WeightRow<'_>, x: &QuantizedRow<'_>) -> f32 {
     match weights {
         WeightRow::Float(_) => f32::NAN,
-        WeightRow::Q8_0 { scales, quants } => {
-            let mut acc = 0.0f32;
-            for (b, scale) in scales.iter().enumerate() {
-                let w = &quants[b * QK..(b + 1) * QK];
-                let q = &x.quants[b * QK..(b + 1) * QK];
-                let sum: i32 = w
-                    .iter()
-                    .zip(q)
-                    .map(|(&a, &b)| i32::from(a as i8) * i32::from(b))
-                    .sum();
-                acc += scale * x.scales[b] * sum as f32;
-            }
-            acc
-        }
         WeightRow::Q4K { super_scales, raw } => {
             let mut acc = 0.0f32;
             for (s, block) in raw.chunks_exact(144).enumerate() {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::dtype::f32_to_f16;
+use crate::quant::QK;
 use crate::test_util::{random_weights, Rng};
 
 /// Bound on |kernel - f32 reference| for one output element: int8 activation quantization moves
@@ -79,10 +80,10 @@ fn matmul_matches_reference_for_every_dtype_and_isa() {
                 per_isa.push(out);
             }
             // The SIMD and scalar kernels compute the same integer sums; only the f32
-            // accumulation order differs, except for the interleaved 4-bit layout, whose
+            // accumulation order differs, except for the interleaved layouts, whose
             // scalar twin follows the SIMD order exactly.
             if let [scalar, simd] = per_isa.as_slice() {
-                if matches!(dtype, DType::Q4_0 | DType::Q4_1) {
+                if matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) {
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(scalar), bits(simd), "{dtype} scalar vs SIMD");
                 }
@@ -240,6 +241,38 @@ fn extreme_4bit_products_do_not_saturate() {
                     .unwrap();
                 let want = expected_weight * 127.0 * sign * cols as f32;
                 assert!(out.iter().all(|&v| v == want), "{dtype} {isa:?}: {out:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_q8_0_products_do_not_saturate() {
+    // -128 (never written by GGML's quantizer, but legal in a file) against ±127: the sign
+    // transfer turns it into 128 · ∓127, the largest pair sum `maddubs` produces here.
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (11usize, 96usize);
+    let mut bytes = Vec::new();
+    for block in 0..rows * cols / QK {
+        bytes.extend_from_slice(&f32_to_f16(1.0).to_le_bytes());
+        let quant: i8 = if block % 2 == 0 { -128 } else { 127 };
+        bytes.extend_from_slice(&[quant as u8; QK]);
+    }
+    let matrix = QMatrix::from_bytes(DType::Q8_0, rows, cols, &bytes).unwrap();
+    let mut reference_row = vec![0.0f32; cols];
+    for sign in [1.0f32, -1.0] {
+        let x = vec![127.0 * sign; 3 * cols];
+        for isa in isas() {
+            let mut out = vec![0.0f32; 3 * rows];
+            matrix
+                .matmul_with_isa(isa, &pool, &x, 3, &mut out, &mut MatmulScratch::new())
+                .unwrap();
+            for j in 0..rows {
+                matrix.row_to_f32(j, &mut reference_row).unwrap();
+                let want: f32 = reference_row.iter().map(|w| w * 127.0 * sign).sum();
+                for i in 0..3 {
+                    assert_eq!(out[i * rows + j], want, "{isa:?} [{i},{j}]");
+                }
             }
         }
     }
