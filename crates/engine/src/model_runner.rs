@@ -3,13 +3,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokenmill_core::{RequestId, SchedulerOutput};
 use tokenmill_gguf::GgufFile;
 use tokenmill_models::{
-    BatchInput, KvCacheStorage, LlamaModel, LoadOptions, ModelConfig, Sampler, SamplingContext,
-    Workspace,
+    BatchInput, KvCacheStorage, LlamaModel, LoadOptions, ModelConfig, SampledToken, Sampler,
+    SamplingContext, Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -191,49 +191,125 @@ impl Executor for ModelRunner {
 
         let vocab = self.loaded.config().vocab_size;
         let mut step = StepOutput::default();
+        self.sample_rows(vocab, &mut step)?;
         for (row_index, row) in self.rows.iter().enumerate() {
+            let LogitsRow::Prompt(request_id, position) = *row else {
+                continue;
+            };
             let logits = self
                 .logits
                 .get(row_index * vocab..(row_index + 1) * vocab)
                 .ok_or_else(|| EngineError::Executor("logits row out of range".into()))?;
-            match *row {
-                LogitsRow::Sample(request_id) => {
-                    let state = self.sequences.get_mut(&request_id).ok_or_else(|| {
-                        EngineError::Executor(format!("request {request_id} has no sampling state"))
-                    })?;
-                    let generated = state.output_token_ids.len() as u32;
-                    let banned: &[u32] = if generated < state.ban.min_tokens {
-                        &state.ban.token_ids
-                    } else {
-                        &[]
-                    };
-                    let context = SamplingContext {
-                        prompt_tokens: &state.prompt_token_ids,
-                        output_tokens: &state.output_token_ids,
-                        step_banned_token_ids: banned,
-                    };
-                    let token = state.sampler.sample(logits, &context)?;
-                    state.output_token_ids.push(token.token_id);
-                    step.sampled.push((request_id, token));
-                }
-                LogitsRow::Prompt(request_id, position) => {
-                    let Some(state) = self.sequences.get_mut(&request_id) else {
-                        continue;
-                    };
-                    let Some(&target) = state.prompt_token_ids.get(position + 1) else {
-                        continue;
-                    };
-                    let top = state.prompt_logprobs.unwrap_or(0);
-                    let entry = prompt_logprob(logits, target, top);
-                    state.prompt_logprobs_done = position + 1;
-                    match step.prompt_logprobs.last_mut() {
-                        Some((id, entries)) if *id == request_id => entries.push(entry),
-                        _ => step.prompt_logprobs.push((request_id, vec![entry])),
-                    }
-                }
+            let Some(state) = self.sequences.get_mut(&request_id) else {
+                continue;
+            };
+            let Some(&target) = state.prompt_token_ids.get(position + 1) else {
+                continue;
+            };
+            let top = state.prompt_logprobs.unwrap_or(0);
+            let entry = prompt_logprob(logits, target, top);
+            state.prompt_logprobs_done = position + 1;
+            match step.prompt_logprobs.last_mut() {
+                Some((id, entries)) if *id == request_id => entries.push(entry),
+                _ => step.prompt_logprobs.push((request_id, vec![entry])),
             }
         }
         Ok(step)
+    }
+}
+
+impl ModelRunner {
+    /// Samples every `LogitsRow::Sample` row, sequences in parallel on the model's thread pool
+    /// (each sequence owns its sampler and RNG, so the result does not depend on the split), and
+    /// appends the tokens to `step` in row order.
+    fn sample_rows(&mut self, vocab: usize, step: &mut StepOutput) -> Result<(), EngineError> {
+        let sample_rows: HashMap<RequestId, usize> = self
+            .rows
+            .iter()
+            .enumerate()
+            .filter_map(|(index, row)| match *row {
+                LogitsRow::Sample(request_id) => Some((request_id, index)),
+                LogitsRow::Prompt(..) => None,
+            })
+            .collect();
+        if sample_rows.is_empty() {
+            return Ok(());
+        }
+        if sample_rows.len()
+            != self
+                .rows
+                .iter()
+                .filter(|row| matches!(row, LogitsRow::Sample(_)))
+                .count()
+        {
+            return Err(EngineError::Executor(
+                "a request is sampled twice in one step".into(),
+            ));
+        }
+        let mut jobs: Vec<Mutex<SampleJob<'_>>> = self
+            .sequences
+            .iter_mut()
+            .filter_map(|(&request_id, state)| {
+                sample_rows.get(&request_id).map(|&row_index| {
+                    Mutex::new(SampleJob {
+                        request_id,
+                        row_index,
+                        state,
+                        result: None,
+                    })
+                })
+            })
+            .collect();
+        if jobs.len() != sample_rows.len() {
+            return Err(EngineError::Executor(
+                "a sampled request has no sampling state".into(),
+            ));
+        }
+        let logits = &self.logits;
+        self.loaded.model.pool().parallel_for(jobs.len(), &|index| {
+            let mut job = jobs[index].lock().unwrap_or_else(PoisonError::into_inner);
+            let row = job.row_index;
+            job.result = Some(match logits.get(row * vocab..(row + 1) * vocab) {
+                Some(row_logits) => job.sample(row_logits),
+                None => Err(EngineError::Executor("logits row out of range".into())),
+            });
+        });
+        jobs.sort_by_key(|job| job.lock().unwrap_or_else(PoisonError::into_inner).row_index);
+        for job in jobs {
+            let job = job.into_inner().unwrap_or_else(PoisonError::into_inner);
+            let token = job
+                .result
+                .unwrap_or_else(|| Err(EngineError::Executor("row was not sampled".into())))?;
+            job.state.output_token_ids.push(token.token_id);
+            step.sampled.push((job.request_id, token));
+        }
+        Ok(())
+    }
+}
+
+/// One sequence's sampling work in a step.
+struct SampleJob<'a> {
+    request_id: RequestId,
+    row_index: usize,
+    state: &'a mut SequenceState,
+    result: Option<Result<SampledToken, EngineError>>,
+}
+
+impl SampleJob<'_> {
+    fn sample(&mut self, logits: &[f32]) -> Result<SampledToken, EngineError> {
+        let state = &mut *self.state;
+        let generated = state.output_token_ids.len() as u32;
+        let banned: &[u32] = if generated < state.ban.min_tokens {
+            &state.ban.token_ids
+        } else {
+            &[]
+        };
+        let context = SamplingContext {
+            prompt_tokens: &state.prompt_token_ids,
+            output_tokens: &state.output_token_ids,
+            step_banned_token_ids: banned,
+        };
+        Ok(state.sampler.sample(logits, &context)?)
     }
 }
 
