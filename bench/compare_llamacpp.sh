@@ -15,7 +15,8 @@
 #   CONCURRENCIES="1 8 32"    client concurrency levels
 #   INPUT_LEN=128 OUTPUT_LEN=128
 #   NUM_PROMPTS               requests per run (default: max(8, 2 × concurrency))
-#   ROUNDS=1                  repetitions of the whole alternation; the table shows means
+#   ROUNDS=3                  repetitions of the whole alternation; the table shows medians
+#                             (values and per-round ratios)
 #   CTX=2048                  context length for both servers
 #   LLAMACPP_VENV             a venv that has (or will get) llama-cpp-python[server]==0.3.16,
 #                             e.g. /work/cache/refvenv; default: $CACHE_DIR/llamacpp-venv
@@ -24,6 +25,7 @@
 #   OUT_DIR                   where results go (default: <repo>/bench/results/<timestamp>)
 #   TOKENMILL                 the tokenmill binary (default: target/release/tokenmill, built if absent)
 #   SERVER_START_TIMEOUT=300  seconds to wait for each server to answer
+#   TOKENMILL_ARGS            extra flags for `tokenmill serve`, e.g. "--kv-cache-memory 1GiB"
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +35,7 @@ THREADS="${THREADS:-2}"
 CONCURRENCIES="${CONCURRENCIES:-1 8 32}"
 INPUT_LEN="${INPUT_LEN:-128}"
 OUTPUT_LEN="${OUTPUT_LEN:-128}"
-ROUNDS="${ROUNDS:-1}"
+ROUNDS="${ROUNDS:-3}"
 CTX="${CTX:-2048}"
 CACHE_DIR="${CACHE_DIR:-$ROOT/.cache/bench}"
 LLAMACPP_VENV="${LLAMACPP_VENV:-$CACHE_DIR/llamacpp-venv}"
@@ -145,7 +147,7 @@ TM_PORT="$(free_port)"
 start_server tokenmill "http://127.0.0.1:$TM_PORT/health" \
     "$TOKENMILL" serve --model "$MODEL" --host 127.0.0.1 --port "$TM_PORT" \
     --threads "$THREADS" --max-model-len "$CTX" --max-num-seqs "$MAX_C" \
-    --served-model-name "$SERVED_NAME" --disable-log-stats
+    --served-model-name "$SERVED_NAME" --disable-log-stats ${TOKENMILL_ARGS:-}
 pause_server tokenmill
 
 # llama-cpp-python serves one request at a time; by default a new request interrupts the one
@@ -196,12 +198,17 @@ CORES="$(nproc)"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null | head -n 1)" ]]; then COMMIT="$COMMIT (dirty)"; fi
 
+# Peak resident memory of each server over the whole run (the kernel's high-water mark).
+peak_rss_mib() { awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+TM_RSS="$(peak_rss_mib "${SERVER_PID[tokenmill]}")"
+LLAMA_RSS="$(peak_rss_mib "$(pgrep -s "${SERVER_PID[llamacpp]}" -f llama_cpp.server | head -n 1)")"
+TM_MEMORY_LINE="$(grep -ho 'Available KV cache memory: .*' "$OUT_DIR/tokenmill-server.log" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g')"
+
 python3 - "$OUT_DIR" "$ROUNDS" "$CONCURRENCIES" <<PY | tee "$OUT_DIR/table.md"
-import json, os, sys
+import json, os, statistics, sys
 out_dir, rounds, levels = sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3].split()]
-def load(server, c):
-    runs = [json.load(open(os.path.join(out_dir, f"{server}-c{c}-r{r}.json"))) for r in range(1, rounds + 1)]
-    return lambda key: sum((run.get(key) or 0) for run in runs) / len(runs)
+def runs(server, c):
+    return [json.load(open(os.path.join(out_dir, f"{server}-c{c}-r{r}.json"))) for r in range(1, rounds + 1)]
 rows = [
     ("output tok/s", "output_throughput"),
     ("total tok/s", "total_token_throughput"),
@@ -224,16 +231,21 @@ print("- commit: $COMMIT")
 print("- machine: $CPU_MODEL, $CORES cores")
 print("- model: $(basename "$MODEL"); threads $THREADS; context $CTX")
 print(f"- workload: random, $INPUT_LEN in / $OUTPUT_LEN out, greedy, EOS ignored; {rounds} round(s), servers alternated")
+print("- peak RSS over the run: tokenmill $TM_RSS MiB ($TM_MEMORY_LINE), llama.cpp $LLAMA_RSS MiB")
+print()
+print(f"Values are medians over the {rounds} rounds; the ratio is the median of the per-round ratios.")
 print()
 print("| C | metric | tokenmill | llama.cpp | tokenmill / llama.cpp |")
 print("|---:|---|---:|---:|---:|")
 for c in levels:
-    tm, ll = load("tokenmill", c), load("llamacpp", c)
+    tm, ll = runs("tokenmill", c), runs("llamacpp", c)
     for label, key in rows:
-        a, b = tm(key), ll(key)
-        ratio = f"{a / b:.2f}x" if b else "n/a"
+        a = [run.get(key) or 0 for run in tm]
+        b = [run.get(key) or 0 for run in ll]
+        ratios = [x / y for x, y in zip(a, b) if y]
+        ratio = f"{statistics.median(ratios):.2f}x" if ratios else "n/a"
         digits = 0 if key in ("completed", "failed", "total_input_tokens", "total_output_tokens") else 2
-        print(f"| {c} | {label} | {a:.{digits}f} | {b:.{digits}f} | {ratio} |")
+        print(f"| {c} | {label} | {statistics.median(a):.{digits}f} | {statistics.median(b):.{digits}f} | {ratio} |")
 print()
 print("Throughput ratios above 1 favour tokenmill; latency ratios below 1 favour tokenmill.")
 PY
