@@ -4,19 +4,34 @@
 //! f32, so a token's K row for all kv heads sits at `slot * kv_dim` with
 //! `slot = block_id * block_size + offset_in_block` and `kv_dim = num_kv_heads * head_dim`.
 //!
-//! `paged_attention` splits work into tasks of (sequence, query head, chunk of query rows).
-//! Each task walks the sequence's cache blocks once, scoring a whole block of keys for all its
-//! query rows before one online-softmax rescale per block, so K/V rows are reused across the
-//! chunk and no full score row is ever materialized. A query row's result depends only on its
-//! own query, its position and the cached K/V: chunking, batching and thread count never change
-//! its floating-point operation order.
+//! `paged_attention` splits work into tasks of (sequence, kv head, chunk of query rows) that
+//! cover all query heads sharing that kv head (or a part of them, when a small decode batch
+//! would otherwise leave threads idle). Each task walks the sequence's cache blocks once, in
+//! tiles of at most 16 keys at fixed offsets inside each block, and folds each tile into every
+//! (row, head) pair of the task (one online-softmax rescale per tile) while the tile's K/V rows
+//! are hot in L1, so K/V are read once per group and no full score row is ever materialized.
+//!
+//! A query row's result depends only on its own query, its position and the cached K/V: every
+//! (row, head) pair sees the same tiles in the same order with the same per-tile operations, so
+//! chunking, batching, grouping and thread count never change its floating-point results.
 
 use crate::pool::{SharedMut, ThreadPool};
-use crate::simd::{BlockView, OnlineSoftmax, VectorOps};
+use crate::simd::{KeyTile, OnlineSoftmax, TileWeights, VectorOps, TILE};
 use crate::KernelError;
 
-/// Query rows handled by one attention task.
+/// Most query rows handled by one attention task.
 const QUERY_CHUNK: usize = 16;
+
+/// Most (row, head) pairs in one task.
+const MAX_PAIRS: usize = 64;
+
+/// f32 accumulators a task keeps on its stack (16 KiB). Tasks are cut to fit it; only a head
+/// larger than this (never seen in practice) makes a task use the heap.
+const ACC_CAPACITY: usize = 4096;
+
+/// A plan splits head groups until the batch has this many tasks per thread (or every task
+/// holds a single head).
+const MIN_TASKS_PER_THREAD: usize = 2;
 
 /// Shapes shared by every sequence of an attention call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -213,102 +228,229 @@ pub fn paged_attention(
     block_tables: &[u32],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
+    attention_with(
+        VectorOps::detect(),
+        pool,
+        p,
+        q,
+        k_cache,
+        v_cache,
+        seqs,
+        block_tables,
+        out,
+    )
+}
+
+/// [`paged_attention`] with the vector primitives chosen by the caller.
+#[allow(clippy::too_many_arguments)]
+fn attention_with(
+    kernels: VectorOps,
+    pool: &ThreadPool,
+    p: &AttentionParams,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    seqs: &[AttentionSeq],
+    block_tables: &[u32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
     validate(p, q, k_cache, v_cache, seqs, block_tables, out.len())?;
+    let plan = Plan::new(p, seqs, pool.num_threads());
     let mut task_starts = Vec::with_capacity(seqs.len() + 1);
     let mut total = 0usize;
     for seq in seqs {
         task_starts.push(total);
-        total += p.num_heads * seq.query_len.div_ceil(QUERY_CHUNK);
+        total += plan.tasks_per_seq(seq);
     }
     task_starts.push(total);
     let output = SharedMut::new(out);
     pool.parallel_for(total, &|task| {
         let seq_index = task_starts.partition_point(|&start| start <= task) - 1;
         let seq = &seqs[seq_index];
-        let local = task - task_starts[seq_index];
-        let head = local % p.num_heads;
-        let chunk = local / p.num_heads;
-        let first = chunk * QUERY_CHUNK;
-        let last = (first + QUERY_CHUNK).min(seq.query_len);
+        let work = plan.task(seq, task - task_starts[seq_index]);
         let table = &block_tables[seq.block_table_start..seq.block_table_start + seq.num_blocks];
-        attend_chunk(
-            p,
-            q,
-            k_cache,
-            v_cache,
-            seq,
-            table,
-            head,
-            first..last,
-            &output,
-        );
+        attend_task(kernels, p, q, k_cache, v_cache, seq, table, &work, &output);
     });
     Ok(())
 }
 
-/// Online-softmax attention for query rows `rows` (relative to the sequence) of one head.
+/// How `paged_attention` cuts a batch into tasks. Any cut gives the same results (each
+/// (row, head) pair's operations do not depend on its task), so the plan only balances reuse
+/// of each K/V tile across a task's pairs against keeping every thread busy.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Query heads sharing one kv head.
+    group: usize,
+    /// Each kv head's query heads are split into this many contiguous parts.
+    parts: usize,
+    /// Query rows per task.
+    rows: usize,
+    num_kv_heads: usize,
+}
+
+/// One task: query rows `rows` (relative to the sequence) of query heads `heads`, all of which
+/// read kv head `kv_head`.
+struct TaskWork {
+    kv_head: usize,
+    heads: std::ops::Range<usize>,
+    rows: std::ops::Range<usize>,
+}
+
+impl Plan {
+    fn new(p: &AttentionParams, seqs: &[AttentionSeq], threads: usize) -> Plan {
+        let group = p.num_heads / p.num_kv_heads;
+        let max_heads = (ACC_CAPACITY / p.head_dim).clamp(1, MAX_PAIRS).min(group);
+        let plan_with = |parts: usize| {
+            let heads = group.div_ceil(parts);
+            let rows = (ACC_CAPACITY / (heads * p.head_dim))
+                .min(MAX_PAIRS / heads)
+                .clamp(1, QUERY_CHUNK);
+            Plan {
+                group,
+                parts,
+                rows,
+                num_kv_heads: p.num_kv_heads,
+            }
+        };
+        let mut plan = plan_with(group.div_ceil(max_heads));
+        // Few tasks (a small decode batch): split head groups until every thread has some.
+        while plan.parts < group {
+            let tasks: usize = seqs.iter().map(|seq| plan.tasks_per_seq(seq)).sum();
+            if tasks >= MIN_TASKS_PER_THREAD * threads {
+                break;
+            }
+            plan = plan_with(plan.parts + 1);
+        }
+        plan
+    }
+
+    fn tasks_per_seq(&self, seq: &AttentionSeq) -> usize {
+        self.num_kv_heads * self.parts * seq.query_len.div_ceil(self.rows)
+    }
+
+    /// The `local`-th task of `seq`. Tasks come heaviest first (later rows see more keys, and
+    /// earlier head parts are at least as large), which helps the pool's dynamic hand-out.
+    fn task(&self, seq: &AttentionSeq, local: usize) -> TaskWork {
+        let kv_head = local % self.num_kv_heads;
+        let part = (local / self.num_kv_heads) % self.parts;
+        let chunks = seq.query_len.div_ceil(self.rows);
+        let chunk = chunks - 1 - local / (self.num_kv_heads * self.parts);
+        let first_head = kv_head * self.group;
+        let rows_start = chunk * self.rows;
+        TaskWork {
+            kv_head,
+            heads: first_head + (part * self.group).div_ceil(self.parts)
+                ..first_head + ((part + 1) * self.group).div_ceil(self.parts),
+            rows: rows_start..(rows_start + self.rows).min(seq.query_len),
+        }
+    }
+}
+
+/// Online-softmax attention for every (row, head) pair of one task. Keys are walked in cache
+/// blocks, in tiles of at most `TILE` keys at fixed offsets inside each block; each tile is
+/// folded into every pair that can see it while its K/V rows are hot in L1.
 #[allow(clippy::too_many_arguments)]
-fn attend_chunk(
+fn attend_task(
+    kernels: VectorOps,
     p: &AttentionParams,
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
     seq: &AttentionSeq,
     table: &[u32],
-    head: usize,
-    rows: std::ops::Range<usize>,
+    work: &TaskWork,
     output: &SharedMut<f32>,
 ) {
     let d = p.head_dim;
     let q_dim = p.num_heads * d;
     let kv_dim = p.num_kv_heads * d;
-    let kv_head = head / (p.num_heads / p.num_kv_heads);
-    let n_rows = rows.len();
+    let n_heads = work.heads.len();
+    let n_pairs = n_heads * work.rows.len();
+    if n_pairs == 0 || n_pairs > MAX_PAIRS {
+        return;
+    }
     let first_position = seq.context_len - seq.query_len;
-    let position_of = |r: usize| first_position + rows.start + r;
-    let query_of = |r: usize| {
-        let row = seq.query_start + rows.start + r;
-        &q[row * q_dim + head * d..row * q_dim + (head + 1) * d]
+    // Pair `i` is row `work.rows.start + i / n_heads`, head `work.heads.start + i % n_heads`.
+    let row_of = |pair: usize| seq.query_start + work.rows.start + pair / n_heads;
+    let position_of = |pair: usize| first_position + work.rows.start + pair / n_heads;
+    let query_of = |pair: usize| {
+        let start = row_of(pair) * q_dim + (work.heads.start + pair % n_heads) * d;
+        &q[start..start + d]
     };
-    let mut accumulators = vec![0.0f32; n_rows * d];
-    let mut states = [OnlineSoftmax::EMPTY; QUERY_CHUNK];
-    let mut scores = vec![0.0f32; p.block_size];
-    let last_position = position_of(n_rows.saturating_sub(1));
+    let mut stack = [0.0f32; ACC_CAPACITY];
+    let mut heap = Vec::new();
+    let accumulators = if n_pairs * d <= ACC_CAPACITY {
+        &mut stack[..n_pairs * d]
+    } else {
+        heap.resize(n_pairs * d, 0.0f32);
+        &mut heap[..]
+    };
+    let mut states = [OnlineSoftmax::EMPTY; MAX_PAIRS];
+    let mut tile_weights = [TileWeights::EMPTY; MAX_PAIRS];
+    let last_position = position_of(n_pairs - 1);
     let n_blocks = (last_position + 1).div_ceil(p.block_size);
-    let kernels = VectorOps::detect();
     for (block_index, &block_id) in table.iter().take(n_blocks).enumerate() {
-        let block_first_position = block_index * p.block_size;
-        let block_base = block_id as usize * p.block_size * kv_dim + kv_head * d;
-        let block_end = block_base + (p.block_size - 1) * kv_dim + d;
-        for r in 0..n_rows {
-            let position = position_of(r);
-            if position < block_first_position {
-                continue;
+        let block_base = block_id as usize * p.block_size * kv_dim + work.kv_head * d;
+        for tile_start in (0..p.block_size).step_by(TILE) {
+            let tile_first_position = block_index * p.block_size + tile_start;
+            if tile_first_position > last_position {
+                break;
             }
-            let view = BlockView {
-                keys: &k_cache[block_base..block_end],
-                values: &v_cache[block_base..block_end],
+            let tile_len = TILE.min(p.block_size - tile_start);
+            let base = block_base + tile_start * kv_dim;
+            let end = base + (tile_len - 1) * kv_dim + d;
+            let (keys, values) = (&k_cache[base..end], &v_cache[base..end]);
+            let tile = KeyTile {
+                keys,
+                values,
                 stride: kv_dim,
-                count: (position - block_first_position + 1).min(p.block_size),
+                count: tile_len,
             };
-            kernels.attend_block(
-                query_of(r),
-                view,
-                p.scale,
-                &mut states[r],
-                &mut accumulators[r * d..(r + 1) * d],
-                &mut scores,
-            );
+            // Scores and weights of every pair first (independent chains the CPU overlaps),
+            // then the value sums, two pairs at a time where their key counts agree.
+            for (pair, (state, weights)) in states[..n_pairs]
+                .iter_mut()
+                .zip(&mut tile_weights)
+                .enumerate()
+            {
+                let position = position_of(pair);
+                *weights = TileWeights::EMPTY;
+                if position < tile_first_position {
+                    continue;
+                }
+                let count = (position - tile_first_position + 1).min(tile_len);
+                let tile = KeyTile { count, ..tile };
+                if let Some(computed) = kernels.tile_weights(query_of(pair), tile, p.scale, state) {
+                    *weights = computed;
+                }
+            }
+            let mut pairs = tile_weights[..n_pairs]
+                .iter()
+                .zip(accumulators.chunks_exact_mut(d))
+                .filter(|(weights, _)| weights.count > 0)
+                .peekable();
+            while let Some((weights, acc)) = pairs.next() {
+                match pairs.next_if(|(next, _)| next.count == weights.count) {
+                    Some((next, next_acc)) => {
+                        kernels.accumulate_two(tile, [weights, next], [acc, next_acc]);
+                    }
+                    None => kernels.accumulate(tile, weights, acc),
+                }
+            }
         }
     }
-    for (r, j) in rows.enumerate() {
-        let row = seq.query_start + j;
-        let inverse = 1.0 / states[r].sum;
+    for (pair, (state, acc)) in states[..n_pairs]
+        .iter()
+        .zip(accumulators.chunks_exact(d))
+        .enumerate()
+    {
+        let inverse = 1.0 / state.sum;
+        let start = row_of(pair) * q_dim + (work.heads.start + pair % n_heads) * d;
         // SAFETY: each (row, head) pair belongs to exactly one task, rows of different
-        // sequences are disjoint (callers give each row to one sequence), and the range lies
-        // inside `out` (validated against q's shape).
-        let target = unsafe { output.slice_mut(row * q_dim + head * d, d) };
-        for (o, &a) in target.iter_mut().zip(&accumulators[r * d..(r + 1) * d]) {
+        // sequences are disjoint (validated), and the range lies inside `out` (validated
+        // against q's shape).
+        let target = unsafe { output.slice_mut(start, d) };
+        for (o, &a) in target.iter_mut().zip(acc) {
             *o = a * inverse;
         }
     }
@@ -428,8 +570,13 @@ mod tests {
     }
 
     fn run(pool: &ThreadPool, batch: &Batch) -> Vec<f32> {
+        run_with(VectorOps::detect(), pool, batch)
+    }
+
+    fn run_with(kernels: VectorOps, pool: &ThreadPool, batch: &Batch) -> Vec<f32> {
         let mut out = vec![f32::NAN; batch.q.len()];
-        paged_attention(
+        attention_with(
+            kernels,
             pool,
             &batch.params,
             &batch.q,
@@ -443,113 +590,234 @@ mod tests {
         out
     }
 
+    fn reference(batch: &Batch) -> Vec<f32> {
+        let mut expected = vec![f32::NAN; batch.q.len()];
+        reference_attention(
+            &batch.params,
+            &batch.q,
+            &batch.k_cache,
+            &batch.v_cache,
+            &batch.seqs,
+            &batch.block_tables,
+            &mut expected,
+        )
+        .unwrap();
+        expected
+    }
+
+    fn params(
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+    ) -> AttentionParams {
+        AttentionParams {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        }
+    }
+
+    fn bits(values: &[f32]) -> Vec<u32> {
+        values.iter().map(|v| v.to_bits()).collect()
+    }
+
+    fn close(got: &[f32], want: &[f32]) -> bool {
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 + 1e-4 * b.abs())
+    }
+
+    /// (num_heads, num_kv_heads, head_dim, block_size): GQA ratios 1, 3, 4 and 6, head sizes
+    /// with and without 8-lane tails, blocks smaller than, equal to and larger than a tile.
+    const CONFIGS: [(usize, usize, usize, usize); 10] = [
+        (9, 3, 64, 16),
+        (8, 2, 128, 16),
+        (4, 4, 48, 16),
+        (6, 2, 80, 7),
+        (5, 5, 17, 4),
+        (6, 1, 8, 3),
+        (4, 2, 33, 16),
+        (8, 2, 64, 40),
+        (3, 1, 256, 32),
+        (2, 2, 5, 1),
+    ];
+
     #[test]
     fn matches_reference_on_mixed_batches() {
         let mut rng = Rng::new(5);
         let pool = ThreadPool::new(2);
-        let configs = [(9, 3, 64, 16), (5, 5, 17, 4), (6, 1, 8, 3), (4, 2, 33, 16)];
-        for (num_heads, num_kv_heads, head_dim, block_size) in configs {
-            let params = AttentionParams {
-                num_heads,
-                num_kv_heads,
-                head_dim,
-                block_size,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-            };
+        for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
+            let params = params(num_heads, num_kv_heads, head_dim, block_size);
             // Prefill from scratch, decode, a chunked-prefill continuation, a long prefill
-            // crossing many blocks, and a decode at a block boundary.
+            // crossing many blocks, and decodes just before, at and after a block boundary.
             let shapes = [
                 (37, 37),
                 (1, 50),
                 (20, 45),
                 (1, 1),
                 (70, 70),
+                (1, 2 * block_size - 1),
                 (1, 2 * block_size),
+                (1, 2 * block_size + 1),
             ];
             let batch = random_batch(&mut rng, params, &shapes);
-            let out = run(&pool, &batch);
-            let mut expected = vec![0.0f32; batch.q.len()];
-            reference_attention(
-                &params,
-                &batch.q,
-                &batch.k_cache,
-                &batch.v_cache,
-                &batch.seqs,
-                &batch.block_tables,
-                &mut expected,
-            )
-            .unwrap();
-            for (i, (a, b)) in out.iter().zip(&expected).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-5 + 1e-4 * b.abs(),
-                    "{params:?} element {i}: {a} vs {b}"
+            let expected = reference(&batch);
+            for kernels in [VectorOps::detect(), VectorOps::Scalar] {
+                let out = run_with(kernels, &pool, &batch);
+                for (i, (a, b)) in out.iter().zip(&expected).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 + 1e-4 * b.abs(),
+                        "{params:?} {kernels:?} element {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn leaves_padding_rows_untouched() {
+        let mut rng = Rng::new(6);
+        let params = params(9, 3, 64, 16);
+        let mut batch = random_batch(&mut rng, params, &[(3, 20), (1, 33)]);
+        let q_dim = params.num_heads * params.head_dim;
+        // Two padding rows between the sequences and one after them.
+        let mut q = batch.q[..3 * q_dim].to_vec();
+        q.extend(rng.vec(2 * q_dim, -1.0, 1.0));
+        q.extend_from_slice(&batch.q[3 * q_dim..]);
+        q.extend(rng.vec(q_dim, -1.0, 1.0));
+        batch.q = q;
+        batch.seqs[1].query_start = 5;
+        let out = run(&ThreadPool::new(2), &batch);
+        let expected = reference(&batch);
+        for (row, (got, want)) in out.chunks(q_dim).zip(expected.chunks(q_dim)).enumerate() {
+            if [3, 4, 6].contains(&row) {
+                assert!(got.iter().all(|v| v.is_nan()), "padding row {row} written");
+            } else {
+                assert!(close(got, want), "row {row}");
+            }
+        }
+    }
+
+    /// Rows `rows` of one sequence of `batch` as a batch of their own (the context ending at
+    /// the last of them), as a decode step or a prefill chunk would present them.
+    fn rows_alone(batch: &Batch, seq: &AttentionSeq, rows: std::ops::Range<usize>) -> Batch {
+        let q_dim = batch.params.num_heads * batch.params.head_dim;
+        let first = seq.query_start + rows.start;
+        Batch {
+            params: batch.params,
+            q: batch.q[first * q_dim..(seq.query_start + rows.end) * q_dim].to_vec(),
+            k_cache: batch.k_cache.clone(),
+            v_cache: batch.v_cache.clone(),
+            seqs: vec![AttentionSeq {
+                query_start: 0,
+                query_len: rows.len(),
+                context_len: seq.context_len - seq.query_len + rows.end,
+                ..*seq
+            }],
+            block_tables: batch.block_tables.clone(),
+        }
+    }
+
+    #[test]
+    fn rows_are_bitwise_independent_of_batch_chunking_and_threads() {
+        let mut rng = Rng::new(9);
+        let pools: Vec<ThreadPool> = [1, 2, 3, 8].into_iter().map(ThreadPool::new).collect();
+        for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
+            let params = params(num_heads, num_kv_heads, head_dim, block_size);
+            let q_dim = num_heads * head_dim;
+            let shapes = [(40, 40), (1, 77), (5, 30), (19, 50)];
+            let batch = random_batch(&mut rng, params, &shapes);
+            let together = run(&pools[1], &batch);
+            assert!(close(&together, &reference(&batch)), "{params:?}");
+            for (index, seq) in batch.seqs.iter().enumerate() {
+                let expected = &together[seq.query_start * q_dim..][..seq.query_len * q_dim];
+                // The whole sequence alone, with any thread count.
+                let alone = rows_alone(&batch, seq, 0..seq.query_len);
+                for pool in &pools {
+                    assert_eq!(
+                        bits(&run(pool, &alone)),
+                        bits(expected),
+                        "{params:?} sequence {index} alone, {} threads",
+                        pool.num_threads()
+                    );
+                }
+                // Every row as a one-token decode step.
+                for row in 0..seq.query_len {
+                    let decode = rows_alone(&batch, seq, row..row + 1);
+                    let pool = &pools[row % pools.len()];
+                    assert_eq!(
+                        bits(&run(pool, &decode)),
+                        bits(&expected[row * q_dim..(row + 1) * q_dim]),
+                        "{params:?} sequence {index} row {row} as a decode step"
+                    );
+                }
+                // The rows prefilled in uneven chunks, as chunked prefill would.
+                let mut chunked = Vec::new();
+                let mut start = 0;
+                for size in [3, 13, 1, 17].into_iter().cycle() {
+                    if start >= seq.query_len {
+                        break;
+                    }
+                    let end = (start + size).min(seq.query_len);
+                    chunked.extend(run(&pools[0], &rows_alone(&batch, seq, start..end)));
+                    start = end;
+                }
+                assert_eq!(
+                    bits(&chunked),
+                    bits(expected),
+                    "{params:?} sequence {index} chunked"
                 );
             }
         }
     }
 
     #[test]
-    fn sequence_result_is_independent_of_batch_and_threads() {
-        let mut rng = Rng::new(9);
-        let params = AttentionParams {
-            num_heads: 9,
-            num_kv_heads: 3,
-            head_dim: 64,
-            block_size: 16,
-            scale: 0.125,
-        };
-        let batch = random_batch(&mut rng, params, &[(40, 40), (1, 77), (5, 30)]);
-        let together = run(&ThreadPool::new(2), &batch);
-        let q_dim = params.num_heads * params.head_dim;
-        for (index, seq) in batch.seqs.iter().enumerate() {
-            let alone_rows =
-                &batch.q[seq.query_start * q_dim..(seq.query_start + seq.query_len) * q_dim];
-            let alone = Batch {
-                params,
-                q: alone_rows.to_vec(),
-                k_cache: batch.k_cache.clone(),
-                v_cache: batch.v_cache.clone(),
-                seqs: vec![AttentionSeq {
-                    query_start: 0,
-                    ..*seq
-                }],
-                block_tables: batch.block_tables.clone(),
-            };
-            for threads in [1, 3] {
-                let out = run(&ThreadPool::new(threads), &alone);
-                let expected =
-                    &together[seq.query_start * q_dim..(seq.query_start + seq.query_len) * q_dim];
-                assert!(
-                    out.iter()
-                        .zip(expected)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "sequence {index} differs alone with {threads} threads"
-                );
+    fn plans_cover_every_pair_once() {
+        for (num_heads, num_kv_heads, head_dim) in [
+            (9, 3, 64),
+            (8, 2, 128),
+            (32, 1, 256),
+            (4, 4, 48),
+            (2, 1, 8192),
+        ] {
+            let p = params(num_heads, num_kv_heads, head_dim, 16);
+            let group = num_heads / num_kv_heads;
+            for lens in [&[1usize][..], &[1, 1, 1, 1], &[70, 1, 5], &[512]] {
+                let seqs: Vec<AttentionSeq> = lens
+                    .iter()
+                    .map(|&query_len| AttentionSeq {
+                        query_start: 0,
+                        query_len,
+                        context_len: query_len,
+                        block_table_start: 0,
+                        num_blocks: 0,
+                    })
+                    .collect();
+                for threads in [1, 2, 16] {
+                    let plan = Plan::new(&p, &seqs, threads);
+                    for seq in &seqs {
+                        let mut seen = vec![0u32; seq.query_len * num_heads];
+                        for local in 0..plan.tasks_per_seq(seq) {
+                            let work = plan.task(seq, local);
+                            assert!(work.heads.len() * work.rows.len() <= MAX_PAIRS);
+                            assert!(!work.heads.is_empty() && !work.rows.is_empty());
+                            for head in work.heads.clone() {
+                                assert_eq!(head / group, work.kv_head);
+                                for row in work.rows.clone() {
+                                    seen[row * num_heads + head] += 1;
+                                }
+                            }
+                        }
+                        assert!(seen.iter().all(|&n| n == 1), "{p:?} {lens:?} {threads}");
+                    }
+                }
             }
         }
-        // The last decode row of a prefill equals the same row computed as a 1-token step.
-        let seq = batch.seqs[0];
-        let last_row = seq.query_start + seq.query_len - 1;
-        let decode = Batch {
-            params,
-            q: batch.q[last_row * q_dim..(last_row + 1) * q_dim].to_vec(),
-            k_cache: batch.k_cache.clone(),
-            v_cache: batch.v_cache.clone(),
-            seqs: vec![AttentionSeq {
-                query_start: 0,
-                query_len: 1,
-                ..seq
-            }],
-            block_tables: batch.block_tables.clone(),
-        };
-        let out = run(&ThreadPool::new(2), &decode);
-        assert_eq!(
-            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            together[last_row * q_dim..(last_row + 1) * q_dim]
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        );
     }
 
     #[test]

@@ -37,8 +37,8 @@
 //!   they were.
 //!
 //! Shape and index mistakes return [`KernelError`]; kernels never panic on bad input. Hot paths
-//! allocate nothing per call once [`MatmulScratch`] has grown (attention allocates a few small
-//! per-task buffers).
+//! allocate nothing per call once [`MatmulScratch`] has grown (attention allocates only two
+//! small per-call index vectors; its tasks work on the stack).
 //!
 //! # Usage loop (one forward step)
 //!

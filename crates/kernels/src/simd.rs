@@ -1,5 +1,16 @@
-//! f32 vector primitives for attention (dot products, one online-softmax block step), with an
-//! AVX2 path and a scalar fallback of the same structure.
+//! f32 vector primitives for attention: one online-softmax step over a tile of at most
+//! [`TILE`] keys for one (query row, head) pair, with an AVX2 path and a scalar fallback of the
+//! same structure (the two agree to rounding, not bitwise).
+//!
+//! The AVX2 path scores eight keys at a time with independent accumulators and one transposing
+//! reduction, so every key's dot product is summed in the same fixed order
+//! (`((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` over the eight accumulator lanes) no matter how
+//! many keys the tile holds. The tile's max, exponentials and sum are vectorized in a fixed
+//! order too: a pair's result depends only on its query and the tile's keys and values.
+
+/// Most keys one online-softmax step handles; cache blocks larger than this are walked in
+/// tiles of this many keys.
+pub(crate) const TILE: usize = 16;
 
 /// The vector primitives available on this CPU, detected once per use site.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,27 +30,24 @@ impl VectorOps {
         }
         VectorOps::Scalar
     }
-
-    /// `Σ a[i] · b[i]` over the common length.
-    #[cfg(test)]
-    pub(crate) fn dot(self, a: &[f32], b: &[f32]) -> f32 {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA.
-            VectorOps::Avx2 => unsafe { avx2::dot(a, b) },
-            VectorOps::Scalar => scalar_dot(a, b),
-        }
-    }
 }
 
-/// One cache block's keys and values for one kv head: rows `t < count` start at
+/// Keys and values of one tile for one kv head: rows `t < count` (`count <= TILE`) start at
 /// `t * stride` and hold `head_dim` values.
 #[derive(Clone, Copy)]
-pub(crate) struct BlockView<'a> {
+pub(crate) struct KeyTile<'a> {
     pub(crate) keys: &'a [f32],
     pub(crate) values: &'a [f32],
     pub(crate) stride: usize,
     pub(crate) count: usize,
+}
+
+impl KeyTile<'_> {
+    /// Whether the tile's shape fits its buffers and the step's limits.
+    fn is_valid(&self, d: usize) -> bool {
+        let rows_fit = |buffer: &[f32]| (self.count - 1) * self.stride + d <= buffer.len();
+        self.count >= 1 && self.count <= TILE && rows_fit(self.keys) && rows_fit(self.values)
+    }
 }
 
 /// Running state of one query row's online softmax.
@@ -56,69 +64,173 @@ impl OnlineSoftmax {
     };
 }
 
+/// One pair's softmax weights for the first `count` keys of a tile and the factor its
+/// accumulator is rescaled by before they are added.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TileWeights {
+    pub(crate) weights: [f32; TILE],
+    pub(crate) correction: f32,
+    pub(crate) count: usize,
+}
+
+impl TileWeights {
+    pub(crate) const EMPTY: TileWeights = TileWeights {
+        weights: [0.0; TILE],
+        correction: 1.0,
+        count: 0,
+    };
+}
+
 impl VectorOps {
-    /// Folds one block of keys/values into a query row's online softmax: scores
-    /// `q·k * scale`, one rescale of `acc` by `exp(old_max - new_max)`, then
-    /// `acc += Σ exp(s - new_max) · v` in key order. `scores` needs `block.count` slots.
+    /// First half of folding a tile into a (row, head) pair's online softmax: scores
+    /// `q·k * scale` for the tile's `count` keys, updates `state` and returns the weights
+    /// `exp(s - new_max)` with the rescale factor `exp(old_max - new_max)`. Returns `None`
+    /// (and leaves `state` alone) if the tile is empty, longer than [`TILE`] or does not fit
+    /// its buffers.
     #[inline]
-    pub(crate) fn attend_block(
+    pub(crate) fn tile_weights(
         self,
         query: &[f32],
-        block: BlockView<'_>,
+        tile: KeyTile<'_>,
+        scale: f32,
+        state: &mut OnlineSoftmax,
+    ) -> Option<TileWeights> {
+        if !tile.is_valid(query.len()) {
+            return None;
+        }
+        Some(match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; the tile was
+            // validated against `query.len()`.
+            VectorOps::Avx2 => unsafe { avx2::tile_weights(query, tile, scale, state) },
+            VectorOps::Scalar => scalar_tile_weights(query, tile, scale, state),
+        })
+    }
+
+    /// Second half: `acc = acc · correction + Σ_t weights[t] · v_t` over the first
+    /// `weights.count` value rows of `tile`, in key order. Does nothing if those rows do not
+    /// fit the tile's buffers for `acc.len()` values.
+    #[inline]
+    pub(crate) fn accumulate(self, tile: KeyTile<'_>, weights: &TileWeights, acc: &mut [f32]) {
+        let tile = KeyTile {
+            count: weights.count,
+            ..tile
+        };
+        if !tile.is_valid(acc.len()) {
+            return;
+        }
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; the tile's
+            // value rows were validated against `acc.len()`.
+            VectorOps::Avx2 => unsafe { avx2::accumulate_one(tile, weights, acc) },
+            VectorOps::Scalar => scalar_accumulate(tile, weights, acc),
+        }
+    }
+
+    /// [`VectorOps::accumulate`] for two pairs at once, sharing the value loads. Each pair's
+    /// accumulator goes through exactly the operations `accumulate` would apply.
+    #[inline]
+    pub(crate) fn accumulate_two(
+        self,
+        tile: KeyTile<'_>,
+        weights: [&TileWeights; 2],
+        acc: [&mut [f32]; 2],
+    ) {
+        let [acc_a, acc_b] = acc;
+        let fused = KeyTile {
+            count: weights[0].count,
+            ..tile
+        };
+        #[cfg(target_arch = "x86_64")]
+        if self == VectorOps::Avx2
+            && weights[0].count == weights[1].count
+            && acc_a.len() == acc_b.len()
+            && fused.is_valid(acc_a.len())
+        {
+            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; the tile's value
+            // rows were validated against both accumulators' common length.
+            unsafe { avx2::accumulate_two(fused, weights, [acc_a, acc_b]) };
+            return;
+        }
+        self.accumulate(tile, weights[0], acc_a);
+        self.accumulate(tile, weights[1], acc_b);
+    }
+
+    /// Both halves in one call.
+    #[cfg(test)]
+    pub(crate) fn attend_tile(
+        self,
+        query: &[f32],
+        tile: KeyTile<'_>,
         scale: f32,
         state: &mut OnlineSoftmax,
         acc: &mut [f32],
-        scores: &mut [f32],
     ) {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA.
-            VectorOps::Avx2 => unsafe {
-                avx2::attend_block(query, block, scale, state, acc, scores)
-            },
-            VectorOps::Scalar => scalar_attend_block(query, block, scale, state, acc, scores),
+        if acc.len() != query.len() {
+            return;
+        }
+        if let Some(weights) = self.tile_weights(query, tile, scale, state) {
+            self.accumulate(tile, &weights, acc);
         }
     }
 }
 
-/// Turns raw scores into block weights and updates the softmax state; returns the factor the
+/// Turns raw scores into tile weights and updates the softmax state; returns the factor the
 /// accumulator must be rescaled by.
-#[inline]
-fn softmax_block_weights(scores: &mut [f32], state: &mut OnlineSoftmax) -> f32 {
-    let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    let new_max = state.max.max(block_max);
+fn softmax_tile_weights(scores: &mut [f32], state: &mut OnlineSoftmax) -> f32 {
+    let tile_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let new_max = state.max.max(tile_max);
     let correction = (state.max - new_max).exp();
-    let mut block_sum = 0.0f32;
+    let mut tile_sum = 0.0f32;
     for score in scores.iter_mut() {
         *score = (*score - new_max).exp();
-        block_sum += *score;
+        tile_sum += *score;
     }
-    state.sum = state.sum * correction + block_sum;
+    state.sum = state.sum * correction + tile_sum;
     state.max = new_max;
     correction
 }
 
-fn scalar_attend_block(
+fn scalar_tile_weights(
     query: &[f32],
-    block: BlockView<'_>,
+    tile: KeyTile<'_>,
     scale: f32,
     state: &mut OnlineSoftmax,
-    acc: &mut [f32],
-    scores: &mut [f32],
-) {
+) -> TileWeights {
     let d = query.len();
-    let scores = &mut scores[..block.count];
+    let mut result = TileWeights {
+        count: tile.count,
+        ..TileWeights::EMPTY
+    };
+    let scores = &mut result.weights[..tile.count];
     for (t, score) in scores.iter_mut().enumerate() {
-        *score = scalar_dot(query, &block.keys[t * block.stride..t * block.stride + d]) * scale;
+        *score = scalar_dot(query, &tile.keys[t * tile.stride..t * tile.stride + d]) * scale;
     }
-    let correction = softmax_block_weights(scores, state);
+    result.correction = softmax_tile_weights(scores, state);
+    result
+}
+
+fn scalar_accumulate(tile: KeyTile<'_>, weights: &TileWeights, acc: &mut [f32]) {
     for (j, a) in acc.iter_mut().enumerate() {
-        let mut value = *a * correction;
-        for (t, &weight) in scores.iter().enumerate() {
-            value += weight * block.values[t * block.stride + j];
+        let mut value = *a * weights.correction;
+        for (t, &weight) in weights.weights[..weights.count].iter().enumerate() {
+            value += weight * tile.values[t * tile.stride + j];
         }
         *a = value;
     }
+}
+
+#[cfg(test)]
+fn scalar_attend_tile(
+    query: &[f32],
+    tile: KeyTile<'_>,
+    scale: f32,
+    state: &mut OnlineSoftmax,
+    acc: &mut [f32],
+) {
+    let weights = scalar_tile_weights(query, tile, scale, state);
+    scalar_accumulate(tile, &weights, acc);
 }
 
 fn scalar_dot(a: &[f32], b: &[f32]) -> f32 {
@@ -144,13 +256,13 @@ fn scalar_dot(a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{BlockView, OnlineSoftmax};
+    use super::{KeyTile, OnlineSoftmax, TileWeights, TILE};
 
     /// `e^x` for 8 lanes: Cephes-style range reduction `x = n·ln2 + r` and a degree-6
-    /// polynomial (relative error ~1e-7); inputs below -87.3 give exactly 0.
+    /// polynomial (relative error ~1e-7); inputs below -87.3 (and -inf) give exactly 0.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn exp8(x: __m256) -> __m256 {
+    pub(super) fn exp8(x: __m256) -> __m256 {
         let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_55));
         let x = _mm256_min_ps(
             _mm256_max_ps(x, _mm256_set1_ps(-87.336_55)),
@@ -178,160 +290,323 @@ mod avx2 {
         _mm256_andnot_ps(underflow, _mm256_mul_ps(y, scale))
     }
 
-    /// AVX2 twin of `softmax_block_weights`, with the block's exponentials vectorized.
+    /// A lane mask with the first `n` lanes (`n <= 8`) set.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn softmax_block_weights_avx2(scores: &mut [f32], state: &mut OnlineSoftmax) -> f32 {
-        let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let new_max = state.max.max(block_max);
-        let correction = (state.max - new_max).exp();
-        let shift = _mm256_set1_ps(new_max);
-        let mut chunks = scores.chunks_exact_mut(8);
-        for chunk in &mut chunks {
-            // SAFETY: the chunk holds exactly 8 f32.
-            unsafe {
-                let v = _mm256_loadu_ps(chunk.as_ptr());
-                _mm256_storeu_ps(chunk.as_mut_ptr(), exp8(_mm256_sub_ps(v, shift)));
-            }
-        }
-        let tail = chunks.into_remainder();
-        if !tail.is_empty() {
-            let mut padded = [f32::NEG_INFINITY; 8];
-            padded[..tail.len()].copy_from_slice(tail);
-            let mut result = [0.0f32; 8];
-            // SAFETY: both arrays hold exactly 8 f32.
-            unsafe {
-                let v = _mm256_loadu_ps(padded.as_ptr());
-                _mm256_storeu_ps(result.as_mut_ptr(), exp8(_mm256_sub_ps(v, shift)));
-            }
-            tail.copy_from_slice(&result[..tail.len()]);
-        }
-        let block_sum = scores.iter().fold(0.0f32, |acc, &w| acc + w);
-        state.sum = state.sum * correction + block_sum;
-        state.max = new_max;
-        correction
+    fn first_lanes(n: usize) -> __m256i {
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), iota)
     }
 
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `block` rows `t < count` hold `query.len()` values
-    /// at `t * stride` in both `keys` and `values`; `acc.len() == query.len()`.
+    /// Transposing reduction: lane `k` of the result is the sum of accumulator `k`'s lanes,
+    /// always added as `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn attend_block(
-        query: &[f32],
-        block: BlockView<'_>,
-        scale: f32,
-        state: &mut OnlineSoftmax,
-        acc: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        let d = query.len();
-        let rows_fit = |buffer: &[f32]| {
-            block.count == 0 || (block.count - 1) * block.stride + d <= buffer.len()
-        };
-        if acc.len() != d || !rows_fit(block.keys) || !rows_fit(block.values) {
-            return;
-        }
-        let scores = &mut scores[..block.count];
-        for (t, score) in scores.iter_mut().enumerate() {
-            let key = &block.keys[t * block.stride..t * block.stride + d];
-            // SAFETY: AVX2/FMA enabled here.
-            *score = unsafe { dot(query, key) } * scale;
-        }
-        let correction = softmax_block_weights_avx2(scores, state);
-        let factor = _mm256_set1_ps(correction);
-        let values = block.values;
+    fn reduce8(a: [__m256; 8]) -> __m256 {
+        let t0 = _mm256_hadd_ps(a[0], a[1]);
+        let t1 = _mm256_hadd_ps(a[2], a[3]);
+        let t2 = _mm256_hadd_ps(a[4], a[5]);
+        let t3 = _mm256_hadd_ps(a[6], a[7]);
+        // Lanes: keys 0-3 of the low halves, then keys 0-3 of the high halves.
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        let low = _mm256_permute2f128_ps::<0x20>(u0, u1);
+        let high = _mm256_permute2f128_ps::<0x31>(u0, u1);
+        _mm256_add_ps(low, high)
+    }
+
+    /// Horizontal max, broadcast to every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn max_all(m: __m256) -> __m256 {
+        let m = _mm256_max_ps(m, _mm256_permute2f128_ps::<1>(m, m));
+        let m = _mm256_max_ps(m, _mm256_permute_ps::<0b0100_1110>(m));
+        _mm256_max_ps(m, _mm256_permute_ps::<0b1011_0001>(m))
+    }
+
+    /// Horizontal sum in a fixed order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn sum_all(v: __m256) -> f32 {
+        let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps::<1>(x, x)))
+    }
+
+    /// Dot products of `query` with eight key rows, one per lane, each accumulated over
+    /// 8-wide chunks of `d` in order (a masked last chunk when `d % 8 != 0`) and reduced by
+    /// [`reduce8`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `query` and every `rows[k]` must point at `d`
+    /// readable f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores8(query: *const f32, rows: [*const f32; 8], d: usize) -> __m256 {
+        let mut acc = [_mm256_setzero_ps(); 8];
         let mut c = 0;
-        // Eight registers of accumulator (64 values) stay resident across the block's keys.
-        while c + 64 <= d {
-            // SAFETY: c + 64 <= d; value rows hold d values at t * stride (caller contract).
-            unsafe {
-                let base = acc.as_mut_ptr().add(c);
-                let mut lanes: [__m256; 8] = std::array::from_fn(|u| {
-                    _mm256_mul_ps(_mm256_loadu_ps(base.add(8 * u)), factor)
-                });
-                for (t, &weight) in scores.iter().enumerate() {
-                    let w = _mm256_set1_ps(weight);
-                    let row = values.as_ptr().add(t * block.stride + c);
-                    for (u, lane) in lanes.iter_mut().enumerate() {
-                        *lane = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * u)), *lane);
-                    }
-                }
-                for (u, lane) in lanes.iter().enumerate() {
-                    _mm256_storeu_ps(base.add(8 * u), *lane);
-                }
-            }
-            c += 64;
-        }
         while c + 8 <= d {
-            // SAFETY: c + 8 <= d, as above.
+            // SAFETY: c + 8 <= d, inside every row (caller contract).
             unsafe {
-                let base = acc.as_mut_ptr().add(c);
-                let mut lane = _mm256_mul_ps(_mm256_loadu_ps(base), factor);
-                for (t, &weight) in scores.iter().enumerate() {
-                    let row = values.as_ptr().add(t * block.stride + c);
-                    lane = _mm256_fmadd_ps(_mm256_set1_ps(weight), _mm256_loadu_ps(row), lane);
+                let q = _mm256_loadu_ps(query.add(c));
+                for (lane, row) in acc.iter_mut().zip(rows) {
+                    *lane = _mm256_fmadd_ps(q, _mm256_loadu_ps(row.add(c)), *lane);
                 }
-                _mm256_storeu_ps(base, lane);
             }
             c += 8;
         }
-        for j in c..d {
-            let mut value = acc[j] * correction;
-            for (t, &weight) in scores.iter().enumerate() {
-                value = weight.mul_add(values[t * block.stride + j], value);
+        if c < d {
+            let mask = first_lanes(d - c);
+            // SAFETY: masked loads touch only lanes c..d, inside every row.
+            unsafe {
+                let q = _mm256_maskload_ps(query.add(c), mask);
+                for (lane, row) in acc.iter_mut().zip(rows) {
+                    *lane = _mm256_fmadd_ps(q, _mm256_maskload_ps(row.add(c), mask), *lane);
+                }
             }
-            acc[j] = value;
+        }
+        reduce8(acc)
+    }
+
+    /// `acc[0 .. 8R] = acc · factor + Σ_t weights[t] · v_t[0 .. 8R]`, keys in order, with
+    /// `v_t` at `values + t * stride`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `acc` must be writable and every value row readable
+    /// for `8 * R` f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate<const R: usize>(
+        acc: *mut f32,
+        values: *const f32,
+        stride: usize,
+        weights: &[f32],
+        factor: __m256,
+    ) {
+        let mut lanes = [_mm256_setzero_ps(); R];
+        // SAFETY: every access stays within the first 8R values of `acc` and of each row.
+        unsafe {
+            for (u, lane) in lanes.iter_mut().enumerate() {
+                *lane = _mm256_mul_ps(_mm256_loadu_ps(acc.add(8 * u)), factor);
+            }
+            for (t, weight) in weights.iter().enumerate() {
+                let w = _mm256_set1_ps(*weight);
+                let row = values.add(t * stride);
+                for (u, lane) in lanes.iter_mut().enumerate() {
+                    *lane = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * u)), *lane);
+                }
+            }
+            for (u, lane) in lanes.iter().enumerate() {
+                _mm256_storeu_ps(acc.add(8 * u), *lane);
+            }
+        }
+    }
+
+    /// [`accumulate`] for the last `n < 8` columns, with masked loads and stores.
+    ///
+    /// # Safety
+    /// As for [`accumulate`], for `n` f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate_tail(
+        acc: *mut f32,
+        values: *const f32,
+        stride: usize,
+        weights: &[f32],
+        factor: __m256,
+        n: usize,
+    ) {
+        let mask = first_lanes(n);
+        // SAFETY: masked accesses touch only the first n values of `acc` and of each row.
+        unsafe {
+            let mut lane = _mm256_mul_ps(_mm256_maskload_ps(acc, mask), factor);
+            for (t, weight) in weights.iter().enumerate() {
+                let v = _mm256_maskload_ps(values.add(t * stride), mask);
+                lane = _mm256_fmadd_ps(_mm256_set1_ps(*weight), v, lane);
+            }
+            _mm256_maskstore_ps(acc, mask, lane);
         }
     }
 
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
+    /// The CPU must support AVX2 and FMA; `tile` must be valid for `query.len()`
+    /// (`KeyTile::is_valid`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_weights(
+        query: &[f32],
+        tile: KeyTile<'_>,
+        scale: f32,
+        state: &mut OnlineSoftmax,
+    ) -> TileWeights {
+        let d = query.len();
+        let count = tile.count;
+        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let scale_v = _mm256_set1_ps(scale);
+        let mut scores = [neg_inf; TILE / 8];
+        for (group, score) in scores.iter_mut().enumerate() {
+            let first = group * 8;
+            if first >= count {
+                break;
+            }
+            let n = (count - first).min(8);
+            // Lanes past the tile re-read its last key; their scores are masked out below.
+            let keys = tile.keys.as_ptr();
+            let rows: [*const f32; 8] =
+                std::array::from_fn(|k| keys.wrapping_add((first + k.min(n - 1)) * tile.stride));
+            // SAFETY: AVX2/FMA enabled here; every row index is below `count`, so each row
+            // holds d values (tile validated).
+            let raw = unsafe { scores8(query.as_ptr(), rows, d) };
+            let scaled = _mm256_mul_ps(raw, scale_v);
+            *score = _mm256_blendv_ps(neg_inf, scaled, _mm256_castsi256_ps(first_lanes(n)));
+        }
+        let old_max = _mm256_set1_ps(state.max);
+        let new_max = _mm256_max_ps(max_all(_mm256_max_ps(scores[0], scores[1])), old_max);
+        let correction = _mm256_cvtss_f32(exp8(_mm256_sub_ps(old_max, new_max)));
+        let weights0 = exp8(_mm256_sub_ps(scores[0], new_max));
+        let weights1 = exp8(_mm256_sub_ps(scores[1], new_max));
+        state.sum = state.sum * correction + sum_all(_mm256_add_ps(weights0, weights1));
+        state.max = _mm256_cvtss_f32(new_max);
+        let mut result = TileWeights {
+            count,
+            correction,
+            ..TileWeights::EMPTY
+        };
+        // SAFETY: `weights` holds TILE = 16 f32.
+        unsafe {
+            _mm256_storeu_ps(result.weights.as_mut_ptr(), weights0);
+            _mm256_storeu_ps(result.weights.as_mut_ptr().add(8), weights1);
+        }
+        result
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `tile` (with `tile.count == weights.count`) must be
+    /// valid for `acc.len()` (`KeyTile::is_valid`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn accumulate_one(tile: KeyTile<'_>, weights: &TileWeights, acc: &mut [f32]) {
+        let d = acc.len();
+        let w = &weights.weights[..tile.count];
+        let factor = _mm256_set1_ps(weights.correction);
+        let out = acc.as_mut_ptr();
+        let values = tile.values.as_ptr();
+        let stride = tile.stride;
+        let mut c = 0;
+        // Each call below covers columns inside c..d of `acc` and of every value row, which
+        // hold d values (tile validated).
+        while c + 64 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe { accumulate::<8>(out.add(c), values.add(c), stride, w, factor) };
+            c += 64;
+        }
+        if c + 32 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe { accumulate::<4>(out.add(c), values.add(c), stride, w, factor) };
+            c += 32;
+        }
+        if c + 16 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe { accumulate::<2>(out.add(c), values.add(c), stride, w, factor) };
+            c += 16;
+        }
+        if c + 8 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe { accumulate::<1>(out.add(c), values.add(c), stride, w, factor) };
+            c += 8;
+        }
+        if c < d {
+            // SAFETY: AVX2/FMA enabled; the last d - c columns lie inside d.
+            unsafe { accumulate_tail(out.add(c), values.add(c), stride, w, factor, d - c) };
+        }
+    }
+
+    /// `accumulate::<R>` for two accumulators over the same value rows: per column, each runs
+    /// the same operations as alone, but every value load feeds both.
+    ///
+    /// # Safety
+    /// As for [`accumulate`], for both accumulators.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: i + 16 <= n, within both slices.
-            unsafe {
-                acc0 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(a.as_ptr().add(i)),
-                    _mm256_loadu_ps(b.as_ptr().add(i)),
-                    acc0,
-                );
-                acc1 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
-                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
-                    acc1,
-                );
+    unsafe fn accumulate_pair<const R: usize>(
+        acc: [*mut f32; 2],
+        values: *const f32,
+        stride: usize,
+        weights: [&[f32]; 2],
+        factor: [__m256; 2],
+    ) {
+        let mut lanes = [[_mm256_setzero_ps(); R]; 2];
+        // SAFETY: every access stays within the first 8R values of each accumulator and row.
+        unsafe {
+            for ((pair, target), factor) in lanes.iter_mut().zip(acc).zip(factor) {
+                for (u, lane) in pair.iter_mut().enumerate() {
+                    *lane = _mm256_mul_ps(_mm256_loadu_ps(target.add(8 * u)), factor);
+                }
             }
-            i += 16;
-        }
-        if i + 8 <= n {
-            // SAFETY: i + 8 <= n.
-            unsafe {
-                acc0 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(a.as_ptr().add(i)),
-                    _mm256_loadu_ps(b.as_ptr().add(i)),
-                    acc0,
-                );
+            let [lanes_a, lanes_b] = &mut lanes;
+            for (t, (wa, wb)) in weights[0].iter().zip(weights[1]).enumerate() {
+                let (wa, wb) = (_mm256_set1_ps(*wa), _mm256_set1_ps(*wb));
+                let row = values.add(t * stride);
+                for (u, (a, b)) in lanes_a.iter_mut().zip(lanes_b.iter_mut()).enumerate() {
+                    let v = _mm256_loadu_ps(row.add(8 * u));
+                    *a = _mm256_fmadd_ps(wa, v, *a);
+                    *b = _mm256_fmadd_ps(wb, v, *b);
+                }
             }
-            i += 8;
+            for (pair, target) in lanes.iter().zip(acc) {
+                for (u, lane) in pair.iter().enumerate() {
+                    _mm256_storeu_ps(target.add(8 * u), *lane);
+                }
+            }
         }
-        let acc = _mm256_add_ps(acc0, acc1);
-        let low = _mm256_castps256_ps128(acc);
-        let high = _mm256_extractf128_ps::<1>(acc);
-        let sum4 = _mm_add_ps(low, high);
-        let sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
-        let sum1 = _mm_add_ss(sum2, _mm_shuffle_ps::<1>(sum2, sum2));
-        let mut total = _mm_cvtss_f32(sum1);
-        while i < n {
-            total += a[i] * b[i];
-            i += 1;
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; both weights have `tile.count` keys, both
+    /// accumulators the same length, and `tile` is valid for it (`KeyTile::is_valid`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn accumulate_two(
+        tile: KeyTile<'_>,
+        weights: [&TileWeights; 2],
+        acc: [&mut [f32]; 2],
+    ) {
+        let d = acc[0].len();
+        let w = [
+            &weights[0].weights[..tile.count],
+            &weights[1].weights[..tile.count],
+        ];
+        let factor = [
+            _mm256_set1_ps(weights[0].correction),
+            _mm256_set1_ps(weights[1].correction),
+        ];
+        let [acc_a, acc_b] = acc;
+        let out = [acc_a.as_mut_ptr(), acc_b.as_mut_ptr()];
+        // Offsets below stay inside both accumulators: every caller passes c < d.
+        let at = |c: usize| [out[0].wrapping_add(c), out[1].wrapping_add(c)];
+        let values = tile.values.as_ptr();
+        let stride = tile.stride;
+        let mut c = 0;
+        // Each call below covers columns inside c..d of both accumulators and of every value
+        // row, which hold d values (tile validated).
+        while c + 32 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe { accumulate_pair::<4>(at(c), values.add(c), stride, w, factor) };
+            c += 32;
         }
-        total
+        if c + 16 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe { accumulate_pair::<2>(at(c), values.add(c), stride, w, factor) };
+            c += 16;
+        }
+        if c + 8 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe { accumulate_pair::<1>(at(c), values.add(c), stride, w, factor) };
+            c += 8;
+        }
+        if c < d {
+            for ((target, w), factor) in at(c).into_iter().zip(w).zip(factor) {
+                // SAFETY: AVX2/FMA enabled; the last d - c columns lie inside d.
+                unsafe { accumulate_tail(target, values.add(c), stride, w, factor, d - c) };
+            }
+        }
     }
 }
 
@@ -339,51 +614,68 @@ mod avx2 {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
-    fn simd_matches_scalar_on_odd_lengths() {
-        let ops = VectorOps::detect();
-        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 33, 64, 100] {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-            let exact: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(&x, &y)| f64::from(x) * f64::from(y))
-                .sum();
-            assert!((f64::from(ops.dot(&a, &b)) - exact).abs() < 1e-4);
-            assert!((f64::from(scalar_dot(&a, &b)) - exact).abs() < 1e-4);
+    fn vector_exp_matches_libm() {
+        use std::arch::x86_64::*;
+        if VectorOps::detect() == VectorOps::Scalar {
+            return;
+        }
+        let mut inputs: Vec<f32> = (0..2000).map(|i| -(i as f32) * 0.05).collect();
+        inputs.extend([f32::NEG_INFINITY, -87.0, -88.0, -200.0, 0.0, 1.5, 40.0]);
+        for chunk in inputs.chunks(8) {
+            let mut lanes = [0.0f32; 8];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            let mut result = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA were detected above; both arrays hold 8 f32.
+            unsafe {
+                let x = _mm256_loadu_ps(lanes.as_ptr());
+                _mm256_storeu_ps(result.as_mut_ptr(), avx2::exp8(x));
+            }
+            for (got, x) in result.iter().zip(chunk) {
+                let want = x.exp();
+                assert!((got - want).abs() <= 2e-7 * want + 1e-37, "{got} vs {want}");
+            }
         }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn vector_exp_matches_libm() {
+    fn eight_key_scores_match_f64_dots() {
+        use std::arch::x86_64::*;
         if VectorOps::detect() == VectorOps::Scalar {
             return;
         }
-        let mut scores: Vec<f32> = (0..2000).map(|i| -(i as f32) * 0.05).collect();
-        scores.extend([f32::NEG_INFINITY, -87.0, -88.0, -200.0, 0.0]);
-        let expected: Vec<f32> = scores.iter().map(|s| s.exp()).collect();
-        let mut state = OnlineSoftmax { max: 0.0, sum: 0.0 };
-        // SAFETY: AVX2 and FMA were detected above.
-        let correction = unsafe { avx2::softmax_block_weights_avx2(&mut scores, &mut state) };
-        assert_eq!(correction, 1.0);
-        for (got, want) in scores.iter().zip(&expected) {
-            assert!((got - want).abs() <= 2e-7 * want + 1e-37, "{got} vs {want}");
+        let mut rng = crate::test_util::Rng::new(3);
+        for d in [1usize, 7, 8, 9, 17, 48, 64, 80, 100, 256] {
+            let query = rng.vec(d, -1.0, 1.0);
+            let keys: Vec<Vec<f32>> = (0..8).map(|_| rng.vec(d, -1.0, 1.0)).collect();
+            let rows: [*const f32; 8] = std::array::from_fn(|k| keys[k].as_ptr());
+            let mut got = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA were detected above; every row and the query hold d f32.
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), avx2::scores8(query.as_ptr(), rows, d)) };
+            for (k, key) in keys.iter().enumerate() {
+                let exact: f64 = query
+                    .iter()
+                    .zip(key)
+                    .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                    .sum();
+                assert!((f64::from(got[k]) - exact).abs() < 1e-4, "d={d} key {k}");
+            }
         }
     }
 
     #[test]
-    fn attend_block_simd_matches_scalar() {
+    fn attend_tile_simd_matches_scalar() {
         let ops = VectorOps::detect();
         let mut rng = crate::test_util::Rng::new(17);
-        for d in [1usize, 7, 8, 17, 64, 72, 130] {
-            for count in [1usize, 3, 16] {
+        for d in [1usize, 7, 8, 17, 48, 64, 72, 80, 130, 256] {
+            for count in [1usize, 3, 8, 9, 16] {
                 let stride = d + 5;
                 let keys = rng.vec((count - 1) * stride + d, -1.0, 1.0);
                 let values = rng.vec((count - 1) * stride + d, -1.0, 1.0);
                 let query = rng.vec(d, -1.0, 1.0);
-                let block = BlockView {
+                let tile = KeyTile {
                     keys: &keys,
                     values: &values,
                     stride,
@@ -393,11 +685,10 @@ mod tests {
                 let (mut acc_a, mut acc_b) = (start.clone(), start);
                 let mut state_a = OnlineSoftmax { max: 0.3, sum: 1.5 };
                 let mut state_b = state_a;
-                let mut scores = vec![0.0f32; 16];
-                // Two blocks in a row exercise the rescale of an existing accumulator.
+                // Two tiles in a row exercise the rescale of an existing accumulator.
                 for _ in 0..2 {
-                    ops.attend_block(&query, block, 0.7, &mut state_a, &mut acc_a, &mut scores);
-                    scalar_attend_block(&query, block, 0.7, &mut state_b, &mut acc_b, &mut scores);
+                    ops.attend_tile(&query, tile, 0.7, &mut state_a, &mut acc_a);
+                    scalar_attend_tile(&query, tile, 0.7, &mut state_b, &mut acc_b);
                 }
                 assert!((state_a.max - state_b.max).abs() < 1e-5);
                 assert!((state_a.sum - state_b.sum).abs() < 1e-4 * state_b.sum);
@@ -409,5 +700,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn accumulating_two_pairs_is_bitwise_the_same_as_one_by_one() {
+        let mut rng = crate::test_util::Rng::new(23);
+        for ops in [VectorOps::detect(), VectorOps::Scalar] {
+            for d in [3usize, 8, 17, 48, 64, 80, 130] {
+                for count in [1usize, 5, 16] {
+                    let stride = d + 3;
+                    let keys = rng.vec((count - 1) * stride + d, -1.0, 1.0);
+                    let values = rng.vec((count - 1) * stride + d, -1.0, 1.0);
+                    let tile = KeyTile {
+                        keys: &keys,
+                        values: &values,
+                        stride,
+                        count,
+                    };
+                    let mut state = [OnlineSoftmax { max: 0.1, sum: 2.0 }; 2];
+                    let weights: Vec<TileWeights> = state
+                        .iter_mut()
+                        .map(|state| {
+                            let query = rng.vec(d, -1.0, 1.0);
+                            ops.tile_weights(&query, tile, 0.3, state).unwrap()
+                        })
+                        .collect();
+                    let start: Vec<Vec<f32>> = (0..2).map(|_| rng.vec(d, -1.0, 1.0)).collect();
+                    let (mut a, mut b) = (start[0].clone(), start[1].clone());
+                    ops.accumulate_two(tile, [&weights[0], &weights[1]], [&mut a, &mut b]);
+                    let (mut x, mut y) = (start[0].clone(), start[1].clone());
+                    ops.accumulate(tile, &weights[0], &mut x);
+                    ops.accumulate(tile, &weights[1], &mut y);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&x), "{ops:?} d={d} count={count}");
+                    assert_eq!(bits(&b), bits(&y), "{ops:?} d={d} count={count}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn attend_tile_ignores_invalid_tiles() {
+        let ops = VectorOps::detect();
+        let keys = vec![1.0f32; 40];
+        let query = [1.0f32; 4];
+        let mut acc = [2.0f32; 4];
+        let mut state = OnlineSoftmax::EMPTY;
+        for (count, len) in [(0, 40), (TILE + 1, 40 * TILE), (11, 40)] {
+            let buffer = vec![1.0f32; len];
+            let tile = KeyTile {
+                keys: &buffer,
+                values: &keys,
+                stride: 4,
+                count,
+            };
+            ops.attend_tile(&query, tile, 1.0, &mut state, &mut acc);
+        }
+        assert_eq!(acc, [2.0; 4]);
+        assert_eq!(state.sum, 0.0);
     }
 }
