@@ -65,9 +65,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
             actual: up.len(),
         });
     }
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    crate::simd::VectorOps::detect().silu_mul(gate, up);
     Ok(())
 }
 
@@ -142,6 +140,28 @@ mod tests {
                 assert!((f64::from(out[r * dim + c]) - expected).abs() < 1e-5);
             }
         }
+    }
+
+    #[test]
+    fn silu_mul_matches_scalar_formula() {
+        let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.37).collect();
+        let up: Vec<f32> = (0..203).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let mut fast = gate.clone();
+        silu_mul(&mut fast, &up).unwrap();
+        for ((&g, &u), &f) in gate.iter().zip(&up).zip(&fast) {
+            let want = f64::from(g) / (1.0 + (-f64::from(g)).exp()) * f64::from(u);
+            assert!(
+                (f64::from(f) - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "{g}: {f} vs {want}"
+            );
+        }
+        let mut extremes = [
+            200.0f32, -200.0, 0.0, -0.0, 88.0, -88.0, 1e-30, -1e-30, 50.0,
+        ];
+        silu_mul(&mut extremes, &[1.0; 9]).unwrap();
+        assert_eq!(extremes[0], 200.0);
+        assert!(extremes[1].abs() < 1e-30 && extremes[2] == 0.0);
+        assert!(extremes.iter().all(|v| v.is_finite()));
     }
 
     #[test]

@@ -82,6 +82,17 @@ impl TileWeights {
 }
 
 impl VectorOps {
+    /// `gate[i] = gate[i] / (1 + e^-gate[i]) * up[i]` over the common length. Each element's
+    /// result depends only on its value and its index modulo 8 (the vector body vs the tail).
+    pub(crate) fn silu_mul(self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA.
+            VectorOps::Avx2 => unsafe { avx2::silu_mul(gate, up) },
+            VectorOps::Scalar => scalar_silu_mul(gate, up),
+        }
+    }
+
     /// First half of folding a tile into a (row, head) pair's online softmax: scores
     /// `q·k * scale` for the tile's `count` keys, updates `state` and returns the weights
     /// `exp(s - new_max)` with the rescale factor `exp(old_max - new_max)`. Returns `None`
@@ -252,11 +263,40 @@ fn scalar_dot(a: &[f32], b: &[f32]) -> f32 {
         + tail
 }
 
+fn scalar_silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{KeyTile, OnlineSoftmax, TileWeights, TILE};
+    use super::{scalar_silu_mul, KeyTile, OnlineSoftmax, TileWeights, TILE};
+
+    /// AVX2 body of `VectorOps::silu_mul`; the last `len % 8` elements take the scalar path.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        let len = gate.len().min(up.len());
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= len {
+            // SAFETY: i + 8 <= len, within both slices.
+            unsafe {
+                let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+                let u = _mm256_loadu_ps(up.as_ptr().add(i));
+                let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+                let silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+                _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(silu, u));
+            }
+            i += 8;
+        }
+        scalar_silu_mul(&mut gate[i..len], &up[i..len]);
+    }
 
     /// `e^x` for 8 lanes: Cephes-style range reduction `x = n·ln2 + r` and a degree-6
     /// polynomial (relative error ~1e-7); inputs below -87.3 (and -inf) give exactly 0.
