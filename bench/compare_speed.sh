@@ -108,6 +108,7 @@ run_llamacpp() {
         || { tail -n 30 "$OUT_DIR/llamacpp-r$round.txt" >&2; die "llamacpp_speed.py failed"; }
 }
 
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
 for (( round = 1; round <= ROUNDS; round++ )); do
     if (( round % 2 == 1 )); then
         run_tokenmill "$round"; run_llamacpp "$round"
@@ -118,6 +119,7 @@ for (( round = 1; round <= ROUNDS; round++ )); do
 done
 
 # --- the table -------------------------------------------------------------------------------
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
 CORES="$(nproc)"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -138,6 +140,7 @@ print("- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)")
 print("- commit: $COMMIT")
 print("- machine: $CPU_MODEL, $CORES cores; measured peaks (tokenmill's probes, median of rounds): "
       f"f32 FMA {peak_gflops:.1f} GFLOP/s, memory read {peak_gbs:.1f} GB/s")
+print("- load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER (other work on the machine skews both engines; llama.cpp's spinning threads suffer most)")
 print(f"- model: $(basename "$MODEL"); threads $THREADS; {rounds} round(s), engines alternated, "
       f"each figure the median of {settings['repeats']} runs per round, then the median over rounds")
 print("- llama.cpp: " + ", ".join(f"{k} {v}" for k, v in ll[0]["settings"].items()

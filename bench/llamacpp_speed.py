@@ -384,6 +384,7 @@ def main() -> None:
     llama_cpp.llama_model_free(model)
 
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
+    pct = lambda value: "n/a" if value is None else f"{value:.1f} %"  # noqa: E731
     print(f"model: {args.model} (llama.cpp, llama-cpp-python {llama_cpp.__version__})")
     print(f"machine: {report['machine']['cpu']}, {report['machine']['cores']} cores; {args.threads} threads; "
           f"peak f32 FMA {fmt(args.peak_gflops, '.1f')} GFLOP/s, memory read {fmt(args.peak_read_gbs, '.1f')} GB/s")
@@ -393,8 +394,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for phase in report["phases"].values():
         print(f"| {phase['label']} | {phase['tok_s']:.1f} | {phase['ms_per_step']:.2f} | {phase['gflops']:.1f} "
-              f"| {fmt(phase['pct_peak_gflops'], '.1f')} % | {phase['weight_gbs']:.2f} "
-              f"| {fmt(phase['pct_peak_read_gbs'], '.1f')} % |")
+              f"| {pct(phase['pct_peak_gflops'])} | {phase['weight_gbs']:.2f} "
+              f"| {pct(phase['pct_peak_read_gbs'])} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
