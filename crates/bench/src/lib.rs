@@ -1,6 +1,9 @@
 //! tokenmill-bench: `tokenmill bench serve`, a serving benchmark client for any
 //! OpenAI-compatible server (tokenmill, vLLM, llama.cpp), with `vllm bench serve`'s options,
-//! printed result block and result-file keys, so every speed claim is one reproducible command.
+//! printed result block and result-file keys, so every speed claim is one reproducible command;
+//! and `tokenmill bench speed` ([`run_speed`], module `speed`), the offline forward-pass
+//! benchmark (prefill, decode and batched-decode tok/s with GFLOP/s and GB/s against the
+//! machine's measured peaks).
 //!
 //! Key types: [`BenchServeArgs`] (the clap options, vLLM's names) → [`BenchPlan`] (checked);
 //! datasets yield [`RequestInput`]s; each streamed request becomes a [`RequestOutcome`] (TTFT,
@@ -26,6 +29,7 @@ mod metrics;
 mod plots;
 mod report;
 mod schedule;
+mod speed;
 mod sse;
 mod sweep;
 mod tokenize;
@@ -55,6 +59,10 @@ pub use report::{
     ResultHeader,
 };
 pub use schedule::{arrival_offsets, inter_arrival_gaps};
+pub use speed::{
+    format_report, measure_peaks, median, run_speed, BenchSpeedArgs, MachinePeak, ModelCost, Phase,
+    PhaseResult, PhaseSelection, PhaseTiming, SpeedReport, SpeedSettings,
+};
 pub use sse::{SseEvent, SseParser};
 pub use sweep::SweepAxis;
 pub use tokenize::{PromptTokenizer, ServerAccess};

@@ -1,4 +1,4 @@
-//! The `tokenmill` binary: `serve`, `generate`, `bench serve`, `triage`.
+//! The `tokenmill` binary: `serve`, `generate`, `bench serve`, `bench speed`, `triage`.
 //!
 //! Flag parsing only: each subcommand turns its flags into a library crate's typed config and
 //! calls into that crate. Errors are reported with `anyhow` here and nowhere else.
@@ -26,7 +26,7 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Generate text from a prompt, or run a JSONL file of prompts as an offline batch.
     Generate(generate::GenerateArgs),
-    /// Benchmarks against any OpenAI-compatible server.
+    /// Benchmarks: serving (against any OpenAI-compatible server) and offline model speed.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Diagnose why a live tokenmill or vLLM server is slow, from its metrics.
@@ -37,6 +37,9 @@ enum Command {
 enum BenchCommand {
     /// Serving benchmark with `vllm bench serve`'s options and result block.
     Serve(Box<tokenmill_bench::BenchServeArgs>),
+    /// Offline forward-pass speed: prefill, decode and batched-decode tok/s with achieved
+    /// GFLOP/s and weight GB/s next to the machine's measured peaks.
+    Speed(tokenmill_bench::BenchSpeedArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,6 +50,10 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(args),
         Command::Bench(BenchCommand::Serve(args)) => {
             async_runtime()?.block_on(tokenmill_bench::run(*args))?;
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Speed(args)) => {
+            tokenmill_bench::run_speed(&args)?;
             Ok(())
         }
         Command::Triage(args) => {

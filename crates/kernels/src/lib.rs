@@ -35,6 +35,8 @@
 //!   ([`AttentionSeq`]) described by [`AttentionParams`]; [`reference_attention`] is the naive
 //!   materialized-softmax reference. Rows of `out` not covered by any sequence are left as
 //!   they were.
+//! - Machine peaks for benchmark reports: [`fma_peak_gflops`] (register-resident AVX2 FMA loop)
+//!   and [`read_bandwidth_gbs`] (multi-threaded streaming read).
 //!
 //! Shape and index mistakes return [`KernelError`]; kernels never panic on bad input. Hot paths
 //! allocate nothing per call once [`MatmulScratch`] has grown (attention allocates only two
@@ -69,6 +71,7 @@ mod attention;
 mod dtype;
 mod elementwise;
 mod matmul;
+mod peak;
 mod pool;
 mod quant;
 mod rope;
@@ -82,6 +85,7 @@ pub use attention::{
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, rms_norm, silu_mul, softmax_inplace};
 pub use matmul::{reference_matmul, MatmulScratch, QMatrix};
+pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use pool::ThreadPool;
 pub use quant::{
     dequantize, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q8_0, QK, QK_K,

@@ -162,6 +162,16 @@ impl LlamaModel {
                 .map_or(0, QMatrix::storage_bytes)
     }
 
+    /// Bytes of weights one decode step reads in full: every layer matrix and the output
+    /// projection (the embedding table when the head is tied). An untied embedding table is
+    /// left out: a step reads only one of its rows per token.
+    pub fn decode_weight_bytes(&self) -> usize {
+        match &self.weights.output {
+            Some(_) => self.weight_bytes() - self.weights.embedding.storage_bytes(),
+            None => self.weight_bytes(),
+        }
+    }
+
     /// Runs one step over a flattened batch: writes every token's K/V into `kv` at its slot,
     /// attends over each sequence's cached context, and leaves
     /// `[batch.logits_indices.len(), vocab_size]` logits in `logits`.

@@ -1,0 +1,246 @@
+//! The timed forward passes: `LlamaModel::forward` driven directly over a private paged KV
+//! cache, no scheduler and no engine thread, so the figures are the model's own speed.
+
+use std::time::Instant;
+
+use tokenmill_models::{argmax, BatchInput, KvCacheStorage, LlamaModel, Workspace};
+
+use crate::error::BenchError;
+use crate::speed::{Phase, SpeedSettings};
+
+/// One phase's raw measurement: what one run did and how long each run took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseTiming {
+    pub phase: Phase,
+    /// Sequences decoded together (1 except batched decode).
+    pub sequences: u64,
+    /// Forward calls per run.
+    pub steps: u64,
+    /// Tokens processed per run, all sequences.
+    pub tokens: u64,
+    /// Rows that produced logits per run.
+    pub logit_rows: u64,
+    /// Each sequence's positions `context_start..context_end` are processed in a run.
+    pub context_start: u64,
+    pub context_end: u64,
+    /// Wall-clock seconds of every run.
+    pub runs_s: Vec<f64>,
+}
+
+/// Deterministic, varied prompt ids inside the vocabulary.
+fn prompt_tokens(len: usize, seed: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| ((i * 7919 + seed * 977 + 13) % vocab) as u32)
+        .collect()
+}
+
+fn next_token(logits: &[f32]) -> Result<u32, BenchError> {
+    argmax(logits).ok_or_else(|| BenchError::Task("the forward pass returned no logits".into()))
+}
+
+/// Runs every selected phase `settings.repeats` times, in the order prefill → decode after
+/// the prompt → decode from an empty context → batched decode (the long decode reuses the
+/// prompt's KV; the short decode overwrites its first positions afterwards).
+pub fn measure(
+    model: &LlamaModel,
+    settings: &SpeedSettings,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<PhaseTiming>, BenchError> {
+    let block_size = settings.block_size;
+    let vocab = model.config().vocab_size;
+    let mut workspace = Workspace::new();
+    let mut logits = Vec::new();
+    let mut batch = BatchInput::default();
+    let mut timings = Vec::new();
+    let repeats = settings.repeats;
+
+    let single_phases = [Phase::Prefill, Phase::Decode, Phase::DecodeLong];
+    if single_phases.iter().any(|&phase| settings.wants(phase)) {
+        let (prompt_len, decode_len) = (settings.prompt_len, settings.decode_len);
+        let blocks = (prompt_len + decode_len).div_ceil(block_size);
+        let mut kv = KvCacheStorage::new(model.config(), blocks, block_size);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let prompt = prompt_tokens(prompt_len, 0, vocab);
+
+        // Warm-up (untimed): a short prompt and a few decode steps touch every weight.
+        let warm = &prompt[..prompt_len.min(16)];
+        batch.clear();
+        batch.add_sequence(warm, 0, &table, block_size, true)?;
+        model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+        for step in 0..2 {
+            batch.clear();
+            batch.add_sequence(&[warm[0]], warm.len() + step, &table, block_size, true)?;
+            model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+        }
+
+        // Prefill: the whole prompt in one forward call, logits for the last token only. It
+        // runs (untimed) even when not selected if the long decode needs the prompt's KV.
+        if settings.wants(Phase::Prefill) || settings.wants(Phase::DecodeLong) {
+            let timed = settings.wants(Phase::Prefill);
+            let runs = if timed { repeats } else { 1 };
+            let mut runs_s = Vec::with_capacity(runs);
+            if timed {
+                progress(&format!("prefill: {prompt_len} tokens × {runs} runs"));
+            }
+            for _ in 0..runs {
+                batch.clear();
+                batch.add_sequence(&prompt, 0, &table, block_size, true)?;
+                let started = Instant::now();
+                model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+                runs_s.push(started.elapsed().as_secs_f64());
+            }
+            if timed {
+                timings.push(PhaseTiming {
+                    phase: Phase::Prefill,
+                    sequences: 1,
+                    steps: 1,
+                    tokens: prompt_len as u64,
+                    logit_rows: 1,
+                    context_start: 0,
+                    context_end: prompt_len as u64,
+                    runs_s,
+                });
+            }
+        }
+        let after_prompt = next_token(&logits)?;
+
+        // Decode after the prompt: positions prompt_len.. each run (rewriting the same slots).
+        if settings.wants(Phase::DecodeLong) {
+            progress(&format!(
+                "decode after the prompt: ctx {prompt_len}→{} × {repeats} runs",
+                prompt_len + decode_len
+            ));
+            let runs_s = decode_runs(
+                model,
+                (&mut kv, &mut workspace, &mut batch, &mut logits),
+                (&table, block_size),
+                after_prompt,
+                prompt_len,
+                decode_len,
+                repeats,
+            )?;
+            timings.push(single_decode_timing(
+                Phase::DecodeLong,
+                prompt_len,
+                decode_len,
+                runs_s,
+            ));
+        }
+
+        // Decode from an empty context, like llama-bench's tg: positions 0..decode_len.
+        if settings.wants(Phase::Decode) {
+            progress(&format!("decode: ctx 0→{decode_len} × {repeats} runs"));
+            let runs_s = decode_runs(
+                model,
+                (&mut kv, &mut workspace, &mut batch, &mut logits),
+                (&table, block_size),
+                prompt[0],
+                0,
+                decode_len,
+                repeats,
+            )?;
+            timings.push(single_decode_timing(Phase::Decode, 0, decode_len, runs_s));
+        }
+    }
+
+    if settings.wants(Phase::Batched) {
+        let (sequences, prompt_len, steps) = (
+            settings.batch,
+            settings.batch_prompt_len,
+            settings.batch_decode_steps,
+        );
+        progress(&format!(
+            "batched decode: {sequences} sequences, ctx {prompt_len}→{} × {repeats} runs",
+            prompt_len + steps
+        ));
+        let blocks_per_seq = (prompt_len + steps).div_ceil(block_size);
+        let mut kv = KvCacheStorage::new(model.config(), blocks_per_seq * sequences, block_size);
+        let tables: Vec<Vec<u32>> = (0..sequences)
+            .map(|seq| {
+                ((seq * blocks_per_seq) as u32..((seq + 1) * blocks_per_seq) as u32).collect()
+            })
+            .collect();
+        // The prompts, all in one untimed forward call.
+        batch.clear();
+        for (seq, table) in tables.iter().enumerate() {
+            let prompt = prompt_tokens(prompt_len, seq + 1, vocab);
+            batch.add_sequence(&prompt, 0, table, block_size, true)?;
+        }
+        model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+        let first: Vec<u32> = logits
+            .chunks_exact(vocab)
+            .map(next_token)
+            .collect::<Result<_, _>>()?;
+        let mut runs_s = Vec::with_capacity(repeats);
+        for _ in 0..repeats {
+            let mut next = first.clone();
+            let started = Instant::now();
+            for step in 0..steps {
+                batch.clear();
+                for (table, &token) in tables.iter().zip(&next) {
+                    batch.add_sequence(&[token], prompt_len + step, table, block_size, true)?;
+                }
+                model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+                for (slot, row) in next.iter_mut().zip(logits.chunks_exact(vocab)) {
+                    *slot = next_token(row)?;
+                }
+            }
+            runs_s.push(started.elapsed().as_secs_f64());
+        }
+        timings.push(PhaseTiming {
+            phase: Phase::Batched,
+            sequences: sequences as u64,
+            steps: steps as u64,
+            tokens: (sequences * steps) as u64,
+            logit_rows: (sequences * steps) as u64,
+            context_start: prompt_len as u64,
+            context_end: (prompt_len + steps) as u64,
+            runs_s,
+        });
+    }
+    Ok(timings)
+}
+
+fn single_decode_timing(phase: Phase, start: usize, len: usize, runs_s: Vec<f64>) -> PhaseTiming {
+    PhaseTiming {
+        phase,
+        sequences: 1,
+        steps: len as u64,
+        tokens: len as u64,
+        logit_rows: len as u64,
+        context_start: start as u64,
+        context_end: (start + len) as u64,
+        runs_s,
+    }
+}
+
+/// `repeats` runs of `len` single-token steps at positions `start..start + len`, each feeding
+/// the argmax of the previous step's logits; returns each run's seconds.
+fn decode_runs(
+    model: &LlamaModel,
+    (kv, workspace, batch, logits): (
+        &mut KvCacheStorage,
+        &mut Workspace,
+        &mut BatchInput,
+        &mut Vec<f32>,
+    ),
+    (table, block_size): (&[u32], usize),
+    first: u32,
+    start: usize,
+    len: usize,
+    repeats: usize,
+) -> Result<Vec<f64>, BenchError> {
+    let mut runs_s = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let mut next = first;
+        let started = Instant::now();
+        for step in 0..len {
+            batch.clear();
+            batch.add_sequence(&[next], start + step, table, block_size, true)?;
+            model.forward(batch, kv, workspace, logits)?;
+            next = next_token(logits)?;
+        }
+        runs_s.push(started.elapsed().as_secs_f64());
+    }
+    Ok(runs_s)
+}

@@ -1,0 +1,239 @@
+//! `tokenmill bench speed`: offline forward-pass throughput on one machine — prefill tok/s,
+//! single-stream decode tok/s (from an empty context, like llama-bench's tg, and after the long
+//! prompt) and batched decode tok/s — each with achieved GFLOP/s and weight GB/s next to the
+//! machine's peaks, measured at start-up by two quick probes. `bench/llamacpp_speed.py` writes
+//! the same JSON for llama.cpp, and `bench/compare_speed.sh` puts the two side by side.
+
+mod cost;
+mod measure;
+mod report;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokenmill_models::{resolve_model, LlamaModel, LoadOptions};
+
+use crate::error::BenchError;
+pub use cost::ModelCost;
+pub use measure::PhaseTiming;
+pub use report::{format_report, median, MachinePeak, PhaseResult, SpeedReport};
+
+/// The figures `--only` can select. `decode` covers both single-stream decode figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PhaseSelection {
+    Prefill,
+    Decode,
+    Batched,
+}
+
+/// One measured figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// One `--prompt-len` prompt in one forward call.
+    Prefill,
+    /// `--decode-len` single-token steps from an empty context (llama-bench's tg).
+    Decode,
+    /// `--decode-len` single-token steps right after the `--prompt-len` prompt.
+    DecodeLong,
+    /// `--batch-decode-steps` steps of `--batch` sequences after `--batch-prompt-len` prompts.
+    Batched,
+}
+
+impl Phase {
+    /// The key of this figure in the JSON result (shared with `bench/llamacpp_speed.py`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
+            Phase::DecodeLong => "decode_long",
+            Phase::Batched => "batched",
+        }
+    }
+}
+
+/// The options of `tokenmill bench speed`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchSpeedArgs {
+    /// GGUF file, HF directory or repo id (default: the default model, fetched if missing).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Prompt length of the prefill figure, and the context the long decode starts from.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    /// Single-stream decode steps per run.
+    #[arg(long, default_value_t = 128)]
+    pub decode_len: usize,
+    /// Sequences decoded together in the batched figure.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Prompt length of each batched sequence.
+    #[arg(long, default_value_t = 32)]
+    pub batch_prompt_len: usize,
+    /// Batched decode steps per run.
+    #[arg(long, default_value_t = 32)]
+    pub batch_decode_steps: usize,
+    /// Runs of each figure; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Measure only these figures (repeatable or comma-separated; default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<PhaseSelection>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Size of the buffer the memory-bandwidth probe streams through, in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub probe_mib: usize,
+    /// Seconds each peak probe runs.
+    #[arg(long, default_value_t = 0.3)]
+    pub probe_seconds: f64,
+}
+
+/// Checked settings of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeedSettings {
+    pub threads: usize,
+    pub prompt_len: usize,
+    pub decode_len: usize,
+    pub batch: usize,
+    pub batch_prompt_len: usize,
+    pub batch_decode_steps: usize,
+    pub repeats: usize,
+    pub block_size: usize,
+    pub phases: Vec<Phase>,
+}
+
+impl SpeedSettings {
+    pub fn wants(&self, phase: Phase) -> bool {
+        self.phases.contains(&phase)
+    }
+}
+
+impl BenchSpeedArgs {
+    /// Validates the options.
+    pub fn settings(&self) -> Result<SpeedSettings, BenchError> {
+        let positive = [
+            ("--prompt-len", self.prompt_len),
+            ("--decode-len", self.decode_len),
+            ("--batch", self.batch),
+            ("--batch-prompt-len", self.batch_prompt_len),
+            ("--batch-decode-steps", self.batch_decode_steps),
+            ("--repeats", self.repeats),
+            ("--block-size", self.block_size),
+            ("--probe-mib", self.probe_mib),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(BenchError::InvalidArgument(format!(
+                "{name} must be at least 1"
+            )));
+        }
+        if !(self.probe_seconds.is_finite() && self.probe_seconds > 0.0) {
+            return Err(BenchError::InvalidArgument(
+                "--probe-seconds must be positive".into(),
+            ));
+        }
+        let threads = match self.threads {
+            Some(0) => {
+                return Err(BenchError::InvalidArgument(
+                    "--threads must be at least 1".into(),
+                ))
+            }
+            Some(threads) => threads,
+            None => std::thread::available_parallelism().map_or(1, usize::from),
+        };
+        let selected = |selection| self.only.is_empty() || self.only.contains(&selection);
+        let mut phases = Vec::new();
+        if selected(PhaseSelection::Prefill) {
+            phases.push(Phase::Prefill);
+        }
+        if selected(PhaseSelection::Decode) {
+            phases.extend([Phase::Decode, Phase::DecodeLong]);
+        }
+        if selected(PhaseSelection::Batched) {
+            phases.push(Phase::Batched);
+        }
+        Ok(SpeedSettings {
+            threads,
+            prompt_len: self.prompt_len,
+            decode_len: self.decode_len,
+            batch: self.batch,
+            batch_prompt_len: self.batch_prompt_len,
+            batch_decode_steps: self.batch_decode_steps,
+            repeats: self.repeats,
+            block_size: self.block_size,
+            phases,
+        })
+    }
+}
+
+/// Measures the machine's peaks with `threads` threads: f32 FMA GFLOP/s and read GB/s.
+pub fn measure_peaks(threads: usize, probe_bytes: usize, seconds: f64) -> MachinePeak {
+    let duration = Duration::from_secs_f64(seconds);
+    MachinePeak {
+        cpu: cpu_model(),
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        threads,
+        peak_gflops: tokenmill_kernels::fma_peak_gflops(threads, duration),
+        peak_read_gbs: tokenmill_kernels::read_bandwidth_gbs(threads, probe_bytes, duration),
+    }
+}
+
+/// The CPU's model name from /proc/cpuinfo, or "unknown".
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Runs `tokenmill bench speed`: probes the machine, loads the model, measures the selected
+/// figures, prints the table and writes the JSON when asked.
+pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
+    let settings = args.settings()?;
+    let source = resolve_model(args.model.as_deref())?;
+
+    eprintln!(
+        "probing machine peaks ({} threads, {:.1} s each)",
+        settings.threads, args.probe_seconds
+    );
+    let machine = measure_peaks(settings.threads, args.probe_mib << 20, args.probe_seconds);
+
+    let options = LoadOptions {
+        num_threads: settings.threads,
+        ..LoadOptions::default()
+    };
+    let started = Instant::now();
+    let model = LlamaModel::load(&source, &options)?;
+    eprintln!(
+        "loaded {} in {:.2} s ({:.1} MB of weights)",
+        source.path().display(),
+        started.elapsed().as_secs_f64(),
+        model.weight_bytes() as f64 / 1e6
+    );
+    let timings = measure::measure(&model, &settings, |line| eprintln!("measuring {line}"))?;
+    let report = SpeedReport::new(
+        source.path().display().to_string(),
+        &model,
+        &settings,
+        machine,
+        &timings,
+    );
+    print!("{}", format_report(&report));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n").map_err(|source| BenchError::io(path, source))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(report)
+}
