@@ -1,6 +1,15 @@
-//! Criterion benches: matmul per dtype at n = 1, 8, 64 for a 576x1536 weight, and paged
-//! attention at context 128 and 1024. Throughput is reported in FLOP (as "elements").
-//! Run: `cargo bench -p tokenmill-kernels` (long); `--no-run` just builds.
+//! Criterion benches for the compute layer:
+//! - `matmul_576x1536`: every dtype at batch n = 1, 4, 16, 64, 256 (compute; throughput in FLOP,
+//!   shown by criterion as "elem/s" = FLOP/s);
+//! - `matmul_stream`: batch-1 products with weights far larger than the last-level cache (the
+//!   default model's 49152x576 Q8_0 output head, and an 84 MB Q4_1 matrix), throughput in weight
+//!   bytes: memory bandwidth, what bounds single-stream decode;
+//! - `paged_attention_decode` at context 128, 512, 1024, 2048 and `paged_attention_prefill`
+//!   (64 query rows at context 512), in FLOP.
+//!
+//! The machine's peaks to compare against: `tokenmill bench speed` probes the f32 FMA peak and the
+//! memory-read bandwidth and prints them. Run: `cargo bench -p tokenmill-kernels` (long);
+//! `--no-run` just builds; a filter such as `-- matmul_stream` runs one group.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenmill_kernels::{
@@ -76,7 +85,7 @@ fn bench_matmul(c: &mut Criterion) {
             continue;
         };
         let mut scratch = MatmulScratch::new();
-        for n in [1usize, 8, 64] {
+        for n in [1usize, 4, 16, 64, 256] {
             let x = rng.values(n * cols);
             let mut out = vec![0.0f32; n * rows];
             group.throughput(Throughput::Elements((2 * rows * cols * n) as u64));
@@ -84,6 +93,31 @@ fn bench_matmul(c: &mut Criterion) {
                 b.iter(|| matrix.matmul(&pool, &x, n, &mut out, &mut scratch))
             });
         }
+    }
+    group.finish();
+}
+
+fn bench_matmul_stream(c: &mut Criterion) {
+    let pool = ThreadPool::default();
+    let mut rng = Rng(0x5851_f42d_4c95_7f2d);
+    let mut group = c.benchmark_group("matmul_stream");
+    group.sample_size(10);
+    for (dtype, rows, cols) in [
+        (DType::Q8_0, 49152usize, 576usize),
+        (DType::Q4_1, 32768, 4096),
+    ] {
+        let bytes = weight_bytes(&mut rng, dtype, rows, cols);
+        let Ok(matrix) = QMatrix::from_bytes(dtype, rows, cols, &bytes) else {
+            continue;
+        };
+        let x = rng.values(cols);
+        let mut out = vec![0.0f32; rows];
+        let mut scratch = MatmulScratch::new();
+        group.throughput(Throughput::Bytes(matrix.storage_bytes() as u64));
+        let id = format!("{}_{rows}x{cols}", dtype.name());
+        group.bench_function(BenchmarkId::new(id, 1), |b| {
+            b.iter(|| matrix.matmul(&pool, &x, 1, &mut out, &mut scratch))
+        });
     }
     group.finish();
 }
@@ -98,9 +132,30 @@ fn bench_attention(c: &mut Criterion) {
         block_size: 16,
         scale: 0.125,
     };
-    let mut group = c.benchmark_group("paged_attention_decode");
+    for (name, query_len, contexts) in [
+        (
+            "paged_attention_decode",
+            1usize,
+            &[128usize, 512, 1024, 2048][..],
+        ),
+        ("paged_attention_prefill", 64, &[512][..]),
+    ] {
+        attention_group(c, &pool, &mut rng, &params, name, query_len, contexts);
+    }
+}
+
+fn attention_group(
+    c: &mut Criterion,
+    pool: &ThreadPool,
+    rng: &mut Rng,
+    params: &AttentionParams,
+    name: &str,
+    query_len: usize,
+    contexts: &[usize],
+) {
+    let mut group = c.benchmark_group(name);
     group.sample_size(20);
-    for context in [128usize, 1024] {
+    for &context in contexts {
         let num_blocks = context / params.block_size;
         let cache_len = num_blocks * params.block_size * params.num_kv_heads * params.head_dim;
         let k_cache = rng.values(cache_len);
@@ -109,21 +164,23 @@ fn bench_attention(c: &mut Criterion) {
         let block_tables: Vec<u32> = (0..num_blocks as u32).rev().collect();
         let seqs = [AttentionSeq {
             query_start: 0,
-            query_len: 1,
+            query_len,
             context_len: context,
             block_table_start: 0,
             num_blocks,
         }];
-        let q = rng.values(params.num_heads * params.head_dim);
+        let q = rng.values(query_len * params.num_heads * params.head_dim);
         let mut out = vec![0.0f32; q.len()];
+        // Two multiply-adds (score and value) per visible key, head and dimension.
+        let visible: usize = (0..query_len).map(|r| context - query_len + r + 1).sum();
         group.throughput(Throughput::Elements(
-            (4 * context * params.num_heads * params.head_dim) as u64,
+            (4 * visible * params.num_heads * params.head_dim) as u64,
         ));
         group.bench_with_input(BenchmarkId::from_parameter(context), &context, |b, _| {
             b.iter(|| {
                 paged_attention(
-                    &pool,
-                    &params,
+                    pool,
+                    params,
                     &q,
                     &k_cache,
                     &v_cache,
@@ -137,5 +194,5 @@ fn bench_attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_matmul, bench_attention);
+criterion_group!(benches, bench_matmul, bench_matmul_stream, bench_attention);
 criterion_main!(benches);
