@@ -8,8 +8,9 @@
 //! cover all query heads sharing that kv head (or a part of them, when a small decode batch
 //! would otherwise leave threads idle). Each task walks the sequence's cache blocks once, in
 //! tiles of at most 16 keys at fixed offsets inside each block, and folds each tile into every
-//! (row, head) pair of the task (one online-softmax rescale per tile) while the tile's K/V rows
-//! are hot in L1, so K/V are read once per group and no full score row is ever materialized.
+//! (row, head) pair of the task (one online-softmax rescale per tile; up to three pairs that see
+//! the same keys share each K/V row load) while the tile's K/V rows are hot in L1, so K/V are
+//! read once per group and no full score row is ever materialized.
 //!
 //! A query row's result depends only on its own query, its position and the cached K/V: every
 //! (row, head) pair sees the same tiles in the same order with the same per-tile operations, so

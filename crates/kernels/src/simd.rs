@@ -7,6 +7,13 @@
 //! (`((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` over the eight accumulator lanes) no matter how
 //! many keys the tile holds. The tile's max, exponentials and sum are vectorized in a fixed
 //! order too: a pair's result depends only on its query and the tile's keys and values.
+//!
+//! [`VectorOps::attend_group`] folds a tile into up to [`GROUP`] pairs that see the same keys
+//! (the query heads of one GQA group, or fully visible rows of a prefill chunk) in one call:
+//! each K row is loaded once for all of them (scored four keys at a time, the first half of
+//! the transposing reduction per quad), their rescale factors share one `exp8`, and each V row
+//! feeds all their accumulators. Every pair still goes through exactly its own operations, so
+//! the grouping never changes its bits (a test checks this against the per-pair path).
 
 /// Most keys one online-softmax step handles; cache blocks larger than this are walked in
 /// tiles of this many keys.
