@@ -5,7 +5,8 @@
 //!   default model's 49152x576 Q8_0 output head, and an 84 MB Q4_1 matrix), throughput in weight
 //!   bytes: memory bandwidth, what bounds single-stream decode;
 //! - `paged_attention_decode` at context 128, 512, 1024, 2048 and `paged_attention_prefill`
-//!   (64 query rows at context 512), in FLOP.
+//!   (64 query rows at context 512) and `paged_attention_decode_batch32` (32 sequences decoding
+//!   at context 256, like the server), in FLOP.
 //!
 //! The machine's peaks to compare against: `tokenmill bench speed` probes the f32 FMA peak and the
 //! memory-read bandwidth and prints them. Run: `cargo bench -p tokenmill-kernels` (long);
@@ -132,24 +133,30 @@ fn bench_attention(c: &mut Criterion) {
         block_size: 16,
         scale: 0.125,
     };
-    for (name, query_len, contexts) in [
+    for (name, batch, query_len, contexts) in [
         (
             "paged_attention_decode",
             1usize,
+            1usize,
             &[128usize, 512, 1024, 2048][..],
         ),
-        ("paged_attention_prefill", 64, &[512][..]),
+        ("paged_attention_prefill", 1, 64, &[512][..]),
+        ("paged_attention_decode_batch32", 32, 1, &[256][..]),
     ] {
-        attention_group(c, &pool, &mut rng, &params, name, query_len, contexts);
+        attention_group(
+            c, &pool, &mut rng, &params, name, batch, query_len, contexts,
+        );
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn attention_group(
     c: &mut Criterion,
     pool: &ThreadPool,
     rng: &mut Rng,
     params: &AttentionParams,
     name: &str,
+    batch: usize,
     query_len: usize,
     contexts: &[usize],
 ) {
@@ -157,22 +164,28 @@ fn attention_group(
     group.sample_size(20);
     for &context in contexts {
         let num_blocks = context / params.block_size;
-        let cache_len = num_blocks * params.block_size * params.num_kv_heads * params.head_dim;
+        let cache_len =
+            batch * num_blocks * params.block_size * params.num_kv_heads * params.head_dim;
         let k_cache = rng.values(cache_len);
         let v_cache = rng.values(cache_len);
-        // Blocks in reverse order, so the table is not the identity.
-        let block_tables: Vec<u32> = (0..num_blocks as u32).rev().collect();
-        let seqs = [AttentionSeq {
-            query_start: 0,
-            query_len,
-            context_len: context,
-            block_table_start: 0,
-            num_blocks,
-        }];
-        let q = rng.values(query_len * params.num_heads * params.head_dim);
+        // Blocks in reverse order, so the tables are not the identity.
+        let block_tables: Vec<u32> = (0..(batch * num_blocks) as u32).rev().collect();
+        let seqs: Vec<AttentionSeq> = (0..batch)
+            .map(|i| AttentionSeq {
+                query_start: i * query_len,
+                query_len,
+                context_len: context,
+                block_table_start: i * num_blocks,
+                num_blocks,
+            })
+            .collect();
+        let q = rng.values(batch * query_len * params.num_heads * params.head_dim);
         let mut out = vec![0.0f32; q.len()];
         // Two multiply-adds (score and value) per visible key, head and dimension.
-        let visible: usize = (0..query_len).map(|r| context - query_len + r + 1).sum();
+        let visible: usize = batch
+            * (0..query_len)
+                .map(|r| context - query_len + r + 1)
+                .sum::<usize>();
         group.throughput(Throughput::Elements(
             (4 * visible * params.num_heads * params.head_dim) as u64,
         ));

@@ -8,15 +8,16 @@
 //! cover all query heads sharing that kv head (or a part of them, when a small decode batch
 //! would otherwise leave threads idle). Each task walks the sequence's cache blocks once, in
 //! tiles of at most 16 keys at fixed offsets inside each block, and folds each tile into every
-//! (row, head) pair of the task (one online-softmax rescale per tile) while the tile's K/V rows
-//! are hot in L1, so K/V are read once per group and no full score row is ever materialized.
+//! (row, head) pair of the task (one online-softmax rescale per tile; up to three pairs that see
+//! the same keys share each K/V row load) while the tile's K/V rows are hot in L1, so K/V are
+//! read once per group and no full score row is ever materialized.
 //!
 //! A query row's result depends only on its own query, its position and the cached K/V: every
 //! (row, head) pair sees the same tiles in the same order with the same per-tile operations, so
 //! chunking, batching, grouping and thread count never change its floating-point results.
 
 use crate::pool::{SharedMut, ThreadPool};
-use crate::simd::{KeyTile, OnlineSoftmax, TileWeights, VectorOps, TILE};
+use crate::simd::{KeyTile, OnlineSoftmax, VectorOps, GROUP, TILE};
 use crate::KernelError;
 
 /// Most query rows handled by one attention task.
@@ -386,7 +387,6 @@ fn attend_task(
         &mut heap[..]
     };
     let mut states = [OnlineSoftmax::EMPTY; MAX_PAIRS];
-    let mut tile_weights = [TileWeights::EMPTY; MAX_PAIRS];
     let last_position = position_of(n_pairs - 1);
     let n_blocks = (last_position + 1).div_ceil(p.block_size);
     for (block_index, &block_id) in table.iter().take(n_blocks).enumerate() {
@@ -406,36 +406,30 @@ fn attend_task(
                 stride: kv_dim,
                 count: tile_len,
             };
-            // Scores and weights of every pair first (independent chains the CPU overlaps),
-            // then the value sums, two pairs at a time where their key counts agree.
-            for (pair, (state, weights)) in states[..n_pairs]
-                .iter_mut()
-                .zip(&mut tile_weights)
-                .enumerate()
-            {
-                let position = position_of(pair);
-                *weights = TileWeights::EMPTY;
-                if position < tile_first_position {
-                    continue;
+            // Runs of consecutive pairs that see the same keys of the tile go through one
+            // grouped step (at most GROUP pairs; a run of four splits 2 + 2), which loads each
+            // K/V row once for all of them.
+            // Pairs come in row order, so the ones that see the tile form a suffix.
+            let mut pair = tile_first_position.saturating_sub(position_of(0)) * n_heads;
+            while pair < n_pairs {
+                let count_of =
+                    |pair: usize| (position_of(pair) + 1 - tile_first_position).min(tile_len);
+                let count = count_of(pair);
+                let mut run = 1;
+                while pair + run < n_pairs && run < 2 * GROUP && count_of(pair + run) == count {
+                    run += 1;
                 }
-                let count = (position - tile_first_position + 1).min(tile_len);
-                let tile = KeyTile { count, ..tile };
-                if let Some(computed) = kernels.tile_weights(query_of(pair), tile, p.scale, state) {
-                    *weights = computed;
-                }
-            }
-            let mut pairs = tile_weights[..n_pairs]
-                .iter()
-                .zip(accumulators.chunks_exact_mut(d))
-                .filter(|(weights, _)| weights.count > 0)
-                .peekable();
-            while let Some((weights, acc)) = pairs.next() {
-                match pairs.next_if(|(next, _)| next.count == weights.count) {
-                    Some((next, next_acc)) => {
-                        kernels.accumulate_two(tile, [weights, next], [acc, next_acc]);
-                    }
-                    None => kernels.accumulate(tile, weights, acc),
-                }
+                let take = if run == GROUP + 1 { 2 } else { run.min(GROUP) };
+                let queries: [&[f32]; GROUP] =
+                    std::array::from_fn(|i| query_of(pair + i.min(take - 1)));
+                kernels.attend_group(
+                    &queries[..take],
+                    KeyTile { count, ..tile },
+                    p.scale,
+                    &mut states[pair..pair + take],
+                    &mut accumulators[pair * d..(pair + take) * d],
+                );
+                pair += take;
             }
         }
     }

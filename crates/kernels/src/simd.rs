@@ -7,10 +7,20 @@
 //! (`((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` over the eight accumulator lanes) no matter how
 //! many keys the tile holds. The tile's max, exponentials and sum are vectorized in a fixed
 //! order too: a pair's result depends only on its query and the tile's keys and values.
+//!
+//! [`VectorOps::attend_group`] folds a tile into up to [`GROUP`] pairs that see the same keys
+//! (the query heads of one GQA group, or fully visible rows of a prefill chunk) in one call:
+//! each K row is loaded once for all of them (scored four keys at a time, the first half of
+//! the transposing reduction per quad), their rescale factors share one `exp8`, and each V row
+//! feeds all their accumulators. Every pair still goes through exactly its own operations, so
+//! the grouping never changes its bits (a test checks this against the per-pair path).
 
 /// Most keys one online-softmax step handles; cache blocks larger than this are walked in
 /// tiles of this many keys.
 pub(crate) const TILE: usize = 16;
+
+/// Most (row, head) pairs one [`VectorOps::attend_group`] call folds a tile into.
+pub(crate) const GROUP: usize = 3;
 
 /// The vector primitives available on this CPU, detected once per use site.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +108,7 @@ impl VectorOps {
     /// `exp(s - new_max)` with the rescale factor `exp(old_max - new_max)`. Returns `None`
     /// (and leaves `state` alone) if the tile is empty, longer than [`TILE`] or does not fit
     /// its buffers.
+    #[cfg(test)]
     #[inline]
     pub(crate) fn tile_weights(
         self,
@@ -121,6 +132,7 @@ impl VectorOps {
     /// Second half: `acc = acc · correction + Σ_t weights[t] · v_t` over the first
     /// `weights.count` value rows of `tile`, in key order. Does nothing if those rows do not
     /// fit the tile's buffers for `acc.len()` values.
+    #[cfg(test)]
     #[inline]
     pub(crate) fn accumulate(self, tile: KeyTile<'_>, weights: &TileWeights, acc: &mut [f32]) {
         let tile = KeyTile {
@@ -141,6 +153,7 @@ impl VectorOps {
 
     /// [`VectorOps::accumulate`] for two pairs at once, sharing the value loads. Each pair's
     /// accumulator goes through exactly the operations `accumulate` would apply.
+    #[cfg(test)]
     #[inline]
     pub(crate) fn accumulate_two(
         self,
@@ -166,6 +179,51 @@ impl VectorOps {
         }
         self.accumulate(tile, weights[0], acc_a);
         self.accumulate(tile, weights[1], acc_b);
+    }
+
+    /// Folds one tile into up to [`GROUP`] (row, head) pairs that all see the tile's first
+    /// `tile.count` keys: `states[i]` and `accs[i * d..(i + 1) * d]` belong to `queries[i]`
+    /// (`d = accs.len() / queries.len()`). Each K and V row is loaded once for all pairs, and
+    /// each pair goes through exactly the operations it would alone (`tile_weights`, then
+    /// `accumulate`), so the grouping never changes a pair's result. Does nothing if the
+    /// shapes disagree or the tile does not fit its buffers.
+    pub(crate) fn attend_group(
+        self,
+        queries: &[&[f32]],
+        tile: KeyTile<'_>,
+        scale: f32,
+        states: &mut [OnlineSoftmax],
+        accs: &mut [f32],
+    ) {
+        let n = queries.len();
+        if n == 0 || n > GROUP || states.len() != n || accs.len() % n != 0 {
+            return;
+        }
+        let d = accs.len() / n;
+        if queries.iter().any(|query| query.len() != d) || !tile.is_valid(d) {
+            return;
+        }
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; every query and
+            // accumulator holds d values and the tile was validated against d.
+            VectorOps::Avx2 => unsafe {
+                let q = |i: usize| queries[i.min(n - 1)].as_ptr();
+                match n {
+                    1 => avx2::attend_group::<1>([q(0)], tile, scale, states, accs),
+                    2 => avx2::attend_group::<2>([q(0), q(1)], tile, scale, states, accs),
+                    _ => avx2::attend_group::<3>([q(0), q(1), q(2)], tile, scale, states, accs),
+                }
+            },
+            VectorOps::Scalar => {
+                for ((query, state), acc) in
+                    queries.iter().zip(states).zip(accs.chunks_exact_mut(d))
+                {
+                    let weights = scalar_tile_weights(query, tile, scale, state);
+                    scalar_accumulate(tile, &weights, acc);
+                }
+            }
+        }
     }
 
     /// Both halves in one call.
@@ -273,7 +331,9 @@ fn scalar_silu_mul(gate: &mut [f32], up: &[f32]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{scalar_silu_mul, KeyTile, OnlineSoftmax, TileWeights, TILE};
+    #[cfg(test)]
+    use super::TileWeights;
+    use super::{scalar_silu_mul, KeyTile, OnlineSoftmax, GROUP, TILE};
 
     /// AVX2 body of `VectorOps::silu_mul`; the last `len % 8` elements take the scalar path.
     ///
@@ -414,6 +474,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA; `acc` must be writable and every value row readable
     /// for `8 * R` f32.
+    #[cfg(test)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn accumulate<const R: usize>(
@@ -471,6 +532,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA; `tile` must be valid for `query.len()`
     /// (`KeyTile::is_valid`).
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile_weights(
         query: &[f32],
@@ -522,6 +584,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA; `tile` (with `tile.count == weights.count`) must be
     /// valid for `acc.len()` (`KeyTile::is_valid`).
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn accumulate_one(tile: KeyTile<'_>, weights: &TileWeights, acc: &mut [f32]) {
         let d = acc.len();
@@ -564,6 +627,7 @@ mod avx2 {
     ///
     /// # Safety
     /// As for [`accumulate`], for both accumulators.
+    #[cfg(test)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn accumulate_pair<const R: usize>(
@@ -602,6 +666,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA; both weights have `tile.count` keys, both
     /// accumulators the same length, and `tile` is valid for it (`KeyTile::is_valid`).
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn accumulate_two(
         tile: KeyTile<'_>,
@@ -645,6 +710,265 @@ mod avx2 {
             for ((target, w), factor) in at(c).into_iter().zip(w).zip(factor) {
                 // SAFETY: AVX2/FMA enabled; the last d - c columns lie inside d.
                 unsafe { accumulate_tail(target, values.add(c), stride, w, factor, d - c) };
+            }
+        }
+    }
+    /// Scores of `P` queries against the four key rows `rows`: lane `k` of the low half of
+    /// result `p` is the first half of [`reduce8`]'s tree (`((l0+l1)+(l2+l3))`-style sums of
+    /// the per-lane accumulators), so two quads combine into exactly what [`scores8`] gives.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; every query and row must point at `d` readable f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn score_quads<const P: usize>(
+        queries: [*const f32; P],
+        rows: [*const f32; 4],
+        d: usize,
+    ) -> [__m256; P] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; P];
+        let mut c = 0;
+        while c + 8 <= d {
+            // SAFETY: c + 8 <= d, inside every query and row (caller contract).
+            unsafe {
+                let q: [__m256; P] = std::array::from_fn(|p| _mm256_loadu_ps(queries[p].add(c)));
+                for (j, row) in rows.iter().enumerate() {
+                    let k = _mm256_loadu_ps(row.add(c));
+                    for (lanes, q) in acc.iter_mut().zip(&q) {
+                        lanes[j] = _mm256_fmadd_ps(*q, k, lanes[j]);
+                    }
+                }
+            }
+            c += 8;
+        }
+        if c < d {
+            let mask = first_lanes(d - c);
+            // SAFETY: masked loads touch only lanes c..d, inside every query and row.
+            unsafe {
+                let q: [__m256; P] =
+                    std::array::from_fn(|p| _mm256_maskload_ps(queries[p].add(c), mask));
+                for (j, row) in rows.iter().enumerate() {
+                    let k = _mm256_maskload_ps(row.add(c), mask);
+                    for (lanes, q) in acc.iter_mut().zip(&q) {
+                        lanes[j] = _mm256_fmadd_ps(*q, k, lanes[j]);
+                    }
+                }
+            }
+        }
+        std::array::from_fn(|p| {
+            let a = &acc[p];
+            _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]))
+        })
+    }
+
+    /// Raw scores of `P` queries against tile keys `first .. first + n` (`1 <= n <= 8`), one
+    /// per lane, bitwise what [`scores8`] gives for each query; lanes `>= n` are unspecified.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; every query and every key row `first .. first + n`
+    /// (at `keys + row * stride`) must point at `d` readable f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scores_group<const P: usize>(
+        queries: [*const f32; P],
+        keys: *const f32,
+        stride: usize,
+        first: usize,
+        n: usize,
+        d: usize,
+    ) -> [__m256; P] {
+        // Lanes past the tile re-read its last key.
+        let rows: [*const f32; 8] =
+            std::array::from_fn(|k| keys.wrapping_add((first + k.min(n - 1)) * stride));
+        if P == 1 {
+            // One query: eight independent chains keep the FMA units busy.
+            // SAFETY: every row index is below first + n (caller contract).
+            let scores = unsafe { scores8(queries[0], rows, d) };
+            return [scores; P];
+        }
+        let quad = |half: usize| -> [*const f32; 4] { std::array::from_fn(|j| rows[4 * half + j]) };
+        // SAFETY: every row index is below first + n (caller contract).
+        let low = unsafe { score_quads::<P>(queries, quad(0), d) };
+        // Lanes 4..8 come only from the second quad; they are unused when n <= 4.
+        let high = if n > 4 {
+            // SAFETY: as above.
+            unsafe { score_quads::<P>(queries, quad(1), d) }
+        } else {
+            [_mm256_setzero_ps(); P]
+        };
+        std::array::from_fn(|p| {
+            let (u0, u1) = (low[p], high[p]);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(u0, u1),
+                _mm256_permute2f128_ps::<0x31>(u0, u1),
+            )
+        })
+    }
+
+    /// `acc[p][0 .. 8R] = acc[p] · factor[p] + Σ_t weights[p][t] · v_t[0 .. 8R]` for `P`
+    /// accumulators, keys in order, every value load feeding all of them; each accumulator
+    /// sees the same operations for any `P` and `R`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; every accumulator must be writable and every value
+    /// row (at `values + t * stride`) readable for `8 * R` f32; all weights have equal length.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate_group<const P: usize, const R: usize>(
+        acc: [*mut f32; P],
+        values: *const f32,
+        stride: usize,
+        weights: &[[f32; TILE]; P],
+        count: usize,
+        factor: [__m256; P],
+    ) {
+        let mut lanes = [[_mm256_setzero_ps(); R]; P];
+        // SAFETY: every access stays within the first 8R values of each accumulator and row,
+        // and t < count <= TILE.
+        unsafe {
+            for ((group, target), factor) in lanes.iter_mut().zip(acc).zip(factor) {
+                for (u, lane) in group.iter_mut().enumerate() {
+                    *lane = _mm256_mul_ps(_mm256_loadu_ps(target.add(8 * u)), factor);
+                }
+            }
+            // `t` indexes every pair's weights at once.
+            #[allow(clippy::needless_range_loop)]
+            for t in 0..count {
+                let w: [__m256; P] = std::array::from_fn(|p| _mm256_set1_ps(weights[p][t]));
+                let row = values.add(t * stride);
+                for u in 0..R {
+                    let v = _mm256_loadu_ps(row.add(8 * u));
+                    for (group, w) in lanes.iter_mut().zip(&w) {
+                        group[u] = _mm256_fmadd_ps(*w, v, group[u]);
+                    }
+                }
+            }
+            for (group, target) in lanes.iter().zip(acc) {
+                for (u, lane) in group.iter().enumerate() {
+                    _mm256_storeu_ps(target.add(8 * u), *lane);
+                }
+            }
+        }
+    }
+
+    /// AVX2 body of `VectorOps::attend_group` for `P` pairs.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `1 <= P <= GROUP`; `states.len() == P`;
+    /// `accs.len() == P * d` with every query pointing at `d` readable f32; `tile` must be
+    /// valid for `d` (`KeyTile::is_valid`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn attend_group<const P: usize>(
+        queries: [*const f32; P],
+        tile: KeyTile<'_>,
+        scale: f32,
+        states: &mut [OnlineSoftmax],
+        accs: &mut [f32],
+    ) {
+        let d = accs.len() / P;
+        let count = tile.count;
+        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let scale_v = _mm256_set1_ps(scale);
+        let mut scores = [[neg_inf; TILE / 8]; P];
+        for half in 0..TILE / 8 {
+            let first = half * 8;
+            if first >= count {
+                break;
+            }
+            let n = (count - first).min(8);
+            // SAFETY: AVX2/FMA enabled here; every row index is below `count`, so each row
+            // holds d values (tile validated), as does every query.
+            let raw =
+                unsafe { scores_group::<P>(queries, tile.keys.as_ptr(), tile.stride, first, n, d) };
+            let mask = _mm256_castsi256_ps(first_lanes(n));
+            for (score, raw) in scores.iter_mut().zip(raw) {
+                score[half] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(raw, scale_v), mask);
+            }
+        }
+        // New maxima per pair; the rescale factors of all pairs share one exp8 (lane p holds
+        // pair p's `old_max - new_max`, exactly the value it would use alone).
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut new_max = [_mm256_setzero_ps(); P];
+        let mut diffs = _mm256_setzero_ps();
+        for (p, ((max, score), state)) in new_max.iter_mut().zip(&scores).zip(&*states).enumerate()
+        {
+            let old_max = _mm256_set1_ps(state.max);
+            *max = _mm256_max_ps(max_all(_mm256_max_ps(score[0], score[1])), old_max);
+            let lane = _mm256_castsi256_ps(_mm256_cmpeq_epi32(iota, _mm256_set1_epi32(p as i32)));
+            diffs = _mm256_blendv_ps(diffs, _mm256_sub_ps(old_max, *max), lane);
+        }
+        let mut corrections = [0.0f32; 8];
+        // SAFETY: `corrections` holds 8 f32.
+        unsafe { _mm256_storeu_ps(corrections.as_mut_ptr(), exp8(diffs)) };
+        let mut weights = [[0.0f32; TILE]; P];
+        for p in 0..P {
+            let max = new_max[p];
+            let weights0 = exp8(_mm256_sub_ps(scores[p][0], max));
+            // Keys 8.. absent: their weights are exactly 0 (what exp8 gives for -inf).
+            let weights1 = if count > 8 {
+                exp8(_mm256_sub_ps(scores[p][1], max))
+            } else {
+                _mm256_setzero_ps()
+            };
+            let state = &mut states[p];
+            state.sum = state.sum * corrections[p] + sum_all(_mm256_add_ps(weights0, weights1));
+            state.max = _mm256_cvtss_f32(max);
+            // SAFETY: `weights[p]` holds TILE = 16 f32.
+            unsafe {
+                _mm256_storeu_ps(weights[p].as_mut_ptr(), weights0);
+                _mm256_storeu_ps(weights[p].as_mut_ptr().add(8), weights1);
+            }
+        }
+        let factor: [__m256; P] = std::array::from_fn(|p| _mm256_set1_ps(corrections[p]));
+        let out = accs.as_mut_ptr();
+        // Offsets below stay inside every accumulator: callers pass c < d.
+        let at =
+            |c: usize| -> [*mut f32; P] { std::array::from_fn(|p| out.wrapping_add(p * d + c)) };
+        let values = tile.values.as_ptr();
+        let stride = tile.stride;
+        let mut c = 0;
+        // Each call below covers columns inside c..d of every accumulator and value row, which
+        // hold d values (tile validated); the widest step keeps P * R accumulators in registers.
+        const { assert!(P >= 1 && P <= GROUP) };
+        let wide = if P == 1 { 64 } else { 32 };
+        while c + wide <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe {
+                if P == 1 {
+                    accumulate_group::<P, 8>(at(c), values.add(c), stride, &weights, count, factor);
+                } else {
+                    accumulate_group::<P, 4>(at(c), values.add(c), stride, &weights, count, factor);
+                }
+            }
+            c += wide;
+        }
+        if P == 1 && c + 32 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe {
+                accumulate_group::<P, 4>(at(c), values.add(c), stride, &weights, count, factor)
+            };
+            c += 32;
+        }
+        if c + 16 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe {
+                accumulate_group::<P, 2>(at(c), values.add(c), stride, &weights, count, factor)
+            };
+            c += 16;
+        }
+        if c + 8 <= d {
+            // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
+            unsafe {
+                accumulate_group::<P, 1>(at(c), values.add(c), stride, &weights, count, factor)
+            };
+            c += 8;
+        }
+        if c < d {
+            for ((target, w), factor) in at(c).into_iter().zip(&weights).zip(factor) {
+                // SAFETY: AVX2/FMA enabled; the last d - c columns lie inside d.
+                unsafe {
+                    accumulate_tail(target, values.add(c), stride, &w[..count], factor, d - c)
+                };
             }
         }
     }
@@ -774,6 +1098,63 @@ mod tests {
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&a), bits(&x), "{ops:?} d={d} count={count}");
                     assert_eq!(bits(&b), bits(&y), "{ops:?} d={d} count={count}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_pairs_are_bitwise_the_same_as_one_by_one() {
+        let mut rng = crate::test_util::Rng::new(29);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for ops in [VectorOps::detect(), VectorOps::Scalar] {
+            for d in [3usize, 8, 17, 48, 64, 80, 130] {
+                for count in [1usize, 3, 4, 5, 8, 9, 12, 16] {
+                    let stride = d + 3;
+                    let keys = rng.vec((count - 1) * stride + d, -2.0, 2.0);
+                    let values = rng.vec((count - 1) * stride + d, -1.0, 1.0);
+                    let tile = KeyTile {
+                        keys: &keys,
+                        values: &values,
+                        stride,
+                        count,
+                    };
+                    for n in 1..=GROUP {
+                        let queries: Vec<Vec<f32>> =
+                            (0..n).map(|_| rng.vec(d, -1.0, 1.0)).collect();
+                        let query_refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                        let start = rng.vec(n * d, -1.0, 1.0);
+                        let first_states: Vec<OnlineSoftmax> = (0..n)
+                            .map(|i| OnlineSoftmax {
+                                max: [f32::NEG_INFINITY, 0.2, 3.0][i % 3],
+                                sum: [0.0, 1.5, 2.5][i % 3],
+                            })
+                            .collect();
+                        let (mut states, mut accs) = (first_states.clone(), start.clone());
+                        // Two tiles in a row exercise the rescale of an existing accumulator.
+                        for _ in 0..2 {
+                            ops.attend_group(&query_refs, tile, 0.4, &mut states, &mut accs);
+                        }
+                        for i in 0..n {
+                            let mut alone_state = [first_states[i]];
+                            let mut alone = start[i * d..(i + 1) * d].to_vec();
+                            let mut old_state = first_states[i];
+                            let mut old = alone.clone();
+                            for _ in 0..2 {
+                                let query = [query_refs[i]];
+                                ops.attend_group(&query, tile, 0.4, &mut alone_state, &mut alone);
+                                ops.attend_tile(query_refs[i], tile, 0.4, &mut old_state, &mut old);
+                            }
+                            let what = format!("{ops:?} d={d} count={count} n={n} pair {i}");
+                            let grouped = &accs[i * d..(i + 1) * d];
+                            assert_eq!(bits(grouped), bits(&alone), "{what}");
+                            assert_eq!(bits(grouped), bits(&old), "{what}");
+                            for state in [alone_state[0], old_state] {
+                                assert_eq!(states[i].max.to_bits(), state.max.to_bits(), "{what}");
+                                assert_eq!(states[i].sum.to_bits(), state.sum.to_bits(), "{what}");
+                            }
+                        }
+                    }
                 }
             }
         }
