@@ -29,7 +29,6 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LLAMA_CPP_PYTHON_VERSION="0.3.16"
 MODEL="${1:-${MODEL:-${TOKENMILL_TEST_MODEL:-$HOME/.cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf}}}"
 THREADS="${THREADS:-2}"
 CONCURRENCIES="${CONCURRENCIES:-1 8 32}"
@@ -52,32 +51,11 @@ command -v python3 >/dev/null || die "python3 is required"
 command -v curl >/dev/null || die "curl is required"
 mkdir -p "$CACHE_DIR" "$OUT_DIR"
 
-# --- tokenmill binary ------------------------------------------------------------------------
-if [[ ! -x "$TOKENMILL" ]]; then
-    log "building tokenmill (release)"
-    (cd "$ROOT" && cargo build --release -p tokenmill)
-fi
-[[ -x "$TOKENMILL" ]] || die "no tokenmill binary at $TOKENMILL"
-
-# --- llama-cpp-python[server], pinned ---------------------------------------------------------
-venv_ready() {
-    "$LLAMACPP_VENV/bin/python" - "$LLAMA_CPP_PYTHON_VERSION" <<'PY' 2>/dev/null
-import sys
-import importlib.metadata as md
-import llama_cpp.server.app  # noqa: F401  (fails without the [server] extras)
-sys.exit(0 if md.version("llama-cpp-python") == sys.argv[1] else 1)
-PY
-}
-if ! venv_ready; then
-    if [[ ! -x "$LLAMACPP_VENV/bin/python" ]]; then
-        log "creating venv $LLAMACPP_VENV"
-        python3 -m venv "$LLAMACPP_VENV"
-    fi
-    log "installing llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION (compiles llama.cpp on first install; the wheel is cached in $CACHE_DIR/pip)"
-    PIP_CACHE_DIR="$CACHE_DIR/pip" "$LLAMACPP_VENV/bin/pip" install --quiet \
-        "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION"
-    venv_ready || die "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION is not importable from $LLAMACPP_VENV"
-fi
+# --- tokenmill binary and llama-cpp-python, pinned -------------------------------------------
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
+ensure_tokenmill "$TOKENMILL" "$ROOT"
+ensure_llamacpp_venv "$LLAMACPP_VENV" "$CACHE_DIR"
 PYTHON="$LLAMACPP_VENV/bin/python"
 
 # llama-cpp-python ignores vLLM's ignore_eos; a -100 logit bias on every end-of-generation
@@ -144,10 +122,11 @@ MAX_C=1
 for c in $CONCURRENCIES; do (( c > MAX_C )) && MAX_C=$c; done
 
 TM_PORT="$(free_port)"
+read -r -a EXTRA_TOKENMILL_ARGS <<<"${TOKENMILL_ARGS:-}"
 start_server tokenmill "http://127.0.0.1:$TM_PORT/health" \
     "$TOKENMILL" serve --model "$MODEL" --host 127.0.0.1 --port "$TM_PORT" \
     --threads "$THREADS" --max-model-len "$CTX" --max-num-seqs "$MAX_C" \
-    --served-model-name "$SERVED_NAME" --disable-log-stats ${TOKENMILL_ARGS:-}
+    --served-model-name "$SERVED_NAME" --disable-log-stats "${EXTRA_TOKENMILL_ARGS[@]}"
 pause_server tokenmill
 
 # llama-cpp-python serves one request at a time; by default a new request interrupts the one

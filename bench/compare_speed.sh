@@ -18,7 +18,7 @@
 #   REPEATS=3                 runs of each figure inside one process (each reports its median)
 #   PROMPT_LEN=512 DECODE_LEN=128 BATCH=64 BATCH_PROMPT_LEN=32 BATCH_DECODE_STEPS=32
 #   LLAMACPP_ARGS             extra flags for llamacpp_speed.py (e.g. "--flash-attn --kv-unified")
-#   LLAMACPP_VENV             a venv with llama-cpp-python==0.3.16 and numpy, e.g. /work/cache/refvenv;
+#   LLAMACPP_VENV             a venv with llama-cpp-python[server]==0.3.16 and numpy, e.g. /work/cache/refvenv;
 #                             default: $CACHE_DIR/llamacpp-venv (created and installed if missing)
 #   CACHE_DIR                 git-ignored cache (default: <repo>/.cache/bench)
 #   OUT_DIR                   where results go (default: <repo>/bench/results/speed-<timestamp>)
@@ -26,7 +26,6 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LLAMA_CPP_PYTHON_VERSION="0.3.16"
 MODEL="${1:-${MODEL:-${TOKENMILL_TEST_MODEL:-$HOME/.cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf}}}"
 THREADS="${THREADS:-2}"
 ROUNDS="${ROUNDS:-3}"
@@ -49,32 +48,11 @@ die() { log "error: $*"; exit 1; }
 command -v python3 >/dev/null || die "python3 is required"
 mkdir -p "$CACHE_DIR" "$OUT_DIR"
 
-# --- tokenmill binary ------------------------------------------------------------------------
-if [[ ! -x "$TOKENMILL" ]]; then
-    log "building tokenmill (release)"
-    (cd "$ROOT" && cargo build --release -p tokenmill)
-fi
-[[ -x "$TOKENMILL" ]] || die "no tokenmill binary at $TOKENMILL"
-
-# --- llama-cpp-python, pinned ------------------------------------------------------------------
-venv_ready() {
-    "$LLAMACPP_VENV/bin/python" - "$LLAMA_CPP_PYTHON_VERSION" <<'PY' 2>/dev/null
-import sys
-import importlib.metadata as md
-import llama_cpp, numpy  # noqa: F401
-sys.exit(0 if md.version("llama-cpp-python") == sys.argv[1] else 1)
-PY
-}
-if ! venv_ready; then
-    if [[ ! -x "$LLAMACPP_VENV/bin/python" ]]; then
-        log "creating venv $LLAMACPP_VENV"
-        python3 -m venv "$LLAMACPP_VENV"
-    fi
-    log "installing llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION and numpy (compiles llama.cpp on first install; the wheel is cached in $CACHE_DIR/pip)"
-    PIP_CACHE_DIR="$CACHE_DIR/pip" "$LLAMACPP_VENV/bin/pip" install --quiet \
-        "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" numpy
-    venv_ready || die "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION is not importable from $LLAMACPP_VENV"
-fi
+# --- tokenmill binary and llama-cpp-python, pinned -------------------------------------------
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
+ensure_tokenmill "$TOKENMILL" "$ROOT"
+ensure_llamacpp_venv "$LLAMACPP_VENV" "$CACHE_DIR"
 PYTHON="$LLAMACPP_VENV/bin/python"
 
 LENGTHS=(--prompt-len "$PROMPT_LEN" --decode-len "$DECODE_LEN" --batch "$BATCH"

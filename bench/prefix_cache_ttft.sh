@@ -30,10 +30,9 @@ log() { printf '[prefix-ttft] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 [[ -f "$MODEL" ]] || die "model file not found: $MODEL"
-if [[ ! -x "$TOKENMILL" ]]; then
-    log "building tokenmill (release)"
-    (cd "$ROOT" && cargo build --release -p tokenmill)
-fi
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
+ensure_tokenmill "$TOKENMILL" "$ROOT"
 mkdir -p "$OUT_DIR"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
