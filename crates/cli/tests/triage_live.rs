@@ -96,18 +96,28 @@ fn a_saturated_server_with_a_tiny_pool_shows_saturation_kv_pressure_and_preempti
     std::thread::sleep(std::time::Duration::from_secs(3));
     let report = triage(&server, "8s");
     drop(load);
-    let found = pathologies(&report);
+    let step = |name: &str| {
+        report["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["step"] == name)
+            .unwrap()
+            .clone()
+    };
+    // The KV-usage gauge is sampled a few times a window, so whether a sample lands on a full
+    // cache (and the thrashing pathology's high-usage signature shows) depends on the machine's
+    // speed; the preemptions counter does not, and the KV step judges by it.
+    assert_eq!(step("kv_cache")["verdict"], "problem", "{report:#}");
+    let saturation = step("saturation");
+    assert_ne!(saturation["verdict"], "ok", "{report:#}");
     assert!(
-        found.contains(&"kv_cache_thrashing".to_string()),
+        !saturation["summary"]
+            .as_str()
+            .unwrap()
+            .contains("KV has room"),
         "{report:#}"
     );
-    let saturation = report["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["step"] == "saturation")
-        .unwrap();
-    assert_ne!(saturation["verdict"], "ok", "{report:#}");
     let flags: Vec<String> = report["recommendations"]
         .as_array()
         .unwrap()

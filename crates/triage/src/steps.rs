@@ -138,8 +138,13 @@ impl Facts {
 }
 
 /// The running count at which the batch stopped growing while requests waited although the KV
-/// cache had room: the scheduler's max_num_seqs.
+/// cache had room: the scheduler's max_num_seqs. A preemption in the window means the cache did
+/// run out between the sampled gauges (the gauge is sampled, preemption is not), so the cap then
+/// is memory, not max_num_seqs.
 fn batch_cap(metrics: &WindowMetrics) -> Option<f64> {
+    if metrics.preemptions.unwrap_or(0.0) > PREEMPTIONS_PROBLEM {
+        return None;
+    }
     let gauges = &metrics.gauges;
     let (running, waiting, usage) = (
         gauges.running.as_ref()?,

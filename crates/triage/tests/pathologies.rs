@@ -588,6 +588,11 @@ fn preemptions_missed_by_the_usage_samples_still_call_for_fewer_sequences() {
         !report.recommends("--max-num-seqs", Direction::Increase),
         "never both directions for one flag: {report}"
     );
+    let saturation = report.step(Step::Saturation).unwrap();
+    assert!(
+        !saturation.summary.contains("KV has room"),
+        "preemptions show the KV cache ran out, so the batch is not capped by max_num_seqs: {report}"
+    );
 }
 
 #[test]
