@@ -39,3 +39,41 @@ import llama_cpp.server.app, numpy  # noqa: F401  (the first fails without the [
 sys.exit(0 if md.version("llama-cpp-python") == sys.argv[1] else 1)
 PY
 }
+
+# ensure_llamacpp_native CACHE_DIR: builds llama.cpp's own tools (llama-server, llama-bench,
+# llama-batched-bench) from the llama.cpp sources vendored in the pinned llama-cpp-python sdist
+# (the same llama.cpp commit the Python package compiles), with cmake and ninja from a build
+# venv, native CPU flags and no curl. Sets LLAMACPP_BIN to the directory holding the binaries.
+ensure_llamacpp_native() {
+    local cache_dir="$1"
+    local root="$cache_dir/llamacpp-native-$LLAMA_CPP_PYTHON_VERSION"
+    local tools=(llama-server llama-bench llama-batched-bench)
+    LLAMACPP_BIN="$root/build/bin"
+    local tool missing=0
+    for tool in "${tools[@]}"; do [[ -x "$LLAMACPP_BIN/$tool" ]] || missing=1; done
+    (( missing )) || return 0
+    local venv="$root/build-venv"
+    if [[ ! -x "$venv/bin/cmake" || ! -x "$venv/bin/ninja" ]]; then
+        log "creating build venv $venv (cmake, ninja)"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet cmake ninja
+    fi
+    local sdist_dir="$root/sdist"
+    local source="$sdist_dir/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+    if [[ ! -f "$source/CMakeLists.txt" ]]; then
+        log "downloading the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (vendors llama.cpp)"
+        mkdir -p "$sdist_dir"
+        "$venv/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python \
+            --dest "$sdist_dir" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+        tar -xzf "$sdist_dir/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" -C "$sdist_dir"
+    fi
+    [[ -f "$source/CMakeLists.txt" ]] || die "no llama.cpp sources in the sdist at $source"
+    log "building ${tools[*]} (native, release; several minutes on 2 cores)"
+    PATH="$venv/bin:$PATH" cmake -S "$source" -B "$root/build" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
+    PATH="$venv/bin:$PATH" cmake --build "$root/build" --target "${tools[@]}" -j "$(nproc)" >/dev/null
+    for tool in "${tools[@]}"; do
+        [[ -x "$LLAMACPP_BIN/$tool" ]] || die "the llama.cpp build did not produce $tool"
+    done
+}

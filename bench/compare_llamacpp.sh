@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Head-to-head: tokenmill vs llama.cpp (llama-cpp-python's server) on the same GGUF file.
+# Head-to-head: tokenmill vs llama.cpp's HTTP server on the same GGUF file.
+#
+# The peer (PEER) is llama.cpp's own `llama-server` with one slot per client (`--parallel` =
+# the highest concurrency, continuous batching, one unified KV buffer), built from the llama.cpp
+# sources vendored in the pinned llama-cpp-python sdist; or llama-cpp-python's server, which
+# decodes one request at a time and queues the rest.
 #
 # Both servers get the same threads and context; the identical `tokenmill bench serve`
 # workload (random prompts, INPUT_LEN in / OUTPUT_LEN out, greedy, EOS ignored) runs against
@@ -14,14 +19,19 @@
 #   THREADS=2                 compute threads for both servers
 #   CONCURRENCIES="1 8 32"    client concurrency levels
 #   INPUT_LEN=128 OUTPUT_LEN=128
+#   PEER=llama-server         llama-server (batches up to the highest concurrency) or
+#                             llama-cpp-python (one request at a time)
+#   LLAMA_SERVER_CTX          llama-server's total KV context, shared by its slots (default:
+#                             max(CTX, highest concurrency × (INPUT_LEN + OUTPUT_LEN + 64)))
 #   NUM_PROMPTS               requests per run (default: max(8, 2 × concurrency))
 #   ROUNDS=3                  repetitions of the whole alternation; the table shows medians
 #                             (values and per-round ratios)
 #   CTX=2048                  context length for both servers
-#   LLAMACPP_VENV             a venv that has (or will get) llama-cpp-python[server]==0.3.16,
-#                             e.g. /work/cache/refvenv; default: $CACHE_DIR/llamacpp-venv
-#   CACHE_DIR                 git-ignored cache (default: <repo>/.cache/bench); holds the venv
-#                             and pip's wheel cache (llama-cpp-python compiles llama.cpp once)
+#   LLAMACPP_VENV             (PEER=llama-cpp-python) a venv that has (or will get)
+#                             llama-cpp-python[server]==0.3.16, e.g. /work/cache/refvenv;
+#                             default: $CACHE_DIR/llamacpp-venv
+#   CACHE_DIR                 git-ignored cache (default: <repo>/.cache/bench); holds the
+#                             llama.cpp build (compiled once), the venv and pip's wheel cache
 #   OUT_DIR                   where results go (default: <repo>/bench/results/<timestamp>)
 #   TOKENMILL                 the tokenmill binary (default: target/release/tokenmill, built if absent)
 #   SERVER_START_TIMEOUT=300  seconds to wait for each server to answer
@@ -36,6 +46,7 @@ INPUT_LEN="${INPUT_LEN:-128}"
 OUTPUT_LEN="${OUTPUT_LEN:-128}"
 ROUNDS="${ROUNDS:-3}"
 CTX="${CTX:-2048}"
+PEER="${PEER:-llama-server}"
 CACHE_DIR="${CACHE_DIR:-$ROOT/.cache/bench}"
 LLAMACPP_VENV="${LLAMACPP_VENV:-$CACHE_DIR/llamacpp-venv}"
 OUT_DIR="${OUT_DIR:-$ROOT/bench/results/$(date -u +%Y%m%d-%H%M%S)}"
@@ -47,21 +58,32 @@ log() { printf '[compare] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 [[ -f "$MODEL" ]] || die "model file not found: $MODEL (set MODEL=/path/to.gguf)"
+[[ "$PEER" == llama-server || "$PEER" == llama-cpp-python ]] \
+    || die "PEER must be llama-server or llama-cpp-python, not $PEER"
 command -v python3 >/dev/null || die "python3 is required"
 command -v curl >/dev/null || die "curl is required"
 mkdir -p "$CACHE_DIR" "$OUT_DIR"
 
-# --- tokenmill binary and llama-cpp-python, pinned -------------------------------------------
+# --- tokenmill binary and the llama.cpp peer, pinned -----------------------------------------
 # shellcheck source=bench/common.sh
 source "$ROOT/bench/common.sh"
 ensure_tokenmill "$TOKENMILL" "$ROOT"
-ensure_llamacpp_venv "$LLAMACPP_VENV" "$CACHE_DIR"
-PYTHON="$LLAMACPP_VENV/bin/python"
-
-# llama-cpp-python ignores vLLM's ignore_eos; a -100 logit bias on every end-of-generation
-# candidate (eos/eot/eom ids and all control tokens, e.g. <|endoftext|>) gives it the same
-# fixed-length work. Ids come from the GGUF metadata (gguf ships with llama-cpp-python).
-LLAMA_EXTRA_BODY="$("$PYTHON" - "$MODEL" <<'PY' 2>/dev/null || echo '{}'
+MAX_C=1
+for c in $CONCURRENCIES; do (( c > MAX_C )) && MAX_C=$c; done
+if [[ "$PEER" == llama-server ]]; then
+    ensure_llamacpp_native "$CACHE_DIR"
+    LLAMA_SERVER_CTX="${LLAMA_SERVER_CTX:-$(( CTX > MAX_C * (INPUT_LEN + OUTPUT_LEN + 64) ? CTX : MAX_C * (INPUT_LEN + OUTPUT_LEN + 64) ))}"
+    PEER_LABEL="llama-server, llama.cpp vendored in llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; --parallel $MAX_C, unified KV of $LLAMA_SERVER_CTX tokens"
+    # llama-server honours ignore_eos itself.
+    LLAMA_EXTRA_BODY='{}'
+else
+    ensure_llamacpp_venv "$LLAMACPP_VENV" "$CACHE_DIR"
+    PYTHON="$LLAMACPP_VENV/bin/python"
+    PEER_LABEL="llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's server, one request at a time"
+    # llama-cpp-python ignores vLLM's ignore_eos; a -100 logit bias on every end-of-generation
+    # candidate (eos/eot/eom ids and all control tokens, e.g. <|endoftext|>) gives it the same
+    # fixed-length work. Ids come from the GGUF metadata (gguf ships with llama-cpp-python).
+    LLAMA_EXTRA_BODY="$("$PYTHON" - "$MODEL" <<'PY' 2>/dev/null || echo '{}'
 import json, sys
 try:
     from gguf import GGUFReader
@@ -80,6 +102,7 @@ if types is not None:
 print(json.dumps({"logit_bias": {str(i): -100.0 for i in sorted(ids)}}))
 PY
 )"
+fi
 log "llama.cpp extra body: $LLAMA_EXTRA_BODY"
 
 # --- servers, each in its own session ----------------------------------------------------------
@@ -118,9 +141,6 @@ start_server() {
 pause_server() { kill -STOP -- "-${SERVER_PID[$1]}"; }
 resume_server() { kill -CONT -- "-${SERVER_PID[$1]}"; }
 
-MAX_C=1
-for c in $CONCURRENCIES; do (( c > MAX_C )) && MAX_C=$c; done
-
 TM_PORT="$(free_port)"
 read -r -a EXTRA_TOKENMILL_ARGS <<<"${TOKENMILL_ARGS:-}"
 start_server tokenmill "http://127.0.0.1:$TM_PORT/health" \
@@ -129,13 +149,22 @@ start_server tokenmill "http://127.0.0.1:$TM_PORT/health" \
     --served-model-name "$SERVED_NAME" --disable-log-stats "${EXTRA_TOKENMILL_ARGS[@]}"
 pause_server tokenmill
 
-# llama-cpp-python serves one request at a time; by default a new request interrupts the one
-# being generated (cutting it short), so interruption is turned off: later requests queue.
 LLAMA_PORT="$(free_port)"
-start_server llamacpp "http://127.0.0.1:$LLAMA_PORT/v1/models" \
-    "$PYTHON" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$LLAMA_PORT" \
-    --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx "$CTX" --model_alias "$SERVED_NAME" \
-    --interrupt_requests False
+if [[ "$PEER" == llama-server ]]; then
+    # One slot per client so requests batch (continuous batching is on by default); the slots
+    # share one KV buffer, as tokenmill's sequences share its block pool.
+    start_server llamacpp "http://127.0.0.1:$LLAMA_PORT/health" \
+        "$LLAMACPP_BIN/llama-server" --model "$MODEL" --host 127.0.0.1 --port "$LLAMA_PORT" \
+        --threads "$THREADS" --threads-batch "$THREADS" --ctx-size "$LLAMA_SERVER_CTX" \
+        --parallel "$MAX_C" --kv-unified --cont-batching --alias "$SERVED_NAME" --no-webui
+else
+    # llama-cpp-python serves one request at a time; by default a new request interrupts the one
+    # being generated (cutting it short), so interruption is turned off: later requests queue.
+    start_server llamacpp "http://127.0.0.1:$LLAMA_PORT/v1/models" \
+        "$PYTHON" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$LLAMA_PORT" \
+        --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx "$CTX" --model_alias "$SERVED_NAME" \
+        --interrupt_requests False
+fi
 pause_server llamacpp
 
 # --- the identical workload against each, alternating ------------------------------------------
@@ -180,7 +209,7 @@ if [[ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null | head -n 1)" ]]; then
 # Peak resident memory of each server over the whole run (the kernel's high-water mark).
 peak_rss_mib() { awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 TM_RSS="$(peak_rss_mib "${SERVER_PID[tokenmill]}")"
-LLAMA_RSS="$(peak_rss_mib "$(pgrep -s "${SERVER_PID[llamacpp]}" -f llama_cpp.server | head -n 1)")"
+LLAMA_RSS="$(peak_rss_mib "$(pgrep -s "${SERVER_PID[llamacpp]}" -f 'llama_cpp.server|llama-server' | head -n 1)")"
 TM_MEMORY_LINE="$(grep -ho 'Available KV cache memory: .*' "$OUT_DIR/tokenmill-server.log" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g')"
 
 python3 - "$OUT_DIR" "$ROUNDS" "$CONCURRENCIES" <<PY | tee "$OUT_DIR/table.md"
@@ -203,7 +232,7 @@ rows = [
     ("input tokens", "total_input_tokens"),
     ("output tokens", "total_output_tokens"),
 ]
-print("# tokenmill vs llama.cpp (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION)")
+print("# tokenmill vs llama.cpp ($PEER_LABEL)")
 print()
 print("- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)")
 print("- commit: $COMMIT")

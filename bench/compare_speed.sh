@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Offline forward-pass speed: tokenmill vs llama.cpp (llama-cpp-python) on the same GGUF.
+# Offline forward-pass speed: tokenmill vs llama.cpp on the same GGUF.
+#
+# llama.cpp is timed by its own tools (PEER=llama-bench: llama-bench and llama-batched-bench,
+# built from the llama.cpp sources vendored in the pinned llama-cpp-python sdist; no Python in
+# the timed loop) or through llama-cpp-python's bindings (PEER=llama-cpp-python, which samples
+# each token with numpy like tokenmill does).
 #
 # Runs `tokenmill bench speed` and bench/llamacpp_speed.py with the same figures and threads
 # (prefill tok/s of one PROMPT_LEN prompt; single-stream decode tok/s from an empty context,
@@ -17,6 +22,7 @@
 #   ROUNDS=3                  alternations; the table shows the median over rounds
 #   REPEATS=3                 runs of each figure inside one process (each reports its median)
 #   PROMPT_LEN=512 DECODE_LEN=128 BATCH=64 BATCH_PROMPT_LEN=32 BATCH_DECODE_STEPS=32
+#   PEER=llama-bench          llama-bench (native tools) or llama-cpp-python
 #   LLAMACPP_ARGS             extra flags for llamacpp_speed.py (e.g. "--flash-attn --kv-unified")
 #   LLAMACPP_VENV             a venv with llama-cpp-python[server]==0.3.16 and numpy, e.g. /work/cache/refvenv;
 #                             default: $CACHE_DIR/llamacpp-venv (created and installed if missing)
@@ -36,6 +42,7 @@ BATCH="${BATCH:-64}"
 BATCH_PROMPT_LEN="${BATCH_PROMPT_LEN:-32}"
 BATCH_DECODE_STEPS="${BATCH_DECODE_STEPS:-32}"
 LLAMACPP_ARGS="${LLAMACPP_ARGS:-}"
+PEER="${PEER:-llama-bench}"
 CACHE_DIR="${CACHE_DIR:-$ROOT/.cache/bench}"
 LLAMACPP_VENV="${LLAMACPP_VENV:-$CACHE_DIR/llamacpp-venv}"
 OUT_DIR="${OUT_DIR:-$ROOT/bench/results/speed-$(date -u +%Y%m%d-%H%M%S)}"
@@ -45,6 +52,8 @@ log() { printf '[compare-speed] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 [[ -f "$MODEL" ]] || die "model file not found: $MODEL (set MODEL=/path/to.gguf)"
+[[ "$PEER" == llama-bench || "$PEER" == llama-cpp-python ]] \
+    || die "PEER must be llama-bench or llama-cpp-python, not $PEER"
 command -v python3 >/dev/null || die "python3 is required"
 mkdir -p "$CACHE_DIR" "$OUT_DIR"
 
@@ -54,6 +63,11 @@ source "$ROOT/bench/common.sh"
 ensure_tokenmill "$TOKENMILL" "$ROOT"
 ensure_llamacpp_venv "$LLAMACPP_VENV" "$CACHE_DIR"
 PYTHON="$LLAMACPP_VENV/bin/python"
+PEER_ARGS=()
+if [[ "$PEER" == llama-bench ]]; then
+    ensure_llamacpp_native "$CACHE_DIR"
+    PEER_ARGS=(--native-bin "$LLAMACPP_BIN")
+fi
 
 LENGTHS=(--prompt-len "$PROMPT_LEN" --decode-len "$DECODE_LEN" --batch "$BATCH"
          --batch-prompt-len "$BATCH_PROMPT_LEN" --batch-decode-steps "$BATCH_DECODE_STEPS"
@@ -81,7 +95,7 @@ run_llamacpp() {
     log "round $round: llama.cpp"
     # shellcheck disable=SC2086  # LLAMACPP_ARGS is a list of flags
     setsid --wait "$PYTHON" "$ROOT/bench/llamacpp_speed.py" --model "$MODEL" --threads "$THREADS" \
-        "${LENGTHS[@]}" "${PEAK_ARGS[@]}" $LLAMACPP_ARGS --json "$OUT_DIR/llamacpp-r$round.json" \
+        "${LENGTHS[@]}" "${PEAK_ARGS[@]}" "${PEER_ARGS[@]}" $LLAMACPP_ARGS --json "$OUT_DIR/llamacpp-r$round.json" \
         >"$OUT_DIR/llamacpp-r$round.txt" 2>&1 \
         || { tail -n 30 "$OUT_DIR/llamacpp-r$round.txt" >&2; die "llamacpp_speed.py failed"; }
 }
@@ -112,7 +126,7 @@ med = lambda runs, get: statistics.median(v for v in (get(run) for run in runs) 
 peak_gflops = med(tm, lambda r: r["machine"]["peak_gflops"])
 peak_gbs = med(tm, lambda r: r["machine"]["peak_read_gbs"])
 settings = tm[0]["settings"]
-print("# tokenmill vs llama.cpp: forward-pass speed (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION)")
+print("# tokenmill vs llama.cpp: forward-pass speed (" + ll[0]["version"] + ")")
 print()
 print("- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)")
 print("- commit: $COMMIT")

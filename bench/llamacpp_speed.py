@@ -13,7 +13,13 @@ Measures, through llama-cpp-python's low-level API (pinned: 0.3.16), the figures
 
 Each decode step takes the argmax of its logits (numpy) as the next token. Every figure runs
 --repeats times (decode and batched runs rewrite the same KV positions after removing them);
-the median is reported. Defaults follow llama-bench: f16 K/V, flash attention off, mmap on.
+the median is reported.
+
+With --native-bin DIR the times come from llama.cpp's own tools instead (no Python in the
+timed loop): DIR/llama-bench for prefill (pp), decode (tg) and decode after the prompt (tg with
+--n-depth), DIR/llama-batched-bench for batched decode (its S_TG time); llama-bench feeds
+tokens without sampling them. llama-cpp-python then only reads the model's shape for the
+accounting. Defaults follow llama-bench: f16 K/V, flash attention off, mmap on.
 GFLOP/s and weight GB/s use tokenmill's accounting (see "accounting" in the JSON); the peaks
 are whatever --peak-gflops / --peak-read-gbs pass in (compare_speed.sh takes them from
 tokenmill's probes), else the percentages are null.
@@ -71,6 +77,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--peak-gflops", type=float, default=None)
     p.add_argument("--peak-read-gbs", type=float, default=None)
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--native-bin", default=None,
+                   help="directory with llama-bench and llama-batched-bench: time those instead")
     args = p.parse_args()
     only = {name.strip() for value in args.only for name in value.split(",") if name.strip()}
     unknown = only - {"prefill", "decode", "batched"}
@@ -233,6 +241,77 @@ def phase_record(key, label, sequences, steps, tokens, logit_rows, start, end, r
     }
 
 
+def run_tool(argv: list[str]) -> str:
+    import subprocess
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def native_bench(args, extra: list[str]) -> list[float]:
+    """Seconds per llama-bench repetition of one test (its samples_ns)."""
+    out = run_tool([os.path.join(args.native_bin, "llama-bench"), "-m", args.model,
+                    "-t", str(args.threads), "-r", str(args.repeats), "-o", "json",
+                    "-b", str(args.n_batch), "-ub", str(args.n_ubatch),
+                    "-fa", "1" if args.flash_attn else "0", "-mmp", "0" if args.no_mmap else "1",
+                    *extra])
+    results = json.loads(out)
+    if len(results) != 1:
+        sys.exit(f"llama-bench returned {len(results)} results for {extra}")
+    args.native_build = results[0].get("build_commit", "unknown")
+    return [ns / 1e9 for ns in results[0]["samples_ns"]]
+
+
+def native_batched(args) -> list[float]:
+    """Seconds of llama-batched-bench's decode part (S_TG) per run, --repeats runs."""
+    B, BP, S = args.batch, args.batch_prompt_len, args.batch_decode_steps
+    argv = [os.path.join(args.native_bin, "llama-batched-bench"), "-m", args.model,
+            "-t", str(args.threads), "-tb", str(args.threads), "-c", str(B * (BP + S)),
+            "-b", str(max(args.n_batch, B)), "-ub", str(min(args.n_ubatch, max(B * BP, B))),
+            "-npp", str(BP), "-ntg", str(S), "-npl", str(B), "--output-format", "jsonl"]
+    if args.flash_attn:
+        argv += ["-fa", "on"]
+    if args.kv_unified:
+        argv += ["-kvu"]
+    runs = []
+    for _ in range(args.repeats):
+        lines = [line for line in run_tool(argv).splitlines() if line.startswith("{")]
+        if not lines:
+            sys.exit("llama-batched-bench printed no jsonl result")
+        runs.append(float(json.loads(lines[-1])["t_tg"]))
+    return runs
+
+
+def native_phases(args, cost: Cost, wbytes: int) -> dict:
+    """The same figures, timed by llama-bench and llama-batched-bench."""
+    P, N, reps = args.prompt_len, args.decode_len, args.repeats
+    phases = {}
+    if "prefill" in args.only:
+        print(f"llama-bench: pp{P} x {reps}", file=sys.stderr)
+        runs = native_bench(args, ["-p", str(P), "-n", "0"])
+        k, v = phase_record("prefill", f"prefill tok/s ({P})", 1, 1, P, 1, 0, P, runs, cost, wbytes, args)
+        phases[k] = v
+    if "decode" in args.only:
+        print(f"llama-bench: tg{N} x {reps}", file=sys.stderr)
+        runs = native_bench(args, ["-p", "0", "-n", str(N)])
+        k, v = phase_record("decode", f"decode tok/s (ctx 0→{N})", 1, N, N, N, 0, N, runs, cost, wbytes, args)
+        phases[k] = v
+        print(f"llama-bench: tg{N} at depth {P} x {reps}", file=sys.stderr)
+        runs = native_bench(args, ["-p", "0", "-n", str(N), "-d", str(P)])
+        k, v = phase_record("decode_long", f"decode tok/s (ctx {P}→{P + N})", 1, N, N, N,
+                            P, P + N, runs, cost, wbytes, args)
+        phases[k] = v
+    if "batched" in args.only:
+        B, BP, S = args.batch, args.batch_prompt_len, args.batch_decode_steps
+        print(f"llama-batched-bench: {B} sequences, ctx {BP}→{BP + S} x {reps}", file=sys.stderr)
+        runs = native_batched(args)
+        k, v = phase_record("batched", f"batched decode tok/s ({B} seqs, ctx {BP}→{BP + S})", B, S, B * S,
+                            B * S, BP, BP + S, runs, cost, wbytes, args)
+        phases[k] = v
+    return phases
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -268,7 +347,9 @@ def main() -> None:
     phases = {}
     reps = args.repeats
     P, N = args.prompt_len, args.decode_len
-    if args.only & {"prefill", "decode"}:
+    if args.native_bin:
+        phases = native_phases(args, cost, wbytes)
+    if args.only & {"prefill", "decode"} and not args.native_bin:
         ctx = Context(model, P + N, max(args.n_batch, P), args.n_ubatch, 1, args)
         batch = Batch(max(P, 1))
         prompt = prompt_tokens(P, 0, vocab)
@@ -313,7 +394,7 @@ def main() -> None:
         batch.free()
         ctx.free()
 
-    if "batched" in args.only:
+    if "batched" in args.only and not args.native_bin:
         B, BP, S = args.batch, args.batch_prompt_len, args.batch_decode_steps
         print(f"measuring batched decode: {B} sequences, ctx {BP}→{BP + S} x {reps} runs", file=sys.stderr)
         per_seq = BP + S
@@ -350,7 +431,8 @@ def main() -> None:
     order = ["prefill", "decode", "decode_long", "batched"]
     report = {
         "engine": "llama.cpp",
-        "version": f"llama-cpp-python {llama_cpp.__version__}",
+        "version": (f"llama-bench + llama-batched-bench, llama.cpp {getattr(args, 'native_build', 'unknown')}"
+                    if args.native_bin else f"llama-cpp-python {llama_cpp.__version__}"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S"),
         "model": args.model,
         "threads": args.threads,
@@ -385,7 +467,7 @@ def main() -> None:
 
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
     pct = lambda value: "n/a" if value is None else f"{value:.1f} %"  # noqa: E731
-    print(f"model: {args.model} (llama.cpp, llama-cpp-python {llama_cpp.__version__})")
+    print(f"model: {args.model} (llama.cpp, {report['version']})")
     print(f"machine: {report['machine']['cpu']}, {report['machine']['cores']} cores; {args.threads} threads; "
           f"peak f32 FMA {fmt(args.peak_gflops, '.1f')} GFLOP/s, memory read {fmt(args.peak_read_gbs, '.1f')} GB/s")
     print(f"median of {reps} runs")
