@@ -35,7 +35,7 @@ mod request;
 mod stats;
 
 pub use client::{Engine, EngineClient, RequestStream};
-pub use config::{EngineConfig, KvCacheSizing};
+pub use config::{CacheDtype, CacheDtypeError, EngineConfig, KvCacheSizing};
 pub use error::EngineError;
 pub use executor::{BanRule, Executor, NewSequence, StepOutput};
 pub use model_runner::{LoadedModel, ModelRunner};

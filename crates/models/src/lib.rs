@@ -68,3 +68,4 @@ pub use source::{
     DEFAULT_MODEL_WHEEL,
 };
 pub use tokenmill_kernels::AttentionSeq;
+pub use tokenmill_kernels::KvCacheDType;
