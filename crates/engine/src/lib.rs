@@ -35,7 +35,7 @@ mod request;
 mod stats;
 
 pub use client::{Engine, EngineClient, RequestStream};
-pub use config::{CacheDtype, CacheDtypeError, EngineConfig, KvCacheSizing};
+pub use config::{EngineConfig, KvCacheSizing};
 pub use error::EngineError;
 pub use executor::{BanRule, Executor, NewSequence, StepOutput};
 pub use model_runner::{LoadedModel, ModelRunner};
@@ -47,4 +47,4 @@ pub use request::{
 };
 pub use stats::{CapacityReport, EngineStats};
 pub use tokenmill_core::RequestId;
-pub use tokenmill_models::SamplingParams;
+pub use tokenmill_models::{CacheDtype, CacheDtypeError, SamplingParams};
