@@ -1,8 +1,8 @@
 //! Paged KV cache writes and causal paged attention over a flattened batch of sequences.
 //!
 //! Cache layout per layer (K and V alike): `[num_blocks][block_size][num_kv_heads][head_dim]`
-//! elements of the cache's [`KvCacheDType`](crate::KvCacheDType), so a token's K row for all kv heads sits at
-//! `slot * kv_dim` with `slot = block_id * block_size + offset_in_block` and
+//! elements of the cache's [`KvCacheDType`](crate::KvCacheDType), so a token's K row for all
+//! kv heads sits at `slot * kv_dim` with `slot = block_id * block_size + offset_in_block` and
 //! `kv_dim = num_kv_heads * head_dim`.
 //!
 //! An f32 cache is read in place. Any other type is decoded tile by tile (at most [`TILE`]
@@ -25,7 +25,7 @@
 
 use std::cell::RefCell;
 
-use crate::kv_dtype::{KvCacheSlice, KvCacheSliceMut, KvCodec};
+use crate::kv_dtype::{KvCacheSlice, KvCacheSliceMut, KvCodec, Rows};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::simd::{KeyTile, OnlineSoftmax, VectorOps, GROUP, TILE};
 use crate::KernelError;
@@ -239,7 +239,8 @@ fn validate(
 /// Causal paged attention: for every sequence, query row `j` (absolute position
 /// `context_len - query_len + j`) attends to cache positions `0..=position` of its own blocks.
 /// Writes `out[row][head][head_dim]` for every row covered by a sequence. The caches may be
-/// of any [`KvCacheDType`](crate::KvCacheDType) (both the same); `&[f32]` converts with `.into()`.
+/// of any [`KvCacheDType`](crate::KvCacheDType) (both the same); `&[f32]` converts with
+/// `.into()`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     pool: &ThreadPool,
@@ -287,13 +288,12 @@ fn attention_with(
     }
     task_starts.push(total);
     let output = SharedMut::new(out);
-    let codec = KvCodec::detect();
-    pool.parallel_for(total, &|task| {
+    let run_task = |task: usize, source: &mut dyn FnMut(&TaskInputs<'_>)| {
         let seq_index = task_starts.partition_point(|&start| start <= task) - 1;
         let seq = &seqs[seq_index];
         let work = plan.task(seq, task - task_starts[seq_index]);
         let table = &block_tables[seq.block_table_start..seq.block_table_start + seq.num_blocks];
-        let job = TaskInputs {
+        source(&TaskInputs {
             kernels,
             p,
             q,
@@ -301,24 +301,36 @@ fn attention_with(
             table,
             work: &work,
             output: &output,
-        };
-        match (k_cache, v_cache) {
-            (KvCacheSlice::F32(keys), KvCacheSlice::F32(values)) => {
-                attend_task(&job, &mut InPlaceTiles { keys, values });
-            }
-            _ => TILE_SCRATCH.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut scratch) => attend_task(
-                    &job,
-                    &mut DecodedTiles::new(codec, k_cache, v_cache, &mut scratch),
-                ),
-                // Only a re-entrant call on this thread could hold it: use a scratch of its own.
-                Err(_) => attend_task(
-                    &job,
-                    &mut DecodedTiles::new(codec, k_cache, v_cache, &mut Vec::new()),
-                ),
-            }),
+        });
+    };
+    match (k_cache, v_cache) {
+        (KvCacheSlice::F32(keys), KvCacheSlice::F32(values)) => {
+            pool.parallel_for(total, &|task| {
+                run_task(task, &mut |job| {
+                    attend_task(job, &mut InPlaceTiles { keys, values });
+                });
+            });
         }
-    });
+        _ => {
+            let codec = KvCodec::detect();
+            pool.parallel_for(total, &|task| {
+                run_task(task, &mut |job| {
+                    TILE_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                        Ok(mut scratch) => attend_task(
+                            job,
+                            &mut DecodedTiles::new(codec, k_cache, v_cache, &mut scratch),
+                        ),
+                        // Only a re-entrant call on this thread could hold it: use a scratch
+                        // of its own.
+                        Err(_) => attend_task(
+                            job,
+                            &mut DecodedTiles::new(codec, k_cache, v_cache, &mut Vec::new()),
+                        ),
+                    })
+                });
+            });
+        }
+    }
     Ok(())
 }
 
@@ -407,13 +419,14 @@ impl TileSource for DecodedTiles<'_> {
             self.scratch.resize(2 * size, 0.0);
         }
         let (keys, values) = self.scratch.split_at_mut(size);
-        for row in 0..visible {
-            let start = base + row * kv_dim;
-            self.keys
-                .decode_at(self.codec, start, &mut keys[row * d..(row + 1) * d]);
-            self.values
-                .decode_at(self.codec, start, &mut values[row * d..(row + 1) * d]);
-        }
+        let rows = Rows {
+            start: base,
+            stride: kv_dim,
+            count: visible,
+            width: d,
+        };
+        self.keys.decode_rows(self.codec, rows, keys);
+        self.values.decode_rows(self.codec, rows, values);
         KeyTile {
             keys: &keys[..visible * d],
             values: &values[..visible * d],

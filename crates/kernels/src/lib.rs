@@ -42,7 +42,8 @@
 //!
 //! Shape and index mistakes return [`KernelError`]; kernels never panic on bad input. Hot paths
 //! allocate nothing per call once [`MatmulScratch`] has grown (attention allocates only two
-//! small per-call index vectors; its tasks work on the stack).
+//! small per-call index vectors; its tasks work on the stack, plus a per-thread tile scratch,
+//! grown once, when the KV cache is not f32).
 //!
 //! # Usage loop (one forward step)
 //!

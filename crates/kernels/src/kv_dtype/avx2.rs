@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use super::{
     f32_to_bf16_saturating, f32_to_f16_saturating, fp8_e4m3_to_f32, fp8_e5m2_to_f32, Fp8Format,
-    BF16_MAX, F16_MAX,
+    Rows, BF16_MAX, F16_MAX,
 };
 use crate::dtype::{bf16_to_f32, f16_to_f32};
 
@@ -123,6 +123,7 @@ pub(super) unsafe fn encode_fp8(format: &Fp8Format, values: &[f32], out: &mut [u
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
+#[inline]
 pub(super) unsafe fn decode_f16(codes: &[u16], out: &mut [f32]) {
     let n = codes.len().min(out.len());
     let body = n - n % 8;
@@ -143,6 +144,7 @@ pub(super) unsafe fn decode_f16(codes: &[u16], out: &mut [f32]) {
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
+#[inline]
 pub(super) unsafe fn decode_bf16(codes: &[u16], out: &mut [f32]) {
     let n = codes.len().min(out.len());
     let body = n - n % 8;
@@ -164,6 +166,7 @@ pub(super) unsafe fn decode_bf16(codes: &[u16], out: &mut [f32]) {
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
+#[inline]
 pub(super) unsafe fn decode_fp8_e5m2(codes: &[u8], out: &mut [f32]) {
     let n = codes.len().min(out.len());
     let body = n - n % 8;
@@ -188,6 +191,7 @@ pub(super) unsafe fn decode_fp8_e5m2(codes: &[u8], out: &mut [f32]) {
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
+#[inline]
 pub(super) unsafe fn decode_fp8_e4m3(codes: &[u8], out: &mut [f32]) {
     let n = codes.len().min(out.len());
     let body = n - n % 8;
@@ -214,3 +218,26 @@ pub(super) unsafe fn decode_fp8_e4m3(codes: &[u8], out: &mut [f32]) {
         *slot = fp8_e4m3_to_f32(code);
     }
 }
+
+/// Row-by-row drivers for strided sources (a tile's K or V rows of one kv head): one call per
+/// tile instead of one per row, so the per-call set-up and dispatch are paid once.
+macro_rules! decode_rows {
+    ($name:ident, $row:ident, $code:ty, $features:literal) => {
+        /// # Safety
+        /// The CPU must support AVX2 and F16C.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name(codes: &[$code], rows: Rows, out: &mut [f32]) {
+            for row in 0..rows.count {
+                if let Some((source, target)) = rows.row(codes, out, row) {
+                    // SAFETY: the caller guarantees the CPU features `$row` needs.
+                    unsafe { $row(source, target) };
+                }
+            }
+        }
+    };
+}
+
+decode_rows!(decode_f16_rows, decode_f16, u16, "avx2,f16c");
+decode_rows!(decode_bf16_rows, decode_bf16, u16, "avx2,f16c");
+decode_rows!(decode_fp8_e4m3_rows, decode_fp8_e4m3, u8, "avx2,f16c");
+decode_rows!(decode_fp8_e5m2_rows, decode_fp8_e5m2, u8, "avx2,f16c");

@@ -206,34 +206,69 @@ impl KvCacheSlice<'_> {
     /// Decodes `out.len()` elements starting at element `start` into `out`. The caller keeps
     /// the range inside the slice (checked: an out-of-range call decodes nothing).
     pub(crate) fn decode_at(&self, codec: KvCodec, start: usize, out: &mut [f32]) {
-        let range = start..start.saturating_add(out.len());
+        let rows = Rows {
+            start,
+            stride: out.len(),
+            count: 1,
+            width: out.len(),
+        };
+        self.decode_rows(codec, rows, out);
+    }
+
+    /// Decodes `rows` (strided in this slice) into consecutive rows of `out`. Rows that do not
+    /// fit this slice or `out` are skipped (callers validate shapes first).
+    pub(crate) fn decode_rows(&self, codec: KvCodec, rows: Rows, out: &mut [f32]) {
         match *self {
             KvCacheSlice::F32(values) => {
-                if let Some(source) = values.get(range) {
-                    out.copy_from_slice(source);
+                for row in 0..rows.count {
+                    if let Some((source, target)) = rows.row(values, out, row) {
+                        target.copy_from_slice(source);
+                    }
                 }
             }
-            KvCacheSlice::F16(values) => {
-                if let Some(source) = values.get(range) {
-                    codec.decode_f16(source, out);
-                }
-            }
-            KvCacheSlice::BF16(values) => {
-                if let Some(source) = values.get(range) {
-                    codec.decode_bf16(source, out);
-                }
-            }
-            KvCacheSlice::Fp8E4m3(values) => {
-                if let Some(source) = values.get(range) {
-                    codec.decode_fp8_e4m3(source, out);
-                }
-            }
-            KvCacheSlice::Fp8E5m2(values) => {
-                if let Some(source) = values.get(range) {
-                    codec.decode_fp8_e5m2(source, out);
-                }
-            }
+            KvCacheSlice::F16(codes) => codec.decode_f16(codes, rows, out),
+            KvCacheSlice::BF16(codes) => codec.decode_bf16(codes, rows, out),
+            KvCacheSlice::Fp8E4m3(codes) => codec.decode_fp8_e4m3(codes, rows, out),
+            KvCacheSlice::Fp8E5m2(codes) => codec.decode_fp8_e5m2(codes, rows, out),
         }
+    }
+}
+
+/// `count` rows of `width` elements, row `r` starting at element `start + r * stride` of a
+/// cache slice and landing at `r * width` of a contiguous output.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows {
+    pub(crate) start: usize,
+    pub(crate) stride: usize,
+    pub(crate) count: usize,
+    pub(crate) width: usize,
+}
+
+impl Rows {
+    /// One row of `len` elements from the start.
+    #[cfg(test)]
+    pub(crate) fn contiguous(len: usize) -> Rows {
+        Rows {
+            start: 0,
+            stride: len,
+            count: 1,
+            width: len,
+        }
+    }
+
+    /// Row `row`'s source and target, or `None` if either is out of range.
+    #[inline]
+    pub(crate) fn row<'s, 'o, T>(
+        &self,
+        source: &'s [T],
+        out: &'o mut [f32],
+        row: usize,
+    ) -> Option<(&'s [T], &'o mut [f32])> {
+        let from = self.start.checked_add(row.checked_mul(self.stride)?)?;
+        let source = source.get(from..from.checked_add(self.width)?)?;
+        let at = row.checked_mul(self.width)?;
+        let target = out.get_mut(at..at.checked_add(self.width)?)?;
+        Some((source, target))
     }
 }
 
@@ -372,40 +407,64 @@ impl KvCodec {
         }
     }
 
-    /// Converts `min(codes.len(), out.len())` elements.
-    pub(crate) fn decode_f16(self, codes: &[u16], out: &mut [f32]) {
+    /// Decodes `rows` of `codes` into consecutive rows of `out`.
+    pub(crate) fn decode_f16(self, codes: &[u16], rows: Rows, out: &mut [f32]) {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
-            KvCodec::Avx2 => unsafe { avx2::decode_f16(codes, out) },
-            KvCodec::Scalar => decode_with(codes, out, f16_to_f32),
+            KvCodec::Avx2 => unsafe { avx2::decode_f16_rows(codes, rows, out) },
+            KvCodec::Scalar => {
+                for row in 0..rows.count {
+                    if let Some((source, target)) = rows.row(codes, out, row) {
+                        decode_with(source, target, f16_to_f32);
+                    }
+                }
+            }
         }
     }
 
-    pub(crate) fn decode_bf16(self, codes: &[u16], out: &mut [f32]) {
+    pub(crate) fn decode_bf16(self, codes: &[u16], rows: Rows, out: &mut [f32]) {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
-            KvCodec::Avx2 => unsafe { avx2::decode_bf16(codes, out) },
-            KvCodec::Scalar => decode_with(codes, out, bf16_to_f32),
+            KvCodec::Avx2 => unsafe { avx2::decode_bf16_rows(codes, rows, out) },
+            KvCodec::Scalar => {
+                for row in 0..rows.count {
+                    if let Some((source, target)) = rows.row(codes, out, row) {
+                        decode_with(source, target, bf16_to_f32);
+                    }
+                }
+            }
         }
     }
 
-    pub(crate) fn decode_fp8_e4m3(self, codes: &[u8], out: &mut [f32]) {
+    pub(crate) fn decode_fp8_e4m3(self, codes: &[u8], rows: Rows, out: &mut [f32]) {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
-            KvCodec::Avx2 => unsafe { avx2::decode_fp8_e4m3(codes, out) },
-            KvCodec::Scalar => decode_with(codes, out, fp8_e4m3_to_f32),
+            KvCodec::Avx2 => unsafe { avx2::decode_fp8_e4m3_rows(codes, rows, out) },
+            KvCodec::Scalar => {
+                for row in 0..rows.count {
+                    if let Some((source, target)) = rows.row(codes, out, row) {
+                        decode_with(source, target, fp8_e4m3_to_f32);
+                    }
+                }
+            }
         }
     }
 
-    pub(crate) fn decode_fp8_e5m2(self, codes: &[u8], out: &mut [f32]) {
+    pub(crate) fn decode_fp8_e5m2(self, codes: &[u8], rows: Rows, out: &mut [f32]) {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
-            KvCodec::Avx2 => unsafe { avx2::decode_fp8_e5m2(codes, out) },
-            KvCodec::Scalar => decode_with(codes, out, fp8_e5m2_to_f32),
+            KvCodec::Avx2 => unsafe { avx2::decode_fp8_e5m2_rows(codes, rows, out) },
+            KvCodec::Scalar => {
+                for row in 0..rows.count {
+                    if let Some((source, target)) = rows.row(codes, out, row) {
+                        decode_with(source, target, fp8_e5m2_to_f32);
+                    }
+                }
+            }
         }
     }
 }

@@ -80,20 +80,20 @@ fn decoders_match_the_scalar_reference_on_every_code() {
         // Odd lengths and offsets exercise the vector body and the scalar tail.
         for skip in [0, 3] {
             let mut out = vec![0.0f32; 256 - skip];
-            codec.decode_fp8_e4m3(&bytes[skip..], &mut out);
+            codec.decode_fp8_e4m3(&bytes[skip..], Rows::contiguous(out.len()), &mut out);
             for (code, &value) in bytes[skip..].iter().zip(&out) {
                 assert!(same(value, fp8_e4m3_to_f32(*code)), "{codec:?} e4m3 {code}");
             }
-            codec.decode_fp8_e5m2(&bytes[skip..], &mut out);
+            codec.decode_fp8_e5m2(&bytes[skip..], Rows::contiguous(out.len()), &mut out);
             for (code, &value) in bytes[skip..].iter().zip(&out) {
                 assert!(same(value, fp8_e5m2_to_f32(*code)), "{codec:?} e5m2 {code}");
             }
             let mut out = vec![0.0f32; halves.len() - skip];
-            codec.decode_f16(&halves[skip..], &mut out);
+            codec.decode_f16(&halves[skip..], Rows::contiguous(out.len()), &mut out);
             for (code, &value) in halves[skip..].iter().zip(&out) {
                 assert!(same(value, f16_to_f32(*code)), "{codec:?} f16 {code:#06x}");
             }
-            codec.decode_bf16(&halves[skip..], &mut out);
+            codec.decode_bf16(&halves[skip..], Rows::contiguous(out.len()), &mut out);
             for (code, &value) in halves[skip..].iter().zip(&out) {
                 assert!(
                     same(value, bf16_to_f32(*code)),
@@ -111,14 +111,14 @@ fn finite_codes_round_trip() {
         let bytes: Vec<u8> = (0..=255u8).collect();
         let mut values = vec![0.0f32; 256];
         let mut again = vec![0u8; 256];
-        codec.decode_fp8_e4m3(&bytes, &mut values);
+        codec.decode_fp8_e4m3(&bytes, Rows::contiguous(values.len()), &mut values);
         codec.encode_fp8_e4m3(&values, &mut again);
         for (&code, &back) in bytes.iter().zip(&again) {
             if code & 0x7f != 0x7f {
                 assert_eq!(back, code, "{codec:?} e4m3");
             }
         }
-        codec.decode_fp8_e5m2(&bytes, &mut values);
+        codec.decode_fp8_e5m2(&bytes, Rows::contiguous(values.len()), &mut values);
         codec.encode_fp8_e5m2(&values, &mut again);
         for (&code, &back) in bytes.iter().zip(&again) {
             if code & 0x7f < 0x7c {
@@ -128,14 +128,14 @@ fn finite_codes_round_trip() {
         let halves: Vec<u16> = (0..=u16::MAX).collect();
         let mut values = vec![0.0f32; halves.len()];
         let mut again = vec![0u16; halves.len()];
-        codec.decode_f16(&halves, &mut values);
+        codec.decode_f16(&halves, Rows::contiguous(values.len()), &mut values);
         codec.encode_f16(&values, &mut again);
         for (&code, &back) in halves.iter().zip(&again) {
             if code & 0x7c00 != 0x7c00 {
                 assert_eq!(back, code, "{codec:?} f16");
             }
         }
-        codec.decode_bf16(&halves, &mut values);
+        codec.decode_bf16(&halves, Rows::contiguous(values.len()), &mut values);
         codec.encode_bf16(&values, &mut again);
         for (&code, &back) in halves.iter().zip(&again) {
             if code & 0x7f80 != 0x7f80 {
