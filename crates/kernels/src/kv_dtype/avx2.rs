@@ -1,5 +1,7 @@
-//! AVX2/F16C conversions between f32 and the KV cache types, eight elements per step, each
-//! bitwise equal to its scalar reference in `mod.rs` (the tails run the reference itself).
+//! AVX2/F16C conversions between f32 and the KV cache types, eight (E4M3 decoding: sixteen)
+//! elements per step, each bitwise equal to its scalar reference in `mod.rs` (the tails run
+//! the reference itself). Decoders walk strided rows (a tile's K or V rows of one kv head) in
+//! one call, so per-call set-up and dispatch are paid once per tile.
 
 use std::arch::x86_64::*;
 
@@ -123,19 +125,23 @@ pub(super) unsafe fn encode_fp8(format: &Fp8Format, values: &[f32], out: &mut [u
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-#[inline]
-pub(super) unsafe fn decode_f16(codes: &[u16], out: &mut [f32]) {
-    let n = codes.len().min(out.len());
-    let body = n - n % 8;
-    for i in (0..body).step_by(8) {
-        // SAFETY: `i + 8 <= n`, inside both slices; unaligned loads and stores.
-        unsafe {
-            let half = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(half));
+pub(super) unsafe fn decode_f16_rows(codes: &[u16], rows: Rows, out: &mut [f32]) {
+    for row in 0..rows.count {
+        let Some((codes, out)) = rows.row(codes, &mut *out, row) else {
+            continue;
+        };
+        let n = codes.len().min(out.len());
+        let body = n - n % 8;
+        for i in (0..body).step_by(8) {
+            // SAFETY: `i + 8 <= n`, inside both slices; unaligned loads and stores.
+            unsafe {
+                let half = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(half));
+            }
         }
-    }
-    for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-        *slot = f16_to_f32(code);
+        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
+            *slot = f16_to_f32(code);
+        }
     }
 }
 
@@ -144,20 +150,24 @@ pub(super) unsafe fn decode_f16(codes: &[u16], out: &mut [f32]) {
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-#[inline]
-pub(super) unsafe fn decode_bf16(codes: &[u16], out: &mut [f32]) {
-    let n = codes.len().min(out.len());
-    let body = n - n % 8;
-    for i in (0..body).step_by(8) {
-        // SAFETY: `i + 8 <= n`, inside both slices; unaligned loads and stores.
-        unsafe {
-            let half = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
-            let bits = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half));
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_castsi256_ps(bits));
+pub(super) unsafe fn decode_bf16_rows(codes: &[u16], rows: Rows, out: &mut [f32]) {
+    for row in 0..rows.count {
+        let Some((codes, out)) = rows.row(codes, &mut *out, row) else {
+            continue;
+        };
+        let n = codes.len().min(out.len());
+        let body = n - n % 8;
+        for i in (0..body).step_by(8) {
+            // SAFETY: `i + 8 <= n`, inside both slices; unaligned loads and stores.
+            unsafe {
+                let half = _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i);
+                let bits = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half));
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_castsi256_ps(bits));
+            }
         }
-    }
-    for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-        *slot = bf16_to_f32(code);
+        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
+            *slot = bf16_to_f32(code);
+        }
     }
 }
 
@@ -166,78 +176,71 @@ pub(super) unsafe fn decode_bf16(codes: &[u16], out: &mut [f32]) {
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-#[inline]
-pub(super) unsafe fn decode_fp8_e5m2(codes: &[u8], out: &mut [f32]) {
-    let n = codes.len().min(out.len());
-    let body = n - n % 8;
-    for i in (0..body).step_by(8) {
-        // SAFETY: `i + 8 <= n`: the load reads eight bytes, the store writes eight f32.
-        unsafe {
-            let bytes = _mm_loadl_epi64(codes.as_ptr().add(i) as *const __m128i);
-            let half = _mm_unpacklo_epi8(_mm_setzero_si128(), bytes);
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(half));
+pub(super) unsafe fn decode_fp8_e5m2_rows(codes: &[u8], rows: Rows, out: &mut [f32]) {
+    for row in 0..rows.count {
+        let Some((codes, out)) = rows.row(codes, &mut *out, row) else {
+            continue;
+        };
+        let n = codes.len().min(out.len());
+        let body = n - n % 8;
+        for i in (0..body).step_by(8) {
+            // SAFETY: `i + 8 <= n`: the load reads eight bytes, the store writes eight f32.
+            unsafe {
+                let bytes = _mm_loadl_epi64(codes.as_ptr().add(i) as *const __m128i);
+                let half = _mm_unpacklo_epi8(_mm_setzero_si128(), bytes);
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(half));
+            }
         }
-    }
-    for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-        *slot = fp8_e5m2_to_f32(code);
+        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
+            *slot = fp8_e5m2_to_f32(code);
+        }
     }
 }
 
 /// E4M3's exponent and mantissa shifted left 7 are the exponent and mantissa fields of an f16
 /// worth `2^-8` of the value (bias 15 instead of 7; subnormals line up the same way), so a
 /// conversion and a multiplication by `2^8` decode it exactly. The sign goes to the f16's sign
-/// bit, and the NaN codes (all seven magnitude bits set) get an all-ones f16 exponent.
+/// bit, and the NaN codes (all seven magnitude bits set) get an all-ones f16 exponent. Sixteen
+/// codes per step: the bit work runs on sixteen 16-bit lanes, the conversion on two halves.
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-#[inline]
-pub(super) unsafe fn decode_fp8_e4m3(codes: &[u8], out: &mut [f32]) {
-    let n = codes.len().min(out.len());
-    let body = n - n % 8;
-    let magnitude_mask = _mm_set1_epi16(0x7f);
-    let sign_mask = _mm_set1_epi16(0x80);
-    let nan_exponent = _mm_set1_epi16(0x7c00);
-    let two_to_8 = _mm256_set1_ps(256.0);
-    for i in (0..body).step_by(8) {
-        // SAFETY: `i + 8 <= n`: the load reads eight bytes of `codes`.
-        let bytes = unsafe { _mm_loadl_epi64(codes.as_ptr().add(i) as *const __m128i) };
-        let words = _mm_cvtepu8_epi16(bytes);
-        let magnitude = _mm_and_si128(words, magnitude_mask);
-        let sign = _mm_slli_epi16::<8>(_mm_and_si128(words, sign_mask));
-        let is_nan = _mm_cmpeq_epi16(magnitude, magnitude_mask);
-        let half = _mm_or_si128(
-            _mm_or_si128(_mm_slli_epi16::<7>(magnitude), sign),
-            _mm_and_si128(is_nan, nan_exponent),
-        );
-        let value = _mm256_mul_ps(_mm256_cvtph_ps(half), two_to_8);
-        // SAFETY: `i + 8 <= n`: the store writes eight f32 of `out`.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(i), value) };
-    }
-    for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-        *slot = fp8_e4m3_to_f32(code);
-    }
-}
-
-/// Row-by-row drivers for strided sources (a tile's K or V rows of one kv head): one call per
-/// tile instead of one per row, so the per-call set-up and dispatch are paid once.
-macro_rules! decode_rows {
-    ($name:ident, $row:ident, $code:ty, $features:literal) => {
-        /// # Safety
-        /// The CPU must support AVX2 and F16C.
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(codes: &[$code], rows: Rows, out: &mut [f32]) {
-            for row in 0..rows.count {
-                if let Some((source, target)) = rows.row(codes, out, row) {
-                    // SAFETY: the caller guarantees the CPU features `$row` needs.
-                    unsafe { $row(source, target) };
-                }
+pub(super) unsafe fn decode_fp8_e4m3_rows(codes: &[u8], rows: Rows, out: &mut [f32]) {
+    for row in 0..rows.count {
+        let Some((codes, out)) = rows.row(codes, &mut *out, row) else {
+            continue;
+        };
+        let n = codes.len().min(out.len());
+        let body = n - n % 16;
+        let magnitude_mask = _mm256_set1_epi16(0x7f);
+        let sign_mask = _mm256_set1_epi16(0x80);
+        let nan_exponent = _mm256_set1_epi16(0x7c00);
+        let two_to_8 = _mm256_set1_ps(256.0);
+        for i in (0..body).step_by(16) {
+            // SAFETY: `i + 16 <= n`: the load reads sixteen bytes of `codes`.
+            let bytes = unsafe { _mm_loadu_si128(codes.as_ptr().add(i) as *const __m128i) };
+            let words = _mm256_cvtepu8_epi16(bytes);
+            let magnitude = _mm256_and_si256(words, magnitude_mask);
+            let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(words, sign_mask));
+            let is_nan = _mm256_cmpeq_epi16(magnitude, magnitude_mask);
+            let half = _mm256_or_si256(
+                _mm256_or_si256(_mm256_slli_epi16::<7>(magnitude), sign),
+                _mm256_and_si256(is_nan, nan_exponent),
+            );
+            let low = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), two_to_8);
+            let high = _mm256_mul_ps(
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(half)),
+                two_to_8,
+            );
+            // SAFETY: `i + 16 <= n`: the stores write sixteen f32 of `out`.
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), low);
+                _mm256_storeu_ps(out.as_mut_ptr().add(i + 8), high);
             }
         }
-    };
+        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
+            *slot = fp8_e4m3_to_f32(code);
+        }
+    }
 }
-
-decode_rows!(decode_f16_rows, decode_f16, u16, "avx2,f16c");
-decode_rows!(decode_bf16_rows, decode_bf16, u16, "avx2,f16c");
-decode_rows!(decode_fp8_e4m3_rows, decode_fp8_e4m3, u8, "avx2,f16c");
-decode_rows!(decode_fp8_e5m2_rows, decode_fp8_e5m2, u8, "avx2,f16c");
