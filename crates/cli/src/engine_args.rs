@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use tokenmill_core::SchedulingPolicy;
-use tokenmill_engine::{EngineConfig, KvCacheSizing};
+use tokenmill_engine::{CacheDtype, EngineConfig, KvCacheSizing};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PolicyArg {
@@ -28,6 +28,11 @@ pub struct EngineArgs {
     /// KV-cache budget: bytes or a size like 2GiB / 512MiB; default: a quarter of free RAM, at most 4 GiB.
     #[arg(long, value_parser = parse_size, help_heading = "Cache")]
     pub kv_cache_memory: Option<u64>,
+    /// KV-cache element type: auto (the activations' f32), float16 (also fp16, half; a tokenmill
+    /// extension), bfloat16, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2. Halves/quarters the cache's
+    /// bytes per token; fp8 uses a per-tensor scale of 1.0 and saturates.
+    #[arg(long, default_value_t = CacheDtype::Auto, help_heading = "Cache")]
+    pub kv_cache_dtype: CacheDtype,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16, help_heading = "Cache")]
     pub block_size: usize,
@@ -64,6 +69,7 @@ impl EngineArgs {
         if let Some(bytes) = self.kv_cache_memory {
             config.kv_cache = KvCacheSizing::Bytes(bytes);
         }
+        config.kv_cache_dtype = self.kv_cache_dtype;
         if self.block_size == 0 {
             bail!("--block-size must be at least 1");
         }

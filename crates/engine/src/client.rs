@@ -46,7 +46,9 @@ impl Engine {
             config.num_threads,
         )?);
         let model_config = loaded.config().clone();
-        let bytes_per_block = KvCacheStorage::bytes_per_block(&model_config, config.block_size);
+        let kv_dtype = config.kv_cache_dtype.storage();
+        let bytes_per_block =
+            KvCacheStorage::bytes_per_block(&model_config, config.block_size, kv_dtype);
         let kv_bytes = config.kv_cache_bytes();
         let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
         let pool_tokens = capacity::kv_cache_size_tokens(num_blocks, config.block_size);
@@ -56,6 +58,7 @@ impl Engine {
         };
         let capacity = CapacityReport {
             kv_cache_bytes: kv_bytes,
+            kv_cache_dtype: config.kv_cache_dtype,
             num_blocks,
             block_size: config.block_size,
             max_model_len,
@@ -79,14 +82,19 @@ impl Engine {
             policy: config.scheduling_policy,
             long_prefill_token_threshold: None,
         })?;
-        let runner = ModelRunner::new(Arc::clone(&loaded), num_blocks as usize, config.block_size);
+        let runner = ModelRunner::new(
+            Arc::clone(&loaded),
+            num_blocks as usize,
+            config.block_size,
+            kv_dtype,
+        );
         let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
             model_name: config.served_model_name.clone(),
             max_model_len,
             block_size: config.block_size,
             num_blocks: num_blocks as usize,
             enable_prefix_caching: config.enable_prefix_caching,
-            cache_dtype: "auto".into(),
+            cache_dtype: config.kv_cache_dtype.as_str().into(),
         }));
         // Only a configured endpoint starts the export thread; without one nothing is built.
         let traces = match &config.otlp_traces_endpoint {
@@ -122,6 +130,7 @@ impl Engine {
         Ok(KvCacheStorage::bytes_per_block(
             &model_config,
             config.block_size,
+            config.kv_cache_dtype.storage(),
         ))
     }
 
@@ -320,6 +329,7 @@ mod tests {
 
     use super::*;
     use crate::executor::{NewSequence, StepOutput};
+    use crate::CacheDtype;
 
     /// An executor whose every step panics, standing in for a kernel bug.
     struct PanickingExecutor;
@@ -360,6 +370,7 @@ mod tests {
         .unwrap();
         let capacity = CapacityReport {
             kv_cache_bytes: 0,
+            kv_cache_dtype: CacheDtype::Auto,
             num_blocks: 16,
             block_size: 16,
             max_model_len: 64,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokenmill_core::SchedulingPolicy;
+use tokenmill_models::CacheDtype;
 
 /// How much memory the KV cache gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +30,8 @@ pub struct EngineConfig {
     /// Compute threads; `None` = all cores.
     pub num_threads: Option<usize>,
     pub kv_cache: KvCacheSizing,
+    /// Element type of the KV cache (`--kv-cache-dtype`).
+    pub kv_cache_dtype: CacheDtype,
     pub block_size: usize,
     /// `None` = the model's context length, capped by what the KV pool holds.
     pub max_model_len: Option<usize>,
@@ -53,6 +56,7 @@ impl EngineConfig {
             chat_template: None,
             num_threads: None,
             kv_cache: KvCacheSizing::FractionOfAvailable(DEFAULT_KV_FRACTION),
+            kv_cache_dtype: CacheDtype::Auto,
             block_size: 16,
             max_model_len: None,
             max_num_seqs: 64,

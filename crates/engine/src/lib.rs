@@ -47,4 +47,4 @@ pub use request::{
 };
 pub use stats::{CapacityReport, EngineStats};
 pub use tokenmill_core::RequestId;
-pub use tokenmill_models::SamplingParams;
+pub use tokenmill_models::{CacheDtype, CacheDtypeError, SamplingParams};

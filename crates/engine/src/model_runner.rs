@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokenmill_core::{RequestId, SchedulerOutput};
 use tokenmill_gguf::GgufFile;
 use tokenmill_models::{
-    BatchInput, KvCacheStorage, LlamaModel, LoadOptions, ModelConfig, SampledToken, Sampler,
-    SamplingContext, Workspace,
+    BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelConfig, SampledToken,
+    Sampler, SamplingContext, Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -110,8 +110,15 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    pub fn new(loaded: Arc<LoadedModel>, num_blocks: usize, block_size: usize) -> ModelRunner {
-        let kv_cache = KvCacheStorage::new(loaded.config(), num_blocks, block_size);
+    /// A runner over a fresh KV cache of `num_blocks` blocks whose elements are `kv_dtype`.
+    pub fn new(
+        loaded: Arc<LoadedModel>,
+        num_blocks: usize,
+        block_size: usize,
+        kv_dtype: KvCacheDType,
+    ) -> ModelRunner {
+        let kv_cache =
+            KvCacheStorage::with_dtype(loaded.config(), num_blocks, block_size, kv_dtype);
         ModelRunner {
             loaded,
             kv_cache,

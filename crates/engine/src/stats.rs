@@ -2,6 +2,8 @@
 
 use tokenmill_core::capacity;
 
+use crate::CacheDtype;
+
 /// Engine state after the most recent step. Counters are cumulative since start.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineStats {
@@ -30,6 +32,8 @@ pub struct EngineStats {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CapacityReport {
     pub kv_cache_bytes: u64,
+    /// `--kv-cache-dtype` as given.
+    pub kv_cache_dtype: CacheDtype,
     pub num_blocks: u32,
     pub block_size: usize,
     pub max_model_len: usize,
@@ -40,9 +44,16 @@ impl CapacityReport {
         capacity::kv_cache_size_tokens(self.num_blocks, self.block_size)
     }
 
-    /// vLLM's start-up lines, one per element.
-    pub fn log_lines(&self) -> [String; 3] {
+    /// vLLM's start-up lines, one per element, after a line naming the cache's element type.
+    pub fn log_lines(&self) -> [String; 4] {
+        let storage = self.kv_cache_dtype.storage();
+        let bytes = storage.element_bytes();
         [
+            format!(
+                "KV cache dtype: {} (stored as {storage}, {bytes} byte{} per element)",
+                self.kv_cache_dtype,
+                if bytes == 1 { "" } else { "s" }
+            ),
             capacity::available_memory_line(self.kv_cache_bytes),
             capacity::kv_cache_size_line(self.num_blocks, self.block_size),
             capacity::max_concurrency_line(self.num_blocks, self.block_size, self.max_model_len),
@@ -58,11 +69,16 @@ mod tests {
     fn capacity_lines_have_vllm_shape() {
         let report = CapacityReport {
             kv_cache_bytes: 4_789_000_000,
+            kv_cache_dtype: CacheDtype::Fp8,
             num_blocks: 38_314,
             block_size: 16,
             max_model_len: 131_072,
         };
-        let [memory, size, concurrency] = report.log_lines();
+        let [dtype, memory, size, concurrency] = report.log_lines();
+        assert_eq!(
+            dtype,
+            "KV cache dtype: fp8 (stored as fp8_e4m3, 1 byte per element)"
+        );
         assert_eq!(memory, "Available KV cache memory: 4.46 GiB");
         assert_eq!(size, "KV cache size: 613,024 tokens");
         assert_eq!(

@@ -6,7 +6,9 @@
 //!   bytes: memory bandwidth, what bounds single-stream decode;
 //! - `paged_attention_decode` at context 128, 512, 1024, 2048 and `paged_attention_prefill`
 //!   (64 query rows at context 512) and `paged_attention_decode_batch32` (32 sequences decoding
-//!   at context 256, like the server), in FLOP.
+//!   at context 256, like the server), in FLOP, over an f32 KV cache; `paged_attention_kv_*`
+//!   repeat the 512-context decode and the batch-32 decode over f16, bf16 and fp8 caches
+//!   (the per-tile decode cost).
 //!
 //! The machine's peaks to compare against: `tokenmill bench speed` probes the f32 FMA peak and the
 //! memory-read bandwidth and prints them. Run: `cargo bench -p tokenmill-kernels` (long);
@@ -15,7 +17,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenmill_kernels::{
     encode_float_row, f32_to_f16, paged_attention, quantize_row_q4_0, quantize_row_q4_1,
-    quantize_row_q8_0, AttentionParams, AttentionSeq, DType, MatmulScratch, QMatrix, ThreadPool,
+    quantize_row_q8_0, AttentionParams, AttentionSeq, DType, KvCacheBuffer, KvCacheDType,
+    MatmulScratch, QMatrix, ThreadPool,
 };
 
 struct Rng(u64);
@@ -144,30 +147,58 @@ fn bench_attention(c: &mut Criterion) {
         ("paged_attention_decode_batch32", 32, 1, &[256][..]),
     ] {
         attention_group(
-            c, &pool, &mut rng, &params, name, batch, query_len, contexts,
+            c,
+            &pool,
+            &mut rng,
+            &params,
+            name,
+            (batch, query_len, KvCacheDType::F32),
+            contexts,
         );
+    }
+    for dtype in [
+        KvCacheDType::F16,
+        KvCacheDType::BF16,
+        KvCacheDType::Fp8E4m3,
+        KvCacheDType::Fp8E5m2,
+    ] {
+        for (name, batch, contexts) in [
+            ("paged_attention_kv_decode", 1usize, &[512usize][..]),
+            ("paged_attention_kv_decode_batch32", 32, &[256][..]),
+        ] {
+            let name = format!("{name}_{dtype}");
+            attention_group(
+                c,
+                &pool,
+                &mut rng,
+                &params,
+                &name,
+                (batch, 1, dtype),
+                contexts,
+            );
+        }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// `shape` is (sequences, query rows each, KV cache type).
 fn attention_group(
     c: &mut Criterion,
     pool: &ThreadPool,
     rng: &mut Rng,
     params: &AttentionParams,
     name: &str,
-    batch: usize,
-    query_len: usize,
+    shape: (usize, usize, KvCacheDType),
     contexts: &[usize],
 ) {
+    let (batch, query_len, dtype) = shape;
     let mut group = c.benchmark_group(name);
     group.sample_size(20);
     for &context in contexts {
         let num_blocks = context / params.block_size;
         let cache_len =
             batch * num_blocks * params.block_size * params.num_kv_heads * params.head_dim;
-        let k_cache = rng.values(cache_len);
-        let v_cache = rng.values(cache_len);
+        let k_cache = KvCacheBuffer::from_f32(dtype, &rng.values(cache_len));
+        let v_cache = KvCacheBuffer::from_f32(dtype, &rng.values(cache_len));
         // Blocks in reverse order, so the tables are not the identity.
         let block_tables: Vec<u32> = (0..(batch * num_blocks) as u32).rev().collect();
         let seqs: Vec<AttentionSeq> = (0..batch)
@@ -195,8 +226,8 @@ fn attention_group(
                     pool,
                     params,
                     &q,
-                    &k_cache,
-                    &v_cache,
+                    k_cache.as_slice(),
+                    v_cache.as_slice(),
                     &seqs,
                     &block_tables,
                     &mut out,

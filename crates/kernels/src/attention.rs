@@ -1,8 +1,15 @@
 //! Paged KV cache writes and causal paged attention over a flattened batch of sequences.
 //!
 //! Cache layout per layer (K and V alike): `[num_blocks][block_size][num_kv_heads][head_dim]`
-//! f32, so a token's K row for all kv heads sits at `slot * kv_dim` with
-//! `slot = block_id * block_size + offset_in_block` and `kv_dim = num_kv_heads * head_dim`.
+//! elements of the cache's [`KvCacheDType`](crate::KvCacheDType), so a token's K row for all
+//! kv heads sits at `slot * kv_dim` with `slot = block_id * block_size + offset_in_block` and
+//! `kv_dim = num_kv_heads * head_dim`.
+//!
+//! An f32 cache is read in place. Any other type is decoded tile by tile (at most [`TILE`]
+//! keys of one kv head, K and V) into a per-thread f32 scratch that stays in L1, and the same
+//! f32 tile code runs on it. Decoding is exact, so attention over such a cache gives bitwise
+//! what it gives over an f32 cache holding the decoded values, and everything said below about
+//! batch invariance holds for every cache type.
 //!
 //! `paged_attention` splits work into tasks of (sequence, kv head, chunk of query rows) that
 //! cover all query heads sharing that kv head (or a part of them, when a small decode batch
@@ -16,6 +23,9 @@
 //! (row, head) pair sees the same tiles in the same order with the same per-tile operations, so
 //! chunking, batching, grouping and thread count never change its floating-point results.
 
+use std::cell::RefCell;
+
+use crate::kv_dtype::{KvCacheSlice, KvCacheSliceMut, KvCodec, Rows};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::simd::{KeyTile, OnlineSoftmax, VectorOps, GROUP, TILE};
 use crate::KernelError;
@@ -68,15 +78,16 @@ pub struct AttentionSeq {
 /// Slot value that marks a padding token whose K/V is not stored.
 pub const PADDING_SLOT: u32 = u32::MAX;
 
-/// Copies each token's K and V rows (`[n_tokens][kv_dim]`) into the cache at its slot.
+/// Stores each token's K and V rows (`[n_tokens][kv_dim]`) into the cache at its slot,
+/// converted to the cache's type (round-to-nearest-even, saturating; see [`KvCacheDType`]).
 /// Tokens whose slot is [`PADDING_SLOT`] are skipped.
 pub fn write_kv(
     k: &[f32],
     v: &[f32],
     slot_mapping: &[u32],
     kv_dim: usize,
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    mut k_cache: KvCacheSliceMut<'_>,
+    mut v_cache: KvCacheSliceMut<'_>,
 ) -> Result<(), KernelError> {
     let n_tokens = slot_mapping.len();
     for (what, buffer) in [("write_kv k", k), ("write_kv v", v)] {
@@ -95,10 +106,16 @@ pub fn write_kv(
             actual: v_cache.len(),
         });
     }
+    if k_cache.dtype() != v_cache.dtype() {
+        return Err(KernelError::InvalidShape(
+            "k and v caches have different element types",
+        ));
+    }
     if kv_dim == 0 {
         return Ok(());
     }
     let n_slots = k_cache.len() / kv_dim;
+    let codec = KvCodec::detect();
     for (token, &slot) in slot_mapping.iter().enumerate() {
         if slot == PADDING_SLOT {
             continue;
@@ -112,9 +129,8 @@ pub fn write_kv(
             });
         }
         let source = token * kv_dim..(token + 1) * kv_dim;
-        let target = slot * kv_dim..(slot + 1) * kv_dim;
-        k_cache[target.clone()].copy_from_slice(&k[source.clone()]);
-        v_cache[target].copy_from_slice(&v[source]);
+        k_cache.encode_at(codec, slot * kv_dim, &k[source.clone()]);
+        v_cache.encode_at(codec, slot * kv_dim, &v[source]);
     }
     Ok(())
 }
@@ -123,8 +139,8 @@ pub fn write_kv(
 fn validate(
     p: &AttentionParams,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvCacheSlice<'_>,
+    v_cache: KvCacheSlice<'_>,
     seqs: &[AttentionSeq],
     block_tables: &[u32],
     out_len: usize,
@@ -151,6 +167,11 @@ fn validate(
             expected: q.len(),
             actual: out_len,
         });
+    }
+    if k_cache.dtype() != v_cache.dtype() {
+        return Err(KernelError::InvalidShape(
+            "k and v caches have different element types",
+        ));
     }
     let block_elems = p.block_size * p.num_kv_heads * p.head_dim;
     if k_cache.len() != v_cache.len() || k_cache.len() % block_elems != 0 {
@@ -217,14 +238,16 @@ fn validate(
 
 /// Causal paged attention: for every sequence, query row `j` (absolute position
 /// `context_len - query_len + j`) attends to cache positions `0..=position` of its own blocks.
-/// Writes `out[row][head][head_dim]` for every row covered by a sequence.
+/// Writes `out[row][head][head_dim]` for every row covered by a sequence. The caches may be
+/// of any [`KvCacheDType`](crate::KvCacheDType) (both the same); `&[f32]` converts with
+/// `.into()`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     pool: &ThreadPool,
     p: &AttentionParams,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvCacheSlice<'_>,
+    v_cache: KvCacheSlice<'_>,
     seqs: &[AttentionSeq],
     block_tables: &[u32],
     out: &mut [f32],
@@ -249,8 +272,8 @@ fn attention_with(
     pool: &ThreadPool,
     p: &AttentionParams,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvCacheSlice<'_>,
+    v_cache: KvCacheSlice<'_>,
     seqs: &[AttentionSeq],
     block_tables: &[u32],
     out: &mut [f32],
@@ -265,14 +288,163 @@ fn attention_with(
     }
     task_starts.push(total);
     let output = SharedMut::new(out);
-    pool.parallel_for(total, &|task| {
+    let run_task = |task: usize, source: &mut dyn FnMut(&TaskInputs<'_>)| {
         let seq_index = task_starts.partition_point(|&start| start <= task) - 1;
         let seq = &seqs[seq_index];
         let work = plan.task(seq, task - task_starts[seq_index]);
         let table = &block_tables[seq.block_table_start..seq.block_table_start + seq.num_blocks];
-        attend_task(kernels, p, q, k_cache, v_cache, seq, table, &work, &output);
-    });
+        source(&TaskInputs {
+            kernels,
+            p,
+            q,
+            seq,
+            table,
+            work: &work,
+            output: &output,
+        });
+    };
+    match (k_cache, v_cache) {
+        (KvCacheSlice::F32(keys), KvCacheSlice::F32(values)) => {
+            pool.parallel_for(total, &|task| {
+                run_task(task, &mut |job| {
+                    attend_task(job, &mut InPlaceTiles { keys, values });
+                });
+            });
+        }
+        _ => {
+            let codec = KvCodec::detect();
+            pool.parallel_for(total, &|task| {
+                run_task(task, &mut |job| {
+                    TILE_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                        Ok(mut scratch) => attend_task(
+                            job,
+                            &mut DecodedTiles::new(codec, k_cache, v_cache, &mut scratch),
+                        ),
+                        // Only a re-entrant call on this thread could hold it: use a scratch
+                        // of its own.
+                        Err(_) => attend_task(
+                            job,
+                            &mut DecodedTiles::new(codec, k_cache, v_cache, &mut Vec::new()),
+                        ),
+                    })
+                });
+            });
+        }
+    }
     Ok(())
+}
+
+thread_local! {
+    /// Decoded K and V rows of one tile (`2 * TILE * head_dim` f32), reused by every task this
+    /// thread runs so a reduced-precision cache costs no allocation or zeroing per task.
+    static TILE_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Where a task's tiles come from: the cache itself (f32) or a decoded copy.
+trait TileSource {
+    /// The K/V rows of `tile_len` keys whose first row starts at element `base` of the caches
+    /// (rows `kv_dim` apart, `d` values each); only the first `visible` of them are read.
+    fn tile(
+        &mut self,
+        base: usize,
+        tile_len: usize,
+        visible: usize,
+        kv_dim: usize,
+        d: usize,
+    ) -> KeyTile<'_>;
+}
+
+/// An f32 cache, read in place: the path every default-configured step takes.
+struct InPlaceTiles<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+}
+
+impl TileSource for InPlaceTiles<'_> {
+    #[inline(always)]
+    fn tile(
+        &mut self,
+        base: usize,
+        tile_len: usize,
+        _visible: usize,
+        kv_dim: usize,
+        d: usize,
+    ) -> KeyTile<'_> {
+        let end = base + (tile_len - 1) * kv_dim + d;
+        KeyTile {
+            keys: &self.keys[base..end],
+            values: &self.values[base..end],
+            stride: kv_dim,
+            count: tile_len,
+        }
+    }
+}
+
+/// A reduced-precision cache: each tile's visible rows are decoded (exactly) into a
+/// contiguous f32 scratch, K rows first, then V rows.
+struct DecodedTiles<'a> {
+    codec: KvCodec,
+    keys: KvCacheSlice<'a>,
+    values: KvCacheSlice<'a>,
+    scratch: &'a mut Vec<f32>,
+}
+
+impl<'a> DecodedTiles<'a> {
+    fn new(
+        codec: KvCodec,
+        keys: KvCacheSlice<'a>,
+        values: KvCacheSlice<'a>,
+        scratch: &'a mut Vec<f32>,
+    ) -> DecodedTiles<'a> {
+        DecodedTiles {
+            codec,
+            keys,
+            values,
+            scratch,
+        }
+    }
+}
+
+impl TileSource for DecodedTiles<'_> {
+    fn tile(
+        &mut self,
+        base: usize,
+        _tile_len: usize,
+        visible: usize,
+        kv_dim: usize,
+        d: usize,
+    ) -> KeyTile<'_> {
+        let size = TILE * d;
+        if self.scratch.len() < 2 * size {
+            self.scratch.resize(2 * size, 0.0);
+        }
+        let (keys, values) = self.scratch.split_at_mut(size);
+        let rows = Rows {
+            start: base,
+            stride: kv_dim,
+            count: visible,
+            width: d,
+        };
+        self.keys.decode_rows(self.codec, rows, keys);
+        self.values.decode_rows(self.codec, rows, values);
+        KeyTile {
+            keys: &keys[..visible * d],
+            values: &values[..visible * d],
+            stride: d,
+            count: visible,
+        }
+    }
+}
+
+/// What one task attends over and where it writes.
+struct TaskInputs<'a> {
+    kernels: VectorOps,
+    p: &'a AttentionParams,
+    q: &'a [f32],
+    seq: &'a AttentionSeq,
+    table: &'a [u32],
+    work: &'a TaskWork,
+    output: &'a SharedMut<f32>,
 }
 
 /// How `paged_attention` cuts a batch into tasks. Any cut gives the same results (each
@@ -350,18 +522,16 @@ impl Plan {
 /// Online-softmax attention for every (row, head) pair of one task. Keys are walked in cache
 /// blocks, in tiles of at most `TILE` keys at fixed offsets inside each block; each tile is
 /// folded into every pair that can see it while its K/V rows are hot in L1.
-#[allow(clippy::too_many_arguments)]
-fn attend_task(
-    kernels: VectorOps,
-    p: &AttentionParams,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    seq: &AttentionSeq,
-    table: &[u32],
-    work: &TaskWork,
-    output: &SharedMut<f32>,
-) {
+fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
+    let TaskInputs {
+        kernels,
+        p,
+        q,
+        seq,
+        table,
+        work,
+        output,
+    } = *job;
     let d = p.head_dim;
     let q_dim = p.num_heads * d;
     let kv_dim = p.num_kv_heads * d;
@@ -398,14 +568,8 @@ fn attend_task(
             }
             let tile_len = TILE.min(p.block_size - tile_start);
             let base = block_base + tile_start * kv_dim;
-            let end = base + (tile_len - 1) * kv_dim + d;
-            let (keys, values) = (&k_cache[base..end], &v_cache[base..end]);
-            let tile = KeyTile {
-                keys,
-                values,
-                stride: kv_dim,
-                count: tile_len,
-            };
+            let visible = (last_position + 1 - tile_first_position).min(tile_len);
+            let tile = source.tile(base, tile_len, visible, kv_dim, d);
             // Runs of consecutive pairs that see the same keys of the tile go through one
             // grouped step (at most GROUP pairs; a run of four splits 2 + 2), which loads each
             // K/V row once for all of them.
@@ -461,7 +625,15 @@ pub fn reference_attention(
     block_tables: &[u32],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    validate(p, q, k_cache, v_cache, seqs, block_tables, out.len())?;
+    validate(
+        p,
+        q,
+        k_cache.into(),
+        v_cache.into(),
+        seqs,
+        block_tables,
+        out.len(),
+    )?;
     let d = p.head_dim;
     let q_dim = p.num_heads * d;
     let kv_dim = p.num_kv_heads * d;
@@ -508,9 +680,14 @@ pub fn reference_attention(
 mod tests {
     use super::*;
     use crate::test_util::Rng;
+    use crate::{KvCacheBuffer, KvCacheDType};
 
+    #[derive(Clone)]
     struct Batch {
         params: AttentionParams,
+        /// The type the caches are stored in when the batch runs (`k_cache`/`v_cache` are
+        /// encoded into it first).
+        dtype: KvCacheDType,
         q: Vec<f32>,
         k_cache: Vec<f32>,
         v_cache: Vec<f32>,
@@ -555,6 +732,7 @@ mod tests {
         let q = rng.vec(rows * params.num_heads * params.head_dim, -1.0, 1.0);
         Batch {
             params,
+            dtype: KvCacheDType::F32,
             q,
             k_cache,
             v_cache,
@@ -569,13 +747,15 @@ mod tests {
 
     fn run_with(kernels: VectorOps, pool: &ThreadPool, batch: &Batch) -> Vec<f32> {
         let mut out = vec![f32::NAN; batch.q.len()];
+        let k_cache = KvCacheBuffer::from_f32(batch.dtype, &batch.k_cache);
+        let v_cache = KvCacheBuffer::from_f32(batch.dtype, &batch.v_cache);
         attention_with(
             kernels,
             pool,
             &batch.params,
             &batch.q,
-            &batch.k_cache,
-            &batch.v_cache,
+            k_cache.as_slice(),
+            v_cache.as_slice(),
             &batch.seqs,
             &batch.block_tables,
             &mut out,
@@ -584,13 +764,14 @@ mod tests {
         out
     }
 
+    /// The naive reference over the values the batch's cache type stores.
     fn reference(batch: &Batch) -> Vec<f32> {
         let mut expected = vec![f32::NAN; batch.q.len()];
         reference_attention(
             &batch.params,
             &batch.q,
-            &batch.k_cache,
-            &batch.v_cache,
+            &KvCacheBuffer::from_f32(batch.dtype, &batch.k_cache).to_f32(),
+            &KvCacheBuffer::from_f32(batch.dtype, &batch.v_cache).to_f32(),
             &batch.seqs,
             &batch.block_tables,
             &mut expected,
@@ -704,6 +885,7 @@ mod tests {
         let first = seq.query_start + rows.start;
         Batch {
             params: batch.params,
+            dtype: batch.dtype,
             q: batch.q[first * q_dim..(seq.query_start + rows.end) * q_dim].to_vec(),
             k_cache: batch.k_cache.clone(),
             v_cache: batch.v_cache.clone(),
@@ -719,15 +901,34 @@ mod tests {
 
     #[test]
     fn rows_are_bitwise_independent_of_batch_chunking_and_threads() {
+        check_batch_invariance(KvCacheDType::F32);
+    }
+
+    #[test]
+    fn rows_are_bitwise_independent_of_batching_for_every_cache_type() {
+        for dtype in [
+            KvCacheDType::F16,
+            KvCacheDType::BF16,
+            KvCacheDType::Fp8E4m3,
+            KvCacheDType::Fp8E5m2,
+        ] {
+            check_batch_invariance(dtype);
+        }
+    }
+
+    /// Each sequence alone (any thread count), each row as a decode step, and uneven prefill
+    /// chunks give bitwise what the whole mixed batch gives, over a `dtype` cache.
+    fn check_batch_invariance(dtype: KvCacheDType) {
         let mut rng = Rng::new(9);
         let pools: Vec<ThreadPool> = [1, 2, 3, 8].into_iter().map(ThreadPool::new).collect();
         for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
             let params = params(num_heads, num_kv_heads, head_dim, block_size);
             let q_dim = num_heads * head_dim;
             let shapes = [(40, 40), (1, 77), (5, 30), (19, 50)];
-            let batch = random_batch(&mut rng, params, &shapes);
+            let mut batch = random_batch(&mut rng, params, &shapes);
+            batch.dtype = dtype;
             let together = run(&pools[1], &batch);
-            assert!(close(&together, &reference(&batch)), "{params:?}");
+            assert!(close(&together, &reference(&batch)), "{params:?} {dtype}");
             for (index, seq) in batch.seqs.iter().enumerate() {
                 let expected = &together[seq.query_start * q_dim..][..seq.query_len * q_dim];
                 // The whole sequence alone, with any thread count.
@@ -736,7 +937,7 @@ mod tests {
                     assert_eq!(
                         bits(&run(pool, &alone)),
                         bits(expected),
-                        "{params:?} sequence {index} alone, {} threads",
+                        "{params:?} {dtype} sequence {index} alone, {} threads",
                         pool.num_threads()
                     );
                 }
@@ -747,7 +948,7 @@ mod tests {
                     assert_eq!(
                         bits(&run(pool, &decode)),
                         bits(&expected[row * q_dim..(row + 1) * q_dim]),
-                        "{params:?} sequence {index} row {row} as a decode step"
+                        "{params:?} {dtype} sequence {index} row {row} as a decode step"
                     );
                 }
                 // The rows prefilled in uneven chunks, as chunked prefill would.
@@ -764,9 +965,93 @@ mod tests {
                 assert_eq!(
                     bits(&chunked),
                     bits(expected),
-                    "{params:?} sequence {index} chunked"
+                    "{params:?} {dtype} sequence {index} chunked"
                 );
             }
+        }
+    }
+
+    /// Decoding is exact, so attention over a reduced-precision cache is bitwise attention
+    /// over an f32 cache holding the decoded values, with either vector path.
+    #[test]
+    fn reduced_precision_caches_attend_exactly_like_f32_caches_of_their_values() {
+        let mut rng = Rng::new(12);
+        let pool = ThreadPool::new(2);
+        for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
+            let params = params(num_heads, num_kv_heads, head_dim, block_size);
+            let shapes = [(37, 37), (1, 50), (20, 45), (1, 2 * block_size + 1)];
+            let mut batch = random_batch(&mut rng, params, &shapes);
+            // Beyond fp8 E4M3's range, so saturation is part of what is compared.
+            batch
+                .k_cache
+                .iter_mut()
+                .step_by(97)
+                .for_each(|v| *v *= 900.0);
+            for dtype in KvCacheDType::ALL {
+                let stored = Batch {
+                    dtype,
+                    ..batch.clone()
+                };
+                let decoded = Batch {
+                    dtype: KvCacheDType::F32,
+                    k_cache: KvCacheBuffer::from_f32(dtype, &batch.k_cache).to_f32(),
+                    v_cache: KvCacheBuffer::from_f32(dtype, &batch.v_cache).to_f32(),
+                    ..batch.clone()
+                };
+                for kernels in [VectorOps::detect(), VectorOps::Scalar] {
+                    let got = run_with(kernels, &pool, &stored);
+                    assert!(got.iter().all(|v| v.is_finite()), "{params:?} {dtype}");
+                    assert_eq!(
+                        bits(&got),
+                        bits(&run_with(kernels, &pool, &decoded)),
+                        "{params:?} {dtype} {kernels:?}"
+                    );
+                }
+                assert!(
+                    close(&run(&pool, &stored), &reference(&stored)),
+                    "{params:?} {dtype}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn write_kv_encodes_into_the_cache_type() {
+        let kv_dim = 9;
+        let mut rng = Rng::new(3);
+        let k: Vec<f32> = rng.vec(2 * kv_dim, -600.0, 600.0);
+        let v: Vec<f32> = rng.vec(2 * kv_dim, -1.0, 1.0);
+        for dtype in KvCacheDType::ALL {
+            let mut k_cache = KvCacheBuffer::zeros(dtype, 3 * kv_dim);
+            let mut v_cache = KvCacheBuffer::zeros(dtype, 3 * kv_dim);
+            write_kv(
+                &k,
+                &v,
+                &[2, PADDING_SLOT],
+                kv_dim,
+                k_cache.as_slice_mut(),
+                v_cache.as_slice_mut(),
+            )
+            .unwrap();
+            let (keys, values) = (k_cache.to_f32(), v_cache.to_f32());
+            assert!(keys[..2 * kv_dim].iter().all(|&x| x == 0.0), "{dtype}");
+            for i in 0..kv_dim {
+                assert_eq!(keys[2 * kv_dim + i], dtype.round(k[i]), "{dtype}");
+                assert_eq!(values[2 * kv_dim + i], dtype.round(v[i]), "{dtype}");
+            }
+            let mut other = KvCacheBuffer::zeros(KvCacheDType::F32, 3 * kv_dim);
+            assert!(
+                write_kv(
+                    &k,
+                    &v,
+                    &[0, 1],
+                    kv_dim,
+                    k_cache.as_slice_mut(),
+                    other.as_slice_mut()
+                )
+                .is_err()
+                    == (dtype != KvCacheDType::F32)
+            );
         }
     }
 
@@ -821,18 +1106,34 @@ mod tests {
         let v: Vec<f32> = (0..6).map(|v| -(v as f32)).collect();
         let mut k_cache = vec![0.0f32; 4 * kv_dim];
         let mut v_cache = vec![0.0f32; 4 * kv_dim];
-        write_kv(&k, &v, &[3, 1], kv_dim, &mut k_cache, &mut v_cache).unwrap();
+        write_kv(
+            &k,
+            &v,
+            &[3, 1],
+            kv_dim,
+            (&mut k_cache).into(),
+            (&mut v_cache).into(),
+        )
+        .unwrap();
         assert_eq!(&k_cache[9..12], &[0.0, 1.0, 2.0]);
         assert_eq!(&k_cache[3..6], &[3.0, 4.0, 5.0]);
         assert_eq!(&v_cache[3..6], &[-3.0, -4.0, -5.0]);
-        assert!(write_kv(&k, &v, &[3, 4], kv_dim, &mut k_cache, &mut v_cache).is_err());
+        assert!(write_kv(
+            &k,
+            &v,
+            &[3, 4],
+            kv_dim,
+            (&mut k_cache).into(),
+            (&mut v_cache).into()
+        )
+        .is_err());
         write_kv(
             &k,
             &v,
             &[PADDING_SLOT, 0],
             kv_dim,
-            &mut k_cache,
-            &mut v_cache,
+            (&mut k_cache).into(),
+            (&mut v_cache).into(),
         )
         .unwrap();
         assert_eq!(&k_cache[0..3], &[3.0, 4.0, 5.0]);
@@ -851,7 +1152,17 @@ mod tests {
         let q = vec![0.0f32; 16];
         let cache = vec![0.0f32; 2 * 2 * 3 * 4];
         let mut out = vec![0.0f32; 16];
-        assert!(paged_attention(&pool, &params, &q, &cache, &cache, &[], &[], &mut out).is_err());
+        assert!(paged_attention(
+            &pool,
+            &params,
+            &q,
+            (&cache).into(),
+            (&cache).into(),
+            &[],
+            &[],
+            &mut out
+        )
+        .is_err());
         let params = AttentionParams {
             num_kv_heads: 2,
             ..params
@@ -868,8 +1179,8 @@ mod tests {
             &pool,
             &params,
             &q,
-            &cache,
-            &cache,
+            (&cache).into(),
+            (&cache).into(),
             &[seq],
             &[0, 1],
             &mut out
@@ -883,8 +1194,8 @@ mod tests {
             &pool,
             &params,
             &q,
-            &cache,
-            &cache,
+            (&cache).into(),
+            (&cache).into(),
             &[seq],
             &[0, 7],
             &mut out
@@ -894,8 +1205,8 @@ mod tests {
             &pool,
             &params,
             &q,
-            &cache,
-            &cache,
+            (&cache).into(),
+            (&cache).into(),
             &[seq],
             &[0, 1],
             &mut out,

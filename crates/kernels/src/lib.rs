@@ -30,7 +30,9 @@
 //!   [`apply_rope`]`(x, n_tokens, n_heads, head_dim, positions, &cache, RopeStyle)`, rotating
 //!   the first `rotary_dim` dims of each head.
 //! - Paged attention: [`write_kv`] scatters new K/V rows into the cache by slot
-//!   (`slot = block_id * block_size + offset`, [`PADDING_SLOT`] skips a token);
+//!   (`slot = block_id * block_size + offset`, [`PADDING_SLOT`] skips a token), encoding them
+//!   into the cache's [`KvCacheDType`] (f32, f16, bf16, fp8 E4M3 or E5M2; owned as a
+//!   [`KvCacheBuffer`], borrowed as [`KvCacheSlice`]/[`KvCacheSliceMut`]);
 //!   [`paged_attention`] runs causal GQA attention over a flattened batch of sequences
 //!   ([`AttentionSeq`]) described by [`AttentionParams`]; [`reference_attention`] is the naive
 //!   materialized-softmax reference. Rows of `out` not covered by any sequence are left as
@@ -40,7 +42,8 @@
 //!
 //! Shape and index mistakes return [`KernelError`]; kernels never panic on bad input. Hot paths
 //! allocate nothing per call once [`MatmulScratch`] has grown (attention allocates only two
-//! small per-call index vectors; its tasks work on the stack).
+//! small per-call index vectors; its tasks work on the stack, plus a per-thread tile scratch,
+//! grown once, when the KV cache is not f32).
 //!
 //! # Usage loop (one forward step)
 //!
@@ -70,6 +73,7 @@
 mod attention;
 mod dtype;
 mod elementwise;
+mod kv_dtype;
 mod matmul;
 mod peak;
 mod pool;
@@ -84,6 +88,10 @@ pub use attention::{
 };
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, rms_norm, silu_mul, softmax_inplace};
+pub use kv_dtype::{
+    f32_to_bf16_saturating, f32_to_f16_saturating, f32_to_fp8_e4m3, f32_to_fp8_e5m2,
+    fp8_e4m3_to_f32, fp8_e5m2_to_f32, KvCacheBuffer, KvCacheDType, KvCacheSlice, KvCacheSliceMut,
+};
 pub use matmul::{reference_matmul, MatmulScratch, QMatrix};
 pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use pool::ThreadPool;

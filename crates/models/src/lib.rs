@@ -15,7 +15,9 @@
 //! - [`ModelConfig`]: typed hyper-parameters from GGUF metadata or `config.json`.
 //! - [`LlamaModel`]: one implementation for Llama 2/3, SmolLM2, Mistral and Qwen2; quantized
 //!   and float checkpoints differ only in the dtype of their matrices.
-//! - [`BatchInput`], [`KvCacheStorage`], [`Workspace`]: the inputs and memory of a step.
+//! - [`BatchInput`], [`KvCacheStorage`], [`Workspace`]: the inputs and memory of a step. The
+//!   cache stores K/V as a [`KvCacheDType`] (f32, f16, bf16, fp8), chosen by the
+//!   `--kv-cache-dtype` value [`CacheDtype`].
 //! - [`Sampler`] with [`SamplingParams`] → [`SampledToken`]: per-request sampling with vLLM's
 //!   semantics and a per-request seeded RNG.
 //!
@@ -47,6 +49,7 @@
 //! ```
 
 mod batch;
+mod cache_dtype;
 mod config;
 mod error;
 mod kv_cache;
@@ -56,6 +59,7 @@ mod sampler;
 mod source;
 
 pub use batch::BatchInput;
+pub use cache_dtype::{CacheDtype, CacheDtypeError};
 pub use config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCacheStorage;
@@ -68,3 +72,4 @@ pub use source::{
     DEFAULT_MODEL_WHEEL,
 };
 pub use tokenmill_kernels::AttentionSeq;
+pub use tokenmill_kernels::KvCacheDType;

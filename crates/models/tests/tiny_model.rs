@@ -9,8 +9,8 @@ mod common;
 
 use common::tiny::{TinyConfig, TinyModel};
 use tokenmill_models::{
-    resolve_model, Architecture, BatchInput, KvCacheStorage, LlamaModel, LoadOptions, ModelSource,
-    RopeStyle, Workspace,
+    resolve_model, Architecture, BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions,
+    ModelSource, RopeStyle, Workspace,
 };
 
 const TOLERANCE: f32 = 2e-4;
@@ -329,5 +329,16 @@ fn kv_cache_bytes_per_block() {
     )
     .unwrap();
     // 2 (K and V) * 30 layers * 16 tokens * 3 heads * 64 dims * 4 bytes.
-    assert_eq!(KvCacheStorage::bytes_per_block(&config, 16), 737_280);
+    assert_eq!(
+        KvCacheStorage::bytes_per_block(&config, 16, KvCacheDType::F32),
+        737_280
+    );
+    assert_eq!(
+        KvCacheStorage::bytes_per_block(&config, 16, KvCacheDType::F16),
+        737_280 / 2
+    );
+    assert_eq!(
+        KvCacheStorage::bytes_per_block(&config, 16, KvCacheDType::Fp8E4m3),
+        737_280 / 4
+    );
 }

@@ -292,6 +292,39 @@ async fn aborting_in_flight_requests_ends_their_streams_cleanly() {
     );
 }
 
+/// `--kv-cache-dtype fp8` serves (over an fp8 E4M3 cache) and `vllm:cache_config_info` reports
+/// the value as given, as vLLM does; the pool is sized at one byte per element.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fp8_kv_cache_serves_and_is_reported_in_cache_config_info() {
+    let app = TestApp::with_engine_config(
+        |engine| engine.kv_cache_dtype = tokenmill_engine::CacheDtype::Fp8,
+        |_| {},
+    );
+    let (status, body) = app
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0.0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!body["choices"][0]["text"].as_str().unwrap().is_empty());
+    let stats = app.wait_idle().await;
+    let (status, text) = app.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let info = text
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info{"))
+        .unwrap_or_else(|| panic!("no cache_config_info in:\n{text}"));
+    assert!(info.contains("cache_dtype=\"fp8\""), "{info}");
+    // SmolLM2-135M: 30 layers, 3 kv heads of 64; one byte per element.
+    let fp8_blocks = (32u64 << 20) / (2 * 30 * 16 * 3 * 64);
+    assert_eq!(stats.num_blocks as u64, fp8_blocks, "{info}");
+    assert!(
+        info.contains(&format!("num_gpu_blocks=\"{fp8_blocks}\"")),
+        "{info}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_use_vllm_names_after_a_request() {
     let app = TestApp::start();
@@ -322,6 +355,11 @@ async fn metrics_use_vllm_names_after_a_request() {
     assert!(
         text.contains(&format!("model_name=\"{MODEL_NAME}\"")),
         "metrics carry the served name"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("vllm:cache_config_info{") && l.contains("cache_dtype=\"auto\"")),
+        "the default cache dtype is reported as vLLM's `auto`:\n{text}"
     );
     let success: f64 = text
         .lines()

@@ -58,7 +58,8 @@ pub fn measure(
     if single_phases.iter().any(|&phase| settings.wants(phase)) {
         let (prompt_len, decode_len) = (settings.prompt_len, settings.decode_len);
         let blocks = (prompt_len + decode_len).div_ceil(block_size);
-        let mut kv = KvCacheStorage::new(model.config(), blocks, block_size);
+        let kv_dtype = settings.kv_cache_dtype.storage();
+        let mut kv = KvCacheStorage::with_dtype(model.config(), blocks, block_size, kv_dtype);
         let table: Vec<u32> = (0..blocks as u32).collect();
         let prompt = prompt_tokens(prompt_len, 0, vocab);
 
@@ -154,7 +155,12 @@ pub fn measure(
             prompt_len + steps
         ));
         let blocks_per_seq = (prompt_len + steps).div_ceil(block_size);
-        let mut kv = KvCacheStorage::new(model.config(), blocks_per_seq * sequences, block_size);
+        let mut kv = KvCacheStorage::with_dtype(
+            model.config(),
+            blocks_per_seq * sequences,
+            block_size,
+            settings.kv_cache_dtype.storage(),
+        );
         let tables: Vec<Vec<u32>> = (0..sequences)
             .map(|seq| {
                 ((seq * blocks_per_seq) as u32..((seq + 1) * blocks_per_seq) as u32).collect()

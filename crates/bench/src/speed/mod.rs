@@ -11,7 +11,7 @@ mod report;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tokenmill_models::{resolve_model, LlamaModel, LoadOptions};
+use tokenmill_models::{resolve_model, CacheDtype, LlamaModel, LoadOptions};
 
 use crate::error::BenchError;
 pub use cost::ModelCost;
@@ -87,6 +87,9 @@ pub struct BenchSpeedArgs {
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// KV cache element type, as `serve --kv-cache-dtype` takes it.
+    #[arg(long, default_value_t = CacheDtype::Auto)]
+    pub kv_cache_dtype: CacheDtype,
     /// Size of the buffer the memory-bandwidth probe streams through, in MiB.
     #[arg(long, default_value_t = 256)]
     pub probe_mib: usize,
@@ -106,6 +109,7 @@ pub struct SpeedSettings {
     pub batch_decode_steps: usize,
     pub repeats: usize,
     pub block_size: usize,
+    pub kv_cache_dtype: CacheDtype,
     pub phases: Vec<Phase>,
 }
 
@@ -167,6 +171,7 @@ impl BenchSpeedArgs {
             batch_decode_steps: self.batch_decode_steps,
             repeats: self.repeats,
             block_size: self.block_size,
+            kv_cache_dtype: self.kv_cache_dtype,
             phases,
         })
     }

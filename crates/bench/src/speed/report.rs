@@ -92,6 +92,8 @@ pub struct SettingsRecord {
     pub batch_decode_steps: usize,
     pub repeats: usize,
     pub block_size: usize,
+    /// `--kv-cache-dtype` as given (`auto` = f32).
+    pub kv_cache_dtype: String,
 }
 
 fn phases_as_map<S: Serializer>(phases: &[PhaseResult], serializer: S) -> Result<S::Ok, S::Error> {
@@ -206,6 +208,7 @@ impl SpeedReport {
                 batch_decode_steps: settings.batch_decode_steps,
                 repeats: settings.repeats,
                 block_size: settings.block_size,
+                kv_cache_dtype: settings.kv_cache_dtype.as_str().into(),
             },
             accounting: FLOP_ACCOUNTING.into(),
             phases,
@@ -231,8 +234,9 @@ pub fn format_report(report: &SpeedReport) -> String {
     );
     let _ = writeln!(
         out,
-        "median of {} runs; GFLOP/s include attention FLOPs (see \"accounting\" in the JSON)",
-        report.settings.repeats
+        "median of {} runs; KV cache dtype {}; GFLOP/s include attention FLOPs (see \"accounting\" \
+         in the JSON)",
+        report.settings.repeats, report.settings.kv_cache_dtype
     );
     let _ = writeln!(out);
     let _ = writeln!(

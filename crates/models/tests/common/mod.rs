@@ -5,7 +5,7 @@ pub mod tiny;
 
 use std::path::PathBuf;
 
-use tokenmill_models::{BatchInput, KvCacheStorage, LlamaModel, Workspace};
+use tokenmill_models::{BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, Workspace};
 
 /// The default model for tests: `$TOKENMILL_TEST_MODEL`, else the tokenmill model cache.
 /// Panics with instructions when neither exists: CI fetches the model first, so a missing
@@ -47,9 +47,33 @@ pub fn greedy_generate(
     chunk: usize,
     block_size: usize,
 ) -> Vec<Vec<u32>> {
+    greedy_generate_with_kv(
+        model,
+        prompts,
+        max_new,
+        chunk,
+        block_size,
+        KvCacheDType::F32,
+    )
+}
+
+/// [`greedy_generate`] over a KV cache stored as `kv_dtype`.
+pub fn greedy_generate_with_kv(
+    model: &LlamaModel,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    chunk: usize,
+    block_size: usize,
+    kv_dtype: KvCacheDType,
+) -> Vec<Vec<u32>> {
     let max_len = prompts.iter().map(Vec::len).max().unwrap_or(0) + max_new;
     let blocks_per_seq = max_len.div_ceil(block_size);
-    let mut kv = KvCacheStorage::new(model.config(), blocks_per_seq * prompts.len(), block_size);
+    let mut kv = KvCacheStorage::with_dtype(
+        model.config(),
+        blocks_per_seq * prompts.len(),
+        block_size,
+        kv_dtype,
+    );
     // Interleave block ids across sequences so tables are not contiguous ranges.
     let mut sequences: Vec<TestSequence> = prompts
         .iter()

@@ -58,12 +58,22 @@ impl TestApp {
 
     /// Like [`TestApp::start`] with the server settings adjusted by `configure`.
     pub fn with_config(configure: impl FnOnce(&mut ServerConfig)) -> TestApp {
+        TestApp::with_engine_config(|_| {}, configure)
+    }
+
+    /// Like [`TestApp::with_config`] with the engine settings adjusted by `configure_engine`
+    /// as well.
+    pub fn with_engine_config(
+        configure_engine: impl FnOnce(&mut EngineConfig),
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> TestApp {
         let mut engine_config = EngineConfig::new(model_path());
         engine_config.kv_cache = KvCacheSizing::Bytes(32 << 20);
         engine_config.max_model_len = Some(MAX_MODEL_LEN);
         engine_config.num_threads = Some(1);
         engine_config.served_model_name = MODEL_NAME.to_string();
         engine_config.log_stats_interval = None;
+        configure_engine(&mut engine_config);
         let engine = Engine::start(&engine_config).expect("engine starts on the test model");
         let mut config = ServerConfig::new(vec![MODEL_NAME.to_string(), MODEL_ALIAS.to_string()]);
         configure(&mut config);
