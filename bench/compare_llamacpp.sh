@@ -2,7 +2,7 @@
 # Head-to-head: tokenmill vs llama.cpp's HTTP server on the same GGUF file.
 #
 # The peer (PEER) is llama.cpp's own `llama-server` with one slot per client (`--parallel` =
-# the highest concurrency, continuous batching, one unified KV buffer), built from the llama.cpp
+# the highest concurrency, continuous batching, a KV stream per slot), built from the llama.cpp
 # sources vendored in the pinned llama-cpp-python sdist; or llama-cpp-python's server, which
 # decodes one request at a time and queues the rest.
 #
@@ -21,8 +21,11 @@
 #   INPUT_LEN=128 OUTPUT_LEN=128
 #   PEER=llama-server         llama-server (batches up to the highest concurrency) or
 #                             llama-cpp-python (one request at a time)
-#   LLAMA_SERVER_CTX          llama-server's total KV context, shared by its slots (default:
-#                             max(CTX, highest concurrency × (INPUT_LEN + OUTPUT_LEN + 64)))
+#   LLAMA_SERVER_CTX          llama-server's total KV context, split evenly over its slots
+#                             (default: highest concurrency × (INPUT_LEN + OUTPUT_LEN + 64)).
+#                             Not --kv-unified: with one shared buffer every slot's attention
+#                             spans the cells the others (and their cached prompts) hold, which
+#                             slowed a C=1 request from 7.5 to 36 ms per token after a C=32 run
 #   NUM_PROMPTS               requests per run (default: max(8, 2 × concurrency))
 #   ROUNDS=3                  repetitions of the whole alternation; the table shows medians
 #                             (values and per-round ratios)
@@ -72,8 +75,8 @@ MAX_C=1
 for c in $CONCURRENCIES; do (( c > MAX_C )) && MAX_C=$c; done
 if [[ "$PEER" == llama-server ]]; then
     ensure_llamacpp_native "$CACHE_DIR"
-    LLAMA_SERVER_CTX="${LLAMA_SERVER_CTX:-$(( CTX > MAX_C * (INPUT_LEN + OUTPUT_LEN + 64) ? CTX : MAX_C * (INPUT_LEN + OUTPUT_LEN + 64) ))}"
-    PEER_LABEL="llama-server, llama.cpp vendored in llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; --parallel $MAX_C, unified KV of $LLAMA_SERVER_CTX tokens"
+    LLAMA_SERVER_CTX="${LLAMA_SERVER_CTX:-$(( MAX_C * (INPUT_LEN + OUTPUT_LEN + 64) ))}"
+    PEER_LABEL="llama-server, llama.cpp vendored in llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; --parallel $MAX_C, --ctx-size $LLAMA_SERVER_CTX split over the slots"
     # llama-server honours ignore_eos itself.
     LLAMA_EXTRA_BODY='{}'
 else
@@ -151,12 +154,12 @@ pause_server tokenmill
 
 LLAMA_PORT="$(free_port)"
 if [[ "$PEER" == llama-server ]]; then
-    # One slot per client so requests batch (continuous batching is on by default); the slots
-    # share one KV buffer, as tokenmill's sequences share its block pool.
+    # One slot per client so requests batch (continuous batching is on by default), each slot
+    # with its own KV stream of LLAMA_SERVER_CTX / MAX_C tokens.
     start_server llamacpp "http://127.0.0.1:$LLAMA_PORT/health" \
         "$LLAMACPP_BIN/llama-server" --model "$MODEL" --host 127.0.0.1 --port "$LLAMA_PORT" \
         --threads "$THREADS" --threads-batch "$THREADS" --ctx-size "$LLAMA_SERVER_CTX" \
-        --parallel "$MAX_C" --kv-unified --cont-batching --alias "$SERVED_NAME" --no-webui
+        --parallel "$MAX_C" --cont-batching --alias "$SERVED_NAME" --no-webui
 else
     # llama-cpp-python serves one request at a time; by default a new request interrupts the one
     # being generated (cutting it short), so interruption is turned off: later requests queue.
