@@ -69,7 +69,7 @@ impl Advice {
             Direction::Decrease,
             None,
             format!(
-                "shrink each cached token: {KV_CACHE_DTYPE} fp8 (about 2x the tokens) or quantized weights ({QUANTIZATION}) to free memory for the cache"
+                "shrink each cached token: {KV_CACHE_DTYPE} fp8 (2x the tokens of a 16-bit cache, 4x of an f32 one such as tokenmill's auto) or quantized weights ({QUANTIZATION}) to free memory for the cache"
             ),
             because,
         );
