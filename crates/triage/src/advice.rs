@@ -274,14 +274,14 @@ pub(crate) fn recommend(
     advice.recommendations
 }
 
-/// Raises max_num_seqs only when the batch is pinned at it with KV room, nothing was preempted
-/// and decode is not the problem (a bigger batch would make a high ITL worse).
+/// Raises max_num_seqs only when the batch is pinned at it with KV room and decode is not the
+/// problem (a bigger batch would make a high ITL worse). A window with preemptions has no
+/// pinned cap (`Facts::max_num_seqs_exact`): there more sequences would thrash.
 fn raise_batch_cap_if_pinned(advice: &mut Advice, facts: &Facts, decode_fine: bool, because: &str) {
     let Some(cap) = facts.max_num_seqs_exact else {
         return;
     };
-    // Preemptions mean the KV cache does run out at times: more sequences would thrash.
-    if !facts.kv_headroom() || !decode_fine || facts.preemptions > PREEMPTIONS_PROBLEM {
+    if !facts.kv_headroom() || !decode_fine {
         return;
     }
     let usage = facts.kv_mean.unwrap_or(0.0) * 100.0;

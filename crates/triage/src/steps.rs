@@ -66,8 +66,8 @@ pub(crate) struct Facts {
     pub kv_mean: Option<f64>,
     pub kv_max: Option<f64>,
     pub preemptions: f64,
-    /// `Some(n)` when the running batch sat at `n` while requests waited and KV had room:
-    /// then `n` is max_num_seqs.
+    /// `Some(n)` when the running batch sat at `n` while requests waited, KV had room and
+    /// nothing was preempted: then `n` is max_num_seqs.
     pub max_num_seqs_exact: Option<f64>,
     /// KV pool size in tokens over the tokens of a p95 request (prompt + output).
     pub concurrency_at_p95: Option<f64>,
@@ -558,9 +558,8 @@ fn deployment_shape(metrics: &WindowMetrics, facts: &Facts) -> StepReport {
             Unit::Tokens,
         ));
     }
-    let capped_with_room = facts.max_num_seqs_exact.is_some()
-        && facts.kv_headroom()
-        && facts.preemptions <= PREEMPTIONS_PROBLEM;
+    // No cap is inferred from a window with preemptions (see `batch_cap`).
+    let capped_with_room = facts.max_num_seqs_exact.is_some() && facts.kv_headroom();
     let verdict = if capped_with_room {
         parts.push("max_num_seqs, not KV memory, limits the batch".to_owned());
         Verdict::Warning
