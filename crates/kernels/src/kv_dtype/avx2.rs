@@ -139,9 +139,7 @@ pub(super) unsafe fn decode_f16_rows(codes: &[u16], rows: Rows, out: &mut [f32])
                 _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(half));
             }
         }
-        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-            *slot = f16_to_f32(code);
-        }
+        super::decode_with(&codes[body..n], &mut out[body..n], f16_to_f32);
     }
 }
 
@@ -165,9 +163,7 @@ pub(super) unsafe fn decode_bf16_rows(codes: &[u16], rows: Rows, out: &mut [f32]
                 _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_castsi256_ps(bits));
             }
         }
-        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-            *slot = bf16_to_f32(code);
-        }
+        super::decode_with(&codes[body..n], &mut out[body..n], bf16_to_f32);
     }
 }
 
@@ -191,9 +187,7 @@ pub(super) unsafe fn decode_fp8_e5m2_rows(codes: &[u8], rows: Rows, out: &mut [f
                 _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(half));
             }
         }
-        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-            *slot = fp8_e5m2_to_f32(code);
-        }
+        super::decode_with(&codes[body..n], &mut out[body..n], fp8_e5m2_to_f32);
     }
 }
 
@@ -239,8 +233,6 @@ pub(super) unsafe fn decode_fp8_e4m3_rows(codes: &[u8], rows: Rows, out: &mut [f
                 _mm256_storeu_ps(out.as_mut_ptr().add(i + 8), high);
             }
         }
-        for (slot, &code) in out[body..n].iter_mut().zip(&codes[body..n]) {
-            *slot = fp8_e4m3_to_f32(code);
-        }
+        super::decode_with(&codes[body..n], &mut out[body..n], fp8_e4m3_to_f32);
     }
 }

@@ -413,13 +413,7 @@ impl KvCodec {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
             KvCodec::Avx2 => unsafe { avx2::decode_f16_rows(codes, rows, out) },
-            KvCodec::Scalar => {
-                for row in 0..rows.count {
-                    if let Some((source, target)) = rows.row(codes, out, row) {
-                        decode_with(source, target, f16_to_f32);
-                    }
-                }
-            }
+            KvCodec::Scalar => decode_rows_with(codes, rows, out, f16_to_f32),
         }
     }
 
@@ -428,13 +422,7 @@ impl KvCodec {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
             KvCodec::Avx2 => unsafe { avx2::decode_bf16_rows(codes, rows, out) },
-            KvCodec::Scalar => {
-                for row in 0..rows.count {
-                    if let Some((source, target)) = rows.row(codes, out, row) {
-                        decode_with(source, target, bf16_to_f32);
-                    }
-                }
-            }
+            KvCodec::Scalar => decode_rows_with(codes, rows, out, bf16_to_f32),
         }
     }
 
@@ -443,13 +431,7 @@ impl KvCodec {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
             KvCodec::Avx2 => unsafe { avx2::decode_fp8_e4m3_rows(codes, rows, out) },
-            KvCodec::Scalar => {
-                for row in 0..rows.count {
-                    if let Some((source, target)) = rows.row(codes, out, row) {
-                        decode_with(source, target, fp8_e4m3_to_f32);
-                    }
-                }
-            }
+            KvCodec::Scalar => decode_rows_with(codes, rows, out, fp8_e4m3_to_f32),
         }
     }
 
@@ -458,13 +440,7 @@ impl KvCodec {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and F16C.
             KvCodec::Avx2 => unsafe { avx2::decode_fp8_e5m2_rows(codes, rows, out) },
-            KvCodec::Scalar => {
-                for row in 0..rows.count {
-                    if let Some((source, target)) = rows.row(codes, out, row) {
-                        decode_with(source, target, fp8_e5m2_to_f32);
-                    }
-                }
-            }
+            KvCodec::Scalar => decode_rows_with(codes, rows, out, fp8_e5m2_to_f32),
         }
     }
 }
@@ -475,9 +451,18 @@ fn encode_with<T>(values: &[f32], out: &mut [T], encode: impl Fn(f32) -> T) {
     }
 }
 
-fn decode_with<T: Copy>(codes: &[T], out: &mut [f32], decode: impl Fn(T) -> f32) {
+pub(super) fn decode_with<T: Copy>(codes: &[T], out: &mut [f32], decode: impl Fn(T) -> f32) {
     for (slot, &code) in out.iter_mut().zip(codes) {
         *slot = decode(code);
+    }
+}
+
+/// `decode_with` over each of `rows`.
+fn decode_rows_with<T: Copy>(codes: &[T], rows: Rows, out: &mut [f32], decode: impl Fn(T) -> f32) {
+    for row in 0..rows.count {
+        if let Some((source, target)) = rows.row(codes, out, row) {
+            decode_with(source, target, &decode);
+        }
     }
 }
 
