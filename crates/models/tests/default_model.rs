@@ -5,21 +5,11 @@
 
 mod common;
 
-use common::{default_model_path, greedy_generate};
-use tokenmill_models::{
-    Architecture, LlamaModel, LoadOptions, ModelConfig, ModelSource, RopeScaling, RopeStyle,
-};
+use common::{default_model_path, greedy_generate, load_default_model};
+use tokenmill_models::{Architecture, LlamaModel, ModelConfig, RopeScaling, RopeStyle};
 
 fn load_default() -> LlamaModel {
-    let source = ModelSource::Gguf(default_model_path());
-    LlamaModel::load(
-        &source,
-        &LoadOptions {
-            num_threads: 2,
-            dequantize_to_f32: false,
-        },
-    )
-    .unwrap()
+    load_default_model(false)
 }
 
 /// "The capital of France is", tokenized without BOS as llama.cpp does for a raw prompt.

@@ -9,12 +9,9 @@
 
 mod common;
 
-use common::{default_model_path, greedy_generate_with_kv};
+use common::{greedy_generate_with_kv, load_default_model, load_fixture};
 use serde::Deserialize;
-use tokenmill_models::{
-    argmax, BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelSource,
-    Workspace,
-};
+use tokenmill_models::{argmax, KvCacheDType, LlamaModel, Workspace};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -28,46 +25,21 @@ struct Case {
 }
 
 fn fixture() -> Fixture {
-    let path = format!(
-        "{}/tests/fixtures/parity_smollm2.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-/// The default model; with `dequantize_to_f32` its weights are widened to f32, so matmuls
-/// stop quantizing activations to int8 and only the KV cache's rounding remains.
-fn load_model(dequantize_to_f32: bool) -> LlamaModel {
-    LlamaModel::load(
-        &ModelSource::Gguf(default_model_path()),
-        &LoadOptions {
-            num_threads: 2,
-            dequantize_to_f32,
-        },
-    )
-    .unwrap()
+    load_fixture("parity_smollm2.json")
 }
 
 /// Logits at every forced step (prompt, then the fixture's greedy tokens, in one prefill) over
 /// a fresh `dtype` cache.
 fn teacher_forced_logits(model: &LlamaModel, case: &Case, dtype: KvCacheDType) -> Vec<f32> {
-    let block_size = 16;
-    let mut tokens = case.prompt_ids.clone();
-    tokens.extend_from_slice(&case.greedy_ids[..case.greedy_ids.len() - 1]);
-    let blocks: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32)
-        .rev()
-        .collect();
-    let mut kv = KvCacheStorage::with_dtype(model.config(), blocks.len(), block_size, dtype);
-    let mut batch = BatchInput::default();
-    batch
-        .add_sequence(&tokens, 0, &blocks, block_size, false)
-        .unwrap();
-    let first = case.prompt_ids.len() as u32 - 1;
-    batch.logits_indices = (first..tokens.len() as u32).collect();
     let mut logits = Vec::new();
-    model
-        .forward(&batch, &mut kv, &mut Workspace::new(), &mut logits)
-        .unwrap();
+    common::teacher_forced_logits(
+        model,
+        &case.prompt_ids,
+        &case.greedy_ids,
+        dtype,
+        &mut Workspace::new(),
+        &mut logits,
+    );
     logits
 }
 
@@ -146,7 +118,7 @@ fn check_drift(model: &LlamaModel, label: &str, limits: &[Limits]) {
 #[test]
 fn reduced_precision_kv_caches_stay_close_to_f32() {
     check_drift(
-        &load_model(false),
+        &load_default_model(false),
         "Q4_1 weights",
         &[
             (KvCacheDType::F16, 0.90, 4.0, 0.35),
@@ -163,7 +135,7 @@ fn reduced_precision_kv_caches_stay_close_to_f32() {
 #[test]
 fn reduced_precision_kv_caches_stay_close_to_f32_with_f32_weights() {
     check_drift(
-        &load_model(true),
+        &load_default_model(true),
         "f32 weights",
         &[
             (KvCacheDType::F16, 0.99, 0.2, 0.01),
@@ -178,7 +150,7 @@ fn reduced_precision_kv_caches_stay_close_to_f32_with_f32_weights() {
 /// batch-invariance promise holds per type), and f16 generations are compared with f32's.
 #[test]
 fn greedy_generation_is_batch_invariant_for_every_kv_type() {
-    let model = load_model(false);
+    let model = load_default_model(false);
     let fixture = fixture();
     let prompts: Vec<Vec<u32>> = fixture
         .cases

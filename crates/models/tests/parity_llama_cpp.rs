@@ -13,11 +13,9 @@
 
 mod common;
 
-use common::{default_model_path, greedy_generate};
+use common::{greedy_generate, load_default_model, load_fixture};
 use serde::Deserialize;
-use tokenmill_models::{
-    BatchInput, KvCacheStorage, LlamaModel, LoadOptions, ModelSource, Workspace,
-};
+use tokenmill_models::{KvCacheDType, LlamaModel, Workspace};
 
 /// Largest |our logit − llama.cpp's logit| allowed over every top-5 entry of every step.
 ///
@@ -58,47 +56,25 @@ fn fixture() -> Fixture {
     load_fixture("parity_smollm2.json")
 }
 
-fn load_fixture(name: &str) -> Fixture {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
 fn load_default() -> LlamaModel {
-    load_model(false)
+    load_default_model(false)
 }
 
-fn load_model(dequantize_to_f32: bool) -> LlamaModel {
-    LlamaModel::load(
-        &ModelSource::Gguf(default_model_path()),
-        &LoadOptions {
-            num_threads: 2,
-            dequantize_to_f32,
-        },
-    )
-    .unwrap()
-}
-
-/// Teacher forcing: the prompt plus llama.cpp's own greedy tokens in one prefill, with logits
-/// at every generated step (row `step` of `logits`), so each step is compared in the same
-/// context.
+/// Teacher forcing along llama.cpp's greedy path over an f32 cache (the fixture's).
 fn teacher_forced_logits(
     model: &LlamaModel,
     case: &Case,
     workspace: &mut Workspace,
     logits: &mut Vec<f32>,
 ) {
-    let block_size = 16;
-    let mut tokens = case.prompt_ids.clone();
-    tokens.extend_from_slice(&case.greedy_ids[..case.greedy_ids.len() - 1]);
-    let blocks: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32).collect();
-    let mut kv = KvCacheStorage::new(model.config(), blocks.len(), block_size);
-    let mut batch = BatchInput::default();
-    batch
-        .add_sequence(&tokens, 0, &blocks, block_size, false)
-        .unwrap();
-    let first = case.prompt_ids.len() as u32 - 1;
-    batch.logits_indices = (first..tokens.len() as u32).collect();
-    model.forward(&batch, &mut kv, workspace, logits).unwrap();
+    common::teacher_forced_logits(
+        model,
+        &case.prompt_ids,
+        &case.greedy_ids,
+        KvCacheDType::F32,
+        workspace,
+        logits,
+    );
 }
 
 #[test]
@@ -221,11 +197,11 @@ const F32_MEAN_LOGIT_DIFFERENCE: f64 = 2e-5;
 
 #[test]
 fn f32_weights_match_llama_cpp_token_for_token() {
-    let fixture = load_fixture("parity_smollm2_f32.json");
+    let fixture: Fixture = load_fixture("parity_smollm2_f32.json");
     let raw = fixture.cases.iter().filter(|case| !case.chat).count();
     let chat = fixture.cases.iter().filter(|case| case.chat).count();
     assert!(raw >= 8 && chat >= 8, "{raw} raw and {chat} chat cases");
-    let model = load_model(true);
+    let model = load_default_model(true);
     let vocab = model.config().vocab_size;
 
     // Free-running: all prompts in one continuous batch, prefill chunked, decoding token by

@@ -5,7 +5,9 @@ pub mod tiny;
 
 use std::path::PathBuf;
 
-use tokenmill_models::{BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, Workspace};
+use tokenmill_models::{
+    BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelSource, Workspace,
+};
 
 /// The default model for tests: `$TOKENMILL_TEST_MODEL`, else the tokenmill model cache.
 /// Panics with instructions when neither exists: CI fetches the model first, so a missing
@@ -28,6 +30,53 @@ pub fn default_model_path() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The default model on two threads; with `dequantize_to_f32` its weights are widened to f32,
+/// so matmuls stop quantizing activations to int8.
+pub fn load_default_model(dequantize_to_f32: bool) -> LlamaModel {
+    LlamaModel::load(
+        &ModelSource::Gguf(default_model_path()),
+        &LoadOptions {
+            num_threads: 2,
+            dequantize_to_f32,
+        },
+    )
+    .unwrap()
+}
+
+/// A JSON fixture from `tests/fixtures/`.
+pub fn load_fixture<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Teacher forcing: `prompt` then `forced` in one prefill over a fresh `kv_dtype` cache, with
+/// logits at the prompt's last position and at every forced token but the last (row `step` of
+/// `logits` predicts `forced[step]`), so each step is compared in the same context.
+pub fn teacher_forced_logits(
+    model: &LlamaModel,
+    prompt: &[u32],
+    forced: &[u32],
+    kv_dtype: KvCacheDType,
+    workspace: &mut Workspace,
+    logits: &mut Vec<f32>,
+) {
+    let block_size = 16;
+    let mut tokens = prompt.to_vec();
+    tokens.extend_from_slice(&forced[..forced.len() - 1]);
+    // Descending block ids: the table is not the identity mapping.
+    let blocks: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32)
+        .rev()
+        .collect();
+    let mut kv = KvCacheStorage::with_dtype(model.config(), blocks.len(), block_size, kv_dtype);
+    let mut batch = BatchInput::default();
+    batch
+        .add_sequence(&tokens, 0, &blocks, block_size, false)
+        .unwrap();
+    let first = prompt.len() as u32 - 1;
+    batch.logits_indices = (first..tokens.len() as u32).collect();
+    model.forward(&batch, &mut kv, workspace, logits).unwrap();
 }
 
 /// One sequence's state in a hand-rolled engine loop: its tokens so far and its blocks.
