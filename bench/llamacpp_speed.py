@@ -213,7 +213,20 @@ def decode_run(ctx: Context, batch: Batch, first: int, start: int, length: int, 
     return time.perf_counter() - began
 
 
-def phase_record(key, label, sequences, steps, tokens, logit_rows, start, end, runs, cost, wbytes, args):
+def phase_shape(key: str, args) -> tuple:
+    """(label, sequences, steps, tokens, logit rows, context start, context end) of a figure."""
+    P, N = args.prompt_len, args.decode_len
+    B, BP, S = args.batch, args.batch_prompt_len, args.batch_decode_steps
+    return {
+        "prefill": (f"prefill tok/s ({P})", 1, 1, P, 1, 0, P),
+        "decode": (f"decode tok/s (ctx 0→{N})", 1, N, N, N, 0, N),
+        "decode_long": (f"decode tok/s (ctx {P}→{P + N})", 1, N, N, N, P, P + N),
+        "batched": (f"batched decode tok/s ({B} seqs, ctx {BP}→{BP + S})", B, S, B * S, B * S, BP, BP + S),
+    }[key]
+
+
+def phase_record(key, runs, cost, wbytes, args):
+    label, sequences, steps, tokens, logit_rows, start, end = phase_shape(key, args)
     seconds = statistics.median(runs)
     rate = (lambda amount: amount / seconds) if seconds > 0 else (lambda amount: 0.0)
     matmul = cost.matmul_flops(tokens, logit_rows)
@@ -221,7 +234,7 @@ def phase_record(key, label, sequences, steps, tokens, logit_rows, start, end, r
     gflops = rate(matmul + attention) / 1e9
     weight_gbs = rate(wbytes * steps) / 1e9
     pct = lambda value, peak: (100.0 * value / peak) if peak else None  # noqa: E731
-    return key, {
+    return {
         "label": label,
         "sequences": sequences,
         "steps": steps,
@@ -249,8 +262,8 @@ def run_tool(argv: list[str]) -> str:
     return done.stdout
 
 
-def native_bench(args, extra: list[str]) -> list[float]:
-    """Seconds per llama-bench repetition of one test (its samples_ns)."""
+def native_bench(args, extra: list[str]) -> tuple[list[float], str]:
+    """Seconds per llama-bench repetition of one test (its samples_ns), and its build commit."""
     out = run_tool([os.path.join(args.native_bin, "llama-bench"), "-m", args.model,
                     "-t", str(args.threads), "-r", str(args.repeats), "-o", "json",
                     "-b", str(args.n_batch), "-ub", str(args.n_ubatch),
@@ -259,8 +272,7 @@ def native_bench(args, extra: list[str]) -> list[float]:
     results = json.loads(out)
     if len(results) != 1:
         sys.exit(f"llama-bench returned {len(results)} results for {extra}")
-    args.native_build = results[0].get("build_commit", "unknown")
-    return [ns / 1e9 for ns in results[0]["samples_ns"]]
+    return [ns / 1e9 for ns in results[0]["samples_ns"]], results[0].get("build_commit", "unknown")
 
 
 def native_batched(args) -> list[float]:
@@ -283,33 +295,26 @@ def native_batched(args) -> list[float]:
     return runs
 
 
-def native_phases(args, cost: Cost, wbytes: int) -> dict:
-    """The same figures, timed by llama-bench and llama-batched-bench."""
+def native_phases(args, cost: Cost, wbytes: int) -> tuple[dict, str]:
+    """The same figures, timed by llama-bench and llama-batched-bench; and llama.cpp's commit."""
     P, N, reps = args.prompt_len, args.decode_len, args.repeats
-    phases = {}
-    if "prefill" in args.only:
-        print(f"llama-bench: pp{P} x {reps}", file=sys.stderr)
-        runs = native_bench(args, ["-p", str(P), "-n", "0"])
-        k, v = phase_record("prefill", f"prefill tok/s ({P})", 1, 1, P, 1, 0, P, runs, cost, wbytes, args)
-        phases[k] = v
-    if "decode" in args.only:
-        print(f"llama-bench: tg{N} x {reps}", file=sys.stderr)
-        runs = native_bench(args, ["-p", "0", "-n", str(N)])
-        k, v = phase_record("decode", f"decode tok/s (ctx 0→{N})", 1, N, N, N, 0, N, runs, cost, wbytes, args)
-        phases[k] = v
-        print(f"llama-bench: tg{N} at depth {P} x {reps}", file=sys.stderr)
-        runs = native_bench(args, ["-p", "0", "-n", str(N), "-d", str(P)])
-        k, v = phase_record("decode_long", f"decode tok/s (ctx {P}→{P + N})", 1, N, N, N,
-                            P, P + N, runs, cost, wbytes, args)
-        phases[k] = v
+    # (figure, the --only value that selects it, llama-bench test, its flags)
+    tests = [
+        ("prefill", "prefill", f"pp{P}", ["-p", str(P), "-n", "0"]),
+        ("decode", "decode", f"tg{N}", ["-p", "0", "-n", str(N)]),
+        ("decode_long", "decode", f"tg{N} at depth {P}", ["-p", "0", "-n", str(N), "-d", str(P)]),
+    ]
+    phases, build = {}, "unknown"
+    for key, only, name, extra in tests:
+        if only in args.only:
+            print(f"llama-bench: {name} x {reps}", file=sys.stderr)
+            runs, build = native_bench(args, extra)
+            phases[key] = phase_record(key, runs, cost, wbytes, args)
     if "batched" in args.only:
         B, BP, S = args.batch, args.batch_prompt_len, args.batch_decode_steps
         print(f"llama-batched-bench: {B} sequences, ctx {BP}→{BP + S} x {reps}", file=sys.stderr)
-        runs = native_batched(args)
-        k, v = phase_record("batched", f"batched decode tok/s ({B} seqs, ctx {BP}→{BP + S})", B, S, B * S,
-                            B * S, BP, BP + S, runs, cost, wbytes, args)
-        phases[k] = v
-    return phases
+        phases["batched"] = phase_record("batched", native_batched(args), cost, wbytes, args)
+    return phases, build
 
 
 def cpu_model() -> str:
@@ -347,8 +352,9 @@ def main() -> None:
     phases = {}
     reps = args.repeats
     P, N = args.prompt_len, args.decode_len
+    native_build = None
     if args.native_bin:
-        phases = native_phases(args, cost, wbytes)
+        phases, native_build = native_phases(args, cost, wbytes)
     if args.only & {"prefill", "decode"} and not args.native_bin:
         ctx = Context(model, P + N, max(args.n_batch, P), args.n_ubatch, 1, args)
         batch = Batch(max(P, 1))
@@ -370,8 +376,7 @@ def main() -> None:
         if "prefill" in args.only:
             print(f"measuring prefill: {P} tokens x {reps} runs", file=sys.stderr)
             runs = [prefill_once() for _ in range(reps)]
-            k, v = phase_record("prefill", f"prefill tok/s ({P})", 1, 1, P, 1, 0, P, runs, cost, wbytes, args)
-            phases[k] = v
+            phases["prefill"] = phase_record("prefill", runs, cost, wbytes, args)
         if "decode" in args.only:
             if "prefill" not in args.only:
                 prefill_once()
@@ -381,16 +386,14 @@ def main() -> None:
             for _ in range(reps):
                 ctx.remove(0, P, -1)
                 runs.append(decode_run(ctx, batch, after_prompt, P, N, vocab))
-            long_record = phase_record("decode_long", f"decode tok/s (ctx {P}→{P + N})", 1, N, N, N,
-                                       P, P + N, runs, cost, wbytes, args)
+            long_record = phase_record("decode_long", runs, cost, wbytes, args)
             print(f"measuring decode: ctx 0→{N} x {reps} runs", file=sys.stderr)
             runs = []
             for _ in range(reps):
                 ctx.clear()
                 runs.append(decode_run(ctx, batch, prompt[0], 0, N, vocab))
-            k, v = phase_record("decode", f"decode tok/s (ctx 0→{N})", 1, N, N, N, 0, N, runs, cost, wbytes, args)
-            phases[k] = v
-            phases[long_record[0]] = long_record[1]
+            phases["decode"] = phase_record("decode", runs, cost, wbytes, args)
+            phases["decode_long"] = long_record
         batch.free()
         ctx.free()
 
@@ -422,16 +425,14 @@ def main() -> None:
                 ctx.decode(batch)
                 nxt = [int(t) for t in np.argmax(ctx.logits(B, vocab), axis=1)]
             runs.append(time.perf_counter() - began)
-        k, v = phase_record("batched", f"batched decode tok/s ({B} seqs, ctx {BP}→{BP + S})", B, S, B * S,
-                            B * S, BP, BP + S, runs, cost, wbytes, args)
-        phases[k] = v
+        phases["batched"] = phase_record("batched", runs, cost, wbytes, args)
         batch.free()
         ctx.free()
 
     order = ["prefill", "decode", "decode_long", "batched"]
     report = {
         "engine": "llama.cpp",
-        "version": (f"llama-bench + llama-batched-bench, llama.cpp {getattr(args, 'native_build', 'unknown')}"
+        "version": (f"llama-bench + llama-batched-bench, llama.cpp {native_build}"
                     if args.native_bin else f"llama-cpp-python {llama_cpp.__version__}"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S"),
         "model": args.model,
