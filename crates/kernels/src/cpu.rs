@@ -133,8 +133,9 @@ impl fmt::Display for CpuFeatures {
     }
 }
 
-/// Features `is_x86_feature_detected!` does not report on every supported toolchain
-/// (AVX-VNNI before Rust 1.89, AMX still unstable), read from CPUID and XCR0 directly.
+/// Features `is_x86_feature_detected!` does not report on every toolchain the workspace
+/// supports (rust-version 1.86; AMX detection is unstable even on current ones), read from
+/// CPUID and XCR0 directly.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
@@ -151,7 +152,7 @@ mod x86 {
     const XCR0_AVX: u64 = 0b110;
     const XCR0_AMX: u64 = (1 << 17) | (1 << 18);
 
-    // CPUID is a safe intrinsic from Rust 1.87 on and `unsafe` before (rust-version is 1.86).
+    // CPUID is a safe intrinsic on current toolchains and `unsafe` on rust-version 1.86.
     #[allow(unused_unsafe)]
     pub(super) fn extra_features() -> Extra {
         // SAFETY: CPUID exists on every x86_64 CPU; leaf 0 reports the highest leaf.
