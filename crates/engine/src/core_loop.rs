@@ -1,5 +1,10 @@
 //! The engine-core thread: owns the scheduler and the executor and runs
 //! schedule → execute → update while there is work, sleeping on its command channel when idle.
+//!
+//! Every request leaves through one method, `EngineLoop::finish` (length, EOS, stop token,
+//! stop string, abort, disconnect, shutdown, engine error): it frees the request's blocks and
+//! executor state, counts it once in the metrics and queues its last event. Events go out
+//! after the iteration's metrics are recorded (`flush_outbox`).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -8,15 +13,18 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use tokenmill_core::{FinishReason, Request, RequestId, Scheduler, StopParams};
+use tokenmill_core::{
+    FinishReason, Request, RequestId, RequestUpdate, Scheduler, SchedulerOutput, StopParams,
+};
 use tokenmill_metrics::{
     EngineMetrics, FinishedReason, FinishedRequestMetrics, OtlpTraceExporter, RequestSpan,
     StatsLogger, StepMetrics,
 };
+use tokenmill_models::SampledToken;
 use tokenmill_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::executor::{BanRule, Executor, NewSequence};
+use crate::executor::{BanRule, Executor, NewSequence, StepOutput};
 use crate::output::OutputProcessor;
 use crate::request::{GenerateRequest, RequestEvent, RequestOutput, StopReason, TokenLogprob};
 use crate::stats::EngineStats;
@@ -52,6 +60,113 @@ struct Active {
     prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
     times: RequestTimes,
     max_tokens_param: Option<u32>,
+}
+
+impl Active {
+    /// A delta with this request's counters; the first one also carries the prompt logprobs.
+    fn delta(
+        &mut self,
+        new_token_ids: Vec<u32>,
+        new_text: String,
+        logprobs: Vec<TokenLogprob>,
+    ) -> RequestOutput {
+        RequestOutput {
+            new_token_ids,
+            new_text,
+            logprobs,
+            prompt_logprobs: self.prompt_logprobs.take(),
+            num_prompt_tokens: self.num_prompt_tokens,
+            num_cached_tokens: self.num_cached_tokens,
+            num_output_tokens: self.num_output_tokens,
+            finish_reason: None,
+            stop_reason: None,
+        }
+    }
+
+    /// Time to first token or the gap since the previous token, and the step's token counts.
+    fn record_token_times(&mut self, step: &mut StepMetrics, new_tokens: usize, now: Instant) {
+        if new_tokens == 0 {
+            return;
+        }
+        match self.times.last_token {
+            None => {
+                step.time_to_first_tokens
+                    .push((now - self.times.arrival).as_secs_f64());
+                step.prompt_tokens += self.num_prompt_tokens as u64;
+                self.times.first_token = Some(now);
+            }
+            Some(last) => step.inter_token_latencies.push((now - last).as_secs_f64()),
+        }
+        self.times.last_token = Some(now);
+        step.generation_tokens += new_tokens as u64;
+    }
+
+    /// Detokenizes the update's tokens, stopping at the first token that completes a stop
+    /// string; when the scheduler ended the request instead, releases the held-back text.
+    fn detokenize(&mut self, update: &RequestUpdate) -> Result<Detokenized, EngineError> {
+        let mut text = String::new();
+        for &token in &update.new_token_ids {
+            self.num_output_tokens += 1;
+            let processed = self.output.push_token(token)?;
+            text.push_str(&processed.text);
+            if let Some(stop) = processed.stopped_by {
+                let finish = (FinishReason::Stop, Some(StopReason::String(stop)));
+                return Ok(Detokenized {
+                    text,
+                    finish: Some(finish),
+                });
+            }
+        }
+        let finish = match update.finish_reason {
+            Some(reason) => {
+                text.push_str(&self.output.finish()?);
+                Some((reason, update.stop_token_id.map(StopReason::Token)))
+            }
+            None => None,
+        };
+        Ok(Detokenized { text, finish })
+    }
+}
+
+/// One update's text, and what ended the request if it ended this step.
+struct Detokenized {
+    text: String,
+    finish: Option<(FinishReason, Option<StopReason>)>,
+}
+
+/// How a request leaves the engine: the data that differs between exits.
+#[derive(Debug, Clone)]
+enum Finish {
+    /// Length, EOS or stop token (the scheduler already ended it) or a stop string (ended in
+    /// the scheduler now); `last` is the step's delta, sent with the reasons set.
+    Completed {
+        reason: FinishReason,
+        stop_reason: Option<StopReason>,
+        last: RequestOutput,
+    },
+    /// Abort command, client disconnect or shutdown: a final empty delta with `abort`.
+    Abort,
+    /// The engine failed: an error event.
+    Error(String),
+}
+
+impl Finish {
+    /// The reason `Scheduler::finish_requests` records (the scheduler has no error reason).
+    fn scheduler_reason(&self) -> FinishReason {
+        match self {
+            Finish::Completed { reason, .. } => *reason,
+            Finish::Abort | Finish::Error(_) => FinishReason::Abort,
+        }
+    }
+
+    /// vLLM's `finished_reason` label.
+    fn metrics_reason(&self) -> FinishedReason {
+        match self {
+            Finish::Completed { reason, .. } => metrics_reason(*reason),
+            Finish::Abort => FinishedReason::Abort,
+            Finish::Error(_) => FinishedReason::Error,
+        }
+    }
 }
 
 /// Lifecycle timestamps of one request, for vLLM's latency metrics.
@@ -108,6 +223,16 @@ struct Counters {
     num_preemptions: u64,
 }
 
+/// What the command phase of an iteration leaves to do.
+enum CommandPhase {
+    /// Requests are in flight: run a step.
+    Work,
+    /// Nothing arrived while idle.
+    Idle,
+    /// Shutdown, or every client handle is gone.
+    Stop,
+}
+
 /// How long the idle loop waits for a command before re-checking client liveness.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 
@@ -144,64 +269,81 @@ impl<E: Executor> EngineLoop<E> {
         }
     }
 
-    /// Runs until shutdown or until every client handle is gone. A panic inside a step is
-    /// caught: in-flight requests get an error event and the engine is marked dead.
+    /// Runs until shutdown or until every client handle is gone. A failed or panicking step
+    /// is caught: in-flight requests finish with an error event and the engine is marked dead.
     pub fn run(mut self) {
         self.shared.alive.store(true, Ordering::SeqCst);
-        loop {
-            let keep_going = catch_unwind(AssertUnwindSafe(|| self.iteration()));
-            match keep_going {
+        let failure = loop {
+            match catch_unwind(AssertUnwindSafe(|| self.iteration())) {
                 Ok(Ok(true)) => {}
-                Ok(Ok(false)) => break,
+                Ok(Ok(false)) => break None,
                 Ok(Err(err)) => {
                     tracing::error!("engine step failed: {err}");
-                    self.fail_all(&format!("engine step failed: {err}"));
-                    break;
+                    break Some(format!("engine step failed: {err}"));
                 }
                 Err(panic) => {
                     let message = panic_message(panic.as_ref());
                     tracing::error!("engine thread panicked: {message}");
-                    self.fail_all(&format!("engine crashed: {message}"));
-                    break;
+                    break Some(format!("engine crashed: {message}"));
                 }
             }
-        }
+        };
+        // Requests still in flight leave through the finish path too; then the last gauges
+        // (KV usage back to 0) and events go out. Guarded: the state may be what panicked.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            if let Some(message) = failure {
+                self.finish_all(&Finish::Error(message));
+            }
+            self.publish_stats(0);
+            self.flush_outbox();
+        }));
         self.shared.alive.store(false, Ordering::SeqCst);
     }
 
-    /// One pass: take commands (blocking when idle), then run one step if there is work.
+    /// One pass: commands, disconnected clients, one step if there is work, then the step's
+    /// metrics and events.
     fn iteration(&mut self) -> Result<bool, EngineError> {
-        if self.active.is_empty() {
-            match self.commands.recv_timeout(IDLE_POLL) {
-                Ok(command) => {
-                    if !self.handle(command) {
-                        return Ok(false);
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    // Idle: still refresh gauges and let the periodic stats line fall due.
-                    self.publish_stats(0);
-                    return Ok(true);
-                }
-                Err(RecvTimeoutError::Disconnected) => return Ok(false),
+        match self.take_commands() {
+            CommandPhase::Stop => return Ok(false),
+            CommandPhase::Idle => {
+                // Still refresh gauges and let the periodic stats line fall due.
+                self.publish_stats(0);
+                return Ok(true);
             }
-        }
-        while let Ok(command) = self.commands.try_recv() {
-            if !self.handle(command) {
-                return Ok(false);
-            }
+            CommandPhase::Work => {}
         }
         self.abort_disconnected();
+        // Aborts are counted already: their final events need not wait for the step.
+        self.flush_outbox();
         let step_tokens = if self.active.is_empty() {
             0
         } else {
             self.step()?
         };
         self.publish_stats(step_tokens);
-        for (events, event) in self.outbox.drain(..) {
-            let _ = events.send(event);
-        }
+        self.flush_outbox();
         Ok(true)
+    }
+
+    /// Applies pending commands, waiting for one (at most [`IDLE_POLL`]) when idle.
+    fn take_commands(&mut self) -> CommandPhase {
+        if self.active.is_empty() {
+            match self.commands.recv_timeout(IDLE_POLL) {
+                Ok(command) => {
+                    if !self.handle(command) {
+                        return CommandPhase::Stop;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => return CommandPhase::Idle,
+                Err(RecvTimeoutError::Disconnected) => return CommandPhase::Stop,
+            }
+        }
+        while let Ok(command) = self.commands.try_recv() {
+            if !self.handle(command) {
+                return CommandPhase::Stop;
+            }
+        }
+        CommandPhase::Work
     }
 
     /// Applies one command; `false` means shut down.
@@ -212,12 +354,9 @@ impl<E: Executor> EngineLoop<E> {
                 request,
                 events,
             } => self.add(request_id, *request, events),
-            Command::Abort(request_id) => self.abort(request_id),
+            Command::Abort(request_id) => self.finish(request_id, Finish::Abort, Instant::now()),
             Command::Shutdown => {
-                let ids: Vec<RequestId> = self.active.keys().copied().collect();
-                for id in ids {
-                    self.abort(id);
-                }
+                self.finish_all(&Finish::Abort);
                 return false;
             }
         }
@@ -322,40 +461,66 @@ impl<E: Executor> EngineLoop<E> {
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
-            self.abort(id);
+            self.finish(id, Finish::Abort, Instant::now());
         }
     }
 
-    /// Aborts a request (client gone, abort command, shutdown): frees its blocks and sends a
-    /// final delta with `finish_reason: abort` and no held-back text.
-    fn abort(&mut self, request_id: RequestId) {
+    /// Ends a request, whatever ended it: the one exit path. It always frees the request's
+    /// blocks in the scheduler (a no-op when the scheduler finished the request itself), drops
+    /// the executor's state, forgets the output state, counts the request once in the metrics
+    /// and queues its final event. What differs between exits is `how`.
+    fn finish(&mut self, request_id: RequestId, how: Finish, now: Instant) {
         self.scheduler
-            .finish_requests([request_id], FinishReason::Abort);
+            .finish_requests([request_id], how.scheduler_reason());
         self.executor.remove_request(request_id);
-        if let Some(mut active) = self.active.remove(&request_id) {
-            report_finished(
-                &self.metrics,
-                self.traces.as_deref(),
-                request_id,
-                &active,
-                FinishedReason::Abort,
-                Instant::now(),
-            );
-            let _ = active.events.send(RequestEvent::Output(RequestOutput {
-                new_token_ids: Vec::new(),
-                new_text: String::new(),
-                logprobs: Vec::new(),
-                prompt_logprobs: active.prompt_logprobs.take(),
-                num_prompt_tokens: active.num_prompt_tokens,
-                num_cached_tokens: active.num_cached_tokens,
-                num_output_tokens: active.num_output_tokens,
+        let Some(mut active) = self.active.remove(&request_id) else {
+            return;
+        };
+        report_finished(
+            &self.metrics,
+            self.traces.as_deref(),
+            request_id,
+            &active,
+            how.metrics_reason(),
+            now,
+        );
+        let event = match how {
+            Finish::Completed {
+                reason,
+                stop_reason,
+                last,
+            } => RequestEvent::Output(RequestOutput {
+                finish_reason: Some(reason),
+                stop_reason,
+                ..last
+            }),
+            Finish::Abort => RequestEvent::Output(RequestOutput {
                 finish_reason: Some(FinishReason::Abort),
-                stop_reason: None,
-            }));
+                ..active.delta(Vec::new(), String::new(), Vec::new())
+            }),
+            Finish::Error(message) => RequestEvent::Error(message),
+        };
+        self.outbox.push((active.events, event));
+    }
+
+    /// Ends every request the same way (shutdown, engine failure).
+    fn finish_all(&mut self, how: &Finish) {
+        let now = Instant::now();
+        let ids: Vec<RequestId> = self.active.keys().copied().collect();
+        for id in ids {
+            self.finish(id, how.clone(), now);
         }
     }
 
-    /// Runs one schedule → execute → update step; returns the tokens it computed.
+    /// Sends the queued events. Called once the metrics they imply are recorded.
+    fn flush_outbox(&mut self) {
+        for (events, event) in self.outbox.drain(..) {
+            let _ = events.send(event);
+        }
+    }
+
+    /// One step in phases: schedule, note first scheduling, execute, update the scheduler,
+    /// gather prompt logprobs, then each request's update. Returns the tokens it computed.
     fn step(&mut self) -> Result<usize, EngineError> {
         let scheduled = self.scheduler.schedule();
         if scheduled.scheduled.is_empty() {
@@ -364,6 +529,30 @@ impl<E: Executor> EngineLoop<E> {
             std::thread::sleep(Duration::from_millis(1));
             return Ok(0);
         }
+        self.mark_scheduled(&scheduled);
+        let StepOutput {
+            sampled,
+            prompt_logprobs,
+        } = self.executor.execute(&scheduled)?;
+        let sampled_ids: Vec<(RequestId, u32)> = sampled
+            .iter()
+            .map(|(id, token)| (*id, token.token_id))
+            .collect();
+        let updates = self
+            .scheduler
+            .update_from_output(&scheduled, &sampled_ids)?;
+        let now = Instant::now();
+        self.gather_prompt_logprobs(prompt_logprobs);
+        let mut logprobs = sampled_logprobs(sampled);
+        for update in updates {
+            let logprob = logprobs.remove(&update.request_id);
+            self.process_update(update, logprob, now)?;
+        }
+        Ok(scheduled.total_num_scheduled_tokens)
+    }
+
+    /// Notes the first time each request is scheduled (queue time) and its prefix-cache hit.
+    fn mark_scheduled(&mut self, scheduled: &SchedulerOutput) {
         let scheduled_at = Instant::now();
         for request in &scheduled.scheduled {
             if let Some(active) = self.active.get_mut(&request.request_id) {
@@ -373,15 +562,11 @@ impl<E: Executor> EngineLoop<E> {
                 active.times.first_scheduled.get_or_insert(scheduled_at);
             }
         }
-        let step = self.executor.execute(&scheduled)?;
-        let sampled: Vec<(RequestId, u32)> = step
-            .sampled
-            .iter()
-            .map(|(id, token)| (*id, token.token_id))
-            .collect();
-        let updates = self.scheduler.update_from_output(&scheduled, &sampled)?;
-        let now = Instant::now();
-        for (request_id, entries) in step.prompt_logprobs {
+    }
+
+    /// Appends this step's prompt logprobs to what each request gathered so far.
+    fn gather_prompt_logprobs(&mut self, computed: Vec<(RequestId, Vec<TokenLogprob>)>) {
+        for (request_id, entries) in computed {
             if let Some(gathered) = self
                 .active
                 .get_mut(&request_id)
@@ -390,118 +575,40 @@ impl<E: Executor> EngineLoop<E> {
                 gathered.extend(entries.into_iter().map(Some));
             }
         }
-        let mut logprobs_by_request: HashMap<RequestId, TokenLogprob> = step
-            .sampled
-            .into_iter()
-            .filter_map(|(id, token)| {
-                token.logprob.map(|logprob| {
-                    (
-                        id,
-                        TokenLogprob {
-                            token_id: token.token_id,
-                            logprob,
-                            top: token.top_logprobs,
-                        },
-                    )
-                })
-            })
-            .collect();
+    }
 
-        let mut stop_string_finishes = Vec::new();
-        for update in updates {
-            let Some(active) = self.active.get_mut(&update.request_id) else {
-                continue;
-            };
-            if !update.new_token_ids.is_empty() {
-                let times = &mut active.times;
-                match times.last_token {
-                    None => {
-                        self.step_metrics
-                            .time_to_first_tokens
-                            .push((now - times.arrival).as_secs_f64());
-                        self.step_metrics.prompt_tokens += active.num_prompt_tokens as u64;
-                        times.first_token = Some(now);
-                    }
-                    Some(last) => self
-                        .step_metrics
-                        .inter_token_latencies
-                        .push((now - last).as_secs_f64()),
-                }
-                times.last_token = Some(now);
-                self.step_metrics.generation_tokens += update.new_token_ids.len() as u64;
-            }
-            let mut text = String::new();
-            let mut stopped_by = None;
-            for &token in &update.new_token_ids {
-                active.num_output_tokens += 1;
-                let processed = active.output.push_token(token)?;
-                text.push_str(&processed.text);
-                if processed.stopped_by.is_some() {
-                    stopped_by = processed.stopped_by;
-                    break;
-                }
-            }
-            let logprobs = match logprobs_by_request.remove(&update.request_id) {
-                Some(lp) if active.wants_logprobs => vec![lp],
-                _ => Vec::new(),
-            };
-            let (finish_reason, stop_reason) = match (&stopped_by, update.finish_reason) {
-                (Some(stop), _) => (
-                    Some(FinishReason::Stop),
-                    Some(StopReason::String(stop.clone())),
-                ),
-                (None, Some(reason)) => {
-                    let rest = active.output.finish()?;
-                    text.push_str(&rest);
-                    (Some(reason), update.stop_token_id.map(StopReason::Token))
-                }
-                (None, None) => (None, None),
-            };
-            self.outbox.push((
-                active.events.clone(),
-                RequestEvent::Output(RequestOutput {
-                    new_token_ids: update.new_token_ids.clone(),
-                    new_text: text,
-                    logprobs,
-                    prompt_logprobs: active.prompt_logprobs.take(),
-                    num_prompt_tokens: active.num_prompt_tokens,
-                    num_cached_tokens: active.num_cached_tokens,
-                    num_output_tokens: active.num_output_tokens,
-                    finish_reason,
+    /// One request's share of a step: timings, detokenization and stop strings, then either a
+    /// delta on its stream or, when the step ended it, the finish path.
+    fn process_update(
+        &mut self,
+        update: RequestUpdate,
+        logprob: Option<TokenLogprob>,
+        now: Instant,
+    ) -> Result<(), EngineError> {
+        let Some(active) = self.active.get_mut(&update.request_id) else {
+            return Ok(());
+        };
+        active.record_token_times(&mut self.step_metrics, update.new_token_ids.len(), now);
+        let Detokenized { text, finish } = active.detokenize(&update)?;
+        let logprobs = match logprob {
+            Some(logprob) if active.wants_logprobs => vec![logprob],
+            _ => Vec::new(),
+        };
+        let output = active.delta(update.new_token_ids, text, logprobs);
+        match finish {
+            None => self
+                .outbox
+                .push((active.events.clone(), RequestEvent::Output(output))),
+            Some((reason, stop_reason)) => {
+                let how = Finish::Completed {
+                    reason,
                     stop_reason,
-                }),
-            ));
-            if stopped_by.is_some() && update.finish_reason.is_none() {
-                stop_string_finishes.push(update.request_id);
-            } else if let Some(reason) = finish_reason {
-                self.executor.remove_request(update.request_id);
-                if let Some(active) = self.active.remove(&update.request_id) {
-                    report_finished(
-                        &self.metrics,
-                        self.traces.as_deref(),
-                        update.request_id,
-                        &active,
-                        metrics_reason(reason),
-                        now,
-                    );
-                }
+                    last: output,
+                };
+                self.finish(update.request_id, how, now);
             }
         }
-        for id in stop_string_finishes {
-            self.scheduler.finish_requests([id], FinishReason::Stop);
-            self.executor.remove_request(id);
-            if let Some(active) = self.active.remove(&id) {
-                report_finished(
-                    &self.metrics,
-                    self.traces.as_deref(),
-                    id,
-                    &active,
-                    FinishedReason::Stop,
-                    now,
-                );
-            }
-        }
-        Ok(scheduled.total_num_scheduled_tokens)
+        Ok(())
     }
 
     /// Publishes the snapshot clients read, feeds the metrics once for this iteration, and
@@ -561,21 +668,6 @@ impl<E: Executor> EngineLoop<E> {
         step.time_to_first_tokens.clear();
         step.inter_token_latencies.clear();
     }
-
-    fn fail_all(&mut self, message: &str) {
-        let now = Instant::now();
-        for (id, active) in self.active.drain() {
-            report_finished(
-                &self.metrics,
-                self.traces.as_deref(),
-                id,
-                &active,
-                FinishedReason::Error,
-                now,
-            );
-            let _ = active.events.send(RequestEvent::Error(message.to_string()));
-        }
-    }
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -586,6 +678,22 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     } else {
         "unknown panic".to_string()
     }
+}
+
+/// Each sampled token's logprob entry, by request (absent where none was computed).
+fn sampled_logprobs(sampled: Vec<(RequestId, SampledToken)>) -> HashMap<RequestId, TokenLogprob> {
+    sampled
+        .into_iter()
+        .filter_map(|(id, token)| {
+            let logprob = token.logprob?;
+            let entry = TokenLogprob {
+                token_id: token.token_id,
+                logprob,
+                top: token.top_logprobs,
+            };
+            Some((id, entry))
+        })
+        .collect()
 }
 
 fn metrics_reason(reason: FinishReason) -> FinishedReason {
@@ -655,5 +763,123 @@ fn finished_metrics(
         inference_time: seconds(times.first_scheduled, times.last_token),
         mean_time_per_output_token: (active.num_output_tokens > 1)
             .then(|| decode_time / (active.num_output_tokens - 1) as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::mpsc;
+
+    use tokenmill_core::{SchedulerConfig, SchedulingPolicy};
+    use tokenmill_gguf::GgufFile;
+    use tokenmill_metrics::MetricsConfig;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    use super::*;
+
+    /// Admits requests and fails every step, as an executor error would; records removals.
+    struct FailingExecutor {
+        removed: Arc<Mutex<Vec<RequestId>>>,
+    }
+
+    impl Executor for FailingExecutor {
+        fn add_request(&mut self, _: NewSequence<'_>) -> Result<(), EngineError> {
+            Ok(())
+        }
+
+        fn remove_request(&mut self, request_id: RequestId) {
+            if let Ok(mut removed) = self.removed.lock() {
+                removed.push(request_id);
+            }
+        }
+
+        fn execute(&mut self, _: &SchedulerOutput) -> Result<StepOutput, EngineError> {
+            Err(EngineError::Executor("out of device memory".into()))
+        }
+    }
+
+    fn tokenizer() -> Tokenizer {
+        let path = std::env::var("TOKENMILL_TEST_MODEL").map_or_else(
+            |_| {
+                let home = std::env::var("HOME").unwrap_or_default();
+                PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            },
+            PathBuf::from,
+        );
+        Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn an_engine_error_finishes_requests_through_the_one_path() {
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            max_model_len: 64,
+            block_size: 16,
+            num_blocks: 16,
+            enable_prefix_caching: true,
+            policy: SchedulingPolicy::Fcfs,
+            long_prefill_token_threshold: None,
+        })
+        .unwrap();
+        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
+            model_name: "test".into(),
+            max_model_len: 64,
+            block_size: 16,
+            num_blocks: 16,
+            enable_prefix_caching: true,
+            cache_dtype: "auto".into(),
+        }));
+        let removed = Arc::new(Mutex::new(Vec::new()));
+        let (commands_tx, commands) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let engine_loop = EngineLoop::new(LoopParts {
+            scheduler,
+            executor: FailingExecutor {
+                removed: Arc::clone(&removed),
+            },
+            tokenizer: Arc::new(tokenizer()),
+            max_model_len: 64,
+            commands,
+            shared: Arc::clone(&shared),
+            metrics: Arc::clone(&metrics),
+            log_stats_interval: None,
+            traces: None,
+        });
+        let (events, mut stream) = unbounded_channel();
+        commands_tx
+            .send(Command::Add {
+                request_id: RequestId(7),
+                request: Box::new(GenerateRequest::new(vec![504, 3575, 282, 1116, 30, 42])),
+                events,
+            })
+            .unwrap();
+        std::thread::spawn(move || engine_loop.run())
+            .join()
+            .unwrap();
+
+        match stream.blocking_recv() {
+            Some(RequestEvent::Error(message)) => {
+                assert!(message.contains("out of device memory"), "{message}");
+            }
+            other => panic!("expected an error event, got {other:?}"),
+        }
+        assert_eq!(stream.blocking_recv(), None);
+        assert_eq!(*removed.lock().unwrap(), vec![RequestId(7)]);
+        let stats = shared.stats.lock().unwrap().clone();
+        assert_eq!(stats.kv_cache_usage, 0.0, "{stats:?}");
+        assert_eq!(stats.num_running + stats.num_waiting, 0, "{stats:?}");
+        assert!(!shared.alive.load(Ordering::SeqCst));
+        let text = metrics.encode().unwrap();
+        let finished: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("vllm:request_success_total{") && !l.ends_with(" 0"))
+            .collect();
+        assert_eq!(finished.len(), 1, "{finished:?}");
+        assert!(
+            finished[0].contains("finished_reason=\"error\"") && finished[0].ends_with(" 1"),
+            "{finished:?}"
+        );
     }
 }

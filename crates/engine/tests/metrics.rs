@@ -6,37 +6,8 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-
-use common::{config, greedy, prompts, run_all, wait_idle};
+use common::{config, greedy, prompts, run_all, samples, value, wait_idle};
 use tokenmill_engine::{Engine, RequestEvent};
-
-/// `name{labels}` → value, from the Prometheus text exposition.
-fn samples(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (key, value) = l.rsplit_once(' ')?;
-            Some((key.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn value(samples: &BTreeMap<String, f64>, name: &str, extra_label: Option<(&str, &str)>) -> f64 {
-    samples
-        .iter()
-        .find(|(key, _)| {
-            let Some((metric, labels)) = key.split_once('{') else {
-                return key.as_str() == name;
-            };
-            metric == name
-                && labels.contains("model_name=\"tm-test\"")
-                && labels.contains("engine=\"0\"")
-                && extra_label.is_none_or(|(k, v)| labels.contains(&format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| *v)
-        .unwrap_or_else(|| panic!("no sample {name} {extra_label:?}"))
-}
 
 #[test]
 fn a_known_workload_gives_exact_metrics() {

@@ -38,6 +38,16 @@ impl Bytes {
     }
 }
 
+/// Memory-maps a model file read-only: the workspace's one `unsafe` outside the kernels
+/// (`unsafe_code` is denied everywhere else; ARCHITECTURE.md invariant 6).
+#[allow(unsafe_code)]
+fn map_read_only(file: &File) -> std::io::Result<Mmap> {
+    // SAFETY: the map is read-only and private to this process. Model files are not expected
+    // to be modified while a server has them open; if one is truncated underneath us the
+    // process gets SIGBUS, the same contract llama.cpp and safetensors loaders have.
+    unsafe { Mmap::map(file) }
+}
+
 impl GgufFile {
     /// Opens and memory-maps `path`, parsing the header. Tensor bytes are not read until asked.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
@@ -46,10 +56,7 @@ impl GgufFile {
             source,
         };
         let file = File::open(path).map_err(io_err)?;
-        // SAFETY: the map is read-only and private to this process. Model files are not
-        // expected to be modified while a server has them open; if one is truncated underneath
-        // us the process gets SIGBUS, the same contract llama.cpp and safetensors loaders have.
-        let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        let map = map_read_only(&file).map_err(io_err)?;
         Self::parse(Bytes::Mapped(map))
     }
 

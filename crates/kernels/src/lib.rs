@@ -37,6 +37,9 @@
 //!   ([`AttentionSeq`]) described by [`AttentionParams`]; [`reference_attention`] is the naive
 //!   materialized-softmax reference. Rows of `out` not covered by any sequence are left as
 //!   they were.
+//! - [`CpuFeatures`]: the CPU's features, detected once per process; every kernel family
+//!   derives its path (AVX2 or scalar) from it, and [`CpuFeatures::summary`] names them in one
+//!   line for logs and bench reports.
 //! - Machine peaks for benchmark reports: [`fma_peak_gflops`] (register-resident AVX2 FMA loop)
 //!   and [`read_bandwidth_gbs`] (multi-threaded streaming read).
 //!
@@ -68,9 +71,12 @@
 //! not depend on the other sequences in the batch. This is what lets the engine promise that a
 //! request's output does not depend on what it was batched with.
 
+// The workspace denies `unsafe_code`; this crate is where SIMD intrinsics and the pool's job
+// hand-off live, each block with its `// SAFETY:` note (ARCHITECTURE.md invariant 6).
 #![allow(unsafe_code)]
 
 mod attention;
+mod cpu;
 mod dtype;
 mod elementwise;
 mod kv_dtype;
@@ -86,6 +92,7 @@ mod test_util;
 pub use attention::{
     paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
 };
+pub use cpu::CpuFeatures;
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, rms_norm, silu_mul, softmax_inplace};
 pub use kv_dtype::{

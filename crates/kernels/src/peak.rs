@@ -5,6 +5,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use crate::cpu::CpuFeatures;
+
 /// Independent accumulator registers of the FMA loop: enough to cover FMA latency (4-5
 /// cycles) times two FMA pipes on current x86 cores, few enough to stay in 16 registers.
 const ACCUMULATORS: usize = 12;
@@ -99,21 +101,31 @@ fn run_fma_for(kernel: FmaKernel, duration: Duration, seed: f32) -> usize {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FmaKernel {
+pub(crate) enum FmaKernel {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
 }
 
-impl FmaKernel {
-    fn detect() -> FmaKernel {
+impl From<&CpuFeatures> for FmaKernel {
+    fn from(features: &CpuFeatures) -> FmaKernel {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            let usable = features.usable();
+            if usable.avx2 && usable.fma {
                 return FmaKernel::Avx2;
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = features;
         FmaKernel::Scalar
+    }
+}
+
+impl FmaKernel {
+    /// The path for this process's [`CpuFeatures`].
+    fn detect() -> FmaKernel {
+        FmaKernel::from(CpuFeatures::get())
     }
 
     /// FLOPs of one loop iteration: one multiply-add (2 FLOPs) per lane per accumulator.

@@ -15,6 +15,8 @@
 //! feeds all their accumulators. Every pair still goes through exactly its own operations, so
 //! the grouping never changes its bits (a test checks this against the per-pair path).
 
+use crate::cpu::CpuFeatures;
+
 /// Most keys one online-softmax step handles; cache blocks larger than this are walked in
 /// tiles of this many keys.
 pub(crate) const TILE: usize = 16;
@@ -22,7 +24,7 @@ pub(crate) const TILE: usize = 16;
 /// Most (row, head) pairs one [`VectorOps::attend_group`] call folds a tile into.
 pub(crate) const GROUP: usize = 3;
 
-/// The vector primitives available on this CPU, detected once per use site.
+/// The vector primitives this CPU runs: AVX2 with FMA, or scalar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum VectorOps {
     Scalar,
@@ -31,13 +33,23 @@ pub(crate) enum VectorOps {
 }
 
 impl VectorOps {
+    /// The path for this process's [`CpuFeatures`].
     pub(crate) fn detect() -> VectorOps {
+        VectorOps::from(CpuFeatures::get())
+    }
+}
+
+impl From<&CpuFeatures> for VectorOps {
+    fn from(features: &CpuFeatures) -> VectorOps {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            let usable = features.usable();
+            if usable.avx2 && usable.fma {
                 return VectorOps::Avx2;
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = features;
         VectorOps::Scalar
     }
 }

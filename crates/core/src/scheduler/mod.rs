@@ -123,7 +123,6 @@ pub struct Scheduler {
     waiting: WaitingQueue,
     /// Admission order; FCFS preempts from the back.
     running: Vec<RequestId>,
-    finished_since_last_step: Vec<RequestId>,
     step: u64,
     pending_step: Option<u64>,
     num_preemptions: u64,
@@ -139,7 +138,6 @@ impl Scheduler {
             requests: HashMap::new(),
             waiting: WaitingQueue::new(config.policy),
             running: Vec::new(),
-            finished_since_last_step: Vec::new(),
             step: 0,
             pending_step: None,
             num_preemptions: 0,
@@ -297,7 +295,6 @@ impl Scheduler {
             step: self.step,
             scheduled,
             preempted_request_ids: preempted,
-            finished_request_ids: std::mem::take(&mut self.finished_since_last_step),
             total_num_scheduled_tokens,
         }
     }
@@ -519,7 +516,6 @@ impl Scheduler {
     fn release(&mut self, request_id: RequestId) {
         self.kv.free(request_id);
         self.requests.remove(&request_id);
-        self.finished_since_last_step.push(request_id);
     }
 
     /// Ends requests from outside the step loop: abort, client disconnect, or a stop string

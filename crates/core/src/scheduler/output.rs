@@ -42,10 +42,11 @@ pub struct SchedulerOutput {
     pub step: u64,
     /// Running requests first (in running order), then the ones admitted this step.
     pub scheduled: Vec<ScheduledRequest>,
-    /// Requests preempted this step; their KV is gone and they wait to be recomputed.
+    /// Requests preempted this step; their KV is gone and they wait to be recomputed. For
+    /// observers (tests, logs): an executor need not act on it, since a preempted request keeps
+    /// its sampling state and returns as [`ScheduleKind::Resumed`]. Finished requests are not
+    /// listed here: the engine's finish path tells the executor itself (`remove_request`).
     pub preempted_request_ids: Vec<RequestId>,
-    /// Requests that finished (any reason) since the previous step; executors drop their state.
-    pub finished_request_ids: Vec<RequestId>,
     /// Sum of `token_ids.len()` over `scheduled`; never above `max_num_batched_tokens`.
     pub total_num_scheduled_tokens: usize,
 }

@@ -113,9 +113,9 @@ fn prefill_then_decode_until_length() {
     assert_eq!(updates[0].num_output_tokens, 3);
     assert!(!scheduler.has_unfinished_requests());
     assert_eq!(scheduler.stats().kv_cache_usage, 0.0);
+    assert_eq!(scheduler.request_token_ids(RequestId(1)), None);
     let output = scheduler.schedule();
     assert!(output.is_empty());
-    assert_eq!(output.finished_request_ids, vec![RequestId(1)]);
 }
 
 #[test]
@@ -365,11 +365,9 @@ fn abort_frees_waiting_and_running_requests() {
     assert!(!scheduler.has_unfinished_requests());
     assert_eq!(scheduler.num_waiting(), 0);
     assert_eq!(scheduler.kv_cache_manager().num_used_blocks(), 0);
-    let output = scheduler.schedule();
-    assert_eq!(
-        output.finished_request_ids,
-        vec![RequestId(2), RequestId(1)]
-    );
+    assert_eq!(scheduler.request_token_ids(RequestId(1)), None);
+    assert_eq!(scheduler.request_token_ids(RequestId(2)), None);
+    assert!(scheduler.schedule().is_empty());
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -118,4 +119,36 @@ pub fn prompts(count: usize, seed: u64) -> Vec<Vec<u32>> {
             (0..len).map(|_| 300 + next() % 19_700).collect()
         })
         .collect()
+}
+
+/// `name{labels}` → value, from the Prometheus text exposition.
+pub fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            Some((key.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sample `name` of the engine served as `tm-test`, with `extra_label` when given.
+pub fn value(
+    samples: &BTreeMap<String, f64>,
+    name: &str,
+    extra_label: Option<(&str, &str)>,
+) -> f64 {
+    samples
+        .iter()
+        .find(|(key, _)| {
+            let Some((metric, labels)) = key.split_once('{') else {
+                return key.as_str() == name;
+            };
+            metric == name
+                && labels.contains("model_name=\"tm-test\"")
+                && labels.contains("engine=\"0\"")
+                && extra_label.is_none_or(|(k, v)| labels.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no sample {name} {extra_label:?}"))
 }

@@ -20,6 +20,7 @@ mod avx2;
 #[cfg(test)]
 mod tests;
 
+use crate::cpu::CpuFeatures;
 use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 /// The element type K and V are stored in.
@@ -359,15 +360,25 @@ pub(crate) enum KvCodec {
     Avx2,
 }
 
-impl KvCodec {
-    pub(crate) fn detect() -> KvCodec {
+impl From<&CpuFeatures> for KvCodec {
+    fn from(features: &CpuFeatures) -> KvCodec {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+            let usable = features.usable();
+            if usable.avx2 && usable.f16c {
                 return KvCodec::Avx2;
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = features;
         KvCodec::Scalar
+    }
+}
+
+impl KvCodec {
+    /// The path for this process's [`CpuFeatures`].
+    pub(crate) fn detect() -> KvCodec {
+        KvCodec::from(CpuFeatures::get())
     }
 
     /// Converts `min(values.len(), out.len())` elements.

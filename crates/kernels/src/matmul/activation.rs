@@ -113,8 +113,8 @@ fn quantize_blocks(
     quant_sums: &mut [i32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was just detected.
+    if crate::cpu::CpuFeatures::get().avx2 {
+        // SAFETY: AVX2 was detected.
         unsafe { avx2::quantize_blocks(x, quants, scales, block_sums, quant_sums) };
         return;
     }

@@ -20,6 +20,7 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 
+use crate::cpu::CpuFeatures;
 use crate::dtype::DType;
 use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::{dequantize, read_f16, QK_K};
@@ -70,7 +71,7 @@ impl MatmulScratch {
     }
 }
 
-/// Which kernel family runs: picked once per call from CPU features.
+/// Which kernel family runs: AVX2 (with FMA and F16C) or scalar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
     Scalar,
@@ -79,16 +80,23 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
+    /// The path for this process's [`CpuFeatures`].
     pub(crate) fn detect() -> Isa {
+        Isa::from(CpuFeatures::get())
+    }
+}
+
+impl From<&CpuFeatures> for Isa {
+    fn from(features: &CpuFeatures) -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("fma")
-                && std::is_x86_feature_detected!("f16c")
-            {
+            let usable = features.usable();
+            if usable.avx2 && usable.fma && usable.f16c {
                 return Isa::Avx2;
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = features;
         Isa::Scalar
     }
 }

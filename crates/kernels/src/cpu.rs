@@ -1,0 +1,285 @@
+//! The one CPU-feature detection every kernel family derives its code path from.
+//!
+//! Features are read once per process and cached; each family (matmul's `Isa`, attention's
+//! `VectorOps`, the KV cache's `KvCodec`, the peak probe's `FmaKernel`) maps them to the path it
+//! runs with a `From<&CpuFeatures>`, so tests can build the scalar twin from
+//! [`CpuFeatures::NONE`] and the SIMD one from [`CpuFeatures::get`] side by side.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+/// x86 features of this CPU that the kernels use (`avx2`, `fma`, `f16c`) or may use next
+/// (the AVX-512, VNNI and AMX fields are detected and reported, not yet used). Each is true
+/// only when both the CPU and the OS support it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuFeatures {
+    /// 256-bit integer and float vectors.
+    pub avx2: bool,
+    /// Fused multiply-add on 256-bit float vectors.
+    pub fma: bool,
+    /// f16 ↔ f32 vector conversions.
+    pub f16c: bool,
+    /// AVX-512 foundation (512-bit vectors, mask registers).
+    pub avx512f: bool,
+    /// AVX-512 byte and word integer instructions.
+    pub avx512bw: bool,
+    /// AVX-512 VNNI: int8 dot products accumulating into int32 (`vpdpbusd`).
+    pub avx512vnni: bool,
+    /// The same dot products on 256-bit vectors without AVX-512 (AVX-VNNI).
+    pub avxvnni: bool,
+    /// AMX int8 tile multiplies (`tdpbssd`). Linux additionally wants a per-process permission
+    /// request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`) before the first tile instruction.
+    pub amx_int8: bool,
+    /// AMX tile registers and their configuration.
+    pub amx_tile: bool,
+}
+
+impl CpuFeatures {
+    /// No features: every family takes its scalar path (tests' reference twin).
+    pub const NONE: CpuFeatures = CpuFeatures {
+        avx2: false,
+        fma: false,
+        f16c: false,
+        avx512f: false,
+        avx512bw: false,
+        avx512vnni: false,
+        avxvnni: false,
+        amx_int8: false,
+        amx_tile: false,
+    };
+
+    /// This CPU's features, detected on first use and cached for the process.
+    pub fn get() -> &'static CpuFeatures {
+        static FEATURES: OnceLock<CpuFeatures> = OnceLock::new();
+        FEATURES.get_or_init(CpuFeatures::detect)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn detect() -> CpuFeatures {
+        let extra = x86::extra_features();
+        CpuFeatures {
+            avx2: std::is_x86_feature_detected!("avx2"),
+            fma: std::is_x86_feature_detected!("fma"),
+            f16c: std::is_x86_feature_detected!("f16c"),
+            avx512f: std::is_x86_feature_detected!("avx512f"),
+            avx512bw: std::is_x86_feature_detected!("avx512bw"),
+            avx512vnni: std::is_x86_feature_detected!("avx512vnni"),
+            avxvnni: extra.avxvnni,
+            amx_int8: extra.amx_int8,
+            amx_tile: extra.amx_tile,
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn detect() -> CpuFeatures {
+        CpuFeatures::NONE
+    }
+
+    /// The features both `self` and this CPU have. Every family maps this, not the value it
+    /// was given, so a path chosen from a hand-made `CpuFeatures` (a test asking for the SIMD
+    /// twin) never runs an instruction the CPU lacks: that is what the kernels' `SAFETY`
+    /// notes rely on.
+    pub(crate) fn usable(&self) -> CpuFeatures {
+        let cpu = CpuFeatures::get();
+        CpuFeatures {
+            avx2: self.avx2 && cpu.avx2,
+            fma: self.fma && cpu.fma,
+            f16c: self.f16c && cpu.f16c,
+            avx512f: self.avx512f && cpu.avx512f,
+            avx512bw: self.avx512bw && cpu.avx512bw,
+            avx512vnni: self.avx512vnni && cpu.avx512vnni,
+            avxvnni: self.avxvnni && cpu.avxvnni,
+            amx_int8: self.amx_int8 && cpu.amx_int8,
+            amx_tile: self.amx_tile && cpu.amx_tile,
+        }
+    }
+
+    /// One line for logs and bench headers, e.g. `avx2 fma f16c (kernels: AVX2)`.
+    pub fn summary(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for CpuFeatures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let named = [
+            (self.avx2, "avx2"),
+            (self.fma, "fma"),
+            (self.f16c, "f16c"),
+            (self.avx512f, "avx512f"),
+            (self.avx512bw, "avx512bw"),
+            (self.avx512vnni, "avx512vnni"),
+            (self.avxvnni, "avxvnni"),
+            (self.amx_int8, "amx_int8"),
+            (self.amx_tile, "amx_tile"),
+        ];
+        let mut any = false;
+        for (_, name) in named.iter().filter(|(present, _)| *present) {
+            if any {
+                f.write_str(" ")?;
+            }
+            f.write_str(name)?;
+            any = true;
+        }
+        if !any {
+            f.write_str("no SIMD features")?;
+        }
+        let kernels = if self.avx2 && self.fma && self.f16c {
+            "AVX2"
+        } else {
+            "scalar"
+        };
+        write!(f, " (kernels: {kernels})")
+    }
+}
+
+/// Features `is_x86_feature_detected!` does not report on every toolchain the workspace
+/// supports (rust-version 1.86; AMX detection is unstable even on current ones), read from
+/// CPUID and XCR0 directly.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+
+    #[derive(Debug, Default)]
+    pub(super) struct Extra {
+        pub(super) avxvnni: bool,
+        pub(super) amx_int8: bool,
+        pub(super) amx_tile: bool,
+    }
+
+    /// XCR0 bits the OS sets when it saves the register state: SSE and AVX (YMM), and AMX's
+    /// tile configuration and tile data.
+    const XCR0_AVX: u64 = 0b110;
+    const XCR0_AMX: u64 = (1 << 17) | (1 << 18);
+
+    // CPUID is a safe intrinsic on current toolchains and `unsafe` on rust-version 1.86.
+    #[allow(unused_unsafe)]
+    pub(super) fn extra_features() -> Extra {
+        // SAFETY: CPUID exists on every x86_64 CPU; leaf 0 reports the highest leaf.
+        let max_leaf = unsafe { __cpuid(0) }.eax;
+        if max_leaf < 7 {
+            return Extra::default();
+        }
+        // SAFETY: leaf 1 exists (max_leaf >= 7).
+        let osxsave = unsafe { __cpuid(1) }.ecx & (1 << 27) != 0;
+        if !osxsave {
+            return Extra::default();
+        }
+        // SAFETY: OSXSAVE is set, so XGETBV is enabled and the `xsave` feature is present.
+        let xcr0 = unsafe { read_xcr0() };
+        // SAFETY: leaf 7 exists (max_leaf >= 7); sub-leaf 1 reads as zeros where unsupported.
+        let (leaf7, leaf7_1) = unsafe { (__cpuid_count(7, 0), __cpuid_count(7, 1)) };
+        let os_amx = xcr0 & XCR0_AMX == XCR0_AMX;
+        Extra {
+            avxvnni: xcr0 & XCR0_AVX == XCR0_AVX && leaf7_1.eax & (1 << 4) != 0,
+            amx_tile: os_amx && leaf7.edx & (1 << 24) != 0,
+            amx_int8: os_amx && leaf7.edx & (1 << 25) != 0,
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support XSAVE with OSXSAVE set (CPUID.1:ECX bit 27).
+    #[target_feature(enable = "xsave")]
+    unsafe fn read_xcr0() -> u64 {
+        // SAFETY: the caller checked OSXSAVE; register 0 (XCR0) always exists then.
+        unsafe { _xgetbv(0) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_is_cached_and_described() {
+        let features = CpuFeatures::get();
+        assert!(std::ptr::eq(features, CpuFeatures::get()));
+        let summary = features.summary();
+        eprintln!("CPU features: {summary}");
+        assert!(summary.ends_with("(kernels: AVX2)") || summary.ends_with("(kernels: scalar)"));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(features.avx2, std::is_x86_feature_detected!("avx2"));
+    }
+
+    /// Every family derives its path from one `CpuFeatures`: none gives the scalar twins, the
+    /// detected set gives the SIMD paths exactly where the CPU has their features.
+    #[test]
+    fn every_family_follows_the_features() {
+        use crate::kv_dtype::KvCodec;
+        use crate::matmul::Isa;
+        use crate::peak::FmaKernel;
+        use crate::simd::VectorOps;
+
+        let none = &CpuFeatures::NONE;
+        assert_eq!(Isa::from(none), Isa::Scalar);
+        assert_eq!(VectorOps::from(none), VectorOps::Scalar);
+        assert_eq!(KvCodec::from(none), KvCodec::Scalar);
+        assert_eq!(FmaKernel::from(none), FmaKernel::Scalar);
+
+        let cpu = CpuFeatures::get();
+        let simd = [
+            (
+                "matmul",
+                Isa::from(cpu) != Isa::Scalar,
+                cpu.avx2 && cpu.fma && cpu.f16c,
+            ),
+            (
+                "attention",
+                VectorOps::from(cpu) != VectorOps::Scalar,
+                cpu.avx2 && cpu.fma,
+            ),
+            (
+                "kv codec",
+                KvCodec::from(cpu) != KvCodec::Scalar,
+                cpu.avx2 && cpu.f16c,
+            ),
+            (
+                "fma peak",
+                FmaKernel::from(cpu) != FmaKernel::Scalar,
+                cpu.avx2 && cpu.fma,
+            ),
+        ];
+        for (family, vectorized, expected) in simd {
+            assert_eq!(
+                vectorized,
+                cfg!(target_arch = "x86_64") && expected,
+                "{family}"
+            );
+            if !vectorized {
+                eprintln!("{family}: no SIMD path on this CPU, only the scalar one is tested");
+            }
+        }
+        assert_eq!(Isa::detect(), Isa::from(cpu));
+    }
+
+    #[test]
+    fn asking_for_features_the_cpu_lacks_gets_only_what_it_has() {
+        let everything = CpuFeatures {
+            avx2: true,
+            fma: true,
+            f16c: true,
+            avx512f: true,
+            avx512bw: true,
+            avx512vnni: true,
+            avxvnni: true,
+            amx_int8: true,
+            amx_tile: true,
+        };
+        assert_eq!(everything.usable(), *CpuFeatures::get());
+        assert_eq!(CpuFeatures::NONE.usable(), CpuFeatures::NONE);
+    }
+
+    #[test]
+    fn no_features_reads_as_scalar() {
+        assert_eq!(
+            CpuFeatures::NONE.summary(),
+            "no SIMD features (kernels: scalar)"
+        );
+        let partial = CpuFeatures {
+            avx2: true,
+            fma: true,
+            ..CpuFeatures::NONE
+        };
+        assert_eq!(partial.summary(), "avx2 fma (kernels: scalar)");
+    }
+}
