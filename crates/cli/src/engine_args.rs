@@ -1,7 +1,5 @@
 //! Engine flags shared by `serve` and `generate`, with vLLM's names.
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use tokenmill_core::SchedulingPolicy;
@@ -63,7 +61,7 @@ impl EngineArgs {
     pub fn to_config(&self) -> anyhow::Result<EngineConfig> {
         let source = tokenmill_models::resolve_model(self.model.as_deref())
             .context("cannot resolve the model")?;
-        let mut config = EngineConfig::new(PathBuf::from(source.path()));
+        let mut config = EngineConfig::new(source);
         config.chat_template = self.chat_template.clone();
         config.num_threads = self.threads;
         if let Some(bytes) = self.kv_cache_memory {

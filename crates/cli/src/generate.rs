@@ -59,7 +59,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     eprintln!(
         "loaded {} in {:.2} s",
-        config.model_path.display(),
+        config.model.path().display(),
         load_time.as_secs_f64()
     );
     match (&args.prompt, &args.input, &args.output) {

@@ -1,11 +1,12 @@
 //! `tokenmill serve [MODEL]`: the OpenAI-compatible server.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use tokenmill_engine::Engine;
+use tokenmill_models::ModelSource;
 use tokenmill_protocol::SamplingDefaults;
 use tokenmill_server::{ServerConfig, TlsConfig};
 
@@ -116,7 +117,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.enable_log_requests = args.enable_log_requests;
     server.max_log_len = args.max_log_len;
     server.disable_access_log_for_endpoints = args.disable_access_log_for_endpoints.clone();
-    server.sampling_defaults = generation_defaults(&args.generation_config, &config.model_path)?;
+    server.sampling_defaults = generation_defaults(&args.generation_config, &config.model)?;
 
     let engine = Engine::start(&config)?;
     for line in engine.capacity().log_lines() {
@@ -127,12 +128,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// vLLM's `--generation-config`: default sampling parameters from a generation_config.json.
-fn generation_defaults(setting: &str, model_path: &Path) -> anyhow::Result<SamplingDefaults> {
-    let folder = match setting {
-        "vllm" => return Ok(SamplingDefaults::default()),
-        "auto" if model_path.is_dir() => model_path.to_path_buf(),
-        "auto" => return Ok(SamplingDefaults::default()),
-        folder => PathBuf::from(folder),
+fn generation_defaults(setting: &str, model: &ModelSource) -> anyhow::Result<SamplingDefaults> {
+    let folder = match (setting, model) {
+        ("vllm", _) => return Ok(SamplingDefaults::default()),
+        ("auto", ModelSource::HfDirectory(dir)) => dir.clone(),
+        ("auto", ModelSource::Gguf(_)) => return Ok(SamplingDefaults::default()),
+        (folder, _) => PathBuf::from(folder),
     };
     let file = folder.join("generation_config.json");
     if !file.exists() {

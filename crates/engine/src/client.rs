@@ -9,8 +9,7 @@ use std::time::Duration;
 use tokenmill_metrics::{EngineMetrics, MetricsConfig, OtlpConfig, OtlpTraceExporter};
 
 use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig};
-use tokenmill_gguf::GgufFile;
-use tokenmill_models::{KvCacheStorage, ModelConfig};
+use tokenmill_models::{kv_layout, read_model_config, KvCacheStorage};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
@@ -41,14 +40,14 @@ impl Engine {
     /// Loads the model, sizes the KV pool from the budget, and starts the engine thread.
     pub fn start(config: &EngineConfig) -> Result<Engine, EngineError> {
         let loaded = Arc::new(LoadedModel::load(
-            &config.model_path,
+            &config.model,
             config.chat_template.as_deref(),
             config.num_threads,
         )?);
         let model_config = loaded.config().clone();
         let kv_dtype = config.kv_cache_dtype.storage();
         let bytes_per_block =
-            KvCacheStorage::bytes_per_block(&model_config, config.block_size, kv_dtype);
+            KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
         let kv_bytes = config.kv_cache_bytes();
         let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
         let pool_tokens = capacity::kv_cache_size_tokens(num_blocks, config.block_size);
@@ -120,15 +119,9 @@ impl Engine {
 
     /// Bytes one KV block takes for `config`'s model, read from its metadata only.
     pub fn bytes_per_block_for(config: &EngineConfig) -> Result<usize, EngineError> {
-        let path = &config.model_path;
-        let model_config = if path.is_dir() {
-            ModelConfig::from_hf_config_file(&path.join("config.json"))?
-        } else {
-            let file = GgufFile::open(path).map_err(|e| EngineError::Config(e.to_string()))?;
-            ModelConfig::from_gguf(&file)?
-        };
+        let model_config = read_model_config(&config.model)?;
         Ok(KvCacheStorage::bytes_per_block(
-            &model_config,
+            &kv_layout(&model_config),
             config.block_size,
             config.kv_cache_dtype.storage(),
         ))
@@ -356,7 +349,8 @@ mod tests {
 
     #[test]
     fn a_panicking_step_fails_in_flight_requests_and_marks_the_engine_dead() {
-        let loaded = Arc::new(LoadedModel::load(&model_path(), None, Some(1)).unwrap());
+        let source = tokenmill_models::ModelSource::from_path(model_path());
+        let loaded = Arc::new(LoadedModel::load(&source, None, Some(1)).unwrap());
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: 64,
             max_num_seqs: 4,

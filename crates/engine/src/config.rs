@@ -1,10 +1,9 @@
 //! Engine configuration: what `serve` and `generate` flags turn into.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokenmill_core::SchedulingPolicy;
-use tokenmill_models::CacheDtype;
+use tokenmill_models::{CacheDtype, ModelSource};
 
 /// How much memory the KV cache gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,8 +22,9 @@ pub const DEFAULT_KV_CAP_BYTES: u64 = 4 << 30;
 /// Everything the engine is built from.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// A resolved model file or directory (see `tokenmill_models::resolve_model`).
-    pub model_path: PathBuf,
+    /// The resolved model (see `tokenmill_models::resolve_model`, or
+    /// `ModelSource::from_path` for a known local path).
+    pub model: ModelSource,
     /// A chat template overriding the model's (file path or inline template).
     pub chat_template: Option<String>,
     /// Compute threads; `None` = all cores.
@@ -49,10 +49,10 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// CPU-tuned defaults for `model_path`.
-    pub fn new(model_path: PathBuf) -> EngineConfig {
+    /// CPU-tuned defaults for `model`.
+    pub fn new(model: ModelSource) -> EngineConfig {
         EngineConfig {
-            model_path,
+            model,
             chat_template: None,
             num_threads: None,
             kv_cache: KvCacheSizing::FractionOfAvailable(DEFAULT_KV_FRACTION),

@@ -2,14 +2,14 @@
 //! the model once, and samples each sequence that needs a token.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokenmill_core::{RequestId, SchedulerOutput};
 use tokenmill_gguf::GgufFile;
+use tokenmill_kernels::ThreadPool;
 use tokenmill_models::{
-    BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelConfig, SampledToken,
-    Sampler, SamplingContext, Workspace,
+    load_gguf_model, load_model, BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LoadOptions,
+    ModelConfig, ModelError, ModelSource, SampledToken, Sampler, SamplingContext, Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -17,11 +17,13 @@ use crate::executor::{BanRule, Executor, NewSequence, StepOutput};
 use crate::request::TokenLogprob;
 use crate::EngineError;
 
-/// A model with its tokenizer and chat template, loaded once and shared.
+/// A model with its tokenizer, chat template and compute pool, loaded once and shared.
 pub struct LoadedModel {
-    /// Where the model was loaded from (reported as the model card's `root`).
-    pub path: PathBuf,
-    pub model: LlamaModel,
+    /// Where the model was loaded from (its path is the model card's `root`).
+    pub source: ModelSource,
+    pub model: Box<dyn CausalLm>,
+    /// The threads the forward pass and the per-sequence sampling run on.
+    pub pool: ThreadPool,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Arc<ChatTemplate>,
 }
@@ -35,27 +37,24 @@ impl std::fmt::Debug for LoadedModel {
 }
 
 impl LoadedModel {
-    /// Loads weights, tokenizer and chat template from a GGUF file or an HF directory.
+    /// Loads weights, tokenizer and chat template from a GGUF file (opened once for both) or
+    /// an HF directory, and starts a pool of `num_threads` threads (`None` = all cores).
     /// `chat_template` overrides the model's template (a file path or an inline template).
     pub fn load(
-        path: &Path,
+        source: &ModelSource,
         chat_template: Option<&str>,
         num_threads: Option<usize>,
     ) -> Result<LoadedModel, EngineError> {
-        let mut options = LoadOptions::default();
-        if let Some(threads) = num_threads {
-            options.num_threads = threads.max(1);
-        }
-        let model = if path.is_dir() {
-            LlamaModel::load_hf_directory(path, &options)?
-        } else {
-            LlamaModel::load_gguf(path, &options)?
-        };
-        let mut tokenizer = if path.is_dir() {
-            Tokenizer::from_hf_dir(path)?
-        } else {
-            let file = GgufFile::open(path).map_err(|e| EngineError::Config(e.to_string()))?;
-            Tokenizer::from_gguf(&file)?
+        let options = LoadOptions::default();
+        let (model, mut tokenizer) = match source {
+            ModelSource::Gguf(path) => {
+                let file = GgufFile::open(path).map_err(ModelError::from)?;
+                let model = load_gguf_model(&file, &options)?;
+                (model, Tokenizer::from_gguf(&file)?)
+            }
+            ModelSource::HfDirectory(dir) => {
+                (load_model(source, &options)?, Tokenizer::from_hf_dir(dir)?)
+            }
         };
         // The model's own template, or ChatML when it ships none.
         let template = match chat_template {
@@ -64,8 +63,9 @@ impl LoadedModel {
         };
         tokenizer.register_chat_template_end_tokens(template.source());
         Ok(LoadedModel {
-            path: path.to_path_buf(),
+            source: source.clone(),
             model,
+            pool: num_threads.map_or_else(ThreadPool::default, ThreadPool::new),
             tokenizer: Arc::new(tokenizer),
             chat_template: Arc::new(template),
         })
@@ -98,7 +98,7 @@ enum LogitsRow {
     Prompt(RequestId, usize),
 }
 
-/// Runs [`SchedulerOutput`]s through a [`LlamaModel`] over a paged [`KvCacheStorage`].
+/// Runs [`SchedulerOutput`]s through a [`CausalLm`] over a paged [`KvCacheStorage`].
 pub struct ModelRunner {
     loaded: Arc<LoadedModel>,
     kv_cache: KvCacheStorage,
@@ -118,7 +118,7 @@ impl ModelRunner {
         kv_dtype: KvCacheDType,
     ) -> ModelRunner {
         let kv_cache =
-            KvCacheStorage::with_dtype(loaded.config(), num_blocks, block_size, kv_dtype);
+            KvCacheStorage::with_dtype(loaded.model.kv_layout(), num_blocks, block_size, kv_dtype);
         ModelRunner {
             loaded,
             kv_cache,
@@ -190,6 +190,7 @@ impl Executor for ModelRunner {
             return Ok(StepOutput::default());
         }
         self.loaded.model.forward(
+            &self.loaded.pool,
             &self.batch,
             &mut self.kv_cache,
             &mut self.workspace,
@@ -226,7 +227,7 @@ impl Executor for ModelRunner {
 }
 
 impl ModelRunner {
-    /// Samples every `LogitsRow::Sample` row, sequences in parallel on the model's thread pool
+    /// Samples every `LogitsRow::Sample` row, sequences in parallel on the forward pass's pool
     /// (each sequence owns its sampler and RNG, so the result does not depend on the split), and
     /// appends the tokens to `step` in row order.
     fn sample_rows(&mut self, vocab: usize, step: &mut StepOutput) -> Result<(), EngineError> {
@@ -273,7 +274,7 @@ impl ModelRunner {
             ));
         }
         let logits = &self.logits;
-        self.loaded.model.pool().parallel_for(jobs.len(), &|index| {
+        self.loaded.pool.parallel_for(jobs.len(), &|index| {
             let mut job = jobs[index].lock().unwrap_or_else(PoisonError::into_inner);
             let row = job.row_index;
             job.result = Some(match logits.get(row * vocab..(row + 1) * vocab) {

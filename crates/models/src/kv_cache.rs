@@ -3,7 +3,26 @@
 
 use tokenmill_kernels::{KvCacheBuffer, KvCacheDType};
 
-use crate::config::ModelConfig;
+/// What one layer keeps per cached token: its KV heads, their width, and how far back its
+/// attention looks. A model reports one per layer ([`crate::CausalLm::kv_layout`]) and the
+/// cache is sized from that, so families whose layers differ (Gemma 3's local and global
+/// layers) need nothing special here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKvLayout {
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// `Some(w)`: the layer attends to the last `w` positions only. Every supported family
+    /// attends to the whole context (`None`); the field is here so a family that does not
+    /// can say so without another sizing path.
+    pub sliding_window: Option<usize>,
+}
+
+impl LayerKvLayout {
+    /// Width of one token's key (or value) vector in this layer.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
 
 /// Per-layer K and V tensors, each laid out `[num_blocks][block_size][num_kv_heads][head_dim]`
 /// in the cache's element type (`--kv-cache-dtype`), the layout
@@ -19,25 +38,27 @@ pub struct KvCacheStorage {
 
 impl KvCacheStorage {
     /// Allocates (zeroed) f32 storage for `num_blocks` blocks of `block_size` tokens.
-    pub fn new(config: &ModelConfig, num_blocks: usize, block_size: usize) -> KvCacheStorage {
-        KvCacheStorage::with_dtype(config, num_blocks, block_size, KvCacheDType::F32)
+    pub fn new(layout: &[LayerKvLayout], num_blocks: usize, block_size: usize) -> KvCacheStorage {
+        KvCacheStorage::with_dtype(layout, num_blocks, block_size, KvCacheDType::F32)
     }
 
-    /// Allocates (zeroed) storage whose K and V elements are `dtype`.
+    /// Allocates (zeroed) storage whose K and V elements are `dtype`, one layer per entry of
+    /// `layout`.
     pub fn with_dtype(
-        config: &ModelConfig,
+        layout: &[LayerKvLayout],
         num_blocks: usize,
         block_size: usize,
         dtype: KvCacheDType,
     ) -> KvCacheStorage {
-        let per_layer = num_blocks * block_size * config.kv_dim();
+        let buffers = || {
+            layout
+                .iter()
+                .map(|layer| KvCacheBuffer::zeros(dtype, num_blocks * block_size * layer.kv_dim()))
+                .collect()
+        };
         KvCacheStorage {
-            keys: (0..config.num_layers)
-                .map(|_| KvCacheBuffer::zeros(dtype, per_layer))
-                .collect(),
-            values: (0..config.num_layers)
-                .map(|_| KvCacheBuffer::zeros(dtype, per_layer))
-                .collect(),
+            keys: buffers(),
+            values: buffers(),
             num_blocks,
             block_size,
             dtype,
@@ -46,12 +67,20 @@ impl KvCacheStorage {
 
     /// Bytes one block occupies across all layers, K and V, in elements of `dtype`: what a
     /// memory budget divides by.
-    pub fn bytes_per_block(config: &ModelConfig, block_size: usize, dtype: KvCacheDType) -> usize {
-        2usize
-            .saturating_mul(config.num_layers)
-            .saturating_mul(block_size)
-            .saturating_mul(config.kv_dim())
-            .saturating_mul(dtype.element_bytes())
+    pub fn bytes_per_block(
+        layout: &[LayerKvLayout],
+        block_size: usize,
+        dtype: KvCacheDType,
+    ) -> usize {
+        layout
+            .iter()
+            .map(|layer| {
+                2usize
+                    .saturating_mul(block_size)
+                    .saturating_mul(layer.kv_dim())
+                    .saturating_mul(dtype.element_bytes())
+            })
+            .fold(0, usize::saturating_add)
     }
 
     pub fn num_blocks(&self) -> usize {

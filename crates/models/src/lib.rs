@@ -1,5 +1,4 @@
-//! tokenmill-models: turns weight files into a runnable Llama-family model, and logits into
-//! tokens.
+//! tokenmill-models: turns weight files into a runnable causal LM, and logits into tokens.
 //!
 //! The engine's executor needs three things from a model: a way to find and load it from
 //! whatever the user passed as `--model`, a forward pass over a flattened batch of many
@@ -13,11 +12,16 @@
 //!   cache, downloaded when online), or the default model (fetched once into
 //!   `~/.cache/tokenmill/models`).
 //! - [`ModelConfig`]: typed hyper-parameters from GGUF metadata or `config.json`.
-//! - [`LlamaModel`]: one implementation for Llama 2/3, SmolLM2, Mistral and Qwen2; quantized
-//!   and float checkpoints differ only in the dtype of their matrices.
+//! - [`CausalLm`]: the model seam (config, per-layer [`LayerKvLayout`], forward over a batch
+//!   on the caller's [`ThreadPool`]); [`load_model`] picks the family from the architecture.
+//!   Families live in `families/` (one file each: [`LlamaModel`] for Llama 2/3, SmolLM2,
+//!   Mistral and Qwen2) and are composed from the shared blocks in `layers/` (linear, norms,
+//!   RoPE, attention, gated MLP); quantized and float checkpoints differ only in the dtype of
+//!   their matrices.
 //! - [`BatchInput`], [`KvCacheStorage`], [`Workspace`]: the inputs and memory of a step. The
-//!   cache stores K/V as a [`KvCacheDType`] (f32, f16, bf16, fp8), chosen by the
-//!   `--kv-cache-dtype` value [`CacheDtype`].
+//!   cache is sized from the model's [`CausalLm::kv_layout`] and stores K/V as a
+//!   [`KvCacheDType`] (f32, f16, bf16, fp8), chosen by the `--kv-cache-dtype` value
+//!   [`CacheDtype`].
 //! - [`Sampler`] with [`SamplingParams`] → [`SampledToken`]: per-request sampling with vLLM's
 //!   semantics and a per-request seeded RNG.
 //!
@@ -26,9 +30,10 @@
 //! ```no_run
 //! use tokenmill_models::*;
 //! # fn main() -> Result<()> {
-//! let model = LlamaModel::load(&resolve_model(None)?, &LoadOptions::default())?;
+//! let model = load_model(&resolve_model(None)?, &LoadOptions::default())?;
+//! let pool = ThreadPool::default();
 //! let block_size = 16;
-//! let mut kv = KvCacheStorage::new(model.config(), 64, block_size);
+//! let mut kv = KvCacheStorage::new(model.kv_layout(), 64, block_size);
 //! let mut workspace = Workspace::new();
 //! let mut sampler = Sampler::new(SamplingParams::greedy());
 //! let (prompt, block_table) = (vec![504u32, 3575, 282, 4649, 314], vec![0u32, 1, 2, 3]);
@@ -36,7 +41,7 @@
 //! let (mut batch, mut logits) = (BatchInput::default(), Vec::new());
 //! batch.add_sequence(&prompt, 0, &block_table, block_size, true)?;
 //! for _ in 0..16 {
-//!     model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+//!     model.forward(&pool, &batch, &mut kv, &mut workspace, &mut logits)?;
 //!     let context = SamplingContext { prompt_tokens: &prompt, output_tokens: &generated,
 //!                                     ..SamplingContext::default() };
 //!     let next = sampler.sample(&logits, &context)?.token_id;
@@ -52,7 +57,9 @@ mod batch;
 mod cache_dtype;
 mod config;
 mod error;
+mod families;
 mod kv_cache;
+mod layers;
 mod loader;
 mod model;
 mod sampler;
@@ -62,9 +69,11 @@ pub use batch::BatchInput;
 pub use cache_dtype::{CacheDtype, CacheDtypeError};
 pub use config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
-pub use kv_cache::KvCacheStorage;
+pub use families::LlamaModel;
+pub use kv_cache::{KvCacheStorage, LayerKvLayout};
+pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;
-pub use model::{LlamaModel, LoadOptions, Workspace};
+pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
 pub use sampler::{argmax, log_sum_exp, SampledToken, Sampler, SamplingContext, SamplingParams};
 pub use source::{
     default_model_path, ensure_default_model, extract_wheel_entry, find_cached_repo,
@@ -73,3 +82,4 @@ pub use source::{
 };
 pub use tokenmill_kernels::AttentionSeq;
 pub use tokenmill_kernels::KvCacheDType;
+pub use tokenmill_kernels::ThreadPool;

@@ -20,6 +20,19 @@ pub enum ModelSource {
 }
 
 impl ModelSource {
+    /// A local path as a source: a directory is an HF directory, anything else a GGUF file
+    /// (a missing file fails when it is opened, naming the path). The one place the
+    /// file-vs-directory decision is made; [`resolve_model`] adds the checks and look-ups a
+    /// user-given `--model` needs.
+    pub fn from_path(path: impl Into<PathBuf>) -> ModelSource {
+        let path = path.into();
+        if path.is_dir() {
+            ModelSource::HfDirectory(path)
+        } else {
+            ModelSource::Gguf(path)
+        }
+    }
+
     /// The file or directory the source points at.
     pub fn path(&self) -> &Path {
         match self {
@@ -354,6 +367,26 @@ mod tests {
         assert!(
             error.contains("org/absent") && error.contains("HF_HUB_OFFLINE"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn from_path_decides_file_or_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.gguf");
+        std::fs::write(&file, b"GGUF").unwrap();
+        assert_eq!(
+            ModelSource::from_path(dir.path()),
+            ModelSource::HfDirectory(dir.path().to_path_buf())
+        );
+        assert_eq!(
+            ModelSource::from_path(&file),
+            ModelSource::Gguf(file.clone())
+        );
+        let missing = dir.path().join("absent.gguf");
+        assert_eq!(
+            ModelSource::from_path(&missing),
+            ModelSource::Gguf(missing.clone())
         );
     }
 

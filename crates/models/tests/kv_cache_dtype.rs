@@ -11,7 +11,7 @@ mod common;
 
 use common::{greedy_generate_with_kv, load_default_model, load_fixture};
 use serde::Deserialize;
-use tokenmill_models::{argmax, KvCacheDType, LlamaModel, Workspace};
+use tokenmill_models::{argmax, CausalLm, KvCacheDType, LlamaModel, Workspace};
 
 #[derive(Deserialize)]
 struct Fixture {

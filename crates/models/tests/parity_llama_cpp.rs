@@ -15,7 +15,7 @@ mod common;
 
 use common::{greedy_generate, load_default_model, load_fixture};
 use serde::Deserialize;
-use tokenmill_models::{KvCacheDType, LlamaModel, Workspace};
+use tokenmill_models::{CausalLm, KvCacheDType, LlamaModel, Workspace};
 
 /// Largest |our logit − llama.cpp's logit| allowed over every top-5 entry of every step.
 ///

@@ -7,10 +7,11 @@
 
 mod common;
 
+use common::test_pool;
 use common::tiny::{TinyConfig, TinyModel};
 use tokenmill_models::{
-    resolve_model, Architecture, BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions,
-    ModelSource, RopeStyle, Workspace,
+    kv_layout, load_model, resolve_model, Architecture, BatchInput, CausalLm, KvCacheDType,
+    KvCacheStorage, LlamaModel, LoadOptions, ModelSource, RopeStyle, Workspace,
 };
 
 const TOLERANCE: f32 = 2e-4;
@@ -18,7 +19,6 @@ const PROMPT: [u32; 13] = [5, 17, 3, 88, 42, 42, 7, 0, 95, 61, 23, 9, 30];
 
 fn options() -> LoadOptions {
     LoadOptions {
-        num_threads: 2,
         dequantize_to_f32: false,
     }
 }
@@ -43,7 +43,7 @@ fn paged_prefill_logits(model: &LlamaModel, tokens: &[u32], block_size: usize) -
     let block_table: Vec<u32> = (0..blocks as u32)
         .map(|b| 2 * (blocks as u32 - b) + 1)
         .collect();
-    let mut kv = KvCacheStorage::new(model.config(), 2 * blocks + 2, block_size);
+    let mut kv = KvCacheStorage::new(model.kv_layout(), 2 * blocks + 2, block_size);
     let mut batch = BatchInput::default();
     batch
         .add_sequence(tokens, 0, &block_table, block_size, false)
@@ -51,7 +51,13 @@ fn paged_prefill_logits(model: &LlamaModel, tokens: &[u32], block_size: usize) -
     batch.logits_indices = (0..tokens.len() as u32).collect();
     let mut logits = Vec::new();
     model
-        .forward(&batch, &mut kv, &mut Workspace::new(), &mut logits)
+        .forward(
+            &test_pool(),
+            &batch,
+            &mut kv,
+            &mut Workspace::new(),
+            &mut logits,
+        )
         .unwrap();
     logits
         .chunks_exact(model.config().vocab_size)
@@ -64,12 +70,13 @@ fn paged_prefill_logits(model: &LlamaModel, tokens: &[u32], block_size: usize) -
 fn paged_incremental_logits(model: &LlamaModel, tokens: &[u32]) -> Vec<Vec<f32>> {
     let block_size = 4;
     let vocab = model.config().vocab_size;
-    let mut kv = KvCacheStorage::new(model.config(), 16, block_size);
+    let mut kv = KvCacheStorage::new(model.kv_layout(), 16, block_size);
     let table_a = [9u32, 2, 14, 5];
     let table_b = [0u32, 7, 11, 3];
     let companion: Vec<u32> = (0..tokens.len() as u32)
         .map(|i| (i * 7 + 3) % vocab as u32)
         .collect();
+    let pool = test_pool();
     let mut workspace = Workspace::new();
     let mut logits = Vec::new();
     let mut batch = BatchInput::default();
@@ -108,7 +115,7 @@ fn paged_incremental_logits(model: &LlamaModel, tokens: &[u32]) -> Vec<Vec<f32>>
             .logits_indices
             .extend(first_row..first_row + count as u32);
         model
-            .forward(&batch, &mut kv, &mut workspace, &mut logits)
+            .forward(&pool, &batch, &mut kv, &mut workspace, &mut logits)
             .unwrap();
         // Row 0 belongs to the companion; the rest are this sequence's positions.
         for row in 1..=count {
@@ -301,22 +308,101 @@ fn unsupported_architecture_is_named() {
 }
 
 #[test]
+fn loader_refuses_an_unknown_architecture_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mystery.gguf");
+    let mut writer = tokenmill_gguf::GgufWriter::new();
+    writer.add_metadata(
+        "general.architecture",
+        tokenmill_gguf::MetadataValue::String("mystery".into()),
+    );
+    writer.write_to(&path).unwrap();
+    let error = load_model(&ModelSource::Gguf(path), &options()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("unsupported model architecture `mystery`"),
+        "{error}"
+    );
+    // The same from an HF directory's `model_type`, before any weight is looked for.
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"model_type": "mystery"}"#,
+    )
+    .unwrap();
+    let error = load_model(&ModelSource::HfDirectory(dir.path().into()), &options()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("unsupported model architecture `mystery`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn loader_dispatches_supported_architectures_to_their_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = TinyModel::random(TinyConfig::llama(), 8);
+    tiny.write_hf_directory(dir.path(), "F32", 1);
+    let source = ModelSource::HfDirectory(dir.path().to_path_buf());
+    let boxed = load_model(&source, &options()).unwrap();
+    let direct = load(&source);
+    assert_eq!(boxed.config(), direct.config());
+    assert_eq!(boxed.kv_layout(), direct.kv_layout());
+    assert_eq!(boxed.kv_layout(), kv_layout(direct.config()).as_slice());
+    assert_eq!(boxed.weight_bytes(), direct.weight_bytes());
+    // Through the trait object, the same logits as the concrete type.
+    let run = |model: &dyn CausalLm| {
+        let mut kv = KvCacheStorage::new(model.kv_layout(), 4, 4);
+        let mut batch = BatchInput::default();
+        batch
+            .add_sequence(&PROMPT[..5], 0, &[2, 0], 4, true)
+            .unwrap();
+        let mut logits = Vec::new();
+        model
+            .forward(
+                &test_pool(),
+                &batch,
+                &mut kv,
+                &mut Workspace::new(),
+                &mut logits,
+            )
+            .unwrap();
+        logits
+    };
+    assert_eq!(run(boxed.as_ref()), run(&direct));
+}
+
+#[test]
 fn invalid_batches_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let tiny = TinyModel::random(TinyConfig::llama(), 7);
     tiny.write_hf_directory(dir.path(), "F32", 1);
     let model = load(&ModelSource::HfDirectory(dir.path().to_path_buf()));
-    let mut kv = KvCacheStorage::new(model.config(), 4, 4);
+    let pool = test_pool();
+    let mut kv = KvCacheStorage::new(model.kv_layout(), 4, 4);
     let mut batch = BatchInput::default();
     batch.add_sequence(&[1, 2, 500], 0, &[0], 4, true).unwrap();
     let error = model
-        .forward(&batch, &mut kv, &mut Workspace::new(), &mut Vec::new())
+        .forward(
+            &pool,
+            &batch,
+            &mut kv,
+            &mut Workspace::new(),
+            &mut Vec::new(),
+        )
         .unwrap_err();
     assert!(error.to_string().contains("500"), "{error}");
     batch.clear();
     batch.add_sequence(&[1, 2], 0, &[9], 4, true).unwrap();
     assert!(model
-        .forward(&batch, &mut kv, &mut Workspace::new(), &mut Vec::new())
+        .forward(
+            &pool,
+            &batch,
+            &mut kv,
+            &mut Workspace::new(),
+            &mut Vec::new()
+        )
         .is_err());
 }
 
@@ -330,15 +416,15 @@ fn kv_cache_bytes_per_block() {
     .unwrap();
     // 2 (K and V) * 30 layers * 16 tokens * 3 heads * 64 dims * 4 bytes.
     assert_eq!(
-        KvCacheStorage::bytes_per_block(&config, 16, KvCacheDType::F32),
+        KvCacheStorage::bytes_per_block(&kv_layout(&config), 16, KvCacheDType::F32),
         737_280
     );
     assert_eq!(
-        KvCacheStorage::bytes_per_block(&config, 16, KvCacheDType::F16),
+        KvCacheStorage::bytes_per_block(&kv_layout(&config), 16, KvCacheDType::F16),
         737_280 / 2
     );
     assert_eq!(
-        KvCacheStorage::bytes_per_block(&config, 16, KvCacheDType::Fp8E4m3),
+        KvCacheStorage::bytes_per_block(&kv_layout(&config), 16, KvCacheDType::Fp8E4m3),
         737_280 / 4
     );
 }

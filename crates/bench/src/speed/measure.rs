@@ -1,9 +1,9 @@
-//! The timed forward passes: `LlamaModel::forward` driven directly over a private paged KV
+//! The timed forward passes: `CausalLm::forward` driven directly over a private paged KV
 //! cache, no scheduler and no engine thread, so the figures are the model's own speed.
 
 use std::time::Instant;
 
-use tokenmill_models::{argmax, BatchInput, KvCacheStorage, LlamaModel, Workspace};
+use tokenmill_models::{argmax, BatchInput, CausalLm, KvCacheStorage, ThreadPool, Workspace};
 
 use crate::error::BenchError;
 use crate::speed::{Phase, SpeedSettings};
@@ -42,7 +42,8 @@ fn next_token(logits: &[f32]) -> Result<u32, BenchError> {
 /// the prompt → decode from an empty context → batched decode (the long decode reuses the
 /// prompt's KV; the short decode overwrites its first positions afterwards).
 pub fn measure(
-    model: &LlamaModel,
+    model: &dyn CausalLm,
+    pool: &ThreadPool,
     settings: &SpeedSettings,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<PhaseTiming>, BenchError> {
@@ -59,7 +60,7 @@ pub fn measure(
         let (prompt_len, decode_len) = (settings.prompt_len, settings.decode_len);
         let blocks = (prompt_len + decode_len).div_ceil(block_size);
         let kv_dtype = settings.kv_cache_dtype.storage();
-        let mut kv = KvCacheStorage::with_dtype(model.config(), blocks, block_size, kv_dtype);
+        let mut kv = KvCacheStorage::with_dtype(model.kv_layout(), blocks, block_size, kv_dtype);
         let table: Vec<u32> = (0..blocks as u32).collect();
         let prompt = prompt_tokens(prompt_len, 0, vocab);
 
@@ -67,11 +68,11 @@ pub fn measure(
         let warm = &prompt[..prompt_len.min(16)];
         batch.clear();
         batch.add_sequence(warm, 0, &table, block_size, true)?;
-        model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+        model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
         for step in 0..2 {
             batch.clear();
             batch.add_sequence(&[warm[0]], warm.len() + step, &table, block_size, true)?;
-            model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+            model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
         }
 
         // Prefill: the whole prompt in one forward call, logits for the last token only. It
@@ -87,7 +88,7 @@ pub fn measure(
                 batch.clear();
                 batch.add_sequence(&prompt, 0, &table, block_size, true)?;
                 let started = Instant::now();
-                model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+                model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
                 runs_s.push(started.elapsed().as_secs_f64());
             }
             if timed {
@@ -112,7 +113,7 @@ pub fn measure(
                 prompt_len + decode_len
             ));
             let runs_s = decode_runs(
-                model,
+                (model, pool),
                 (&mut kv, &mut workspace, &mut batch, &mut logits),
                 (&table, block_size),
                 after_prompt,
@@ -132,7 +133,7 @@ pub fn measure(
         if settings.wants(Phase::Decode) {
             progress(&format!("decode: ctx 0→{decode_len} × {repeats} runs"));
             let runs_s = decode_runs(
-                model,
+                (model, pool),
                 (&mut kv, &mut workspace, &mut batch, &mut logits),
                 (&table, block_size),
                 prompt[0],
@@ -156,7 +157,7 @@ pub fn measure(
         ));
         let blocks_per_seq = (prompt_len + steps).div_ceil(block_size);
         let mut kv = KvCacheStorage::with_dtype(
-            model.config(),
+            model.kv_layout(),
             blocks_per_seq * sequences,
             block_size,
             settings.kv_cache_dtype.storage(),
@@ -172,7 +173,7 @@ pub fn measure(
             let prompt = prompt_tokens(prompt_len, seq + 1, vocab);
             batch.add_sequence(&prompt, 0, table, block_size, true)?;
         }
-        model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+        model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
         let first: Vec<u32> = logits
             .chunks_exact(vocab)
             .map(next_token)
@@ -186,7 +187,7 @@ pub fn measure(
                 for (table, &token) in tables.iter().zip(&next) {
                     batch.add_sequence(&[token], prompt_len + step, table, block_size, true)?;
                 }
-                model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
+                model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
                 for (slot, row) in next.iter_mut().zip(logits.chunks_exact(vocab)) {
                     *slot = next_token(row)?;
                 }
@@ -223,7 +224,7 @@ fn single_decode_timing(phase: Phase, start: usize, len: usize, runs_s: Vec<f64>
 /// `repeats` runs of `len` single-token steps at positions `start..start + len`, each feeding
 /// the argmax of the previous step's logits; returns each run's seconds.
 fn decode_runs(
-    model: &LlamaModel,
+    (model, pool): (&dyn CausalLm, &ThreadPool),
     (kv, workspace, batch, logits): (
         &mut KvCacheStorage,
         &mut Workspace,
@@ -243,7 +244,7 @@ fn decode_runs(
         for step in 0..len {
             batch.clear();
             batch.add_sequence(&[next], start + step, table, block_size, true)?;
-            model.forward(batch, kv, workspace, logits)?;
+            model.forward(pool, batch, kv, workspace, logits)?;
             next = next_token(logits)?;
         }
         runs_s.push(started.elapsed().as_secs_f64());

@@ -11,7 +11,7 @@ mod report;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tokenmill_models::{resolve_model, CacheDtype, LlamaModel, LoadOptions};
+use tokenmill_models::{load_model, resolve_model, CacheDtype, LoadOptions, ThreadPool};
 
 use crate::error::BenchError;
 pub use cost::ModelCost;
@@ -214,22 +214,21 @@ pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
     );
     let machine = measure_peaks(settings.threads, args.probe_mib << 20, args.probe_seconds);
 
-    let options = LoadOptions {
-        num_threads: settings.threads,
-        ..LoadOptions::default()
-    };
     let started = Instant::now();
-    let model = LlamaModel::load(&source, &options)?;
+    let model = load_model(&source, &LoadOptions::default())?;
+    let pool = ThreadPool::new(settings.threads);
     eprintln!(
         "loaded {} in {:.2} s ({:.1} MB of weights)",
         source.path().display(),
         started.elapsed().as_secs_f64(),
         model.weight_bytes() as f64 / 1e6
     );
-    let timings = measure::measure(&model, &settings, |line| eprintln!("measuring {line}"))?;
+    let timings = measure::measure(model.as_ref(), &pool, &settings, |line| {
+        eprintln!("measuring {line}")
+    })?;
     let report = SpeedReport::new(
         source.path().display().to_string(),
-        &model,
+        model.as_ref(),
         &settings,
         machine,
         &timings,

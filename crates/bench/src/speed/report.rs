@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use serde::{Serialize, Serializer};
-use tokenmill_models::LlamaModel;
+use tokenmill_models::CausalLm;
 
 use crate::speed::cost::ModelCost;
 use crate::speed::measure::PhaseTiming;
@@ -172,7 +172,7 @@ pub fn label(timing: &PhaseTiming) -> String {
 impl SpeedReport {
     pub fn new(
         model_path: String,
-        model: &LlamaModel,
+        model: &dyn CausalLm,
         settings: &SpeedSettings,
         machine: MachinePeak,
         timings: &[PhaseTiming],

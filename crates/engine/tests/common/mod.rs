@@ -10,6 +10,7 @@ use tokenmill_engine::{
     Engine, EngineClient, EngineConfig, GenerateRequest, KvCacheSizing, RequestEvent,
     SamplingParams, StopOptions,
 };
+use tokenmill_models::ModelSource;
 
 /// The default model: `TOKENMILL_TEST_MODEL`, else the cache path `scripts/fetch-model.sh`
 /// fills. Missing → the test fails (CI fetches it first).
@@ -29,7 +30,7 @@ pub fn model_path() -> PathBuf {
 
 /// An engine config over the default model with `num_blocks` KV blocks of 16 tokens.
 pub fn config(num_blocks: usize, max_model_len: usize) -> EngineConfig {
-    let mut config = EngineConfig::new(model_path());
+    let mut config = EngineConfig::new(ModelSource::from_path(model_path()));
     let probe = Engine::bytes_per_block_for(&config).expect("model config loads");
     config.kv_cache = KvCacheSizing::Bytes((probe * num_blocks) as u64);
     config.max_model_len = Some(max_model_len);

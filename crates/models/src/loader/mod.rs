@@ -1,5 +1,6 @@
 //! Weight loading: from a tensor container (GGUF or safetensors) into the compute layer's
-//! matrices, with tensor names mapped per container.
+//! matrices, with tensor names mapped per container. Which tensors a model has is its family's
+//! business (`crate::families`); this module only reads, checks shapes and converts.
 
 mod store;
 
@@ -7,45 +8,15 @@ use tokenmill_kernels::{dequantize, DType, QMatrix};
 
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::layers::{Linear, RmsNorm, StackedLinear};
 use std::borrow::Cow;
 pub use store::safetensors_shards_from_index;
 use store::RawTensor;
 pub(crate) use store::TensorStore;
 
-/// Several linear layers over the same input, whose outputs are read side by side
-/// (`[q | k | v]`, `[gate | up]`). Parts of one type are fused into a single matrix at load so
-/// one matmul produces all of them; mixed-type parts (Q4_K_M files quantize V differently)
-/// stay separate so each keeps its fast quantized kernel.
-#[derive(Debug)]
-pub(crate) struct StackedLinear {
-    pub matrices: Vec<QMatrix>,
-    pub total_width: usize,
-}
-
-/// The weights of one transformer block.
-#[derive(Debug)]
-pub(crate) struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub qkv: StackedLinear,
-    /// `[q_dim + 2 * kv_dim]`, present for Qwen2-style attention bias.
-    pub qkv_bias: Option<Vec<f32>>,
-    pub attn_output: QMatrix,
-    pub ffn_norm: Vec<f32>,
-    /// Gate and up projections: `[gate | up]`.
-    pub gate_up: StackedLinear,
-    pub down: QMatrix,
-}
-
-#[derive(Debug)]
-pub(crate) struct ModelWeights {
-    pub embedding: QMatrix,
-    pub layers: Vec<LayerWeights>,
-    pub output_norm: Vec<f32>,
-    /// `None` when the output head is tied to the embedding.
-    pub output: Option<QMatrix>,
-}
-
-/// How one container names the Llama-family tensors.
+/// How one container names tensors. Names are written in GGUF's convention
+/// (`token_embd.weight`, `blk.N.attn_q.weight`) and mapped to HF's here, so a family file
+/// names each tensor once.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum TensorNaming {
     Gguf,
@@ -53,24 +24,16 @@ pub(crate) enum TensorNaming {
 }
 
 impl TensorNaming {
-    fn embedding(self) -> &'static str {
+    /// The name of a model-level tensor given its GGUF name.
+    pub fn global(self, gguf_name: &'static str) -> &'static str {
         match self {
-            TensorNaming::Gguf => "token_embd.weight",
-            TensorNaming::HuggingFace => "model.embed_tokens.weight",
-        }
-    }
-
-    fn output_norm(self) -> &'static str {
-        match self {
-            TensorNaming::Gguf => "output_norm.weight",
-            TensorNaming::HuggingFace => "model.norm.weight",
-        }
-    }
-
-    fn output(self) -> &'static str {
-        match self {
-            TensorNaming::Gguf => "output.weight",
-            TensorNaming::HuggingFace => "lm_head.weight",
+            TensorNaming::Gguf => gguf_name,
+            TensorNaming::HuggingFace => match gguf_name {
+                "token_embd.weight" => "model.embed_tokens.weight",
+                "output_norm.weight" => "model.norm.weight",
+                "output.weight" => "lm_head.weight",
+                other => other,
+            },
         }
     }
 
@@ -100,107 +63,50 @@ impl TensorNaming {
     }
 }
 
-/// Reads every weight the forward pass needs, checking shapes against `config`.
-pub(crate) fn load_weights(
-    store: &TensorStore,
-    naming: TensorNaming,
-    config: &ModelConfig,
-    dequantize_to_f32: bool,
-) -> Result<ModelWeights> {
-    let store = &WeightReader {
-        store,
-        dequantize_to_f32,
-    };
-    let hidden = config.hidden_size;
-    let embedding = load_matrix(store, naming.embedding(), config.vocab_size, hidden)?;
-    let mut layers = Vec::with_capacity(config.num_layers);
-    for layer in 0..config.num_layers {
-        layers.push(load_layer(store, naming, config, layer)?);
-    }
-    let output_norm = load_vector(store.store, naming.output_norm(), hidden)?;
-    let output = if store.store.contains(naming.output()) {
-        Some(load_matrix(
-            store,
-            naming.output(),
-            config.vocab_size,
-            hidden,
-        )?)
-    } else if config.tie_word_embeddings || matches!(naming, TensorNaming::Gguf) {
-        None
-    } else {
-        return Err(ModelError::MissingTensor(naming.output().into()));
-    };
-    Ok(ModelWeights {
-        embedding,
-        layers,
-        output_norm,
-        output,
-    })
-}
-
-fn load_layer(
-    store: &WeightReader<'_>,
-    naming: TensorNaming,
-    config: &ModelConfig,
-    layer: usize,
-) -> Result<LayerWeights> {
-    let name = |short: &str| naming.layer(layer, short);
-    let hidden = config.hidden_size;
-    let (q_dim, kv_dim) = (config.q_dim(), config.kv_dim());
-    let qkv = load_fused(
-        store,
-        &[
-            (name("attn_q.weight"), q_dim),
-            (name("attn_k.weight"), kv_dim),
-            (name("attn_v.weight"), kv_dim),
-        ],
-        hidden,
-    )?;
-    let qkv_bias = if config.attention_bias {
-        let mut bias = load_vector(store.store, &name("attn_q.bias"), q_dim)?;
-        bias.extend(load_vector(store.store, &name("attn_k.bias"), kv_dim)?);
-        bias.extend(load_vector(store.store, &name("attn_v.bias"), kv_dim)?);
-        Some(bias)
-    } else {
-        None
-    };
-    let intermediate = config.intermediate_size;
-    Ok(LayerWeights {
-        attn_norm: load_vector(store.store, &name("attn_norm.weight"), hidden)?,
-        qkv,
-        qkv_bias,
-        attn_output: load_matrix(store, &name("attn_output.weight"), hidden, q_dim)?,
-        ffn_norm: load_vector(store.store, &name("ffn_norm.weight"), hidden)?,
-        gate_up: load_fused(
-            store,
-            &[
-                (name("ffn_gate.weight"), intermediate),
-                (name("ffn_up.weight"), intermediate),
-            ],
-            hidden,
-        )?,
-        down: load_matrix(store, &name("ffn_down.weight"), hidden, intermediate)?,
-    })
-}
-
-fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
-    if actual != expected {
-        return Err(ModelError::TensorShape {
-            tensor: name.into(),
-            expected: expected.to_vec(),
-            actual: actual.to_vec(),
-        });
-    }
-    Ok(())
-}
-
 /// Reads tensors from a store, optionally expanding quantized weights to f32.
-struct WeightReader<'a> {
-    store: &'a TensorStore,
+pub(crate) struct WeightReader<'a> {
+    store: &'a TensorStore<'a>,
+    naming: TensorNaming,
     dequantize_to_f32: bool,
 }
 
-impl WeightReader<'_> {
+impl<'a> WeightReader<'a> {
+    pub fn new(
+        store: &'a TensorStore<'a>,
+        naming: TensorNaming,
+        dequantize_to_f32: bool,
+    ) -> WeightReader<'a> {
+        WeightReader {
+            store,
+            naming,
+            dequantize_to_f32,
+        }
+    }
+
+    /// Whether a model-level tensor (GGUF name) is present.
+    pub fn contains(&self, gguf_name: &'static str) -> bool {
+        self.store.contains(self.naming.global(gguf_name))
+    }
+
+    /// A model-level `[rows, columns]` matrix by GGUF name.
+    pub fn matrix(&self, gguf_name: &'static str, rows: usize, columns: usize) -> Result<Linear> {
+        load_matrix(self, self.naming.global(gguf_name), rows, columns)
+    }
+
+    /// A model-level RMSNorm weight by GGUF name.
+    pub fn rms_norm(&self, gguf_name: &'static str, length: usize, eps: f32) -> Result<RmsNorm> {
+        let weight = load_vector(self.store, self.naming.global(gguf_name), length)?;
+        Ok(RmsNorm::new(weight, eps))
+    }
+
+    /// The tensors of transformer block `layer`.
+    pub fn layer(&self, layer: usize) -> LayerTensors<'_> {
+        LayerTensors {
+            reader: self,
+            layer,
+        }
+    }
+
     fn get(&self, name: &str) -> Result<RawTensor<'_>> {
         let tensor = self.store.get(name)?;
         if !self.dequantize_to_f32 || tensor.dtype == DType::F32 {
@@ -217,24 +123,73 @@ impl WeightReader<'_> {
     }
 }
 
+/// One transformer block's tensors, named by their GGUF short names (`attn_q.weight`).
+pub(crate) struct LayerTensors<'a> {
+    reader: &'a WeightReader<'a>,
+    layer: usize,
+}
+
+impl LayerTensors<'_> {
+    fn name(&self, short: &str) -> String {
+        self.reader.naming.layer(self.layer, short)
+    }
+
+    /// A `[rows, columns]` matrix.
+    pub fn matrix(&self, short: &str, rows: usize, columns: usize) -> Result<Linear> {
+        load_matrix(self.reader, &self.name(short), rows, columns)
+    }
+
+    /// Matrices over the same input, stacked by rows: `parts` are `(short name, rows)`.
+    pub fn stacked(&self, parts: &[(&str, usize)], columns: usize) -> Result<StackedLinear> {
+        let named: Vec<(String, usize)> = parts
+            .iter()
+            .map(|&(short, rows)| (self.name(short), rows))
+            .collect();
+        load_fused(self.reader, &named, columns)
+    }
+
+    /// A `[length]` vector (a norm weight, a bias), always read as f32.
+    pub fn vector(&self, short: &str, length: usize) -> Result<Vec<f32>> {
+        load_vector(self.reader.store, &self.name(short), length)
+    }
+
+    /// An RMSNorm weight.
+    pub fn rms_norm(&self, short: &str, length: usize, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm::new(self.vector(short, length)?, eps))
+    }
+}
+
+fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
+    if actual != expected {
+        return Err(ModelError::TensorShape {
+            tensor: name.into(),
+            expected: expected.to_vec(),
+            actual: actual.to_vec(),
+        });
+    }
+    Ok(())
+}
+
 fn load_matrix(
     store: &WeightReader<'_>,
     name: &str,
     rows: usize,
     columns: usize,
-) -> Result<QMatrix> {
+) -> Result<Linear> {
     let tensor = store.get(name)?;
     check_shape(name, tensor.shape, &[rows, columns])?;
-    Ok(QMatrix::from_bytes(
+    Ok(Linear::new(QMatrix::from_bytes(
         tensor.dtype,
         rows,
         columns,
         &tensor.bytes,
-    )?)
+    )?))
 }
 
 /// Stacks matrices with the same input width by concatenating their rows. Every supported
-/// type stores a row as whole blocks, so concatenating the bytes is exact.
+/// type stores a row as whole blocks, so concatenating the bytes is exact. Parts of one type
+/// become a single matrix so one matmul produces all of them; mixed-type parts (Q4_K_M files
+/// quantize V differently) stay separate so each keeps its fast quantized kernel.
 fn load_fused(
     store: &WeightReader<'_>,
     parts: &[(String, usize)],
@@ -271,13 +226,10 @@ fn load_fused(
         }
         matrices
     };
-    Ok(StackedLinear {
-        matrices,
-        total_width: total_rows,
-    })
+    Ok(StackedLinear::new(matrices))
 }
 
-fn load_vector(store: &TensorStore, name: &str, length: usize) -> Result<Vec<f32>> {
+fn load_vector(store: &TensorStore<'_>, name: &str, length: usize) -> Result<Vec<f32>> {
     let tensor = store.get(name)?;
     check_shape(name, tensor.shape, &[length])?;
     let mut values = vec![0.0; length];
@@ -292,7 +244,7 @@ fn load_vector(store: &TensorStore, name: &str, length: usize) -> Result<Vec<f32
 /// standard parameter set (low 1, high 4, the original context length from metadata or 8192,
 /// factor = the largest divisor) that reproduces them, and refuses files it cannot explain.
 pub(crate) fn llama3_scaling_from_rope_freqs(
-    store: &TensorStore,
+    store: &TensorStore<'_>,
     config: &ModelConfig,
     original_context_length: Option<usize>,
 ) -> Result<RopeScaling> {

@@ -24,10 +24,11 @@ pub(crate) struct RawTensor<'a> {
     pub shape: &'a [usize],
 }
 
-/// Tensors by name, from whichever container the model came in.
-pub(crate) enum TensorStore {
+/// Tensors by name, from whichever container the model came in. A GGUF file is borrowed so
+/// the caller can read its tokenizer from the same open file.
+pub(crate) enum TensorStore<'f> {
     Gguf {
-        file: GgufFile,
+        file: &'f GgufFile,
         /// GGUF dims reversed into logical order, per tensor name.
         shapes: HashMap<String, Vec<usize>>,
     },
@@ -50,8 +51,8 @@ struct SafetensorsEntry {
     end: usize,
 }
 
-impl TensorStore {
-    pub fn from_gguf(file: GgufFile) -> TensorStore {
+impl<'f> TensorStore<'f> {
+    pub fn from_gguf(file: &'f GgufFile) -> TensorStore<'f> {
         let shapes = file
             .tensors()
             .iter()
@@ -64,7 +65,7 @@ impl TensorStore {
     }
 
     /// Opens `model.safetensors`, or every shard named in `model.safetensors.index.json`.
-    pub fn from_hf_directory(dir: &Path) -> Result<TensorStore> {
+    pub fn from_hf_directory(dir: &Path) -> Result<TensorStore<'f>> {
         let index_path = dir.join("model.safetensors.index.json");
         let files = if index_path.is_file() {
             let text = std::fs::read_to_string(&index_path).map_err(io_error(&index_path))?;

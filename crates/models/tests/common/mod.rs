@@ -6,7 +6,8 @@ pub mod tiny;
 use std::path::PathBuf;
 
 use tokenmill_models::{
-    BatchInput, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelSource, Workspace,
+    BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelSource,
+    ThreadPool, Workspace,
 };
 
 /// The default model for tests: `$TOKENMILL_TEST_MODEL`, else the tokenmill model cache.
@@ -32,17 +33,19 @@ pub fn default_model_path() -> PathBuf {
     path
 }
 
-/// The default model on two threads; with `dequantize_to_f32` its weights are widened to f32,
-/// so matmuls stop quantizing activations to int8.
+/// The default model; with `dequantize_to_f32` its weights are widened to f32, so matmuls
+/// stop quantizing activations to int8.
 pub fn load_default_model(dequantize_to_f32: bool) -> LlamaModel {
     LlamaModel::load(
         &ModelSource::Gguf(default_model_path()),
-        &LoadOptions {
-            num_threads: 2,
-            dequantize_to_f32,
-        },
+        &LoadOptions { dequantize_to_f32 },
     )
     .unwrap()
+}
+
+/// The pool the helpers run forward passes on: two threads.
+pub fn test_pool() -> ThreadPool {
+    ThreadPool::new(2)
 }
 
 /// A JSON fixture from `tests/fixtures/`.
@@ -69,14 +72,16 @@ pub fn teacher_forced_logits(
     let blocks: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32)
         .rev()
         .collect();
-    let mut kv = KvCacheStorage::with_dtype(model.config(), blocks.len(), block_size, kv_dtype);
+    let mut kv = KvCacheStorage::with_dtype(model.kv_layout(), blocks.len(), block_size, kv_dtype);
     let mut batch = BatchInput::default();
     batch
         .add_sequence(&tokens, 0, &blocks, block_size, false)
         .unwrap();
     let first = prompt.len() as u32 - 1;
     batch.logits_indices = (first..tokens.len() as u32).collect();
-    model.forward(&batch, &mut kv, workspace, logits).unwrap();
+    model
+        .forward(&test_pool(), &batch, &mut kv, workspace, logits)
+        .unwrap();
 }
 
 /// One sequence's state in a hand-rolled engine loop: its tokens so far and its blocks.
@@ -118,7 +123,7 @@ pub fn greedy_generate_with_kv(
     let max_len = prompts.iter().map(Vec::len).max().unwrap_or(0) + max_new;
     let blocks_per_seq = max_len.div_ceil(block_size);
     let mut kv = KvCacheStorage::with_dtype(
-        model.config(),
+        model.kv_layout(),
         blocks_per_seq * prompts.len(),
         block_size,
         kv_dtype,
@@ -137,6 +142,7 @@ pub fn greedy_generate_with_kv(
         })
         .collect();
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let pool = test_pool();
     let mut workspace = Workspace::new();
     let mut batch = BatchInput::default();
     let mut logits = Vec::new();
@@ -168,7 +174,7 @@ pub fn greedy_generate_with_kv(
             break;
         }
         model
-            .forward(&batch, &mut kv, &mut workspace, &mut logits)
+            .forward(&pool, &batch, &mut kv, &mut workspace, &mut logits)
             .unwrap();
         let vocab = model.config().vocab_size;
         let mut row = 0;

@@ -10,7 +10,7 @@ use crate::routes::json_response;
 use crate::state::AppState;
 
 pub(crate) async fn models(State(state): State<AppState>) -> Response {
-    let root = state.inner.model.path.display().to_string();
+    let root = state.inner.model.source.path().display().to_string();
     let max_model_len = u32::try_from(state.engine().max_model_len()).unwrap_or(u32::MAX);
     let cards = state
         .config()

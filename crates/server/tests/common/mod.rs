@@ -15,6 +15,7 @@ use axum::Router;
 use futures::StreamExt;
 use serde_json::Value;
 use tokenmill_engine::{Engine, EngineConfig, EngineStats, KvCacheSizing};
+use tokenmill_models::ModelSource;
 use tokenmill_server::{router, AppState, ServerConfig};
 use tower::ServiceExt;
 
@@ -67,7 +68,7 @@ impl TestApp {
         configure_engine: impl FnOnce(&mut EngineConfig),
         configure: impl FnOnce(&mut ServerConfig),
     ) -> TestApp {
-        let mut engine_config = EngineConfig::new(model_path());
+        let mut engine_config = EngineConfig::new(ModelSource::from_path(model_path()));
         engine_config.kv_cache = KvCacheSizing::Bytes(32 << 20);
         engine_config.max_model_len = Some(MAX_MODEL_LEN);
         engine_config.num_threads = Some(1);

@@ -1,0 +1,246 @@
+//! The Llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral and Qwen2 (Llama with a QKV bias).
+//! Pre-norm blocks: `x += attn(rms(x)); x += mlp(rms(x))`, SiLU-gated MLP, one RoPE table.
+
+use std::path::Path;
+
+use tokenmill_gguf::GgufFile;
+use tokenmill_kernels::ThreadPool;
+
+use crate::batch::BatchInput;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
+use crate::layers::{
+    embed, Activation, AttentionBlock, AttentionShape, GatedMlp, Linear, RmsNorm, Rope, Step,
+    Workspace,
+};
+use crate::loader::{llama3_scaling_from_rope_freqs, TensorNaming, TensorStore, WeightReader};
+use crate::model::{validate_batch, CausalLm, LoadOptions};
+use crate::source::ModelSource;
+
+/// A loaded Llama-family model: weights prepared for the compute layer and its RoPE table.
+/// It owns no KV cache and no threads: each [`CausalLm::forward`] reads and writes the
+/// caller's [`KvCacheStorage`] through the batch's block tables, on the caller's pool.
+#[derive(Debug)]
+pub struct LlamaModel {
+    config: ModelConfig,
+    kv_layout: Vec<LayerKvLayout>,
+    /// `[vocab][hidden]`; also the output head when that is tied.
+    embedding: Linear,
+    layers: Vec<LlamaLayer>,
+    output_norm: RmsNorm,
+    /// `None` when the output head is tied to the embedding.
+    output: Option<Linear>,
+    rope: Rope,
+}
+
+/// One transformer block.
+#[derive(Debug)]
+struct LlamaLayer {
+    attn_norm: RmsNorm,
+    attention: AttentionBlock,
+    ffn_norm: RmsNorm,
+    mlp: GatedMlp,
+}
+
+impl LlamaModel {
+    /// Loads the model a [`ModelSource`] names.
+    pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<LlamaModel> {
+        match source {
+            ModelSource::Gguf(path) => LlamaModel::load_gguf(path, options),
+            ModelSource::HfDirectory(dir) => LlamaModel::load_hf_directory(dir, options),
+        }
+    }
+
+    /// Loads a GGUF file.
+    pub fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LlamaModel> {
+        LlamaModel::from_gguf(&GgufFile::open(path)?, options)
+    }
+
+    /// Loads from an open GGUF file (whose tokenizer the caller may read as well).
+    pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<LlamaModel> {
+        let mut config = ModelConfig::from_gguf(file)?;
+        let original_context_length = file
+            .get_u64(&format!(
+                "{}.rope.scaling.original_context_length",
+                config.architecture.name()
+            ))
+            .and_then(|length| usize::try_from(length).ok());
+        let store = TensorStore::from_gguf(file);
+        if store.contains("rope_freqs.weight") {
+            config.rope_scaling =
+                llama3_scaling_from_rope_freqs(&store, &config, original_context_length)?;
+        }
+        LlamaModel::from_store(config, &store, TensorNaming::Gguf, options)
+    }
+
+    /// Loads an HF directory (`config.json` + safetensors).
+    pub fn load_hf_directory(dir: &Path, options: &LoadOptions) -> Result<LlamaModel> {
+        let config = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
+        let store = TensorStore::from_hf_directory(dir)?;
+        LlamaModel::from_store(config, &store, TensorNaming::HuggingFace, options)
+    }
+
+    /// Reads every weight the forward pass needs, checking shapes against `config`.
+    fn from_store(
+        config: ModelConfig,
+        store: &TensorStore<'_>,
+        naming: TensorNaming,
+        options: &LoadOptions,
+    ) -> Result<LlamaModel> {
+        let reader = WeightReader::new(store, naming, options.dequantize_to_f32);
+        let (hidden, vocab) = (config.hidden_size, config.vocab_size);
+        let embedding = reader.matrix("token_embd.weight", vocab, hidden)?;
+        let layers = (0..config.num_layers)
+            .map(|layer| LlamaLayer::load(&reader, &config, layer))
+            .collect::<Result<Vec<_>>>()?;
+        let output_norm = reader.rms_norm("output_norm.weight", hidden, config.rms_norm_eps)?;
+        const OUTPUT: &str = "output.weight";
+        let output = if reader.contains(OUTPUT) {
+            Some(reader.matrix(OUTPUT, vocab, hidden)?)
+        } else if config.tie_word_embeddings || matches!(naming, TensorNaming::Gguf) {
+            None
+        } else {
+            return Err(ModelError::MissingTensor(naming.global(OUTPUT).into()));
+        };
+        let rope = Rope::from_config(&config)?;
+        let kv_layout = kv_layout(&config);
+        Ok(LlamaModel {
+            config,
+            kv_layout,
+            embedding,
+            layers,
+            output_norm,
+            output,
+            rope,
+        })
+    }
+
+    /// The output head: its own matrix, or the embedding table when tied.
+    fn head(&self) -> &Linear {
+        self.output.as_ref().unwrap_or(&self.embedding)
+    }
+
+    /// Sizes every workspace buffer for `n` tokens and `rows` logits rows.
+    fn prepare(&self, workspace: &mut Workspace, n: usize, rows: usize) {
+        let config = &self.config;
+        workspace.prepare_residual(n, rows, config.hidden_size);
+        workspace.attention.prepare(n, attention_shape(config));
+        workspace.mlp.prepare(n, config.intermediate_size);
+    }
+}
+
+/// Every Llama-family layer keeps the same KV shape and attends to the whole context.
+pub(crate) fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
+    vec![attention_shape(config).kv_layout(); config.num_layers]
+}
+
+fn attention_shape(config: &ModelConfig) -> AttentionShape {
+    AttentionShape {
+        num_heads: config.num_heads,
+        num_kv_heads: config.num_kv_heads,
+        head_dim: config.head_dim,
+    }
+}
+
+impl LlamaLayer {
+    fn load(reader: &WeightReader<'_>, config: &ModelConfig, layer: usize) -> Result<LlamaLayer> {
+        let tensors = reader.layer(layer);
+        let (hidden, eps) = (config.hidden_size, config.rms_norm_eps);
+        Ok(LlamaLayer {
+            attn_norm: tensors.rms_norm("attn_norm.weight", hidden, eps)?,
+            attention: AttentionBlock::load(
+                &tensors,
+                attention_shape(config),
+                hidden,
+                config.attention_bias,
+            )?,
+            ffn_norm: tensors.rms_norm("ffn_norm.weight", hidden, eps)?,
+            mlp: GatedMlp::load(&tensors, hidden, config.intermediate_size, Activation::Silu)?,
+        })
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.attention.storage_bytes() + self.mlp.storage_bytes()
+    }
+
+    /// `x += attn(norm(x)); x += mlp(norm(x))` on the workspace's residual stream.
+    fn forward(
+        &self,
+        step: &Step<'_>,
+        rope: &Rope,
+        index: usize,
+        kv: &mut KvCacheStorage,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        self.attn_norm.forward(&ws.hidden, &mut ws.normed)?;
+        self.attention.forward(
+            step,
+            rope,
+            index,
+            kv,
+            &ws.normed,
+            &mut ws.attention,
+            &mut ws.linear,
+            &mut ws.projected,
+        )?;
+        ws.add_residual()?;
+        self.ffn_norm.forward(&ws.hidden, &mut ws.normed)?;
+        self.mlp.forward(
+            step,
+            &ws.normed,
+            &mut ws.mlp,
+            &mut ws.linear,
+            &mut ws.projected,
+        )?;
+        ws.add_residual()
+    }
+}
+
+impl CausalLm for LlamaModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn kv_layout(&self) -> &[LayerKvLayout] {
+        &self.kv_layout
+    }
+
+    fn weight_bytes(&self) -> usize {
+        let layers: usize = self.layers.iter().map(LlamaLayer::storage_bytes).sum();
+        layers
+            + self.embedding.storage_bytes()
+            + self.output.as_ref().map_or(0, Linear::storage_bytes)
+    }
+
+    fn decode_weight_bytes(&self) -> usize {
+        match &self.output {
+            Some(_) => self.weight_bytes() - self.embedding.storage_bytes(),
+            None => self.weight_bytes(),
+        }
+    }
+
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        batch: &BatchInput,
+        kv: &mut KvCacheStorage,
+        workspace: &mut Workspace,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        validate_batch(&self.config, batch, kv)?;
+        let step = Step { pool, batch };
+        let (hidden, vocab) = (self.config.hidden_size, self.config.vocab_size);
+        self.prepare(workspace, batch.num_tokens(), batch.logits_indices.len());
+        embed(
+            &self.embedding,
+            &batch.token_ids,
+            &mut workspace.hidden,
+            hidden,
+        )?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            layer.forward(&step, &self.rope, index, kv, workspace)?;
+        }
+        workspace.final_logits(&step, &self.output_norm, self.head(), hidden, vocab, logits)
+    }
+}

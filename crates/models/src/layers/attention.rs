@@ -1,0 +1,191 @@
+//! The attention block: QKV projection (optional bias), RoPE, the paged KV write, paged
+//! attention over each sequence's cached context, and the output projection.
+
+use tokenmill_kernels::{add_inplace, paged_attention, write_kv, AttentionParams};
+
+use super::{Linear, LinearScratch, Rope, StackedLinear, Step};
+use crate::error::{ModelError, Result};
+use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
+use crate::loader::LayerTensors;
+
+/// Heads of one attention block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AttentionShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// What the KV cache keeps for a layer of this shape attending to the whole context.
+    pub fn kv_layout(&self) -> LayerKvLayout {
+        LayerKvLayout {
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            sliding_window: None,
+        }
+    }
+}
+
+/// The attention block's intermediates, `[n][..]` each.
+#[derive(Debug, Default)]
+pub(crate) struct AttentionBuffers {
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl AttentionBuffers {
+    /// Sizes the buffers for `n` tokens of `shape`; only grows capacity.
+    pub fn prepare(&mut self, n: usize, shape: AttentionShape) {
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        let sizes: [(&mut Vec<f32>, usize); 5] = [
+            (&mut self.qkv, n * (q_dim + 2 * kv_dim)),
+            (&mut self.q, n * q_dim),
+            (&mut self.k, n * kv_dim),
+            (&mut self.v, n * kv_dim),
+            (&mut self.out, n * q_dim),
+        ];
+        for (buffer, len) in sizes {
+            buffer.resize(len, 0.0);
+        }
+    }
+}
+
+/// Multi-head (grouped-query) self-attention over the paged KV cache.
+#[derive(Debug)]
+pub(crate) struct AttentionBlock {
+    shape: AttentionShape,
+    /// `[q | k | v]` projections.
+    qkv: StackedLinear,
+    /// `[q_dim + 2 * kv_dim]`, for Qwen2-style attention bias.
+    qkv_bias: Option<Vec<f32>>,
+    output: Linear,
+}
+
+impl AttentionBlock {
+    /// Reads `attn_{q,k,v}.weight` (and their biases when `bias`) and `attn_output.weight`.
+    pub fn load(
+        tensors: &LayerTensors<'_>,
+        shape: AttentionShape,
+        hidden: usize,
+        bias: bool,
+    ) -> Result<AttentionBlock> {
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        let qkv = tensors.stacked(
+            &[
+                ("attn_q.weight", q_dim),
+                ("attn_k.weight", kv_dim),
+                ("attn_v.weight", kv_dim),
+            ],
+            hidden,
+        )?;
+        let qkv_bias = if bias {
+            let mut values = tensors.vector("attn_q.bias", q_dim)?;
+            values.extend(tensors.vector("attn_k.bias", kv_dim)?);
+            values.extend(tensors.vector("attn_v.bias", kv_dim)?);
+            Some(values)
+        } else {
+            None
+        };
+        Ok(AttentionBlock {
+            shape,
+            qkv,
+            qkv_bias,
+            output: tensors.matrix("attn_output.weight", hidden, q_dim)?,
+        })
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        self.qkv.storage_bytes() + self.output.storage_bytes()
+    }
+
+    /// Attends every token of `x[n][hidden]` over its sequence's cached context (after
+    /// writing this step's K/V into layer `layer` of `kv`) and leaves the projected result in
+    /// `out[n][hidden]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        step: &Step<'_>,
+        rope: &Rope,
+        layer: usize,
+        kv: &mut KvCacheStorage,
+        x: &[f32],
+        buffers: &mut AttentionBuffers,
+        scratch: &mut LinearScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (pool, batch, n) = (step.pool, step.batch, step.num_tokens());
+        let shape = self.shape;
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        let b = buffers;
+        self.qkv.forward(pool, x, n, &mut b.qkv, scratch)?;
+        for (token, row) in b.qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
+            let (q, rest) = row.split_at(q_dim);
+            let (k, v) = rest.split_at(kv_dim);
+            b.q[token * q_dim..(token + 1) * q_dim].copy_from_slice(q);
+            b.k[token * kv_dim..(token + 1) * kv_dim].copy_from_slice(k);
+            b.v[token * kv_dim..(token + 1) * kv_dim].copy_from_slice(v);
+        }
+        if let Some(bias) = &self.qkv_bias {
+            let (q_bias, rest) = bias.split_at(q_dim);
+            let (k_bias, v_bias) = rest.split_at(kv_dim);
+            for (rows, bias, width) in [
+                (&mut b.q, q_bias, q_dim),
+                (&mut b.k, k_bias, kv_dim),
+                (&mut b.v, v_bias, kv_dim),
+            ] {
+                for row in rows.chunks_exact_mut(width) {
+                    add_inplace(row, bias)?;
+                }
+            }
+        }
+        rope.apply(&mut b.q, shape.num_heads, shape.head_dim, &batch.positions)?;
+        rope.apply(
+            &mut b.k,
+            shape.num_kv_heads,
+            shape.head_dim,
+            &batch.positions,
+        )?;
+        let block_size = kv.block_size();
+        let (key_cache, value_cache) = kv
+            .layer_mut(layer)
+            .ok_or_else(|| ModelError::InvalidBatch(format!("KV cache has no layer {layer}")))?;
+        write_kv(
+            &b.k,
+            &b.v,
+            &batch.slot_mapping,
+            kv_dim,
+            key_cache.as_slice_mut(),
+            value_cache.as_slice_mut(),
+        )?;
+        let params = AttentionParams {
+            num_heads: shape.num_heads,
+            num_kv_heads: shape.num_kv_heads,
+            head_dim: shape.head_dim,
+            block_size,
+            scale: 1.0 / (shape.head_dim as f32).sqrt(),
+        };
+        paged_attention(
+            pool,
+            &params,
+            &b.q,
+            key_cache.as_slice(),
+            value_cache.as_slice(),
+            &batch.seqs,
+            &batch.block_tables,
+            &mut b.out,
+        )?;
+        self.output.forward(pool, &b.out, n, out, scratch)
+    }
+}

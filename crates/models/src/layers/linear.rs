@@ -1,0 +1,106 @@
+//! Linear layers over the compute layer's [`QMatrix`]: the one place a weight multiplies
+//! activations, so a LoRA adapter hooks in here (an extra low-rank product added to `out`)
+//! rather than in every family.
+
+use tokenmill_kernels::{MatmulScratch, QMatrix, ThreadPool};
+
+use crate::error::Result;
+
+/// Scratch shared by every linear layer of a step: the kernel's quantized-activation buffer
+/// and the per-part output of a [`StackedLinear`] whose parts stay separate.
+#[derive(Debug, Default)]
+pub(crate) struct LinearScratch {
+    matmul: MatmulScratch,
+    part: Vec<f32>,
+}
+
+/// `y = x · Wᵀ` with `W` of shape `[out_features, in_features]` in any [`DType`]
+/// (`tokenmill_kernels::DType`); quantized or float weights are a choice of matrix, not of
+/// model.
+#[derive(Debug)]
+pub(crate) struct Linear {
+    weight: QMatrix,
+}
+
+impl Linear {
+    pub fn new(weight: QMatrix) -> Linear {
+        Linear { weight }
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        self.weight.storage_bytes()
+    }
+
+    /// `out[n][out_features] = x[n][in_features] · Wᵀ` on `pool`.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut LinearScratch,
+    ) -> Result<()> {
+        self.weight.matmul(pool, x, n, out, &mut scratch.matmul)?;
+        Ok(())
+    }
+}
+
+/// Reads one row of an embedding table per token into `out[n][width]`. The table is a
+/// [`Linear`] because a tied output head multiplies by the same matrix.
+pub(crate) fn embed(table: &Linear, tokens: &[u32], out: &mut [f32], width: usize) -> Result<()> {
+    for (row, &token) in out.chunks_exact_mut(width).zip(tokens) {
+        table.weight.row_to_f32(token as usize, row)?;
+    }
+    Ok(())
+}
+
+/// Several linear layers over the same input whose outputs are read side by side
+/// (`[q | k | v]`, `[gate | up]`). Parts of one type are fused into one matrix at load, so
+/// usually this is a single matmul.
+#[derive(Debug)]
+pub(crate) struct StackedLinear {
+    parts: Vec<QMatrix>,
+    width: usize,
+}
+
+impl StackedLinear {
+    pub fn new(parts: Vec<QMatrix>) -> StackedLinear {
+        let width = parts.iter().map(QMatrix::out_features).sum();
+        StackedLinear { parts, width }
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        self.parts.iter().map(QMatrix::storage_bytes).sum()
+    }
+
+    /// `out[n][width]`: each part's output in its columns, in order.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut LinearScratch,
+    ) -> Result<()> {
+        if let [single] = self.parts.as_slice() {
+            single.matmul(pool, x, n, out, &mut scratch.matmul)?;
+            return Ok(());
+        }
+        let part = &mut scratch.part;
+        let mut column = 0;
+        for matrix in &self.parts {
+            let width = matrix.out_features();
+            part.clear();
+            part.resize(n * width, 0.0);
+            matrix.matmul(pool, x, n, part, &mut scratch.matmul)?;
+            for (out_row, part_row) in out
+                .chunks_exact_mut(self.width)
+                .zip(part.chunks_exact(width))
+            {
+                out_row[column..column + width].copy_from_slice(part_row);
+            }
+            column += width;
+        }
+        Ok(())
+    }
+}

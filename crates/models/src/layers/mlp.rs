@@ -1,0 +1,91 @@
+//! The gated feed-forward block: `down(act(gate(x)) * up(x))`.
+
+use tokenmill_kernels::silu_mul;
+
+use super::{Linear, LinearScratch, StackedLinear, Step};
+use crate::error::Result;
+use crate::loader::LayerTensors;
+
+/// The gate's activation. Gemma's GELU (tanh approximation) becomes a second variant with
+/// its own fused kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activation {
+    Silu,
+}
+
+/// The MLP's intermediates, `[n][..]` each.
+#[derive(Debug, Default)]
+pub(crate) struct MlpBuffers {
+    gate_up: Vec<f32>,
+    activated: Vec<f32>,
+}
+
+impl MlpBuffers {
+    /// Sizes the buffers for `n` tokens of an MLP `intermediate` wide; only grows capacity.
+    pub fn prepare(&mut self, n: usize, intermediate: usize) {
+        self.gate_up.resize(n * 2 * intermediate, 0.0);
+        self.activated.resize(n * intermediate, 0.0);
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct GatedMlp {
+    /// `[gate | up]`.
+    gate_up: StackedLinear,
+    down: Linear,
+    intermediate: usize,
+    activation: Activation,
+}
+
+impl GatedMlp {
+    /// Reads `ffn_gate.weight`, `ffn_up.weight` and `ffn_down.weight`.
+    pub fn load(
+        tensors: &LayerTensors<'_>,
+        hidden: usize,
+        intermediate: usize,
+        activation: Activation,
+    ) -> Result<GatedMlp> {
+        Ok(GatedMlp {
+            gate_up: tensors.stacked(
+                &[
+                    ("ffn_gate.weight", intermediate),
+                    ("ffn_up.weight", intermediate),
+                ],
+                hidden,
+            )?,
+            down: tensors.matrix("ffn_down.weight", hidden, intermediate)?,
+            intermediate,
+            activation,
+        })
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        self.gate_up.storage_bytes() + self.down.storage_bytes()
+    }
+
+    /// `out[n][hidden]` for `x[n][hidden]`.
+    pub fn forward(
+        &self,
+        step: &Step<'_>,
+        x: &[f32],
+        buffers: &mut MlpBuffers,
+        scratch: &mut LinearScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (pool, n, intermediate) = (step.pool, step.num_tokens(), self.intermediate);
+        self.gate_up
+            .forward(pool, x, n, &mut buffers.gate_up, scratch)?;
+        for (row, activated) in buffers
+            .gate_up
+            .chunks_exact_mut(2 * intermediate)
+            .zip(buffers.activated.chunks_exact_mut(intermediate))
+        {
+            let (gate, up) = row.split_at_mut(intermediate);
+            match self.activation {
+                Activation::Silu => silu_mul(gate, up)?,
+            }
+            activated.copy_from_slice(gate);
+        }
+        self.down.forward(pool, &buffers.activated, n, out, scratch)
+    }
+}

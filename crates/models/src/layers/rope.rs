@@ -1,0 +1,68 @@
+//! Rotary position embeddings: one precomputed table and the pair layout it rotates. A family
+//! with two tables (Gemma 3's local and global layers) holds two of these and picks per layer.
+
+use tokenmill_kernels::{apply_rope, RopeCache};
+
+use crate::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::error::Result;
+
+/// The table covers the trained context (capped); positions beyond it are computed on the fly.
+const MAX_TABLE_POSITIONS: usize = 1 << 17;
+
+#[derive(Debug)]
+pub(crate) struct Rope {
+    table: RopeCache,
+    style: tokenmill_kernels::RopeStyle,
+}
+
+impl Rope {
+    /// The table `config`'s rotary dims, base, scaling and context length describe.
+    pub fn from_config(config: &ModelConfig) -> Result<Rope> {
+        let scaling = match config.rope_scaling {
+            RopeScaling::None => tokenmill_kernels::RopeScaling::None,
+            RopeScaling::Linear { factor } => tokenmill_kernels::RopeScaling::Linear { factor },
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => tokenmill_kernels::RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            },
+        };
+        let table = RopeCache::new(
+            config.rotary_dim,
+            config.rope_theta,
+            config.max_position_embeddings.min(MAX_TABLE_POSITIONS),
+            scaling,
+        )?;
+        let style = match config.rope_style {
+            RopeStyle::Normal => tokenmill_kernels::RopeStyle::Normal,
+            RopeStyle::Neox => tokenmill_kernels::RopeStyle::Neox,
+        };
+        Ok(Rope { table, style })
+    }
+
+    /// Rotates every head of `x[n][heads][head_dim]` by its token's position.
+    pub fn apply(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+    ) -> Result<()> {
+        apply_rope(
+            x,
+            positions.len(),
+            heads,
+            head_dim,
+            positions,
+            &self.table,
+            self.style,
+        )?;
+        Ok(())
+    }
+}
