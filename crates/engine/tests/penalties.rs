@@ -98,7 +98,7 @@ fn requests(prompt: &[u32]) -> Vec<(&'static str, GenerateRequest)> {
         // "." (30) is a stop token that may not come before the fifth token.
         with("min_tokens", |r| {
             r.stop.stop_token_ids = vec![30];
-            r.stop.min_tokens = 5;
+            r.sampling.min_tokens = 5;
         }),
     ]
 }
