@@ -24,7 +24,7 @@ use tokenmill_models::SampledToken;
 use tokenmill_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::executor::{BanRule, Executor, NewSequence, StepOutput};
+use crate::executor::{Executor, NewSequence, StepOutput};
 use crate::output::OutputProcessor;
 use crate::request::{GenerateRequest, RequestEvent, RequestOutput, StopReason, TokenLogprob};
 use crate::stats::EngineStats;
@@ -366,7 +366,7 @@ impl<E: Executor> EngineLoop<E> {
     fn add(
         &mut self,
         request_id: RequestId,
-        request: GenerateRequest,
+        mut request: GenerateRequest,
         events: UnboundedSender<RequestEvent>,
     ) {
         let num_prompt_tokens = request.prompt_token_ids.len();
@@ -376,19 +376,17 @@ impl<E: Executor> EngineLoop<E> {
             .unwrap_or_else(|| self.max_model_len.saturating_sub(num_prompt_tokens) as u32);
         let stop = StopParams {
             max_tokens,
-            min_tokens: request.stop.min_tokens,
+            min_tokens: request.sampling.min_tokens,
             ignore_eos: request.stop.ignore_eos,
             eos_token_ids: self.eos_token_ids.clone(),
             stop_token_ids: request.stop.stop_token_ids.clone(),
         };
-        let mut banned = request.stop.stop_token_ids.clone();
+        // What `min_tokens` holds back: the same ids that would end the request.
+        let all_stop = &mut request.sampling.all_stop_token_ids;
+        all_stop.clone_from(&request.stop.stop_token_ids);
         if !request.stop.ignore_eos {
-            banned.extend_from_slice(&self.eos_token_ids);
+            all_stop.extend_from_slice(&self.eos_token_ids);
         }
-        let ban = BanRule {
-            min_tokens: request.stop.min_tokens,
-            token_ids: banned,
-        };
         self.arrival_seq += 1;
         // Prompt logprobs need logits at every prompt position, so such a request must not
         // reuse cached blocks: a salt nobody else has keeps its hashes private.
@@ -411,7 +409,6 @@ impl<E: Executor> EngineLoop<E> {
                 request_id,
                 prompt_token_ids: &request.prompt_token_ids,
                 sampling: &request.sampling,
-                ban: &ban,
                 prompt_logprobs: request.prompt_logprobs,
             })
             .and_then(|()| {
@@ -427,7 +424,7 @@ impl<E: Executor> EngineLoop<E> {
         let output = OutputProcessor::new(
             Arc::clone(&self.tokenizer),
             &request.prompt_token_ids,
-            request.skip_special_tokens,
+            request.decode,
             request.stop.stop_strings,
             request.stop.include_stop_str_in_output,
         );

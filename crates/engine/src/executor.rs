@@ -21,14 +21,14 @@ pub struct StepOutput {
 pub struct NewSequence<'a> {
     pub request_id: RequestId,
     pub prompt_token_ids: &'a [u32],
+    /// Complete: the engine has filled [`SamplingParams::all_stop_token_ids`].
     pub sampling: &'a SamplingParams,
-    pub ban: &'a BanRule,
     /// Compute each prompt token's logprob plus this many alternatives.
     pub prompt_logprobs: Option<usize>,
 }
 
-/// Runs scheduled steps. Implementations keep per-request sampling state (RNG, penalty
-/// history) between steps; the engine tells them when requests come and go.
+/// Runs scheduled steps. Implementations keep per-request sampling state (RNG, the
+/// logits-processor chain) between steps; the engine tells them when requests come and go.
 pub trait Executor: Send {
     /// A request was admitted to the engine.
     fn add_request(&mut self, sequence: NewSequence<'_>) -> Result<(), EngineError>;
@@ -38,12 +38,4 @@ pub trait Executor: Send {
 
     /// Runs one step over the paged cache and samples for every request with `samples`.
     fn execute(&mut self, output: &SchedulerOutput) -> Result<StepOutput, EngineError>;
-}
-
-/// Tokens the sampler must not pick while fewer than `min_tokens` were generated
-/// (EOS and stop tokens; vLLM masks them the same way).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BanRule {
-    pub min_tokens: u32,
-    pub token_ids: Vec<u32>,
 }

@@ -37,7 +37,7 @@ mod stats;
 pub use client::{Engine, EngineClient, RequestStream};
 pub use config::{EngineConfig, KvCacheSizing};
 pub use error::EngineError;
-pub use executor::{BanRule, Executor, NewSequence, StepOutput};
+pub use executor::{Executor, NewSequence, StepOutput};
 pub use model_runner::{LoadedModel, ModelRunner};
 pub use offline::{generate_batch, BatchItem, BatchResult};
 pub use output::OutputProcessor;

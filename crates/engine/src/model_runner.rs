@@ -8,12 +8,13 @@ use tokenmill_core::{RequestId, SchedulerOutput};
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 use tokenmill_models::{
-    load_gguf_model, load_model, BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LoadOptions,
-    ModelConfig, ModelError, ModelSource, SampledToken, Sampler, SamplingContext, Workspace,
+    load_gguf_model, load_model, token_logprobs, BatchInput, CausalLm, History, KvCacheDType,
+    KvCacheStorage, LoadOptions, ModelConfig, ModelError, ModelSource, SampledToken, Sampler,
+    Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
-use crate::executor::{BanRule, Executor, NewSequence, StepOutput};
+use crate::executor::{Executor, NewSequence, StepOutput};
 use crate::request::TokenLogprob;
 use crate::EngineError;
 
@@ -81,7 +82,6 @@ struct SequenceState {
     sampler: Sampler,
     prompt_token_ids: Vec<u32>,
     output_token_ids: Vec<u32>,
-    ban: BanRule,
     /// Alternatives per prompt position when prompt logprobs were asked for.
     prompt_logprobs: Option<usize>,
     /// Prompt positions below this already had their logprobs reported (a recompute after
@@ -137,10 +137,9 @@ impl Executor for ModelRunner {
         self.sequences.insert(
             sequence.request_id,
             SequenceState {
-                sampler: Sampler::new(sequence.sampling.clone()),
+                sampler: Sampler::new(sequence.sampling.clone(), sequence.prompt_token_ids),
                 prompt_token_ids: sequence.prompt_token_ids.to_vec(),
                 output_token_ids: Vec::new(),
-                ban: sequence.ban.clone(),
                 prompt_logprobs: sequence.prompt_logprobs,
                 prompt_logprobs_done: 0,
             },
@@ -214,8 +213,12 @@ impl Executor for ModelRunner {
             let Some(&target) = state.prompt_token_ids.get(position + 1) else {
                 continue;
             };
-            let top = state.prompt_logprobs.unwrap_or(0);
-            let entry = prompt_logprob(logits, target, top);
+            let (logprob, top) = token_logprobs(logits, target, state.prompt_logprobs.unwrap_or(0));
+            let entry = TokenLogprob {
+                token_id: target,
+                logprob,
+                top,
+            };
             state.prompt_logprobs_done = position + 1;
             match step.prompt_logprobs.last_mut() {
                 Some((id, entries)) if *id == request_id => entries.push(entry),
@@ -306,42 +309,10 @@ struct SampleJob<'a> {
 impl SampleJob<'_> {
     fn sample(&mut self, logits: &[f32]) -> Result<SampledToken, EngineError> {
         let state = &mut *self.state;
-        let generated = state.output_token_ids.len() as u32;
-        let banned: &[u32] = if generated < state.ban.min_tokens {
-            &state.ban.token_ids
-        } else {
-            &[]
+        let history = History {
+            prompt: &state.prompt_token_ids,
+            output: &state.output_token_ids,
         };
-        let context = SamplingContext {
-            prompt_tokens: &state.prompt_token_ids,
-            output_tokens: &state.output_token_ids,
-            step_banned_token_ids: banned,
-        };
-        Ok(state.sampler.sample(logits, &context)?)
-    }
-}
-
-/// Log-softmax of `logits` at `target`, plus the `top` most likely tokens.
-fn prompt_logprob(logits: &[f32], target: u32, top: usize) -> TokenLogprob {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let log_norm = max + sum.ln() as f32;
-    let logprob = logits
-        .get(target as usize)
-        .map_or(f32::NEG_INFINITY, |&l| l - log_norm);
-    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
-    if top > 0 {
-        for (id, &l) in logits.iter().enumerate() {
-            if best.len() < top || best.last().is_some_and(|&(_, worst)| l > worst) {
-                let at = best.partition_point(|&(_, v)| v >= l);
-                best.insert(at, (id as u32, l));
-                best.truncate(top);
-            }
-        }
-    }
-    TokenLogprob {
-        token_id: target,
-        logprob,
-        top: best.into_iter().map(|(id, l)| (id, l - log_norm)).collect(),
+        Ok(state.sampler.sample(logits, &history)?)
     }
 }

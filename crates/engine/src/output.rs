@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tokenmill_text::{IncrementalDetokenizer, StopStringMatcher, Tokenizer};
+use tokenmill_text::{DecodeOptions, IncrementalDetokenizer, StopStringMatcher, Tokenizer};
 
 use crate::EngineError;
 
@@ -27,16 +27,12 @@ impl OutputProcessor {
     pub fn new(
         tokenizer: Arc<Tokenizer>,
         prompt_token_ids: &[u32],
-        skip_special_tokens: bool,
+        decode: DecodeOptions,
         stop_strings: Vec<String>,
         include_stop_str_in_output: bool,
     ) -> OutputProcessor {
         OutputProcessor {
-            detokenizer: IncrementalDetokenizer::new(
-                tokenizer,
-                prompt_token_ids,
-                skip_special_tokens,
-            ),
+            detokenizer: IncrementalDetokenizer::new(tokenizer, prompt_token_ids, decode),
             stop: StopStringMatcher::new(stop_strings, include_stop_str_in_output),
         }
     }

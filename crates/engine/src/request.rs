@@ -3,15 +3,16 @@
 use std::time::Instant;
 
 use tokenmill_models::SamplingParams;
+use tokenmill_text::DecodeOptions;
 
 pub use tokenmill_core::FinishReason;
 
-/// Stop conditions of one request, token-level and string-level.
+/// Stop conditions of one request, token-level and string-level (`min_tokens` is a sampling
+/// parameter: it holds EOS and stop tokens back, see [`SamplingParams::min_tokens`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StopOptions {
     /// Cap on generated tokens; `None` = up to `max_model_len`.
     pub max_tokens: Option<u32>,
-    pub min_tokens: u32,
     pub ignore_eos: bool,
     pub stop_token_ids: Vec<u32>,
     /// Stop strings, matched on detokenized text across token boundaries.
@@ -23,7 +24,6 @@ impl Default for StopOptions {
     fn default() -> StopOptions {
         StopOptions {
             max_tokens: Some(16),
-            min_tokens: 0,
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
@@ -42,8 +42,9 @@ pub struct GenerateRequest {
     pub priority: i32,
     /// Isolates prefix-cache entries (vLLM's `cache_salt`).
     pub cache_salt: Option<String>,
-    /// Drop special tokens from the text (token ids are always returned).
-    pub skip_special_tokens: bool,
+    /// How the output ids become text (`skip_special_tokens`, `spaces_between_special_tokens`);
+    /// token ids are always returned.
+    pub decode: DecodeOptions,
     /// Return each prompt token's logprob plus this many alternatives (vLLM's
     /// `prompt_logprobs`; completions `echo` with `logprobs`). Such requests skip prefix-cache
     /// hits, since cached positions would have no logits.
@@ -61,7 +62,7 @@ impl GenerateRequest {
             stop: StopOptions::default(),
             priority: 0,
             cache_salt: None,
-            skip_special_tokens: true,
+            decode: DecodeOptions::default(),
             prompt_logprobs: None,
             arrival: Instant::now(),
         }

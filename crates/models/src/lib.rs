@@ -23,7 +23,7 @@
 //!   [`KvCacheDType`] (f32, f16, bf16, fp8), chosen by the `--kv-cache-dtype` value
 //!   [`CacheDtype`].
 //! - [`Sampler`] with [`SamplingParams`] → [`SampledToken`]: per-request sampling with vLLM's
-//!   semantics and a per-request seeded RNG.
+//!   semantics, a per-request seeded RNG and a [`LogitsChain`] of [`LogitsProcessor`]s.
 //!
 //! # Usage loop
 //!
@@ -35,16 +35,15 @@
 //! let block_size = 16;
 //! let mut kv = KvCacheStorage::new(model.kv_layout(), 64, block_size);
 //! let mut workspace = Workspace::new();
-//! let mut sampler = Sampler::new(SamplingParams::greedy());
 //! let (prompt, block_table) = (vec![504u32, 3575, 282, 4649, 314], vec![0u32, 1, 2, 3]);
+//! let mut sampler = Sampler::new(SamplingParams::greedy(), &prompt);
 //! let mut generated = Vec::new();
 //! let (mut batch, mut logits) = (BatchInput::default(), Vec::new());
 //! batch.add_sequence(&prompt, 0, &block_table, block_size, true)?;
 //! for _ in 0..16 {
 //!     model.forward(&pool, &batch, &mut kv, &mut workspace, &mut logits)?;
-//!     let context = SamplingContext { prompt_tokens: &prompt, output_tokens: &generated,
-//!                                     ..SamplingContext::default() };
-//!     let next = sampler.sample(&logits, &context)?.token_id;
+//!     let history = History { prompt: &prompt, output: &generated };
+//!     let next = sampler.sample(&logits, &history)?.token_id;
 //!     generated.push(next);
 //!     batch.clear();
 //!     batch.add_sequence(&[next], prompt.len() + generated.len() - 1, &block_table,
@@ -62,7 +61,7 @@ mod kv_cache;
 mod layers;
 mod loader;
 mod model;
-mod sampler;
+mod sampling;
 mod source;
 
 pub use batch::BatchInput;
@@ -74,7 +73,10 @@ pub use kv_cache::{KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;
 pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
-pub use sampler::{argmax, log_sum_exp, SampledToken, Sampler, SamplingContext, SamplingParams};
+pub use sampling::{
+    argmax, log_sum_exp, token_logprobs, History, LogitsChain, LogitsProcessor, SampledToken,
+    Sampler, SamplingParams,
+};
 pub use source::{
     default_model_path, ensure_default_model, extract_wheel_entry, find_cached_repo,
     hf_hub_cache_dir, model_cache_dir, resolve_model, ModelSource, DEFAULT_MODEL_FILE,

@@ -13,42 +13,61 @@ use tokenmill_protocol::{
     ChatLogprobToken, ChatLogprobs, ChatTopLogprob, CompletionLogprobs, FinishReason,
     PromptLogprob, PromptLogprobs, StopReason, TopLogprobMap, ValidatedSampling,
 };
-use tokenmill_text::Tokenizer;
+use tokenmill_text::{DecodeOptions, Tokenizer};
 
 use crate::error::ApiError;
 
-/// One engine request for choice `choice_index` of a prompt.
+/// The engine's sampling parameters for a validated request, built once for all its choices
+/// (`bad_words` are tokenized here, where the tokenizer is).
+pub(crate) fn engine_sampling(
+    validated: &ValidatedSampling,
+    tokenizer: &Tokenizer,
+) -> Result<SamplingParams, ApiError> {
+    let sampling = &validated.sampling;
+    let bad_words_token_ids = tokenizer
+        .bad_words_token_ids(&sampling.bad_words)
+        .map_err(|e| ApiError::invalid_param("bad_words", e.to_string()))?;
+    Ok(SamplingParams {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k.map(|k| k as usize),
+        top_p: sampling.top_p,
+        min_p: sampling.min_p,
+        seed: sampling.seed,
+        repetition_penalty: sampling.repetition_penalty,
+        presence_penalty: sampling.presence_penalty,
+        frequency_penalty: sampling.frequency_penalty,
+        logit_bias: sampling.logit_bias.clone(),
+        logprobs: sampling.logprobs.map(|k| k as usize),
+        allowed_token_ids: sampling.allowed_token_ids.clone(),
+        bad_words_token_ids,
+        min_tokens: sampling.min_tokens,
+        all_stop_token_ids: Vec::new(),
+    })
+}
+
+/// One engine request for choice `choice_index` of a prompt, sampling with `params` (from
+/// [`engine_sampling`]).
 pub(crate) fn engine_request(
     prompt_token_ids: Vec<u32>,
     validated: &ValidatedSampling,
+    params: &SamplingParams,
     max_tokens: u32,
     choice_index: u32,
     arrival: Instant,
 ) -> GenerateRequest {
     let sampling = &validated.sampling;
     // Each choice of a seeded request draws from its own stream, reproducibly.
-    let seed = sampling
+    let seed = params
         .seed
         .map(|seed| seed.wrapping_add(u64::from(choice_index)));
     GenerateRequest {
         prompt_token_ids,
         sampling: SamplingParams {
-            temperature: sampling.temperature,
-            top_k: sampling.top_k.map(|k| k as usize),
-            top_p: sampling.top_p,
-            min_p: sampling.min_p,
             seed,
-            repetition_penalty: sampling.repetition_penalty,
-            presence_penalty: sampling.presence_penalty,
-            frequency_penalty: sampling.frequency_penalty,
-            logit_bias: sampling.logit_bias.clone(),
-            logprobs: sampling.logprobs.map(|k| k as usize),
-            allowed_token_ids: sampling.allowed_token_ids.clone(),
-            banned_token_ids: Vec::new(),
+            ..params.clone()
         },
         stop: StopOptions {
             max_tokens: Some(max_tokens),
-            min_tokens: sampling.min_tokens,
             ignore_eos: sampling.ignore_eos,
             stop_token_ids: sampling.stop_token_ids.clone(),
             stop_strings: sampling.stop.clone(),
@@ -62,7 +81,10 @@ pub(crate) fn engine_request(
             },
         ),
         cache_salt: validated.output.cache_salt.clone(),
-        skip_special_tokens: sampling.skip_special_tokens,
+        decode: DecodeOptions {
+            skip_special_tokens: sampling.skip_special_tokens,
+            spaces_between_special_tokens: sampling.spaces_between_special_tokens,
+        },
         prompt_logprobs: sampling.prompt_logprobs.map(|k| k as usize),
         arrival,
     }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{DecodeOptions, Tokenizer};
 
 /// How many prompt tokens seed the decode window (vLLM's
 /// `INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET`).
@@ -22,7 +22,7 @@ const PROMPT_CONTEXT_TOKENS: usize = 5;
 #[derive(Debug, Clone)]
 pub struct IncrementalDetokenizer {
     tokenizer: Arc<Tokenizer>,
-    skip_special_tokens: bool,
+    options: DecodeOptions,
     /// The ids from `prefix_offset` on; older ids are dropped as the window slides.
     window: Vec<u32>,
     /// Index into `window` up to which text has been emitted (ids before it are context).
@@ -32,11 +32,11 @@ pub struct IncrementalDetokenizer {
 impl IncrementalDetokenizer {
     /// Starts a stream after `prompt_ids` (their last few ids give decoding context; none is
     /// emitted). Pass `&[]` to decode a sequence from its beginning.
-    pub fn new(tokenizer: Arc<Tokenizer>, prompt_ids: &[u32], skip_special_tokens: bool) -> Self {
+    pub fn new(tokenizer: Arc<Tokenizer>, prompt_ids: &[u32], options: DecodeOptions) -> Self {
         let context = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS)..];
         IncrementalDetokenizer {
             tokenizer,
-            skip_special_tokens,
+            options,
             window: context.to_vec(),
             read_offset: context.len(),
         }
@@ -74,10 +74,8 @@ impl IncrementalDetokenizer {
     fn pending_text(&self) -> Result<(String, bool)> {
         let prefix_text = self
             .tokenizer
-            .decode(&self.window[..self.read_offset], self.skip_special_tokens)?;
-        let full_text = self
-            .tokenizer
-            .decode(&self.window, self.skip_special_tokens)?;
+            .decode_with(&self.window[..self.read_offset], self.options)?;
+        let full_text = self.tokenizer.decode_with(&self.window, self.options)?;
         let complete = !full_text.ends_with(char::REPLACEMENT_CHARACTER);
         // The context decodes to the same text inside the longer window; compare anyway so a
         // decoder that rewrites context never makes us slice inside a character.

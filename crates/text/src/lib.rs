@@ -23,7 +23,8 @@
 //! let prompt = template.render_messages(&[ChatMessage::new("user", "Hi!")], &options)?;
 //! let prompt_ids = tokenizer.encode(&prompt, true)?;
 //!
-//! let mut detokenizer = IncrementalDetokenizer::new(Arc::clone(&tokenizer), &prompt_ids, true);
+//! let mut detokenizer =
+//!     IncrementalDetokenizer::new(Arc::clone(&tokenizer), &prompt_ids, DecodeOptions::default());
 //! let mut stop = StopStringMatcher::new(vec!["\n\n".into()], false);
 //! # let sampled: Vec<u32> = Vec::new();
 //! for id in sampled {
@@ -53,4 +54,4 @@ pub use gguf_vocab::{token_type, GgufVocab};
 pub use pretokenize::PreTokenizerSpec;
 pub use stop::{StopMatch, StopStep, StopStringMatcher};
 pub use template_functions::strftime;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{DecodeOptions, Tokenizer};

@@ -40,6 +40,41 @@ const TEMPLATE_END_OF_TURN: &[&str] = &[
     "</s>",
 ];
 
+/// How ids become text: vLLM's `skip_special_tokens` and `spaces_between_special_tokens`
+/// (both default true).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Drop control tokens (BOS, EOS, "<|im_end|>", ...) from the text.
+    pub skip_special_tokens: bool,
+    /// `true` decodes all ids in one pass, as vLLM's fast (`tokenizers`) path does. `false`
+    /// decodes the ordinary runs between added tokens separately and joins them with the added
+    /// tokens' text and nothing else, as Hugging Face's slow path does: a decoder that turns
+    /// a leading "▁" into a space and strips it at the start of the text (SentencePiece
+    /// with a space prefix) then adds no space after an added token ("<s>Hello", not
+    /// "<s> Hello"). Byte-level vocabularies (GPT-2 style: SmolLM2, Llama 3, Qwen2) map
+    /// each token to its own bytes, so there the two settings always give the same text.
+    pub spaces_between_special_tokens: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> DecodeOptions {
+        DecodeOptions {
+            skip_special_tokens: true,
+            spaces_between_special_tokens: true,
+        }
+    }
+}
+
+impl DecodeOptions {
+    /// vLLM's defaults with `skip_special_tokens` as given.
+    pub fn skipping_special_tokens(skip_special_tokens: bool) -> DecodeOptions {
+        DecodeOptions {
+            skip_special_tokens,
+            ..DecodeOptions::default()
+        }
+    }
+}
+
 /// Where a tokenizer came from; decides how `add_special_tokens` behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
@@ -64,6 +99,8 @@ pub struct Tokenizer {
     add_eos: bool,
     eos_token_ids: BTreeSet<u32>,
     special_ids: HashSet<u32>,
+    /// Added tokens, special or not: matched whole in text, decoded as their own text.
+    added_ids: HashSet<u32>,
     chat_template: Option<String>,
     /// Highest id + 1, computed once: `tokenizers` rebuilds its whole vocabulary map to count it.
     vocab_size: usize,
@@ -163,12 +200,13 @@ impl Tokenizer {
         eos_token_id: Option<u32>,
         chat_template: Option<String>,
     ) -> Self {
-        let special_ids = inner
-            .get_added_tokens_decoder()
-            .into_iter()
+        let added = inner.get_added_tokens_decoder();
+        let special_ids = added
+            .iter()
             .filter(|(_, token)| token.special)
-            .map(|(id, _)| id)
+            .map(|(&id, _)| id)
             .collect();
+        let added_ids = added.into_keys().collect();
         let byte_level = inner.get_decoder().is_some_and(decoder_is_byte_level);
         let vocab_size = inner
             .get_vocab(true)
@@ -185,6 +223,7 @@ impl Tokenizer {
             add_eos: false,
             eos_token_ids: eos_token_id.into_iter().collect(),
             special_ids,
+            added_ids,
             chat_template: None,
             vocab_size,
         };
@@ -253,6 +292,57 @@ impl Tokenizer {
         self.inner
             .decode(ids, skip_special_tokens)
             .map_err(TextError::tokenizer)
+    }
+
+    /// Text for `ids` with both of vLLM's decoding options (see [`DecodeOptions`]).
+    pub fn decode_with(&self, ids: &[u32], options: DecodeOptions) -> Result<String> {
+        let skip = options.skip_special_tokens;
+        if options.spaces_between_special_tokens
+            || !ids.iter().any(|id| self.added_ids.contains(id))
+        {
+            return self.decode(ids, skip);
+        }
+        let mut text = String::new();
+        let mut run: Vec<u32> = Vec::with_capacity(ids.len());
+        for &id in ids {
+            // A skipped special token is dropped without splitting the run (as the slow path).
+            if skip && self.special_ids.contains(&id) {
+                continue;
+            }
+            if self.added_ids.contains(&id) {
+                text.push_str(&self.decode(&run, skip)?);
+                run.clear();
+                text.push_str(&self.inner.id_to_token(id).unwrap_or_default());
+            } else {
+                run.push(id);
+            }
+        }
+        text.push_str(&self.decode(&run, skip)?);
+        Ok(text)
+    }
+
+    /// `bad_words` as token sequences, tokenized as vLLM does (`SamplingParams.
+    /// update_from_tokenizer`): each word without its leading whitespace and without special
+    /// tokens, and again after a space when that gives a different first token in as many
+    /// tokens, so a word is banned at the start of the output and after a space.
+    pub fn bad_words_token_ids(&self, words: &[String]) -> Result<Vec<Vec<u32>>> {
+        let mut sequences: Vec<Vec<u32>> = Vec::with_capacity(words.len() * 2);
+        for word in words {
+            let word = word.trim_start();
+            let plain = self.encode(word, false)?;
+            let spaced = self.encode(&format!(" {word}"), false)?;
+            let distinct = match (plain.first(), spaced.first()) {
+                (Some(a), Some(b)) => a != b && plain.len() == spaced.len(),
+                _ => false,
+            };
+            if !plain.is_empty() {
+                sequences.push(plain);
+            }
+            if distinct {
+                sequences.push(spaced);
+            }
+        }
+        Ok(sequences)
     }
 
     /// The bytes one token stands for on its own (llama.cpp's `token_to_piece` with special

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{default_tokenizer, tokenizer_cases};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokenmill_text::{IncrementalDetokenizer, StopStringMatcher, Tokenizer};
+use tokenmill_text::{DecodeOptions, IncrementalDetokenizer, StopStringMatcher, Tokenizer};
 
 /// Pieces emitted for `ids` one at a time, then the final flush.
 fn stream(
@@ -19,8 +19,11 @@ fn stream(
     ids: &[u32],
     skip_special_tokens: bool,
 ) -> (Vec<String>, String) {
-    let mut detokenizer =
-        IncrementalDetokenizer::new(Arc::clone(tokenizer), prompt, skip_special_tokens);
+    let mut detokenizer = IncrementalDetokenizer::new(
+        Arc::clone(tokenizer),
+        prompt,
+        DecodeOptions::skipping_special_tokens(skip_special_tokens),
+    );
     let pieces = ids
         .iter()
         .map(|&id| detokenizer.push(id).unwrap())
@@ -129,7 +132,11 @@ fn stop_strings_match_across_token_boundaries() {
         (&["never appears"], false, text),
     ];
     for &(stops, include, expected) in cases {
-        let mut detokenizer = IncrementalDetokenizer::new(Arc::clone(&tokenizer), &[], false);
+        let mut detokenizer = IncrementalDetokenizer::new(
+            Arc::clone(&tokenizer),
+            &[],
+            DecodeOptions::skipping_special_tokens(false),
+        );
         let mut matcher =
             StopStringMatcher::new(stops.iter().map(|s| s.to_string()).collect(), include);
         let mut output = String::new();

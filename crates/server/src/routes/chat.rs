@@ -14,7 +14,7 @@ use tokenmill_protocol::{
 
 use crate::error::ApiError;
 use crate::generation::{
-    chat_logprobs, collect, engine_request, wire_finish_reason, wire_stop_reason,
+    chat_logprobs, collect, engine_request, engine_sampling, wire_finish_reason, wire_stop_reason,
 };
 use crate::routes::tokenize::{encode, render_chat};
 use crate::routes::{check_accepting, check_model, json_response, read_json};
@@ -67,12 +67,14 @@ pub(crate) async fn create(
         _ => String::new(),
     };
 
+    let params = engine_sampling(&validated, &state.inner.model.tokenizer)?;
     let mut guard = InFlightGuard::new(&state);
     let mut streams = Vec::with_capacity(validated.sampling.n as usize);
     for choice in 0..validated.sampling.n {
         let engine_req = engine_request(
             prompt_token_ids.clone(),
             &validated,
+            &params,
             max_tokens,
             choice,
             arrival,

@@ -13,8 +13,8 @@ use tokenmill_protocol::{
 
 use crate::error::ApiError;
 use crate::generation::{
-    append_completion_logprobs, collect, engine_request, wire_finish_reason, wire_prompt_logprobs,
-    wire_stop_reason,
+    append_completion_logprobs, collect, engine_request, engine_sampling, wire_finish_reason,
+    wire_prompt_logprobs, wire_stop_reason,
 };
 use crate::routes::tokenize::encode;
 use crate::routes::{check_accepting, check_model, json_response, read_json};
@@ -78,6 +78,7 @@ pub(crate) async fn create(
         log_prompts(&state, &prompts);
     }
 
+    let params = engine_sampling(&validated, &state.inner.model.tokenizer)?;
     let mut guard = InFlightGuard::new(&state);
     let n = validated.sampling.n;
     let mut streams = Vec::with_capacity(prompts.len() * n as usize);
@@ -87,6 +88,7 @@ pub(crate) async fn create(
             let mut engine_req = engine_request(
                 prompt.token_ids.clone(),
                 &validated,
+                &params,
                 prompt.max_tokens,
                 choice,
                 arrival,

@@ -1,0 +1,19 @@
+//! Sampling: one request's logits row → its next token.
+//!
+//! - [`SamplingParams`] (`params.rs`): vLLM's settings and their checks.
+//! - [`LogitsProcessor`] and the per-request [`LogitsChain`] (`processors.rs`): allowed
+//!   tokens, bad words, the min-tokens ban, logit bias and penalties, plus the grammar slot;
+//!   each gets `apply(logits, history)` before the pick and `accept(token)` after it.
+//! - [`Sampler`] (`sampler.rs`): raw logprobs, the chain, then greedy or random selection.
+//! - [`token_logprobs`] (`logprobs.rs`): the log-softmax and top-k shared by sampled-token and
+//!   prompt logprobs.
+
+mod logprobs;
+mod params;
+mod processors;
+mod sampler;
+
+pub use logprobs::{log_sum_exp, token_logprobs};
+pub use params::SamplingParams;
+pub use processors::{History, LogitsChain, LogitsProcessor};
+pub use sampler::{argmax, SampledToken, Sampler};

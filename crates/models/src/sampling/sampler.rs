@@ -1,0 +1,397 @@
+//! [`Sampler`]: one request's logits row → its next token, with vLLM's semantics.
+//!
+//! A sampler belongs to one request: it owns that request's RNG (seeded from
+//! [`SamplingParams::seed`], so a seeded request draws the same tokens whatever it is batched
+//! with), its [`LogitsChain`] and scratch buffers reused across steps. The order of operations
+//! follows vLLM V1: raw logprobs are taken from the model's logits before anything else; then
+//! the chain (masks, bad words, min-tokens ban, logit bias, penalties); then either greedy
+//! argmax (temperature 0) or temperature, min-p, top-k, top-p and a random draw.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::logprobs::token_logprobs;
+use super::params::SamplingParams;
+use super::processors::{History, LogitsChain, LogitsProcessor};
+use crate::error::{ModelError, Result};
+
+/// The token drawn for one sequence at one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    pub token_id: u32,
+    /// Log-probability of `token_id` under the model's raw distribution; present when
+    /// [`SamplingParams::logprobs`] is set.
+    pub logprob: Option<f32>,
+    /// The `logprobs` most likely tokens under the raw distribution, most likely first.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// One request's sampler: its parameters, processors, RNG and reusable scratch space.
+#[derive(Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    chain: LogitsChain,
+    rng: StdRng,
+    /// The processed copy of the row (unused while the chain is empty).
+    logits: Vec<f32>,
+    candidates: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// A sampler for a request whose prompt is `prompt` (the repetition penalty counts it).
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Sampler {
+        let rng = match params.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        Sampler {
+            chain: LogitsChain::new(&params, prompt),
+            params,
+            rng,
+            logits: Vec::new(),
+            candidates: Vec::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The request's processors (where a grammar is attached).
+    pub fn chain_mut(&mut self) -> &mut LogitsChain {
+        &mut self.chain
+    }
+
+    /// Draws the next token from `logits` (one row of the model's output) and lets the chain
+    /// accept it. `history.output` is the output before this token; the caller appends it.
+    pub fn sample(&mut self, logits: &[f32], history: &History<'_>) -> Result<SampledToken> {
+        if logits.is_empty() {
+            return Err(ModelError::InvalidSamplingParams("empty logits row".into()));
+        }
+        let processed: &[f32] = if self.chain.is_empty() {
+            logits
+        } else {
+            self.logits.clear();
+            self.logits.extend_from_slice(logits);
+            self.chain.apply(&mut self.logits, history)?;
+            &self.logits
+        };
+        let token_id = if self.params.is_greedy() {
+            argmax(processed)
+        } else {
+            draw(processed, &self.params, &mut self.rng, &mut self.candidates)
+        }
+        .ok_or_else(|| {
+            ModelError::InvalidSamplingParams(
+                "every token is masked; nothing can be sampled".into(),
+            )
+        })?;
+        self.chain.accept(token_id)?;
+        let (logprob, top_logprobs) = match self.params.logprobs {
+            Some(count) => {
+                let (logprob, top) = token_logprobs(logits, token_id, count);
+                (Some(logprob), top)
+            }
+            None => (None, Vec::new()),
+        };
+        Ok(SampledToken {
+            token_id,
+            logprob,
+            top_logprobs,
+        })
+    }
+}
+
+/// Temperature, min-p, top-k, top-p, then one uniform draw over what is left.
+fn draw(
+    logits: &[f32],
+    params: &SamplingParams,
+    rng: &mut StdRng,
+    candidates: &mut Vec<(u32, f32)>,
+) -> Option<u32> {
+    let temperature = params.temperature;
+    let max_logit = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max_logit == f32::NEG_INFINITY || max_logit.is_nan() {
+        return None;
+    }
+    // min-p in logit space: p_i >= min_p * p_max  <=>  l_i/T >= l_max/T + ln(min_p).
+    let min_scaled = if params.min_p > 0.0 {
+        max_logit / temperature + params.min_p.ln()
+    } else {
+        f32::NEG_INFINITY
+    };
+    candidates.clear();
+    for (id, &logit) in logits.iter().enumerate() {
+        let scaled = logit / temperature;
+        if scaled > f32::NEG_INFINITY && scaled >= min_scaled {
+            candidates.push((id as u32, scaled));
+        }
+    }
+    let by_likelihood = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let needs_order = params.top_k.is_some() || params.top_p < 1.0;
+    if let Some(k) = params.top_k {
+        if k < candidates.len() {
+            candidates.select_nth_unstable_by(k - 1, by_likelihood);
+            candidates.truncate(k);
+        }
+    }
+    if needs_order {
+        candidates.sort_unstable_by(by_likelihood);
+    }
+    let max_scaled = max_logit / temperature;
+    let mut total = 0.0f64;
+    for candidate in candidates.iter_mut() {
+        candidate.1 = (candidate.1 - max_scaled).exp();
+        total += f64::from(candidate.1);
+    }
+    if params.top_p < 1.0 {
+        let threshold = f64::from(params.top_p) * total;
+        let mut cumulative = 0.0f64;
+        let mut keep = candidates.len();
+        for (index, candidate) in candidates.iter().enumerate() {
+            cumulative += f64::from(candidate.1);
+            if cumulative >= threshold {
+                keep = index + 1;
+                break;
+            }
+        }
+        candidates.truncate(keep);
+        total = candidates.iter().map(|c| f64::from(c.1)).sum();
+    }
+    let target = rng.random::<f64>() * total;
+    let mut cumulative = 0.0f64;
+    for candidate in candidates.iter() {
+        cumulative += f64::from(candidate.1);
+        if cumulative > target {
+            return Some(candidate.0);
+        }
+    }
+    // Rounding can leave `target` a hair above the final sum: take the last candidate.
+    candidates.last().map(|candidate| candidate.0)
+}
+
+/// Index of the largest finite-or-infinite logit, lowest id on ties; `None` if all are -inf.
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (id, &logit) in logits.iter().enumerate() {
+        if logit == f32::NEG_INFINITY || logit.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, best_logit)| logit > best_logit) {
+            best = Some((id, logit));
+        }
+    }
+    best.map(|(id, _)| id as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_with(params: SamplingParams, logits: &[f32]) -> u32 {
+        Sampler::new(params, &[])
+            .sample(logits, &History::default())
+            .unwrap()
+            .token_id
+    }
+
+    fn draw_counts(params: SamplingParams, logits: &[f32], draws: usize) -> Vec<usize> {
+        let mut sampler = Sampler::new(params, &[]);
+        let mut counts = vec![0; logits.len()];
+        for _ in 0..draws {
+            let token = sampler.sample(logits, &History::default()).unwrap();
+            counts[token.token_id as usize] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn greedy_picks_max_and_lowest_id_on_ties() {
+        assert_eq!(
+            sample_with(SamplingParams::greedy(), &[0.1, 2.0, -1.0, 2.0]),
+            1
+        );
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), None);
+    }
+
+    #[test]
+    fn the_chain_runs_before_the_pick_and_accepts_it() {
+        let logits = [5.0, 1.0, 0.0, 0.5];
+        let allowed = SamplingParams {
+            allowed_token_ids: Some(vec![2, 3]),
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(sample_with(allowed, &logits), 3);
+        let banned = SamplingParams {
+            bad_words_token_ids: vec![vec![0]],
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(sample_with(banned, &logits), 1);
+        let biased = SamplingParams {
+            logit_bias: vec![(2, 10.0)],
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(sample_with(biased, &logits), 2);
+        let min_tokens = SamplingParams {
+            min_tokens: 1,
+            all_stop_token_ids: vec![0, 1],
+            ..SamplingParams::greedy()
+        };
+        let mut sampler = Sampler::new(min_tokens, &[]);
+        assert_eq!(
+            sampler
+                .sample(&logits, &History::default())
+                .unwrap()
+                .token_id,
+            3
+        );
+        let after_one = History {
+            prompt: &[],
+            output: &[3],
+        };
+        assert_eq!(sampler.sample(&logits, &after_one).unwrap().token_id, 0);
+        let all_banned = SamplingParams {
+            bad_words_token_ids: vec![vec![0], vec![1], vec![2], vec![3]],
+            ..SamplingParams::greedy()
+        };
+        assert!(Sampler::new(all_banned, &[])
+            .sample(&logits, &History::default())
+            .is_err());
+        // Frequency penalty 1: each pick of token 0 costs it one logit; accept counts it.
+        let mut sampler = Sampler::new(
+            SamplingParams {
+                frequency_penalty: 1.0,
+                ..SamplingParams::greedy()
+            },
+            &[],
+        );
+        let picks: Vec<u32> = (0..6)
+            .map(|_| {
+                sampler
+                    .sample(&[3.5, 2.0], &History::default())
+                    .unwrap()
+                    .token_id
+            })
+            .collect();
+        assert_eq!(picks, vec![0, 0, 1, 0, 1, 0]);
+    }
+
+    #[test]
+    fn top_k_keeps_only_k_tokens() {
+        let logits = [1.0, 3.0, 2.0, 0.0, 2.5];
+        let params = SamplingParams {
+            top_k: Some(2),
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
+        let counts = draw_counts(params, &logits, 2000);
+        assert_eq!(counts[0] + counts[2] + counts[3], 0, "{counts:?}");
+        assert!(counts[1] > counts[4] && counts[4] > 0, "{counts:?}");
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_prefix_reaching_p() {
+        // Probabilities 0.5, 0.3, 0.2: top_p 0.6 keeps the first two.
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
+        let params = SamplingParams {
+            top_p: 0.6,
+            seed: Some(3),
+            ..SamplingParams::default()
+        };
+        let counts = draw_counts(params, &logits, 4000);
+        assert_eq!(counts[2], 0, "{counts:?}");
+        // 0.5 / 0.8 = 62.5 % of draws go to token 0.
+        let share = counts[0] as f64 / 4000.0;
+        assert!((share - 0.625).abs() < 0.04, "{counts:?}");
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        // Probabilities 0.6, 0.3, 0.1; min_p 0.2 → threshold 0.12 drops token 2.
+        let logits = [0.6f32.ln(), 0.3f32.ln(), 0.1f32.ln()];
+        let params = SamplingParams {
+            min_p: 0.2,
+            seed: Some(11),
+            ..SamplingParams::default()
+        };
+        let counts = draw_counts(params, &logits, 3000);
+        assert_eq!(counts[2], 0, "{counts:?}");
+        assert!(counts[1] > 0, "{counts:?}");
+    }
+
+    #[test]
+    fn temperature_sharpens_the_distribution() {
+        let logits = [1.0, 0.0];
+        let hot = draw_counts(
+            SamplingParams {
+                temperature: 1.0,
+                seed: Some(5),
+                ..SamplingParams::default()
+            },
+            &logits,
+            4000,
+        );
+        let cold = draw_counts(
+            SamplingParams {
+                temperature: 0.25,
+                seed: Some(5),
+                ..SamplingParams::default()
+            },
+            &logits,
+            4000,
+        );
+        // p0 = 1/(1+e^-1) = 0.731 at T=1 and 1/(1+e^-4) = 0.982 at T=0.25.
+        assert!((hot[0] as f64 / 4000.0 - 0.731).abs() < 0.03, "{hot:?}");
+        assert!((cold[0] as f64 / 4000.0 - 0.982).abs() < 0.01, "{cold:?}");
+    }
+
+    #[test]
+    fn seeded_sampling_reproduces() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let params = SamplingParams {
+            seed: Some(1234),
+            top_p: 0.9,
+            ..SamplingParams::default()
+        };
+        let draw = |params: SamplingParams| {
+            let mut sampler = Sampler::new(params, &[]);
+            (0..20)
+                .map(|_| {
+                    sampler
+                        .sample(&logits, &History::default())
+                        .unwrap()
+                        .token_id
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(params.clone()), draw(params.clone()));
+        let other = SamplingParams {
+            seed: Some(4321),
+            ..params.clone()
+        };
+        assert_ne!(draw(params), draw(other));
+    }
+
+    #[test]
+    fn logprobs_are_raw_log_softmax() {
+        let logits = [2.0f32, 1.0, 0.0, 1.0];
+        let mut sampler = Sampler::new(
+            SamplingParams {
+                logprobs: Some(3),
+                repetition_penalty: 5.0,
+                ..SamplingParams::greedy()
+            },
+            &[0],
+        );
+        let token = sampler.sample(&logits, &History::default()).unwrap();
+        // The penalty moves the choice to token 1, but logprobs describe the raw model output.
+        assert_eq!(token.token_id, 1);
+        let normalizer = (2.0f32.exp() + 2.0 * 1.0f32.exp() + 1.0).ln();
+        assert!((token.logprob.unwrap() - (1.0 - normalizer)).abs() < 1e-6);
+        let ids: Vec<u32> = token.top_logprobs.iter().map(|entry| entry.0).collect();
+        assert_eq!(ids, vec![0, 1, 3]);
+        assert!((token.top_logprobs[0].1 - (2.0 - normalizer)).abs() < 1e-6);
+        let total: f32 = logits.iter().map(|l| (l - normalizer).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+    }
+}
