@@ -1,5 +1,8 @@
 """Offline checks of the deployment assets in deploy/ (run by scripts/check-deploy.sh).
 
+Each manifest folder holds only objects, so `kubectl apply -f <folder>` works; Helm values
+live in deploy/helm/.
+
 Core Kubernetes objects are validated with kubernetes-validate (strict: unknown fields fail)
 for one pinned Kubernetes version; custom resources against the JSON Schemas in
 deploy/schemas/; helm values files only for their embedded EPP configs. Then what a schema
@@ -30,7 +33,9 @@ import kubernetes_validate
 import yaml
 
 KUBERNETES_VERSION = "1.33.0"
-MANIFEST_DIRS = ["kubernetes", "gateway", "llm-d", "kserve"]
+MANIFEST_DIRS = [
+    "kubernetes", "kubernetes/monitoring", "kubernetes/optional", "gateway", "kserve", "helm",
+]
 SCHEMAS = {
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-v1.json",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-v1.json",
@@ -57,7 +62,7 @@ class Bundle:
             for path in sorted((root / "deploy" / folder).glob("*.yaml")):
                 rel = str(path.relative_to(root))
                 loaded = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-                if path.name.endswith(".values.yaml"):
+                if folder == "helm":
                     self.values.extend((rel, d) for d in loaded)
                 else:
                     self.docs.extend((rel, d) for d in loaded)
