@@ -72,11 +72,12 @@ class Bundle:
 
 def check(bundle):
     """Every problem found, as `file: message` lines."""
-    errors = []
-    for rel, doc in bundle.docs:
-        errors += [f"{rel}: {e}" for e in check_schema(bundle.root, doc)]
+    errors = [f"{rel}: {e}" for rel, doc in bundle.docs for e in check_schema(bundle.root, doc)]
     for rel, values in bundle.values:
         errors += [f"{rel}: {e}" for e in check_values(values)]
+    if errors:
+        # The checks below read fields the schemas guarantee.
+        return errors
     for rel, doc in bundle.docs:
         errors += [f"{rel}: {e}" for e in check_serving(doc, bundle)]
     errors += [f"deploy/Containerfile: {e}" for e in check_containerfile(bundle)]
