@@ -20,6 +20,8 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --release --workspace
 
+echo "== deployment assets"; scripts/check-deploy.sh
+
 if [ -x scripts/test-python.sh ]; then
   echo "== python client tests"
   scripts/test-python.sh
