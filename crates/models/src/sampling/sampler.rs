@@ -127,36 +127,22 @@ fn draw(
             candidates.push((id as u32, scaled));
         }
     }
-    let by_likelihood = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let needs_order = params.top_k.is_some() || params.top_p < 1.0;
     if let Some(k) = params.top_k {
         if k < candidates.len() {
             candidates.select_nth_unstable_by(k - 1, by_likelihood);
             candidates.truncate(k);
         }
     }
-    if needs_order {
+    let max_scaled = max_logit / temperature;
+    if params.top_p < 1.0 {
+        keep_nucleus(candidates, params.top_p, max_scaled);
+    } else if params.top_k.is_some() {
         candidates.sort_unstable_by(by_likelihood);
     }
-    let max_scaled = max_logit / temperature;
     let mut total = 0.0f64;
     for candidate in candidates.iter_mut() {
-        candidate.1 = (candidate.1 - max_scaled).exp();
+        candidate.1 = weight(candidate.1, max_scaled);
         total += f64::from(candidate.1);
-    }
-    if params.top_p < 1.0 {
-        let threshold = f64::from(params.top_p) * total;
-        let mut cumulative = 0.0f64;
-        let mut keep = candidates.len();
-        for (index, candidate) in candidates.iter().enumerate() {
-            cumulative += f64::from(candidate.1);
-            if cumulative >= threshold {
-                keep = index + 1;
-                break;
-            }
-        }
-        candidates.truncate(keep);
-        total = candidates.iter().map(|c| f64::from(c.1)).sum();
     }
     let target = rng.random::<f64>() * total;
     let mut cumulative = 0.0f64;
@@ -168,6 +154,54 @@ fn draw(
     }
     // Rounding can leave `target` a hair above the final sum: take the last candidate.
     candidates.last().map(|candidate| candidate.0)
+}
+
+/// Most likely first; the lower id first among equal scaled logits (a total order, so every
+/// selection and sort below has one result).
+fn by_likelihood(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// A scaled logit's unnormalized probability.
+fn weight(scaled: f32, max_scaled: f32) -> f32 {
+    (scaled - max_scaled).exp()
+}
+
+/// Keeps the smallest most-likely-first prefix of `candidates` (`(id, scaled logit)`) whose
+/// probability reaches `top_p`, sorted most likely first.
+///
+/// Sorting the whole vocabulary costs milliseconds a row; a nucleus is usually a few dozen
+/// tokens. So the prefix is sorted in growing chunks: the next most likely `chunk` candidates
+/// are selected (`select_nth_unstable_by`, linear) and sorted, until the running sum reaches
+/// the threshold. The kept tokens and their order are exactly those of a full sort; the total
+/// the threshold is taken of is summed in the candidates' incoming order.
+fn keep_nucleus(candidates: &mut Vec<(u32, f32)>, top_p: f32, max_scaled: f32) {
+    let total: f64 = candidates
+        .iter()
+        .map(|candidate| f64::from(weight(candidate.1, max_scaled)))
+        .sum();
+    let threshold = f64::from(top_p) * total;
+    let len = candidates.len();
+    let (mut sorted, mut cumulative) = (0, 0.0f64);
+    let mut chunk = 64;
+    while sorted < len {
+        let end = (sorted + chunk).min(len);
+        let rest = &mut candidates[sorted..];
+        let take = end - sorted;
+        if take < rest.len() {
+            rest.select_nth_unstable_by(take - 1, by_likelihood);
+        }
+        rest[..take].sort_unstable_by(by_likelihood);
+        for index in sorted..end {
+            cumulative += f64::from(weight(candidates[index].1, max_scaled));
+            if cumulative >= threshold {
+                candidates.truncate(index + 1);
+                return;
+            }
+        }
+        sorted = end;
+        chunk *= 4;
+    }
 }
 
 /// Index of the largest finite-or-infinite logit, lowest id on ties; `None` if all are -inf.
@@ -303,6 +337,54 @@ mod tests {
         // 0.5 / 0.8 = 62.5 % of draws go to token 0.
         let share = counts[0] as f64 / 4000.0;
         assert!((share - 0.625).abs() < 0.04, "{counts:?}");
+    }
+
+    /// The chunked nucleus keeps exactly the tokens, in the order, that sorting every
+    /// candidate and cutting at the same threshold keeps.
+    #[test]
+    fn nucleus_equals_the_full_sort() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for case in 0..60 {
+            let len = [3, 64, 65, 300, 5000][case % 5];
+            let spread = [0.5f32, 4.0, 20.0][case % 3];
+            let mut row: Vec<(u32, f32)> = (0..len as u32)
+                .map(|id| {
+                    (
+                        id,
+                        ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread,
+                    )
+                })
+                .collect();
+            if case % 4 == 0 {
+                // Ties: equal logits must be ordered by id.
+                for pair in row.iter_mut() {
+                    pair.1 = (pair.1 * 2.0).round();
+                }
+            }
+            let top_p = [0.1f32, 0.5, 0.9, 0.95, 0.999][case % 5];
+            let max = row.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+            let total: f64 = row.iter().map(|c| f64::from(weight(c.1, max))).sum();
+            let mut reference = row.clone();
+            reference.sort_unstable_by(by_likelihood);
+            let mut cumulative = 0.0f64;
+            let mut keep = reference.len();
+            for (index, candidate) in reference.iter().enumerate() {
+                cumulative += f64::from(weight(candidate.1, max));
+                if cumulative >= f64::from(top_p) * total {
+                    keep = index + 1;
+                    break;
+                }
+            }
+            reference.truncate(keep);
+            keep_nucleus(&mut row, top_p, max);
+            assert_eq!(row, reference, "case {case}");
+        }
     }
 
     #[test]
