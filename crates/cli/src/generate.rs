@@ -25,7 +25,7 @@ pub struct GenerateArgs {
     /// Treat the prompt as a user message and apply the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// JSONL file of prompts ({"prompt": ...} or {"messages": [...]}, plus sampling fields).
+    /// JSONL file of prompts ({"prompt": ...} or {"messages": [...]}, plus sampling fields; an unknown field is an error).
     #[arg(long, requires = "output")]
     pub input: Option<PathBuf>,
     /// Where the batch's results go, one JSON line per input line, in input order.
@@ -152,8 +152,10 @@ fn run_single(engine: &Engine, args: &GenerateArgs, prompt: &str) -> anyhow::Res
     Ok(())
 }
 
-/// One line of a batch input file (the OpenAI API's names).
+/// One line of a batch input file (the OpenAI API's names). A field not listed here is an
+/// error naming it, never silently ignored.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct BatchLine {
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
@@ -161,7 +163,13 @@ struct BatchLine {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<usize>,
+    min_p: Option<f32>,
     seed: Option<u64>,
+    repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    #[serde(default)]
+    min_tokens: u32,
     #[serde(default)]
     stop: StopField,
     #[serde(default)]
@@ -215,6 +223,18 @@ fn run_batch(
         if parsed.seed.is_some() {
             sampling.seed = parsed.seed;
         }
+        let overrides = [
+            (&mut sampling.min_p, parsed.min_p),
+            (&mut sampling.repetition_penalty, parsed.repetition_penalty),
+            (&mut sampling.presence_penalty, parsed.presence_penalty),
+            (&mut sampling.frequency_penalty, parsed.frequency_penalty),
+        ];
+        for (field, value) in overrides {
+            if let Some(value) = value {
+                *field = value;
+            }
+        }
+        sampling.min_tokens = parsed.min_tokens;
         request.sampling = sampling;
         request.stop = StopOptions {
             max_tokens: Some(parsed.max_tokens.unwrap_or(args.max_tokens)),

@@ -83,3 +83,68 @@ fn a_bad_input_line_is_reported_with_its_line_number() {
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(stderr.contains("prompts.jsonl:2"), "{stderr}");
 }
+
+#[test]
+fn an_unknown_field_is_refused_by_name_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &input,
+        "{\"prompt\": \"ok\", \"repetition_penalty\": 1.2, \"min_tokens\": 2}\n{\"prompt\": \"x\", \"bad_words\": [\"y\"]}\n",
+    )
+    .unwrap();
+    let result = Command::new(common::binary())
+        .args(["generate", "--model"])
+        .arg(model_path())
+        .args(["--kv-cache-memory", "64MiB", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(dir.path().join("out.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("prompts.jsonl:2"), "{stderr}");
+    assert!(stderr.contains("bad_words"), "{stderr}");
+}
+
+#[test]
+fn penalties_and_min_tokens_from_a_line_reach_the_sampler() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    let output = dir.path().join("out.jsonl");
+    // Greedy with a strong repetition penalty cannot repeat a token of prompt or output, and
+    // an invalid penalty is that line's error, not a silently dropped field.
+    std::fs::write(
+        &input,
+        "{\"prompt\": \"a a a a a a a a\", \"max_tokens\": 12, \"repetition_penalty\": 100.0, \"ignore_eos\": true}\n{\"prompt\": \"x\", \"presence_penalty\": 7.0}\n",
+    )
+    .unwrap();
+    let status = Command::new(common::binary())
+        .args(["generate", "--model"])
+        .arg(model_path())
+        .args(["--kv-cache-memory", "64MiB", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&output).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<u64> = lines[0]["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_u64().unwrap())
+        .collect();
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "a token repeated: {ids:?}");
+    let error = lines[1]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("presence_penalty"), "{}", lines[1]);
+}
