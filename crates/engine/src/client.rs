@@ -39,6 +39,7 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Loads the model, sizes the KV pool from the budget, and starts the engine thread.
     pub fn start(config: &EngineConfig) -> Result<Engine, EngineError> {
+        tracing::info!("CPU features: {}", tokenmill_kernels::CpuFeatures::get());
         let loaded = Arc::new(LoadedModel::load(
             &config.model,
             config.chat_template.as_deref(),

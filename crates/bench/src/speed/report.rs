@@ -20,6 +20,8 @@ pub const FLOP_ACCOUNTING: &str = "GFLOP/s = (matmul FLOPs + attention FLOPs) / 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MachinePeak {
     pub cpu: String,
+    /// The kernels' view of the CPU (`CpuFeatures` summary: features and the paths used).
+    pub cpu_features: String,
     pub cores: usize,
     pub threads: usize,
     /// f32 FMA peak (register-resident loop), GFLOP/s.
@@ -229,8 +231,13 @@ pub fn format_report(report: &SpeedReport) -> String {
     );
     let _ = writeln!(
         out,
-        "machine: {}, {} cores; {} threads; peak f32 FMA {:.1} GFLOP/s, memory read {:.1} GB/s",
-        machine.cpu, machine.cores, report.threads, machine.peak_gflops, machine.peak_read_gbs
+        "machine: {}, {} cores ({}); {} threads; peak f32 FMA {:.1} GFLOP/s, memory read {:.1} GB/s",
+        machine.cpu,
+        machine.cores,
+        machine.cpu_features,
+        report.threads,
+        machine.peak_gflops,
+        machine.peak_read_gbs
     );
     let _ = writeln!(
         out,
@@ -281,6 +288,7 @@ mod tests {
         };
         let machine = MachinePeak {
             cpu: "test".into(),
+            cpu_features: "avx2".into(),
             cores: 2,
             threads: 2,
             peak_gflops: 10.0,
