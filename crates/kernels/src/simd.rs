@@ -995,6 +995,7 @@ mod tests {
     fn vector_exp_matches_libm() {
         use std::arch::x86_64::*;
         if VectorOps::detect() == VectorOps::Scalar {
+            eprintln!("vector_exp_matches_libm: skipped, this CPU has no AVX2+FMA path");
             return;
         }
         let mut inputs: Vec<f32> = (0..2000).map(|i| -(i as f32) * 0.05).collect();
@@ -1020,6 +1021,7 @@ mod tests {
     fn eight_key_scores_match_f64_dots() {
         use std::arch::x86_64::*;
         if VectorOps::detect() == VectorOps::Scalar {
+            eprintln!("eight_key_scores_match_f64_dots: skipped, this CPU has no AVX2+FMA path");
             return;
         }
         let mut rng = crate::test_util::Rng::new(3);

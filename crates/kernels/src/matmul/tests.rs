@@ -32,6 +32,8 @@ fn isas() -> Vec<Isa> {
     let mut isas = vec![Isa::Scalar];
     if Isa::detect() != Isa::Scalar {
         isas.push(Isa::detect());
+    } else {
+        eprintln!("matmul tests: SIMD path skipped, this CPU runs the scalar kernel only");
     }
     isas
 }
