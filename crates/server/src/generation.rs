@@ -42,6 +42,7 @@ pub(crate) fn engine_sampling(
         bad_words_token_ids,
         min_tokens: sampling.min_tokens,
         all_stop_token_ids: Vec::new(),
+        structured_output: None,
     })
 }
 
