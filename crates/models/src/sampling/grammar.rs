@@ -383,6 +383,32 @@ mod tests {
     }
 
     #[test]
+    fn raw_logprobs_see_the_grammar_mask_as_in_vllm() {
+        let compiler = compiler();
+        let params = crate::SamplingParams {
+            logprobs: Some(2),
+            ..crate::SamplingParams::greedy()
+        };
+        let mut sampler = crate::Sampler::new(params, &[]);
+        let choice = StructuredOutput::Choice(vec!["yes".into(), "no".into()]);
+        sampler
+            .chain_mut()
+            .set_grammar(Box::new(compiler.compile(&choice).unwrap()));
+        // Flat logits: the five allowed tokens share the mass.
+        let token = sampler.sample(&[0.0; 13], &History::default()).unwrap();
+        assert_eq!(token.token_id, id("y"));
+        let expected = -(5.0f32).ln();
+        assert!(
+            (token.logprob.unwrap() - expected).abs() < 1e-5,
+            "{token:?}"
+        );
+        assert!(token
+            .top_logprobs
+            .iter()
+            .all(|&(id, logprob)| [1, 4].contains(&id) && (logprob - expected).abs() < 1e-5));
+    }
+
+    #[test]
     fn gbnf_grammars_compile_and_constrain() {
         let compiler = compiler();
         let mut matcher = compiler
