@@ -170,6 +170,37 @@ async fn regex_choice_and_grammars_constrain_the_text() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_choices_with_a_seed_all_match_and_repeat() {
+    let app = TestApp::start();
+    let body = json!({
+        "model": MODEL_NAME, "prompt": "My favourite colour is", "max_tokens": 8,
+        "temperature": 1.0, "n": 4, "seed": 7, "logprobs": 2,
+        "structured_outputs": {"choice": [" red", " green", " blue"]},
+    });
+    let (status, first) = app.post_json("/v1/completions", &body).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let texts: Vec<&str> = first["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|choice| {
+            assert_eq!(choice["finish_reason"], "stop", "{choice}");
+            choice["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(texts.len(), 4);
+    assert!(
+        texts
+            .iter()
+            .all(|text| [" red", " green", " blue"].contains(text)),
+        "{texts:?}"
+    );
+    let (_, second) = app.post_json("/v1/completions", &body).await;
+    assert_eq!(first["choices"], second["choices"], "seeded choices repeat");
+    app.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_json_is_valid_json() {
     let app = TestApp::start();
     let body = json!({

@@ -62,12 +62,25 @@ impl StructuredOutput {
                     .collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
             }
-            StructuredOutput::Grammar(text) if text.contains("::=") => {
+            StructuredOutput::Grammar(text) if is_gbnf(text) => {
                 TopLevelGrammar::from_lark(gbnf_to_lark(text)?)
             }
             StructuredOutput::Grammar(text) => TopLevelGrammar::from_lark(text.clone()),
         })
     }
+}
+
+/// GBNF defines rules with `name ::=` at the start of a line; Lark with `name:`.
+fn is_gbnf(text: &str) -> bool {
+    text.lines().any(|line| {
+        line.split_once("::=").is_some_and(|(name, _)| {
+            let name = name.trim();
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+    })
 }
 
 /// A tokenizer's vocabulary as the grammar engine needs it, built by the caller (which owns
@@ -406,6 +419,13 @@ mod tests {
             .top_logprobs
             .iter()
             .all(|&(id, logprob)| [1, 4].contains(&id) && (logprob - expected).abs() < 1e-5));
+    }
+
+    #[test]
+    fn lark_with_a_gbnf_looking_literal_stays_lark() {
+        assert!(is_gbnf("root ::= \"a\"\n"));
+        assert!(is_gbnf("# c\n  my-rule ::= x\n"));
+        assert!(!is_gbnf("start: \"a ::= b\""));
     }
 
     #[test]
