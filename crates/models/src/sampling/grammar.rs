@@ -422,6 +422,30 @@ mod tests {
     }
 
     #[test]
+    fn an_ended_grammar_stops_even_under_min_tokens() {
+        let compiler = compiler();
+        let params = crate::SamplingParams {
+            min_tokens: 10,
+            all_stop_token_ids: vec![EOS],
+            ..crate::SamplingParams::greedy()
+        };
+        let mut sampler = crate::Sampler::new(params, &[]);
+        let choice = StructuredOutput::Choice(vec!["yes".into()]);
+        sampler
+            .chain_mut()
+            .set_grammar(Box::new(compiler.compile(&choice).unwrap()));
+        let mut logits = [0.0; 13];
+        logits[id("yes") as usize] = 1.0;
+        let first = sampler.sample(&logits, &History::default()).unwrap();
+        assert_eq!(first.token_id, id("yes"));
+        let history = History {
+            prompt: &[],
+            output: &[first.token_id],
+        };
+        assert_eq!(sampler.sample(&logits, &history).unwrap().token_id, EOS);
+    }
+
+    #[test]
     fn lark_with_a_gbnf_looking_literal_stays_lark() {
         assert!(is_gbnf("root ::= \"a\"\n"));
         assert!(is_gbnf("# c\n  my-rule ::= x\n"));

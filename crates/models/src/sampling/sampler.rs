@@ -87,6 +87,11 @@ impl Sampler {
             self.logits.clear();
             self.logits.extend_from_slice(raw);
             self.chain.apply_processors(&mut self.logits, history)?;
+            if self.chain.has_grammar() && self.logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+                // The grammar is the hard constraint: where a later processor leaves nothing
+                // (min_tokens banning the EOS of a grammar that has ended), the grammar wins.
+                self.logits.copy_from_slice(raw);
+            }
             &self.logits
         };
         let token_id = if self.params.is_greedy() {
