@@ -38,7 +38,7 @@ pub use client::{Engine, EngineClient, RequestStream};
 pub use config::{EngineConfig, KvCacheSizing};
 pub use error::EngineError;
 pub use executor::{Executor, NewSequence, StepOutput};
-pub use model_runner::{LoadedModel, ModelRunner};
+pub use model_runner::{grammar_vocabulary, LoadedModel, ModelRunner};
 pub use offline::{generate_batch, BatchItem, BatchResult};
 pub use output::OutputProcessor;
 pub use request::{

@@ -8,9 +8,9 @@ use tokenmill_core::{RequestId, SchedulerOutput};
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 use tokenmill_models::{
-    load_gguf_model, load_model, token_logprobs, BatchInput, CausalLm, History, KvCacheDType,
-    KvCacheStorage, LoadOptions, ModelConfig, ModelError, ModelSource, SampledToken, Sampler,
-    Workspace,
+    load_gguf_model, load_model, token_logprobs, BatchInput, CausalLm, GrammarCompiler,
+    GrammarVocabulary, History, KvCacheDType, KvCacheStorage, LoadOptions, ModelConfig, ModelError,
+    ModelSource, SampledToken, Sampler, Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -27,6 +27,9 @@ pub struct LoadedModel {
     pub pool: ThreadPool,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Arc<ChatTemplate>,
+    /// Structured outputs: the token trie over this tokenizer, built once at load, and the
+    /// compiled-grammar cache shared by the server's validation and the executor.
+    pub grammar: Arc<GrammarCompiler>,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -63,17 +66,38 @@ impl LoadedModel {
             None => ChatTemplate::for_tokenizer(&tokenizer)?,
         };
         tokenizer.register_chat_template_end_tokens(template.source());
+        let grammar = GrammarCompiler::new(&grammar_vocabulary(&tokenizer))?;
         Ok(LoadedModel {
             source: source.clone(),
             model,
             pool: num_threads.map_or_else(ThreadPool::default, ThreadPool::new),
             tokenizer: Arc::new(tokenizer),
             chat_template: Arc::new(template),
+            grammar: Arc::new(grammar),
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+}
+
+/// Every token's bytes, which tokens are control tokens, and the EOS set, for the grammar
+/// engine's token trie.
+pub fn grammar_vocabulary(tokenizer: &Tokenizer) -> GrammarVocabulary {
+    let ids = 0..tokenizer.vocab_size() as u32;
+    GrammarVocabulary {
+        // An id without a piece (a hole in the vocabulary) can never be text.
+        pieces: ids
+            .clone()
+            .map(|id| tokenizer.token_to_piece(id).unwrap_or_default())
+            .collect(),
+        special: ids.map(|id| tokenizer.is_special(id)).collect(),
+        eos_token_ids: tokenizer
+            .eos_token_id()
+            .into_iter()
+            .chain(tokenizer.eos_token_ids())
+            .collect(),
     }
 }
 
@@ -134,10 +158,16 @@ impl ModelRunner {
 impl Executor for ModelRunner {
     fn add_request(&mut self, sequence: NewSequence<'_>) -> Result<(), EngineError> {
         sequence.sampling.validate()?;
+        let mut sampler = Sampler::new(sequence.sampling.clone(), sequence.prompt_token_ids);
+        if let Some(output) = &sequence.sampling.structured_output {
+            // Compiled (and cached) already when the server validated the request.
+            let matcher = self.loaded.grammar.compile(output)?;
+            sampler.chain_mut().set_grammar(Box::new(matcher));
+        }
         self.sequences.insert(
             sequence.request_id,
             SequenceState {
-                sampler: Sampler::new(sequence.sampling.clone(), sequence.prompt_token_ids),
+                sampler,
                 prompt_token_ids: sequence.prompt_token_ids.to_vec(),
                 output_token_ids: Vec::new(),
                 prompt_logprobs: sequence.prompt_logprobs,

@@ -45,6 +45,8 @@ pub enum ModelError {
     Download { what: String, message: String },
     #[error("invalid sampling parameters: {0}")]
     InvalidSamplingParams(String),
+    #[error("invalid structured output: {0}")]
+    InvalidGrammar(String),
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::common::{FinishReason, ResponseFormat, StopInput, StopReason, StreamOptions, Usage};
 use crate::error::ProtocolError;
 use crate::sampling::{RawSampling, ValidatedSampling, ValidationLimits};
+use crate::structured::GuidedDecodingParams;
 
 /// Who wrote a message. `developer` is OpenAI's newer name for `system`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,9 +239,12 @@ pub struct ChatCompletionRequest {
     /// because tokenmill cannot force a tool call yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<serde_json::Value>,
-    /// Accepted (`text`, `json_object`, `json_schema`) but not enforced yet.
+    /// `text`, `json_object` or `json_schema` (structured outputs, enforced by llguidance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's `structured_outputs` and the legacy `guided_*` fields, at the top level.
+    #[serde(flatten)]
+    pub guided: GuidedDecodingParams,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -438,6 +442,7 @@ impl ChatCompletionRequest {
             truncate_prompt_tokens: self.truncate_prompt_tokens,
             add_special_tokens: self.add_special_tokens.unwrap_or(false),
             response_format: self.response_format.as_ref(),
+            guided: Some(&self.guided),
             prompt_param: "messages",
         };
         raw.validate(limits)

@@ -52,9 +52,7 @@ pub struct StreamOptions {
 }
 
 /// `response_format`: `text`, `json_object` or `json_schema` (with its `json_schema` body).
-///
-/// Accepted and checked for shape only: constrained decoding (structured outputs) is a later
-/// issue, so tokenmill does not yet force the output to match the format.
+/// `json_object` and `json_schema` constrain the output (structured outputs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]

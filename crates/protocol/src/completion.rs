@@ -13,6 +13,7 @@ use crate::error::ProtocolError;
 use crate::sampling::{
     RawSampling, ValidatedSampling, ValidationLimits, COMPLETION_DEFAULT_MAX_TOKENS,
 };
+use crate::structured::GuidedDecodingParams;
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of token-id lists.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -272,9 +273,12 @@ pub struct CompletionRequest {
     pub return_token_ids: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
-    /// Accepted (`text`, `json_object`, `json_schema`) but not enforced yet.
+    /// `text`, `json_object` or `json_schema` (structured outputs, enforced by llguidance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's `structured_outputs` and the legacy `guided_*` fields, at the top level.
+    #[serde(flatten)]
+    pub guided: GuidedDecodingParams,
 }
 
 impl CompletionRequest {
@@ -338,6 +342,7 @@ impl CompletionRequest {
             truncate_prompt_tokens: self.truncate_prompt_tokens,
             add_special_tokens: self.add_special_tokens.unwrap_or(true),
             response_format: self.response_format.as_ref(),
+            guided: Some(&self.guided),
             prompt_param: "prompt",
         };
         raw.validate(limits)

@@ -14,6 +14,8 @@
 //!   [`ModelList`], [`TokenizeResponse`], [`DetokenizeResponse`], [`ErrorResponse`].
 //! - Validation: [`ValidationLimits`] in, [`ValidatedSampling`] ([`SamplingOptions`] +
 //!   [`OutputOptions`]) out, or a [`ProtocolError`] naming the offending `param` (a 400).
+//! - Structured outputs: `response_format`, `structured_outputs` and the legacy `guided_*`
+//!   fields ([`GuidedDecodingParams`]) checked into one [`StructuredOutputRequest`].
 //! - [`openapi_json`]: the OpenAPI 3.1 document of the served routes.
 //!
 //! # Usage (server side)
@@ -36,7 +38,7 @@
 //! ```
 //!
 //! Not implemented yet (accepted on the wire, documented in the OpenAPI document):
-//! `response_format` is not enforced (structured outputs are a later issue); `tools` are passed
+//! `tools` are passed
 //! to the chat template but tool calls are not parsed, and `tool_choice` other than `none` /
 //! `auto` is a 400; `best_of` must equal `n`; beam search is a 400.
 
@@ -47,6 +49,7 @@ mod error;
 mod models;
 mod openapi;
 mod sampling;
+mod structured;
 
 pub use chat::{
     conversation, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -74,4 +77,7 @@ pub use sampling::{
     OutputOptions, SamplingDefaults, SamplingOptions, ValidatedSampling, ValidationLimits,
     COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS,
     GREEDY_TEMPERATURE_EPSILON, MAX_CACHE_SALT_LEN,
+};
+pub use structured::{
+    GuidedDecodingParams, StructuredConstraint, StructuredOutputRequest, StructuredOutputsParams,
 };

@@ -82,6 +82,36 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
         ),
         ("user", string("Ignored.")),
         ("response_format", nullable(schema_ref("ResponseFormat"))),
+        (
+            "structured_outputs",
+            nullable(schema_ref("StructuredOutputsParams")),
+        ),
+        (
+            "guided_json",
+            nullable(json!({"type": ["object", "boolean", "string"],
+            "description": "vLLM (legacy): a JSON schema the output must match."})),
+        ),
+        (
+            "guided_regex",
+            string("vLLM (legacy): a regex the output must match."),
+        ),
+        (
+            "guided_choice",
+            nullable(json!({"type": "array", "items": {"type": "string"},
+            "description": "vLLM (legacy): the output is exactly one of these strings."})),
+        ),
+        (
+            "guided_grammar",
+            string("vLLM (legacy): a Lark (llguidance) or GBNF (root ::= ...) grammar."),
+        ),
+        (
+            "guided_whitespace_pattern",
+            string("vLLM (legacy): whitespace allowed between JSON tokens (a regex)."),
+        ),
+        (
+            "guided_decoding_backend",
+            string("vLLM (legacy): 'guidance' or 'auto' (llguidance); others are a 400."),
+        ),
         ("top_k", integer("vLLM: 0 or -1 disables; else at least 1.")),
         ("min_p", number("vLLM: 0 to 1.")),
         (
@@ -430,9 +460,21 @@ fn components() -> Value {
         ], &[]),
         "ResponseFormat": object(vec![
             ("type", json!({"type": "string", "enum": ["text", "json_object", "json_schema"],
-                "description": "Accepted; the format is not enforced yet."})),
-            ("json_schema", json!({"type": "object"})),
+                "description": "json_object and json_schema constrain the output (llguidance)."})),
+            ("json_schema", json!({"type": "object",
+                "description": "{name, schema, strict}: the output matches schema."})),
         ], &["type"]),
+        "StructuredOutputsParams": object(vec![
+            ("json", json!({"type": ["object", "boolean", "string"],
+                "description": "A JSON schema the output must match."})),
+            ("regex", string("A regex (Rust syntax) the output must match.")),
+            ("choice", json!({"type": "array", "items": {"type": "string"},
+                "description": "The output is exactly one of these strings."})),
+            ("grammar", string("A Lark (llguidance) or GBNF (root ::= ...) grammar.")),
+            ("json_object", boolean("The output is any JSON object.")),
+            ("whitespace_pattern", string("Whitespace allowed between JSON tokens (a regex).")),
+            ("structural_tag", json!({"description": "Not supported: a 400."})),
+        ], &[]),
         "Usage": usage,
         "ChatTopLogprob": top_logprob,
         "ChatLogprobToken": logprob_token,

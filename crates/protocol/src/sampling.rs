@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::common::{ResponseFormat, ResponseFormatKind, StopInput, StreamOptions};
 use crate::error::ProtocolError;
+use crate::structured::{GuidedDecodingParams, StructuredOutputRequest};
 
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
 pub const GREEDY_TEMPERATURE_EPSILON: f32 = 1e-5;
@@ -113,6 +114,9 @@ pub struct SamplingOptions {
     pub prompt_logprobs: Option<u32>,
     pub skip_special_tokens: bool,
     pub spaces_between_special_tokens: bool,
+    /// Structured outputs: what the output must match, from `response_format`,
+    /// `structured_outputs` or a `guided_*` field (compiled by the server before queuing).
+    pub structured_output: Option<StructuredOutputRequest>,
 }
 
 impl Default for SamplingOptions {
@@ -141,6 +145,7 @@ impl Default for SamplingOptions {
             prompt_logprobs: None,
             skip_special_tokens: true,
             spaces_between_special_tokens: true,
+            structured_output: None,
         }
     }
 }
@@ -177,7 +182,8 @@ pub struct OutputOptions {
     pub truncate_prompt_tokens: Option<u32>,
     /// Add BOS/EOS special tokens when tokenizing the prompt.
     pub add_special_tokens: bool,
-    /// Requested format; not enforced yet (structured outputs are a later issue).
+    /// Requested format kind; the constraint it implies is
+    /// [`SamplingOptions::structured_output`].
     pub response_format: Option<ResponseFormatKind>,
     /// `max_tokens` or `max_completion_tokens`: named in context-length errors.
     pub max_tokens_param: &'static str,
@@ -293,6 +299,8 @@ pub(crate) struct RawSampling<'a> {
     pub truncate_prompt_tokens: Option<i64>,
     pub add_special_tokens: bool,
     pub response_format: Option<&'a ResponseFormat>,
+    /// `structured_outputs` and the legacy `guided_*` fields.
+    pub guided: Option<&'a GuidedDecodingParams>,
     pub prompt_param: &'static str,
 }
 
@@ -686,6 +694,12 @@ impl RawSampling<'_> {
             }),
         };
 
+        let structured_output = self
+            .guided
+            .cloned()
+            .unwrap_or_default()
+            .validate(self.response_format)?;
+
         let mut sampling = SamplingOptions {
             n,
             temperature,
@@ -709,6 +723,7 @@ impl RawSampling<'_> {
             prompt_logprobs,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             spaces_between_special_tokens: self.spaces_between_special_tokens.unwrap_or(true),
+            structured_output,
         };
         if sampling.is_greedy() {
             if sampling.n > 1 {

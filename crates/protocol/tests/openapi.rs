@@ -74,6 +74,15 @@ fn full_completion_request() -> CompletionRequest {
             format_type: "text".into(),
             json_schema: None,
         }),
+        guided: GuidedDecodingParams {
+            structured_outputs: Some(StructuredOutputsParams::default()),
+            guided_json: Some(json!({})),
+            guided_regex: Some("a".into()),
+            guided_choice: Some(vec![]),
+            guided_grammar: Some("g".into()),
+            guided_whitespace_pattern: Some(" ".into()),
+            guided_decoding_backend: Some("auto".into()),
+        },
     }
 }
 
@@ -102,6 +111,15 @@ fn full_chat_request() -> ChatCompletionRequest {
             format_type: "text".into(),
             json_schema: None,
         }),
+        guided: GuidedDecodingParams {
+            structured_outputs: Some(StructuredOutputsParams::default()),
+            guided_json: Some(json!({})),
+            guided_regex: Some("a".into()),
+            guided_choice: Some(vec![]),
+            guided_grammar: Some("g".into()),
+            guided_whitespace_pattern: Some(" ".into()),
+            guided_decoding_backend: Some("auto".into()),
+        },
         top_k: Some(1),
         min_p: Some(0.0),
         repetition_penalty: Some(1.0),

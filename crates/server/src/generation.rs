@@ -5,26 +5,35 @@ use std::time::Instant;
 
 use std::collections::BTreeMap;
 use tokenmill_engine::{
-    FinishReason as EngineFinish, GenerateRequest, RequestEvent, RequestStream, SamplingParams,
-    StopOptions, StopReason as EngineStop, TokenLogprob,
+    FinishReason as EngineFinish, GenerateRequest, LoadedModel, RequestEvent, RequestStream,
+    SamplingParams, StopOptions, StopReason as EngineStop, TokenLogprob,
 };
+use tokenmill_models::StructuredOutput;
 
 use tokenmill_protocol::{
     ChatLogprobToken, ChatLogprobs, ChatTopLogprob, CompletionLogprobs, FinishReason,
-    PromptLogprob, PromptLogprobs, StopReason, TopLogprobMap, ValidatedSampling,
+    PromptLogprob, PromptLogprobs, StopReason, StructuredConstraint, StructuredOutputRequest,
+    TopLogprobMap, ValidatedSampling,
 };
 use tokenmill_text::{DecodeOptions, Tokenizer};
 
 use crate::error::ApiError;
 
 /// The engine's sampling parameters for a validated request, built once for all its choices
-/// (`bad_words` are tokenized here, where the tokenizer is).
+/// (`bad_words` are tokenized here, where the tokenizer is, and a structured output is compiled
+/// here, so a bad schema, regex or grammar is a 400 naming its field before anything is queued).
 pub(crate) fn engine_sampling(
     validated: &ValidatedSampling,
-    tokenizer: &Tokenizer,
+    model: &LoadedModel,
 ) -> Result<SamplingParams, ApiError> {
     let sampling = &validated.sampling;
-    let bad_words_token_ids = tokenizer
+    let structured_output = sampling
+        .structured_output
+        .as_ref()
+        .map(|request| compile_structured_output(request, model))
+        .transpose()?;
+    let bad_words_token_ids = model
+        .tokenizer
         .bad_words_token_ids(&sampling.bad_words)
         .map_err(|e| ApiError::invalid_param("bad_words", e.to_string()))?;
     Ok(SamplingParams {
@@ -42,7 +51,28 @@ pub(crate) fn engine_sampling(
         bad_words_token_ids,
         min_tokens: sampling.min_tokens,
         all_stop_token_ids: Vec::new(),
+        structured_output,
     })
+}
+
+/// The engine's form of a checked constraint, compiled once (the compiled grammar is cached,
+/// so the executor's compile in `add_request` is a lookup).
+fn compile_structured_output(
+    request: &StructuredOutputRequest,
+    model: &LoadedModel,
+) -> Result<StructuredOutput, ApiError> {
+    let output = match &request.constraint {
+        StructuredConstraint::JsonSchema(schema) => StructuredOutput::JsonSchema(schema.clone()),
+        StructuredConstraint::JsonObject => StructuredOutput::JsonObject,
+        StructuredConstraint::Regex(regex) => StructuredOutput::Regex(regex.clone()),
+        StructuredConstraint::Choice(choices) => StructuredOutput::Choice(choices.clone()),
+        StructuredConstraint::Grammar(grammar) => StructuredOutput::Grammar(grammar.clone()),
+    };
+    model
+        .grammar
+        .compile(&output)
+        .map_err(|e| ApiError::invalid_param(request.param, format!("{}: {e}", request.param)))?;
+    Ok(output)
 }
 
 /// One engine request for choice `choice_index` of a prompt, sampling with `params` (from

@@ -4,15 +4,20 @@
 //! - [`LogitsProcessor`] and the per-request [`LogitsChain`] (`processors.rs`): allowed
 //!   tokens, bad words, the min-tokens ban, logit bias and penalties, plus the grammar slot;
 //!   each gets `apply(logits, history)` before the pick and `accept(token)` after it.
+//! - [`GrammarCompiler`] and [`GrammarMatcher`] (`grammar.rs`, GBNF translation in `gbnf.rs`):
+//!   structured outputs on llguidance, the chain's grammar slot.
 //! - [`Sampler`] (`sampler.rs`): raw logprobs, the chain, then greedy or random selection.
 //! - [`token_logprobs`] (`logprobs.rs`): the log-softmax and top-k shared by sampled-token and
 //!   prompt logprobs.
 
+mod gbnf;
+mod grammar;
 mod logprobs;
 mod params;
 mod processors;
 mod sampler;
 
+pub use grammar::{GrammarCompiler, GrammarMatcher, GrammarVocabulary, StructuredOutput};
 pub use logprobs::{log_sum_exp, token_logprobs};
 pub use params::SamplingParams;
 pub use processors::{History, LogitsChain, LogitsProcessor};

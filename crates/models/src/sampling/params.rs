@@ -1,5 +1,6 @@
 //! [`SamplingParams`]: one request's sampling settings, with vLLM's names, defaults and ranges.
 
+use super::grammar::StructuredOutput;
 use crate::error::{ModelError, Result};
 
 /// Below this temperature sampling is greedy, as in vLLM (`_SAMPLING_EPS`).
@@ -42,6 +43,9 @@ pub struct SamplingParams {
     /// the model's EOS ids (vLLM's `all_stop_token_ids`). The engine fills it when it admits a
     /// request, since only it knows the EOS set; callers leave it empty.
     pub all_stop_token_ids: Vec<u32>,
+    /// Structured outputs: the grammar the output must match. The executor compiles it with
+    /// the model's [`crate::GrammarCompiler`] and puts it first in the chain.
+    pub structured_output: Option<StructuredOutput>,
 }
 
 impl Default for SamplingParams {
@@ -61,6 +65,7 @@ impl Default for SamplingParams {
             bad_words_token_ids: Vec::new(),
             min_tokens: 0,
             all_stop_token_ids: Vec::new(),
+            structured_output: None,
         }
     }
 }

@@ -4,8 +4,9 @@
 //! processors the request uses (default parameters build an empty chain, which costs
 //! nothing). The order is vLLM V1's: a grammar mask (the structured-outputs slot), allowed
 //! token ids, bad words, the min-tokens ban, logit bias, then repetition and
-//! frequency/presence penalties. Every processor sees the raw logits only after raw logprobs
-//! were taken, so logprobs describe the model, not the processors (vLLM's `raw_logprobs`).
+//! frequency/presence penalties. Raw logprobs are taken before every processor but the
+//! grammar, so they describe the model, not the processors (vLLM's `raw_logprobs`); vLLM
+//! applies a grammar's bitmask to the logits before its sampler, so those logprobs see it.
 //! State is per request (penalty counts, grammar position), so a request's result never
 //! depends on the rest of the batch.
 
@@ -290,6 +291,34 @@ impl LogitsChain {
     /// Puts a grammar's mask first in the chain (structured outputs), replacing any earlier one.
     pub fn set_grammar(&mut self, grammar: Box<dyn LogitsProcessor>) {
         self.grammar = Some(grammar);
+    }
+
+    /// Whether a grammar is attached (its mask comes before raw logprobs, as in vLLM).
+    pub fn has_grammar(&self) -> bool {
+        self.grammar.is_some()
+    }
+
+    /// The grammar's mask alone (nothing without a grammar).
+    pub(crate) fn apply_grammar(
+        &mut self,
+        logits: &mut [f32],
+        history: &History<'_>,
+    ) -> Result<()> {
+        match &mut self.grammar {
+            Some(grammar) => grammar.apply(logits, history),
+            None => Ok(()),
+        }
+    }
+
+    /// Every processor after the grammar.
+    pub(crate) fn apply_processors(
+        &mut self,
+        logits: &mut [f32],
+        history: &History<'_>,
+    ) -> Result<()> {
+        self.processors
+            .iter_mut()
+            .try_for_each(|processor| processor.apply(logits, history))
     }
 
     /// No processor: the raw logits are picked from as they are.

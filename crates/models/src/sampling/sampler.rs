@@ -3,8 +3,8 @@
 //! A sampler belongs to one request: it owns that request's RNG (seeded from
 //! [`SamplingParams::seed`], so a seeded request draws the same tokens whatever it is batched
 //! with), its [`LogitsChain`] and scratch buffers reused across steps. The order of operations
-//! follows vLLM V1: raw logprobs are taken from the model's logits before anything else; then
-//! the chain (masks, bad words, min-tokens ban, logit bias, penalties); then either greedy
+//! follows vLLM V1: a grammar's mask (structured outputs), then raw logprobs; then the rest of
+//! the chain (allowed tokens, bad words, min-tokens ban, logit bias, penalties); then either greedy
 //! argmax (temperature 0) or temperature, min-p, top-k, top-p and a random draw.
 
 use rand::rngs::StdRng;
@@ -34,6 +34,8 @@ pub struct Sampler {
     rng: StdRng,
     /// The processed copy of the row (unused while the chain is empty).
     logits: Vec<f32>,
+    /// The row with only the grammar's mask applied (unused without a grammar).
+    masked: Vec<f32>,
     candidates: Vec<(u32, f32)>,
 }
 
@@ -49,6 +51,7 @@ impl Sampler {
             params,
             rng,
             logits: Vec::new(),
+            masked: Vec::new(),
             candidates: Vec::new(),
         }
     }
@@ -68,12 +71,27 @@ impl Sampler {
         if logits.is_empty() {
             return Err(ModelError::InvalidSamplingParams("empty logits row".into()));
         }
-        let processed: &[f32] = if self.chain.is_empty() {
+        // vLLM applies a grammar's bitmask to the logits before its sampler, so even the raw
+        // logprobs of a structured-output request see the mask; nothing else touches `raw`.
+        let raw: &[f32] = if self.chain.has_grammar() {
+            self.masked.clear();
+            self.masked.extend_from_slice(logits);
+            self.chain.apply_grammar(&mut self.masked, history)?;
+            &self.masked
+        } else {
             logits
+        };
+        let processed: &[f32] = if self.chain.is_empty() {
+            raw
         } else {
             self.logits.clear();
-            self.logits.extend_from_slice(logits);
-            self.chain.apply(&mut self.logits, history)?;
+            self.logits.extend_from_slice(raw);
+            self.chain.apply_processors(&mut self.logits, history)?;
+            if self.chain.has_grammar() && self.logits.iter().all(|l| *l == f32::NEG_INFINITY) {
+                // The grammar is the hard constraint: where a later processor leaves nothing
+                // (min_tokens banning the EOS of a grammar that has ended), the grammar wins.
+                self.logits.copy_from_slice(raw);
+            }
             &self.logits
         };
         let token_id = if self.params.is_greedy() {
@@ -89,7 +107,7 @@ impl Sampler {
         self.chain.accept(token_id)?;
         let (logprob, top_logprobs) = match self.params.logprobs {
             Some(count) => {
-                let (logprob, top) = token_logprobs(logits, token_id, count);
+                let (logprob, top) = token_logprobs(raw, token_id, count);
                 (Some(logprob), top)
             }
             None => (None, Vec::new()),

@@ -1,0 +1,465 @@
+//! Structured outputs: a grammar (JSON schema, regex, choice, Lark or GBNF) as the logits
+//! chain's first processor, on llguidance.
+//!
+//! [`GrammarCompiler`] is built once per tokenizer (the token trie over every token's bytes,
+//! special tokens behind llguidance's marker byte so free text never produces them) and shared:
+//! the server compiles a request's grammar with it to answer 400 before queuing, the executor
+//! compiles it again in `add_request` and hits the cache. A compiled grammar is a fresh
+//! llguidance `Matcher`, cached by its [`StructuredOutput`] (kind and text) and deep-cloned per
+//! request. [`GrammarMatcher`] is the per-request [`LogitsProcessor`]: `apply` sets every token
+//! the grammar forbids to `-inf`, `accept` advances it. EOS is allowed only where the grammar
+//! may end, and once it has ended only EOS is, so the request stops with reason `stop`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+
+use super::gbnf::gbnf_to_lark;
+use super::processors::{History, LogitsProcessor};
+use crate::error::{ModelError, Result};
+
+/// Compiled grammars kept for reuse (a repeated schema does not recompile).
+const CACHE_CAPACITY: usize = 64;
+
+/// What a request's output must match (vLLM's structured-outputs kinds).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum StructuredOutput {
+    /// A JSON schema, as JSON text.
+    JsonSchema(String),
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A regular expression the whole output matches (Rust `regex` syntax).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark dialect, or in GBNF (`root ::= ...`).
+    Grammar(String),
+}
+
+impl StructuredOutput {
+    /// llguidance's form of the constraint; a malformed schema or grammar is an error here or
+    /// when the parser is built.
+    fn to_grammar(&self) -> std::result::Result<TopLevelGrammar, String> {
+        Ok(match self {
+            StructuredOutput::JsonSchema(schema) => TopLevelGrammar::from_json_schema(
+                serde_json::from_str(schema).map_err(|e| format!("invalid JSON: {e}"))?,
+            ),
+            StructuredOutput::JsonObject => {
+                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+            }
+            StructuredOutput::Regex(regex) => TopLevelGrammar::from_regex(regex),
+            StructuredOutput::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err("the list of choices is empty".into());
+                }
+                // JSON string syntax is Lark's string literal syntax.
+                let alternatives: Vec<String> = choices
+                    .iter()
+                    .map(|choice| serde_json::Value::from(choice.as_str()).to_string())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
+            }
+            StructuredOutput::Grammar(text) if is_gbnf(text) => {
+                TopLevelGrammar::from_lark(gbnf_to_lark(text)?)
+            }
+            StructuredOutput::Grammar(text) => TopLevelGrammar::from_lark(text.clone()),
+        })
+    }
+}
+
+/// GBNF defines rules with `name ::=` at the start of a line; Lark with `name:`.
+fn is_gbnf(text: &str) -> bool {
+    text.lines().any(|line| {
+        line.split_once("::=").is_some_and(|(name, _)| {
+            let name = name.trim();
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+    })
+}
+
+/// A tokenizer's vocabulary as the grammar engine needs it, built by the caller (which owns
+/// the tokenizer) once at start-up.
+#[derive(Debug, Clone, Default)]
+pub struct GrammarVocabulary {
+    /// Per token id: the bytes it decodes to on its own (empty for unused ids).
+    pub pieces: Vec<Vec<u8>>,
+    /// Per token id: a control token, never produced inside free text.
+    pub special: Vec<bool>,
+    /// Every id that ends generation; the first is the primary EOS.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// The token environment llguidance computes masks over: the trie, and a greedy tokenizer
+/// over it (tokenmill does not let the grammar force tokens, so tokenization is only used
+/// for literals inside grammars).
+struct TrieEnv {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for TrieEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.greedy_tokenize(s)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
+}
+
+/// Compiles [`StructuredOutput`]s against one tokenizer, caching the results. Shared (`Arc`)
+/// between the server's validation and the executor.
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+    cache: Mutex<GrammarCache>,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler")
+            .field(
+                "vocab_size",
+                &self.factory.tok_env().tok_trie().vocab_size(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// A small LRU of compiled grammars: each entry remembers when it was last used.
+#[derive(Default)]
+struct GrammarCache {
+    entries: HashMap<StructuredOutput, (Matcher, u64)>,
+    clock: u64,
+}
+
+impl GrammarCache {
+    fn get(&mut self, key: &StructuredOutput) -> Option<Matcher> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.entries.get_mut(key).map(|(matcher, used)| {
+            *used = clock;
+            matcher.deep_clone()
+        })
+    }
+
+    fn insert(&mut self, key: StructuredOutput, matcher: &Matcher) {
+        if self.entries.len() >= CACHE_CAPACITY {
+            let oldest = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(key, _)| key.clone());
+            if let Some(oldest) = oldest {
+                self.entries.remove(&oldest);
+            }
+        }
+        self.clock += 1;
+        self.entries.insert(key, (matcher.deep_clone(), self.clock));
+    }
+}
+
+fn grammar_error(message: impl std::fmt::Display) -> ModelError {
+    ModelError::InvalidGrammar(message.to_string())
+}
+
+impl GrammarCompiler {
+    /// Builds the token trie and llguidance's parser factory (the expensive part, once).
+    pub fn new(vocabulary: &GrammarVocabulary) -> Result<GrammarCompiler> {
+        let Some(&eos) = vocabulary.eos_token_ids.first() else {
+            return Err(grammar_error("the tokenizer has no EOS token"));
+        };
+        let words: Vec<Vec<u8>> = vocabulary
+            .pieces
+            .iter()
+            .enumerate()
+            .map(|(id, piece)| {
+                if vocabulary.special.get(id).copied().unwrap_or(false) {
+                    // The marker byte keeps control tokens out of every text lexeme.
+                    let mut word = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    word.extend_from_slice(piece);
+                    word
+                } else {
+                    piece.clone()
+                }
+            })
+            .collect();
+        let info = TokRxInfo::new(words.len() as u32, eos);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&vocabulary.eos_token_ids);
+        let env: TokEnv = Arc::new(TrieEnv { trie });
+        let mut factory = ParserFactory::new_simple(&env).map_err(grammar_error)?;
+        factory.quiet();
+        Ok(GrammarCompiler {
+            factory,
+            cache: Mutex::new(GrammarCache::default()),
+        })
+    }
+
+    /// A fresh per-request matcher for `output`; an invalid or unsupported schema, regex or
+    /// grammar is [`ModelError::InvalidGrammar`] with llguidance's message.
+    pub fn compile(&self, output: &StructuredOutput) -> Result<GrammarMatcher> {
+        if let Some(matcher) = self.lock().get(output) {
+            return Ok(GrammarMatcher::new(matcher));
+        }
+        let grammar = output.to_grammar().map_err(grammar_error)?;
+        let parser = self.factory.create_parser(grammar).map_err(grammar_error)?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(grammar_error(error));
+        }
+        self.lock().insert(output.clone(), &matcher);
+        Ok(GrammarMatcher::new(matcher))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GrammarCache> {
+        // A panic while holding the lock leaves only a cache behind; keep using it.
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One request's grammar state: the logits chain's structured-outputs slot.
+pub struct GrammarMatcher {
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for GrammarMatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarMatcher")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrammarMatcher {
+    fn new(matcher: Matcher) -> GrammarMatcher {
+        GrammarMatcher { matcher }
+    }
+
+    /// The tokens allowed next, as a sorted list (for tests and diagnostics).
+    pub fn allowed_tokens(&mut self) -> Result<Vec<u32>> {
+        Ok(self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(grammar_error)?
+            .to_list())
+    }
+
+    /// The grammar has ended: only EOS may follow.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
+
+impl LogitsProcessor for GrammarMatcher {
+    fn apply(&mut self, logits: &mut [f32], _: &History<'_>) -> Result<()> {
+        let mask = self.matcher.compute_mask_or_eos().map_err(grammar_error)?;
+        let known = mask.len().min(logits.len());
+        let (inside, beyond) = logits.split_at_mut(known);
+        for (id, logit) in inside.iter_mut().enumerate() {
+            if !mask.get(id) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        // Ids the tokenizer does not know (padding rows of the head) are never text.
+        beyond.fill(f32::NEG_INFINITY);
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        if self.matcher.is_stopped() {
+            // EOS after the grammar ended (or a token `ignore_eos` let through): nothing to track.
+            return Ok(());
+        }
+        self.matcher.consume_token(token).map_err(grammar_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Masks on a hand-made vocabulary, checked by hand.
+
+    use super::*;
+
+    const EOS: u32 = 0;
+
+    /// `<eos>` (a control token), then text pieces.
+    fn compiler() -> GrammarCompiler {
+        let pieces = [
+            "<eos>", "y", "e", "s", "yes", "n", "no", "o", "ye", " ", "{", "}", "\"a\"",
+        ];
+        GrammarCompiler::new(&GrammarVocabulary {
+            pieces: pieces.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            special: pieces.iter().map(|p| *p == "<eos>").collect(),
+            eos_token_ids: vec![EOS],
+        })
+        .unwrap()
+    }
+
+    fn id(piece: &str) -> u32 {
+        let pieces = [
+            "<eos>", "y", "e", "s", "yes", "n", "no", "o", "ye", " ", "{", "}", "\"a\"",
+        ];
+        pieces.iter().position(|p| *p == piece).unwrap() as u32
+    }
+
+    fn ids(pieces: &[&str]) -> Vec<u32> {
+        let mut ids: Vec<u32> = pieces.iter().map(|p| id(p)).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn choice_masks_allow_exactly_the_valid_continuations() {
+        let compiler = compiler();
+        let choice = StructuredOutput::Choice(vec!["yes".into(), "no".into()]);
+        let mut matcher = compiler.compile(&choice).unwrap();
+        assert_eq!(
+            matcher.allowed_tokens().unwrap(),
+            ids(&["y", "yes", "n", "no", "ye"])
+        );
+        matcher.accept(id("ye")).unwrap();
+        assert_eq!(matcher.allowed_tokens().unwrap(), ids(&["s"]));
+        matcher.accept(id("s")).unwrap();
+        // Complete: only EOS, and the matcher says it has ended.
+        assert_eq!(matcher.allowed_tokens().unwrap(), vec![EOS]);
+        assert!(matcher.is_finished());
+        matcher.accept(EOS).unwrap();
+    }
+
+    #[test]
+    fn apply_masks_the_row_and_eos_waits_for_the_end() {
+        let compiler = compiler();
+        let mut matcher = compiler
+            .compile(&StructuredOutput::Regex("(yes)+".into()))
+            .unwrap();
+        // A row longer than the vocabulary: the extra ids are masked too.
+        let mut logits = vec![1.0; 15];
+        matcher.apply(&mut logits, &History::default()).unwrap();
+        let allowed: Vec<u32> = (0..15).filter(|&i| logits[i as usize] == 1.0).collect();
+        assert_eq!(allowed, ids(&["y", "yes", "ye"]));
+        matcher.accept(id("yes")).unwrap();
+        // "yes" may end here or repeat: EOS and the start of another "yes".
+        assert_eq!(
+            matcher.allowed_tokens().unwrap(),
+            ids(&["<eos>", "y", "yes", "ye"])
+        );
+    }
+
+    #[test]
+    fn control_tokens_never_appear_in_free_text() {
+        let compiler = compiler();
+        let mut matcher = compiler
+            .compile(&StructuredOutput::Regex("(?s:.)*".into()))
+            .unwrap();
+        let allowed = matcher.allowed_tokens().unwrap();
+        // Everything is text except `<eos>`, which is allowed only as the end (the regex may
+        // end here), never as the text "<eos>".
+        assert_eq!(allowed.len(), 13);
+        matcher.accept(id("y")).unwrap();
+        assert!(matcher.allowed_tokens().unwrap().contains(&EOS));
+    }
+
+    #[test]
+    fn cache_returns_fresh_matchers_and_bad_input_is_refused() {
+        let compiler = compiler();
+        let json = StructuredOutput::JsonObject;
+        let mut first = compiler.compile(&json).unwrap();
+        first.accept(id("{")).unwrap();
+        // The cached grammar is not the first request's state.
+        let mut second = compiler.compile(&json).unwrap();
+        assert!(second.allowed_tokens().unwrap().contains(&id("{")));
+        assert!(!second.allowed_tokens().unwrap().contains(&id("}")));
+        for bad in [
+            StructuredOutput::JsonSchema("{\"type\": \"nonsense\"}".into()),
+            StructuredOutput::JsonSchema("not json".into()),
+            StructuredOutput::Regex("(".into()),
+            StructuredOutput::Grammar("start: undefined_rule".into()),
+            StructuredOutput::Grammar("root ::= \"a".into()),
+            StructuredOutput::Choice(Vec::new()),
+        ] {
+            let error = compiler.compile(&bad).unwrap_err();
+            assert!(
+                matches!(error, ModelError::InvalidGrammar(_)),
+                "{bad:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn raw_logprobs_see_the_grammar_mask_as_in_vllm() {
+        let compiler = compiler();
+        let params = crate::SamplingParams {
+            logprobs: Some(2),
+            ..crate::SamplingParams::greedy()
+        };
+        let mut sampler = crate::Sampler::new(params, &[]);
+        let choice = StructuredOutput::Choice(vec!["yes".into(), "no".into()]);
+        sampler
+            .chain_mut()
+            .set_grammar(Box::new(compiler.compile(&choice).unwrap()));
+        // Flat logits: the five allowed tokens share the mass.
+        let token = sampler.sample(&[0.0; 13], &History::default()).unwrap();
+        assert_eq!(token.token_id, id("y"));
+        let expected = -(5.0f32).ln();
+        assert!(
+            (token.logprob.unwrap() - expected).abs() < 1e-5,
+            "{token:?}"
+        );
+        assert!(token
+            .top_logprobs
+            .iter()
+            .all(|&(id, logprob)| [1, 4].contains(&id) && (logprob - expected).abs() < 1e-5));
+    }
+
+    #[test]
+    fn an_ended_grammar_stops_even_under_min_tokens() {
+        let compiler = compiler();
+        let params = crate::SamplingParams {
+            min_tokens: 10,
+            all_stop_token_ids: vec![EOS],
+            ..crate::SamplingParams::greedy()
+        };
+        let mut sampler = crate::Sampler::new(params, &[]);
+        let choice = StructuredOutput::Choice(vec!["yes".into()]);
+        sampler
+            .chain_mut()
+            .set_grammar(Box::new(compiler.compile(&choice).unwrap()));
+        let mut logits = [0.0; 13];
+        logits[id("yes") as usize] = 1.0;
+        let first = sampler.sample(&logits, &History::default()).unwrap();
+        assert_eq!(first.token_id, id("yes"));
+        let history = History {
+            prompt: &[],
+            output: &[first.token_id],
+        };
+        assert_eq!(sampler.sample(&logits, &history).unwrap().token_id, EOS);
+    }
+
+    #[test]
+    fn lark_with_a_gbnf_looking_literal_stays_lark() {
+        assert!(is_gbnf("root ::= \"a\"\n"));
+        assert!(is_gbnf("# c\n  my-rule ::= x\n"));
+        assert!(!is_gbnf("start: \"a ::= b\""));
+    }
+
+    #[test]
+    fn gbnf_grammars_compile_and_constrain() {
+        let compiler = compiler();
+        let mut matcher = compiler
+            .compile(&StructuredOutput::Grammar(
+                "root ::= \"n\" tail\ntail ::= \"o\"".into(),
+            ))
+            .unwrap();
+        assert_eq!(matcher.allowed_tokens().unwrap(), ids(&["n", "no"]));
+    }
+}

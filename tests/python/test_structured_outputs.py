@@ -1,0 +1,115 @@
+"""Structured outputs through the official `openai` client: `chat.completions.parse` with a
+Pydantic model, json_object, regex, choice, Lark and GBNF grammars, streaming, and the 400 for
+a bad schema."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from conftest import MODEL_NAME
+
+ASK = [{"role": "user", "content": "Describe a person called Ada who lives in London."}]
+
+
+class Address(BaseModel):
+    city: str = Field(max_length=20)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=20)
+    age: int = Field(ge=0, le=150)
+    role: Literal["admin", "user", "guest"]
+    tags: list[str] = Field(min_length=1, max_length=3)
+    address: Address
+
+
+def test_parse_with_a_pydantic_model(client):
+    completion = client.chat.completions.parse(
+        model=MODEL_NAME, messages=ASK, response_format=Person, max_tokens=200, temperature=0
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    person = choice.message.parsed
+    assert isinstance(person, Person)
+    # Validating again from the raw text: the constraint held, not just the client's parse.
+    assert Person.model_validate_json(choice.message.content) == person
+
+
+def test_json_object(client):
+    response = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": 'Reply with a JSON object whose only key "answer" holds the number 4.'}],
+        response_format={"type": "json_object"},
+        max_tokens=200,
+        temperature=0,
+    )
+    assert response.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(response.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize(
+    "extra, check",
+    [
+        ({"guided_regex": r" [0-9]{3}-[0-9]{4}"}, lambda text: re.fullmatch(r" [0-9]{3}-[0-9]{4}", text)),
+        ({"structured_outputs": {"regex": r" [0-9]{3}-[0-9]{4}"}}, lambda text: re.fullmatch(r" [0-9]{3}-[0-9]{4}", text)),
+        ({"guided_choice": ["red", "green"]}, lambda text: text in ("red", "green")),
+        (
+            {"structured_outputs": {"grammar": 'start: "The answer is " NUMBER "."\nNUMBER: /[0-9]+/'}},
+            lambda text: re.fullmatch(r"The answer is [0-9]+\.", text),
+        ),
+        (
+            {"structured_outputs": {"grammar": 'root ::= "The answer is " number "."\nnumber ::= [0-9]+'}},
+            lambda text: re.fullmatch(r"The answer is [0-9]+\.", text),
+        ),
+    ],
+)
+def test_regex_choice_and_grammars(client, extra, check):
+    response = client.completions.create(
+        model=MODEL_NAME, prompt="My phone number is", max_tokens=32, temperature=0, extra_body=extra
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop"
+    assert check(choice.text), choice.text
+
+
+def test_streamed_json_schema(client):
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=ASK,
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": Person.model_json_schema(), "strict": True},
+        },
+    )
+    content, finish = "", None
+    for chunk in stream:
+        if chunk.choices:
+            content += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "stop"
+    Person.model_validate_json(content)
+
+
+def test_bad_schema_is_a_400_naming_the_field(client):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=ASK,
+            max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        )
+    assert error.value.body["param"] == "response_format.json_schema.schema"
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(
+            model=MODEL_NAME, prompt="x", max_tokens=8, extra_body={"guided_decoding_backend": "xgrammar"}
+        )
+    assert "llguidance" in error.value.body["message"]
