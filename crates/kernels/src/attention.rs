@@ -150,13 +150,13 @@ fn validate(
             "attention dimensions must be non-zero",
         ));
     }
-    if p.num_heads % p.num_kv_heads != 0 {
+    if !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(KernelError::InvalidShape(
             "num_heads must be a multiple of num_kv_heads",
         ));
     }
     let q_dim = p.num_heads * p.head_dim;
-    if q.len() % q_dim != 0 {
+    if !q.len().is_multiple_of(q_dim) {
         return Err(KernelError::InvalidShape(
             "q is not a whole number of token rows",
         ));
@@ -174,7 +174,7 @@ fn validate(
         ));
     }
     let block_elems = p.block_size * p.num_kv_heads * p.head_dim;
-    if k_cache.len() != v_cache.len() || k_cache.len() % block_elems != 0 {
+    if k_cache.len() != v_cache.len() || !k_cache.len().is_multiple_of(block_elems) {
         return Err(KernelError::InvalidShape(
             "k/v caches must be equal whole numbers of blocks",
         ));

@@ -114,7 +114,7 @@ impl DType {
     /// Fails when `n_elements` is not a whole number of blocks.
     pub fn row_bytes(self, n_elements: usize) -> Result<usize, KernelError> {
         let block_size = self.block_size();
-        if n_elements % block_size != 0 {
+        if !n_elements.is_multiple_of(block_size) {
             return Err(KernelError::NotBlockAligned {
                 dtype: self,
                 n_elements,

@@ -34,7 +34,7 @@ fn sum_of_squares(row: &[f32]) -> f32 {
 /// `out = x / sqrt(mean(x²) + eps) * weight`, for each row of `weight.len()` values.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), KernelError> {
     let dim = weight.len();
-    if dim == 0 || x.len() % dim != 0 {
+    if dim == 0 || !x.len().is_multiple_of(dim) {
         return Err(KernelError::InvalidShape(
             "rms_norm input is not a whole number of rows of weight.len()",
         ));

@@ -238,7 +238,7 @@ fn wait_for_job(shared: &Shared, last_epoch: u64) -> u64 {
             return state;
         }
         spins += 1;
-        if spins % 64 != 0 || started.elapsed() < SPIN_BEFORE_PARK {
+        if !spins.is_multiple_of(64) || started.elapsed() < SPIN_BEFORE_PARK {
             std::hint::spin_loop();
             continue;
         }

@@ -56,7 +56,7 @@ impl RopeCache {
         max_positions: usize,
         scaling: RopeScaling,
     ) -> Result<RopeCache, KernelError> {
-        if rotary_dim == 0 || rotary_dim % 2 != 0 {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
             return Err(KernelError::InvalidShape(
                 "rotary_dim must be even and non-zero",
             ));

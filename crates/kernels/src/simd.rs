@@ -208,7 +208,7 @@ impl VectorOps {
         accs: &mut [f32],
     ) {
         let n = queries.len();
-        if n == 0 || n > GROUP || states.len() != n || accs.len() % n != 0 {
+        if n == 0 || n > GROUP || states.len() != n || !accs.len().is_multiple_of(n) {
             return;
         }
         let d = accs.len() / n;

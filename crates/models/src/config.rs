@@ -265,7 +265,7 @@ impl ModelConfig {
                 });
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(ModelError::InvalidMetadata {
                 key: "num_kv_heads".into(),
                 message: format!(
@@ -295,7 +295,7 @@ fn to_usize(key: &str, value: u64) -> Result<usize> {
 }
 
 fn divide_exact(what: &str, numerator: usize, denominator: usize) -> Result<usize> {
-    if denominator == 0 || numerator % denominator != 0 {
+    if denominator == 0 || !numerator.is_multiple_of(denominator) {
         return Err(ModelError::InvalidMetadata {
             key: what.into(),
             message: format!("{numerator} is not divisible by {denominator}"),

@@ -39,7 +39,7 @@ pub fn next_token(sequence: &[u32], eos_every: u64) -> u32 {
         }
     }
     hash ^= hash >> 29;
-    if eos_every > 0 && hash % eos_every == 0 {
+    if eos_every > 0 && hash.is_multiple_of(eos_every) {
         EOS
     } else {
         1 + (hash % u64::from(VOCAB - 1)) as u32

@@ -38,7 +38,7 @@ impl QuantizedActivations {
         n: usize,
         in_features: usize,
     ) -> Result<(), KernelError> {
-        if in_features % QK != 0 {
+        if !in_features.is_multiple_of(QK) {
             return Err(KernelError::InvalidShape(
                 "quantized matmul needs in_features divisible by 32",
             ));

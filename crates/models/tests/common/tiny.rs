@@ -514,7 +514,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, &[f32])], 
     }
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut header_bytes = serde_json::Value::Object(header).to_string().into_bytes();
-    while header_bytes.len() % 8 != 0 {
+    while !header_bytes.len().is_multiple_of(8) {
         header_bytes.push(b' ');
     }
     let mut file = (header_bytes.len() as u64).to_le_bytes().to_vec();

@@ -169,7 +169,7 @@ async fn complete(
     for (index, result) in results {
         let result = result?;
         let prompt = &prompts[index as usize / n.max(1)];
-        if index as usize % n.max(1) == 0 {
+        if (index as usize).is_multiple_of(n.max(1)) {
             prompt_tokens += prompt.token_ids.len() as u32;
             cached_tokens += result.num_cached_tokens as u32;
         }
