@@ -11,15 +11,9 @@ cd "$(dirname "$0")/.."
 
 VENV=.cache/venv-deploy
 REQUIREMENTS=(kubernetes-validate==1.34.1 jsonschema==4.26.0 pyyaml==6.0.3)
-STAMP="$VENV/.requirements"
-
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "${REQUIREMENTS[*]}" ]; then
-  echo "== creating $VENV (${REQUIREMENTS[*]})"
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
-  echo "${REQUIREMENTS[*]}" > "$STAMP"
-fi
+# shellcheck source=lib/pinned-venv.sh
+source scripts/lib/pinned-venv.sh
+pinned_venv "$VENV" "${REQUIREMENTS[@]}"
 
 BINARY=target/release/tokenmill
 if [ -z "${TOKENMILL_BINARY:-}" ] && { [ ! -x "$BINARY" ] || [ -n "$(find crates Cargo.toml Cargo.lock -newer "$BINARY" -print -quit)" ]; }; then

@@ -8,15 +8,9 @@ cd "$(dirname "$0")/.."
 
 VENV=.cache/venv-tests
 REQUIREMENTS=(openai==3.54.0 pytest==9.2.0 httpx==0.28.1)
-STAMP="$VENV/.requirements"
-
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "${REQUIREMENTS[*]}" ]; then
-  echo "== creating $VENV (${REQUIREMENTS[*]})"
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
-  echo "${REQUIREMENTS[*]}" > "$STAMP"
-fi
+# shellcheck source=lib/pinned-venv.sh
+source scripts/lib/pinned-venv.sh
+pinned_venv "$VENV" "${REQUIREMENTS[@]}"
 
 BINARY=target/release/tokenmill
 if [ ! -x "$BINARY" ] || [ -n "$(find crates Cargo.toml Cargo.lock -newer "$BINARY" -print -quit)" ]; then

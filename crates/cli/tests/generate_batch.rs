@@ -3,6 +3,7 @@
 mod common;
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::Command;
 
 use common::model_path;
@@ -65,20 +66,28 @@ fn a_200_prompt_batch_completes_in_input_order() {
     }
 }
 
-#[test]
-fn a_bad_input_line_is_reported_with_its_line_number() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs `generate --input` over `lines` (a JSONL text) with a small KV budget; returns the
+/// process output and the results file's path.
+fn generate_lines(dir: &tempfile::TempDir, lines: &str) -> (std::process::Output, PathBuf) {
     let input = dir.path().join("prompts.jsonl");
-    std::fs::write(&input, "{\"prompt\": \"ok\"}\n{not json}\n").unwrap();
+    let output = dir.path().join("out.jsonl");
+    std::fs::write(&input, lines).unwrap();
     let result = Command::new(common::binary())
         .args(["generate", "--model"])
         .arg(model_path())
         .args(["--kv-cache-memory", "64MiB", "--input"])
         .arg(&input)
         .arg("--output")
-        .arg(dir.path().join("out.jsonl"))
+        .arg(&output)
         .output()
         .unwrap();
+    (result, output)
+}
+
+#[test]
+fn a_bad_input_line_is_reported_with_its_line_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let (result, _) = generate_lines(&dir, "{\"prompt\": \"ok\"}\n{not json}\n");
     assert!(!result.status.success());
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(stderr.contains("prompts.jsonl:2"), "{stderr}");
@@ -87,21 +96,10 @@ fn a_bad_input_line_is_reported_with_its_line_number() {
 #[test]
 fn an_unknown_field_is_refused_by_name_not_ignored() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("prompts.jsonl");
-    std::fs::write(
-        &input,
+    let (result, _) = generate_lines(
+        &dir,
         "{\"prompt\": \"ok\", \"repetition_penalty\": 1.2, \"min_tokens\": 2}\n{\"prompt\": \"x\", \"bad_words\": [\"y\"]}\n",
-    )
-    .unwrap();
-    let result = Command::new(common::binary())
-        .args(["generate", "--model"])
-        .arg(model_path())
-        .args(["--kv-cache-memory", "64MiB", "--input"])
-        .arg(&input)
-        .arg("--output")
-        .arg(dir.path().join("out.jsonl"))
-        .output()
-        .unwrap();
+    );
     assert!(!result.status.success());
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(stderr.contains("prompts.jsonl:2"), "{stderr}");
@@ -111,25 +109,13 @@ fn an_unknown_field_is_refused_by_name_not_ignored() {
 #[test]
 fn penalties_and_min_tokens_from_a_line_reach_the_sampler() {
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("prompts.jsonl");
-    let output = dir.path().join("out.jsonl");
     // Greedy with a strong repetition penalty cannot repeat a token of prompt or output, and
     // an invalid penalty is that line's error, not a silently dropped field.
-    std::fs::write(
-        &input,
+    let (result, output) = generate_lines(
+        &dir,
         "{\"prompt\": \"a a a a a a a a\", \"max_tokens\": 12, \"repetition_penalty\": 100.0, \"ignore_eos\": true}\n{\"prompt\": \"x\", \"presence_penalty\": 7.0}\n",
-    )
-    .unwrap();
-    let status = Command::new(common::binary())
-        .args(["generate", "--model"])
-        .arg(model_path())
-        .args(["--kv-cache-memory", "64MiB", "--input"])
-        .arg(&input)
-        .arg("--output")
-        .arg(&output)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    );
+    assert!(result.status.success());
     let text = std::fs::read_to_string(&output).unwrap();
     let lines: Vec<serde_json::Value> = text
         .lines()

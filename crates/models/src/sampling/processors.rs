@@ -30,8 +30,11 @@ pub trait LogitsProcessor: Send + std::fmt::Debug {
     fn apply(&mut self, logits: &mut [f32], history: &History<'_>) -> Result<()>;
 
     /// The token picked after `apply`; incremental state (counts, a grammar's position)
-    /// advances here rather than being rebuilt from the history each step.
-    fn accept(&mut self, token: u32) -> Result<()>;
+    /// advances here rather than being rebuilt from the history each step. Stateless
+    /// processors keep the default, which does nothing.
+    fn accept(&mut self, _token: u32) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Only the given tokens may be picked.
@@ -58,10 +61,6 @@ impl LogitsProcessor for AllowedTokens {
                 *logit = f32::NEG_INFINITY;
             }
         }
-        Ok(())
-    }
-
-    fn accept(&mut self, _: u32) -> Result<()> {
         Ok(())
     }
 }
@@ -95,10 +94,6 @@ impl LogitsProcessor for BadWords {
         }
         Ok(())
     }
-
-    fn accept(&mut self, _: u32) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// EOS and stop tokens cannot be picked before `min_tokens` tokens were generated.
@@ -119,10 +114,6 @@ impl LogitsProcessor for MinTokens {
         }
         Ok(())
     }
-
-    fn accept(&mut self, _: u32) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// Adds a fixed bias to some tokens' logits.
@@ -138,10 +129,6 @@ impl LogitsProcessor for LogitBias {
                 *logit += bias;
             }
         }
-        Ok(())
-    }
-
-    fn accept(&mut self, _: u32) -> Result<()> {
         Ok(())
     }
 }

@@ -1,0 +1,15 @@
+# Sourced by the test scripts. pinned_venv DIR REQUIREMENT...: makes DIR a virtualenv holding
+# exactly these pinned requirements, recreating it when the pins change (recorded in
+# DIR/.requirements) and reusing it otherwise.
+pinned_venv() {
+  local venv="$1"
+  shift
+  local stamp="$venv/.requirements"
+  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$*" ]; then
+    echo "== creating $venv ($*)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+    echo "$*" > "$stamp"
+  fi
+}
