@@ -68,6 +68,7 @@ fn a_200_prompt_batch_completes_in_input_order() {
 
 /// Runs `generate --input` over `lines` (a JSONL text) with a small KV budget; returns the
 /// process output and the results file's path.
+#[allow(clippy::unwrap_used)]
 fn generate_lines(dir: &tempfile::TempDir, lines: &str) -> (std::process::Output, PathBuf) {
     let input = dir.path().join("prompts.jsonl");
     let output = dir.path().join("out.jsonl");
