@@ -1,6 +1,7 @@
 //! What completions and chat share: turning a validated request into engine requests,
 //! collecting a choice's output, and rendering logprobs.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use std::collections::BTreeMap;
@@ -22,16 +23,24 @@ use crate::error::ApiError;
 /// The engine's sampling parameters for a validated request, built once for all its choices
 /// (`bad_words` are tokenized here, where the tokenizer is, and a structured output is compiled
 /// here, so a bad schema, regex or grammar is a 400 naming its field before anything is queued).
-pub(crate) fn engine_sampling(
+/// A grammar compiles on the blocking pool: a large schema must not hold an async worker that
+/// other connections share.
+pub(crate) async fn engine_sampling(
     validated: &ValidatedSampling,
-    model: &LoadedModel,
+    model: &Arc<LoadedModel>,
 ) -> Result<SamplingParams, ApiError> {
     let sampling = &validated.sampling;
-    let structured_output = sampling
-        .structured_output
-        .as_ref()
-        .map(|request| compile_structured_output(request, model))
-        .transpose()?;
+    let structured_output = match sampling.structured_output.clone() {
+        Some(request) => {
+            let model = Arc::clone(model);
+            let compiled =
+                tokio::task::spawn_blocking(move || compile_structured_output(&request, &model))
+                    .await
+                    .map_err(|e| ApiError::Internal(format!("grammar compilation task: {e}")))?;
+            Some(compiled?)
+        }
+        None => None,
+    };
     let bad_words_token_ids = model
         .tokenizer
         .bad_words_token_ids(&sampling.bad_words)

@@ -67,7 +67,7 @@ pub(crate) async fn create(
         _ => String::new(),
     };
 
-    let params = engine_sampling(&validated, &state.inner.model)?;
+    let params = engine_sampling(&validated, &state.inner.model).await?;
     let mut guard = InFlightGuard::new(&state);
     let mut streams = Vec::with_capacity(validated.sampling.n as usize);
     for choice in 0..validated.sampling.n {
