@@ -317,12 +317,11 @@ impl Drop for RequestStream {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
-    use tokenmill_core::{SchedulerOutput, SchedulingPolicy};
+    use tokenmill_core::SchedulerOutput;
 
     use super::*;
     use crate::executor::{NewSequence, StepOutput};
+    use crate::test_support::{model_path, small_metrics, small_scheduler};
     use crate::CacheDtype;
 
     /// An executor whose every step panics, standing in for a kernel bug.
@@ -340,29 +339,11 @@ mod tests {
         }
     }
 
-    fn model_path() -> PathBuf {
-        if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
-            return PathBuf::from(path);
-        }
-        let home = std::env::var("HOME").unwrap_or_default();
-        PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    }
-
     #[test]
     fn a_panicking_step_fails_in_flight_requests_and_marks_the_engine_dead() {
         let source = tokenmill_models::ModelSource::from_path(model_path());
         let loaded = Arc::new(LoadedModel::load(&source, None, Some(1)).unwrap());
-        let scheduler = Scheduler::new(SchedulerConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 4,
-            max_model_len: 64,
-            block_size: 16,
-            num_blocks: 16,
-            enable_prefix_caching: true,
-            policy: SchedulingPolicy::Fcfs,
-            long_prefill_token_threshold: None,
-        })
-        .unwrap();
+        let scheduler = small_scheduler();
         let capacity = CapacityReport {
             kv_cache_bytes: 0,
             kv_cache_dtype: CacheDtype::Auto,
@@ -370,14 +351,7 @@ mod tests {
             block_size: 16,
             max_model_len: 64,
         };
-        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
-            model_name: "test".into(),
-            max_model_len: 64,
-            block_size: 16,
-            num_blocks: 16,
-            enable_prefix_caching: true,
-            cache_dtype: "auto".into(),
-        }));
+        let metrics = small_metrics();
         let engine = Engine::spawn(
             scheduler,
             PanickingExecutor,

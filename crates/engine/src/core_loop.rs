@@ -765,15 +765,13 @@ fn finished_metrics(
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
     use std::sync::mpsc;
 
-    use tokenmill_core::{SchedulerConfig, SchedulingPolicy};
     use tokenmill_gguf::GgufFile;
-    use tokenmill_metrics::MetricsConfig;
     use tokio::sync::mpsc::unbounded_channel;
 
     use super::*;
+    use crate::test_support::{model_path, small_metrics, small_scheduler};
 
     /// Admits requests and fails every step, as an executor error would; records removals.
     struct FailingExecutor {
@@ -797,37 +795,13 @@ mod tests {
     }
 
     fn tokenizer() -> Tokenizer {
-        let path = std::env::var("TOKENMILL_TEST_MODEL").map_or_else(
-            |_| {
-                let home = std::env::var("HOME").unwrap_or_default();
-                PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-            },
-            PathBuf::from,
-        );
-        Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap()
+        Tokenizer::from_gguf(&GgufFile::open(&model_path()).unwrap()).unwrap()
     }
 
     #[test]
     fn an_engine_error_finishes_requests_through_the_one_path() {
-        let scheduler = Scheduler::new(SchedulerConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 4,
-            max_model_len: 64,
-            block_size: 16,
-            num_blocks: 16,
-            enable_prefix_caching: true,
-            policy: SchedulingPolicy::Fcfs,
-            long_prefill_token_threshold: None,
-        })
-        .unwrap();
-        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
-            model_name: "test".into(),
-            max_model_len: 64,
-            block_size: 16,
-            num_blocks: 16,
-            enable_prefix_caching: true,
-            cache_dtype: "auto".into(),
-        }));
+        let scheduler = small_scheduler();
+        let metrics = small_metrics();
         let removed = Arc::new(Mutex::new(Vec::new()));
         let (commands_tx, commands) = mpsc::channel();
         let shared = Arc::new(Shared::default());

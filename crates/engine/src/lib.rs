@@ -33,6 +33,8 @@ mod offline;
 mod output;
 mod request;
 mod stats;
+#[cfg(test)]
+mod test_support;
 
 pub use client::{Engine, EngineClient, RequestStream};
 pub use config::{EngineConfig, KvCacheSizing};
