@@ -37,7 +37,7 @@ fn assert_close(actual: &[f32], expected: &[f32], what: &str) {
 }
 
 /// Logits of every prompt position from one forward over a scattered block table.
-fn paged_prefill_logits(model: &LlamaModel, tokens: &[u32], block_size: usize) -> Vec<Vec<f32>> {
+fn paged_prefill_logits(model: &dyn CausalLm, tokens: &[u32], block_size: usize) -> Vec<Vec<f32>> {
     let blocks = tokens.len().div_ceil(block_size);
     // Blocks deliberately out of order and not starting at 0.
     let block_table: Vec<u32> = (0..blocks as u32)
@@ -352,25 +352,10 @@ fn loader_dispatches_supported_architectures_to_their_family() {
     assert_eq!(boxed.kv_layout(), kv_layout(direct.config()).as_slice());
     assert_eq!(boxed.weight_bytes(), direct.weight_bytes());
     // Through the trait object, the same logits as the concrete type.
-    let run = |model: &dyn CausalLm| {
-        let mut kv = KvCacheStorage::new(model.kv_layout(), 4, 4);
-        let mut batch = BatchInput::default();
-        batch
-            .add_sequence(&PROMPT[..5], 0, &[2, 0], 4, true)
-            .unwrap();
-        let mut logits = Vec::new();
-        model
-            .forward(
-                &test_pool(),
-                &batch,
-                &mut kv,
-                &mut Workspace::new(),
-                &mut logits,
-            )
-            .unwrap();
-        logits
-    };
-    assert_eq!(run(boxed.as_ref()), run(&direct));
+    assert_eq!(
+        paged_prefill_logits(boxed.as_ref(), &PROMPT[..5], 4),
+        paged_prefill_logits(&direct, &PROMPT[..5], 4)
+    );
 }
 
 #[test]
