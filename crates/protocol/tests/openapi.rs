@@ -70,19 +70,28 @@ fn full_completion_request() -> CompletionRequest {
         request_id: Some("r".into()),
         return_token_ids: Some(true),
         cache_salt: Some("c".into()),
-        response_format: Some(ResponseFormat {
-            format_type: "text".into(),
-            json_schema: None,
-        }),
-        guided: GuidedDecodingParams {
-            structured_outputs: Some(StructuredOutputsParams::default()),
-            guided_json: Some(json!({})),
-            guided_regex: Some("a".into()),
-            guided_choice: Some(vec![]),
-            guided_grammar: Some("g".into()),
-            guided_whitespace_pattern: Some(" ".into()),
-            guided_decoding_backend: Some("auto".into()),
-        },
+        response_format: Some(text_format()),
+        guided: full_guided(),
+    }
+}
+
+fn text_format() -> ResponseFormat {
+    ResponseFormat {
+        format_type: "text".into(),
+        json_schema: None,
+    }
+}
+
+/// Every structured-output field set (the values need not be a valid constraint).
+fn full_guided() -> GuidedDecodingParams {
+    GuidedDecodingParams {
+        structured_outputs: Some(StructuredOutputsParams::default()),
+        guided_json: Some(json!({})),
+        guided_regex: Some("a".into()),
+        guided_choice: Some(vec![]),
+        guided_grammar: Some("g".into()),
+        guided_whitespace_pattern: Some(" ".into()),
+        guided_decoding_backend: Some("auto".into()),
     }
 }
 
@@ -107,19 +116,8 @@ fn full_chat_request() -> ChatCompletionRequest {
         user: Some("u".into()),
         tools: Some(vec![]),
         tool_choice: Some(json!("none")),
-        response_format: Some(ResponseFormat {
-            format_type: "text".into(),
-            json_schema: None,
-        }),
-        guided: GuidedDecodingParams {
-            structured_outputs: Some(StructuredOutputsParams::default()),
-            guided_json: Some(json!({})),
-            guided_regex: Some("a".into()),
-            guided_choice: Some(vec![]),
-            guided_grammar: Some("g".into()),
-            guided_whitespace_pattern: Some(" ".into()),
-            guided_decoding_backend: Some("auto".into()),
-        },
+        response_format: Some(text_format()),
+        guided: full_guided(),
         top_k: Some(1),
         min_p: Some(0.0),
         repetition_penalty: Some(1.0),
