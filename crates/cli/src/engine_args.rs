@@ -1,9 +1,12 @@
 //! Engine flags shared by `serve` and `generate`, with vLLM's names.
 
+use std::path::PathBuf;
+
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use tokenmill_core::SchedulingPolicy;
 use tokenmill_engine::{CacheDtype, EngineConfig, KvCacheSizing};
+use tokenmill_models::ResolveOptions;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PolicyArg {
@@ -17,6 +20,20 @@ pub struct EngineArgs {
     /// A GGUF file, an HF model directory, or an HF repo id; default: SmolLM2-135M-Instruct.
     #[arg(long, help_heading = "Model")]
     pub model: Option<String>,
+    /// HF tokenizer directory (or a tokenizer.json) replacing the model's own tokenizer.
+    #[arg(long, help_heading = "Model")]
+    pub tokenizer: Option<PathBuf>,
+    /// Revision (branch, tag or commit) of an HF repo id, looked up in the HF cache or downloaded.
+    #[arg(long, help_heading = "Model")]
+    pub revision: Option<String>,
+    /// Where HF repos and the default model are downloaded and looked up (default: the HF cache,
+    /// and ~/.cache/tokenmill/models for the default model).
+    #[arg(long, help_heading = "Model")]
+    pub download_dir: Option<PathBuf>,
+    /// Seeds the requests that bring no `seed` of their own, in arrival order, so a run is
+    /// reproducible; default: fresh entropy per request.
+    #[arg(long, help_heading = "Model")]
+    pub seed: Option<u64>,
     /// Chat template file or inline Jinja template overriding the model's.
     #[arg(long, help_heading = "Model")]
     pub chat_template: Option<String>,
@@ -24,7 +41,7 @@ pub struct EngineArgs {
     #[arg(long, help_heading = "Model")]
     pub max_model_len: Option<usize>,
     /// KV-cache budget: bytes or a size like 2GiB / 512MiB; default: a quarter of free RAM, at most 4 GiB.
-    #[arg(long, value_parser = parse_size, help_heading = "Cache")]
+    #[arg(long, alias = "kv-cache-memory-bytes", value_parser = parse_size, help_heading = "Cache")]
     pub kv_cache_memory: Option<u64>,
     /// KV-cache element type: auto (the activations' f32), float16 (also fp16, half; a tokenmill
     /// extension), bfloat16, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2. Halves/quarters the cache's
@@ -59,9 +76,15 @@ pub struct EngineArgs {
 impl EngineArgs {
     /// Resolves the model (fetching the default one if needed) and builds the engine config.
     pub fn to_config(&self) -> anyhow::Result<EngineConfig> {
-        let source = tokenmill_models::resolve_model(self.model.as_deref())
+        let resolve = ResolveOptions {
+            download_dir: self.download_dir.clone(),
+            revision: self.revision.clone(),
+        };
+        let source = tokenmill_models::resolve_model_with(self.model.as_deref(), &resolve)
             .context("cannot resolve the model")?;
         let mut config = EngineConfig::new(source);
+        config.tokenizer = self.tokenizer.clone();
+        config.seed = self.seed;
         config.chat_template = self.chat_template.clone();
         config.num_threads = self.threads;
         if let Some(bytes) = self.kv_cache_memory {

@@ -6,6 +6,7 @@
 mod engine_args;
 mod generate;
 mod serve;
+mod vllm_flags;
 
 use clap::{Parser, Subcommand};
 
@@ -13,7 +14,10 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "tokenmill",
     version,
-    about = "A vLLM-class LLM inference and serving engine"
+    about = "A vLLM-class LLM inference and serving engine",
+    // A flag given twice takes its last value, so command-line flags override the ones a
+    // `--config` file expands to (vLLM's precedence).
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -23,7 +27,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve a model over the OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Generate text from a prompt, or run a JSONL file of prompts as an offline batch.
     Generate(generate::GenerateArgs),
     /// Benchmarks: serving (against any OpenAI-compatible server) and offline model speed.
@@ -43,10 +47,15 @@ enum BenchCommand {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    init_logging();
+    let args = vllm_flags::normalize_serve_args(std::env::args().collect())?;
+    let cli = Cli::parse_from(args);
+    let access_log = match &cli.command {
+        Command::Serve(serve) => serve.vllm.access_log_directive(),
+        _ => None,
+    };
+    init_logging(access_log.as_deref());
     match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Generate(args) => generate::run(args),
         Command::Bench(BenchCommand::Serve(args)) => {
             async_runtime()?.block_on(tokenmill_bench::run(*args))?;
@@ -76,9 +85,14 @@ fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+/// Logs to stderr at `RUST_LOG`'s levels (default `info`); `access_log` is a directive for
+/// the access log (`--uvicorn-log-level`) added on top.
+fn init_logging(access_log: Option<&str>) {
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if let Some(directive) = access_log.and_then(|d| d.parse().ok()) {
+        filter = filter.add_directive(directive);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -11,6 +11,7 @@ use tokenmill_protocol::SamplingDefaults;
 use tokenmill_server::{ServerConfig, TlsConfig};
 
 use crate::engine_args::EngineArgs;
+use crate::vllm_flags::{markdown_table, VllmArgs};
 
 /// What clients call the default model when no `--served-model-name` is given.
 const DEFAULT_SERVED_NAME: &str = "SmolLM2-135M-Instruct";
@@ -22,6 +23,8 @@ pub struct ServeArgs {
     pub model_positional: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub vllm: VllmArgs,
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,
     #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
@@ -79,10 +82,19 @@ pub struct ServeArgs {
 }
 
 pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    if args.vllm.print_vllm_flags {
+        print!("{}", markdown_table());
+        return Ok(());
+    }
+    // Refused vLLM flags fail before the model loads; the ones without effect say so.
+    for warning in args.vllm.check()? {
+        tracing::warn!("{warning}");
+    }
     if args.model_positional.is_some() {
         args.engine.model = args.model_positional.take();
     }
     let mut config = args.engine.to_config()?;
+    args.vllm.apply_to_engine(&mut config);
     let served_model_names = if args.served_model_name.is_empty() {
         vec![args
             .engine
@@ -118,6 +130,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.max_log_len = args.max_log_len;
     server.disable_access_log_for_endpoints = args.disable_access_log_for_endpoints.clone();
     server.sampling_defaults = generation_defaults(&args.generation_config, &config.model)?;
+    args.vllm.apply_to_server(&mut server)?;
 
     let engine = Engine::start(&config)?;
     for line in engine.capacity().log_lines() {

@@ -36,20 +36,31 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// The engine loop's settings besides its parts.
+#[derive(Default)]
+struct LoopSettings {
+    log_stats_interval: Option<Duration>,
+    traces: Option<Arc<OtlpTraceExporter>>,
+    seed: Option<u64>,
+}
+
 impl Engine {
     /// Loads the model, sizes the KV pool from the budget, and starts the engine thread.
     pub fn start(config: &EngineConfig) -> Result<Engine, EngineError> {
         tracing::info!("CPU features: {}", tokenmill_kernels::CpuFeatures::get());
+        let available_before_load = crate::config::available_memory_bytes();
         let loaded = Arc::new(LoadedModel::load(
             &config.model,
             config.chat_template.as_deref(),
+            config.tokenizer.as_deref(),
             config.num_threads,
         )?);
         let model_config = loaded.config().clone();
         let kv_dtype = config.kv_cache_dtype.storage();
         let bytes_per_block =
             KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
-        let kv_bytes = config.kv_cache_bytes();
+        let kv_bytes =
+            config.kv_cache_bytes(available_before_load, loaded.model.weight_bytes() as u64);
         let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
         let pool_tokens = capacity::kv_cache_size_tokens(num_blocks, config.block_size);
         let max_model_len = match config.max_model_len {
@@ -67,7 +78,7 @@ impl Engine {
             return Err(EngineError::Config(format!(
                 "the KV cache holds {pool_tokens} tokens ({num_blocks} blocks of {} from a {} MiB \
                  budget) but one max-length request needs {max_model_len}: raise \
-                 --kv-cache-memory or lower --max-model-len",
+                 --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len",
                 config.block_size,
                 kv_bytes >> 20
             )));
@@ -113,8 +124,11 @@ impl Engine {
             loaded,
             capacity,
             metrics,
-            config.log_stats_interval,
-            traces,
+            LoopSettings {
+                log_stats_interval: config.log_stats_interval,
+                traces,
+                seed: config.seed,
+            },
         )
     }
 
@@ -135,9 +149,13 @@ impl Engine {
         loaded: Arc<LoadedModel>,
         capacity: CapacityReport,
         metrics: Arc<EngineMetrics>,
-        log_stats_interval: Option<Duration>,
-        traces: Option<Arc<OtlpTraceExporter>>,
+        settings: LoopSettings,
     ) -> Result<Engine, EngineError> {
+        let LoopSettings {
+            log_stats_interval,
+            traces,
+            seed,
+        } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let engine_loop = EngineLoop::new(LoopParts {
@@ -150,6 +168,7 @@ impl Engine {
             metrics: Arc::clone(&metrics),
             log_stats_interval,
             traces,
+            seed,
         });
         // Mark alive before returning so a health check right after start-up is green.
         shared.alive.store(true, Ordering::SeqCst);
@@ -342,7 +361,7 @@ mod tests {
     #[test]
     fn a_panicking_step_fails_in_flight_requests_and_marks_the_engine_dead() {
         let source = tokenmill_models::ModelSource::from_path(model_path());
-        let loaded = Arc::new(LoadedModel::load(&source, None, Some(1)).unwrap());
+        let loaded = Arc::new(LoadedModel::load(&source, None, None, Some(1)).unwrap());
         let scheduler = small_scheduler();
         let capacity = CapacityReport {
             kv_cache_bytes: 0,
@@ -358,8 +377,7 @@ mod tests {
             loaded,
             capacity,
             metrics,
-            None,
-            None,
+            LoopSettings::default(),
         )
         .unwrap();
         let client = engine.client();

@@ -1,5 +1,6 @@
 //! Engine configuration: what `serve` and `generate` flags turn into.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokenmill_core::SchedulingPolicy;
@@ -12,6 +13,9 @@ pub enum KvCacheSizing {
     Bytes(u64),
     /// A fraction of the memory available at start-up (the CPU default).
     FractionOfAvailable(f64),
+    /// vLLM's `--gpu-memory-utilization`: this fraction of the memory available before the
+    /// model loads holds weights and KV cache; the KV cache gets what the weights leave.
+    UtilizationOfAvailable(f64),
 }
 
 /// Default KV budget when none is given: a quarter of available RAM, capped at 4 GiB
@@ -27,6 +31,11 @@ pub struct EngineConfig {
     pub model: ModelSource,
     /// A chat template overriding the model's (file path or inline template).
     pub chat_template: Option<String>,
+    /// An HF tokenizer directory or `tokenizer.json` replacing the model's tokenizer
+    /// (`--tokenizer`).
+    pub tokenizer: Option<PathBuf>,
+    /// Seeds requests without a `seed`, in arrival order (`--seed`); `None` = fresh entropy.
+    pub seed: Option<u64>,
     /// Compute threads; `None` = all cores.
     pub num_threads: Option<usize>,
     pub kv_cache: KvCacheSizing,
@@ -54,6 +63,8 @@ impl EngineConfig {
         EngineConfig {
             model,
             chat_template: None,
+            tokenizer: None,
+            seed: None,
             num_threads: None,
             kv_cache: KvCacheSizing::FractionOfAvailable(DEFAULT_KV_FRACTION),
             kv_cache_dtype: CacheDtype::Auto,
@@ -69,22 +80,49 @@ impl EngineConfig {
         }
     }
 
-    /// The KV budget in bytes, reading available memory when sized by fraction.
-    pub fn kv_cache_bytes(&self) -> u64 {
+    /// The KV budget in bytes. `available_before_load` is the memory that was available before
+    /// the weights (`weight_bytes`) were loaded; a plain fraction reads available memory now.
+    pub fn kv_cache_bytes(&self, available_before_load: Option<u64>, weight_bytes: u64) -> u64 {
         match self.kv_cache {
             KvCacheSizing::Bytes(bytes) => bytes,
             KvCacheSizing::FractionOfAvailable(fraction) => {
-                let available = available_memory_bytes().unwrap_or(8 << 30);
+                let available = available_memory_bytes().unwrap_or(FALLBACK_AVAILABLE_BYTES);
                 ((available as f64 * fraction) as u64).min(DEFAULT_KV_CAP_BYTES)
+            }
+            KvCacheSizing::UtilizationOfAvailable(fraction) => {
+                let available = available_before_load.unwrap_or(FALLBACK_AVAILABLE_BYTES);
+                ((available as f64 * fraction) as u64).saturating_sub(weight_bytes)
             }
         }
     }
 }
 
+/// Assumed available memory where /proc/meminfo cannot be read.
+const FALLBACK_AVAILABLE_BYTES: u64 = 8 << 30;
+
 /// `MemAvailable` from /proc/meminfo, when there is one.
-fn available_memory_bytes() -> Option<u64> {
+pub(crate) fn available_memory_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_memory_utilization_leaves_the_kv_cache_what_the_weights_do_not_take() {
+        let mut config = EngineConfig::new(ModelSource::Gguf("m.gguf".into()));
+        config.kv_cache = KvCacheSizing::UtilizationOfAvailable(0.5);
+        assert_eq!(config.kv_cache_bytes(Some(10 << 30), 1 << 30), 4 << 30);
+        assert_eq!(
+            config.kv_cache_bytes(Some(1 << 30), 1 << 30),
+            0,
+            "weights take it all"
+        );
+        config.kv_cache = KvCacheSizing::Bytes(123);
+        assert_eq!(config.kv_cache_bytes(Some(10 << 30), 1 << 30), 123);
+    }
 }

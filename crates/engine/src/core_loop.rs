@@ -191,6 +191,8 @@ pub(crate) struct LoopParts<E: Executor> {
     pub log_stats_interval: Option<Duration>,
     /// Request-span exporter; `None` (the default) builds no spans at all.
     pub traces: Option<Arc<OtlpTraceExporter>>,
+    /// `--seed`: seeds requests that bring none, from their arrival number.
+    pub seed: Option<u64>,
 }
 
 pub(crate) struct EngineLoop<E: Executor> {
@@ -203,6 +205,7 @@ pub(crate) struct EngineLoop<E: Executor> {
     pub shared: Arc<Shared>,
     active: HashMap<RequestId, Active>,
     arrival_seq: u64,
+    seed: Option<u64>,
     metrics: Arc<EngineMetrics>,
     traces: Option<Arc<OtlpTraceExporter>>,
     stats_logger: Option<StatsLogger>,
@@ -248,6 +251,7 @@ impl<E: Executor> EngineLoop<E> {
             metrics,
             log_stats_interval,
             traces,
+            seed,
         } = parts;
         let eos_token_ids = tokenizer.eos_token_ids();
         EngineLoop {
@@ -260,6 +264,7 @@ impl<E: Executor> EngineLoop<E> {
             shared,
             active: HashMap::new(),
             arrival_seq: 0,
+            seed,
             metrics,
             traces,
             stats_logger: log_stats_interval.map(StatsLogger::new),
@@ -388,6 +393,9 @@ impl<E: Executor> EngineLoop<E> {
             all_stop.extend_from_slice(&self.eos_token_ids);
         }
         self.arrival_seq += 1;
+        if request.sampling.seed.is_none() {
+            request.sampling.seed = self.seed.map(|base| request_seed(base, self.arrival_seq));
+        }
         // Prompt logprobs need logits at every prompt position, so such a request must not
         // reuse cached blocks: a salt nobody else has keeps its hashes private.
         let cache_salt = match request.prompt_logprobs {
@@ -667,6 +675,17 @@ impl<E: Executor> EngineLoop<E> {
     }
 }
 
+/// The seed of the `arrival`-th request under `--seed base`: splitmix64 of the pair, so
+/// neighbouring requests draw unrelated streams and a rerun in the same order repeats them.
+fn request_seed(base: u64, arrival: u64) -> u64 {
+    let mut z = base
+        .wrapping_add(arrival.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_string()
@@ -817,6 +836,7 @@ mod tests {
             metrics: Arc::clone(&metrics),
             log_stats_interval: None,
             traces: None,
+            seed: None,
         });
         let (events, mut stream) = unbounded_channel();
         commands_tx

@@ -2,6 +2,7 @@
 //! the model once, and samples each sequence that needs a token.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokenmill_core::{RequestId, SchedulerOutput};
@@ -43,10 +44,12 @@ impl std::fmt::Debug for LoadedModel {
 impl LoadedModel {
     /// Loads weights, tokenizer and chat template from a GGUF file (opened once for both) or
     /// an HF directory, and starts a pool of `num_threads` threads (`None` = all cores).
-    /// `chat_template` overrides the model's template (a file path or an inline template).
+    /// `chat_template` overrides the model's template (a file path or an inline template),
+    /// `tokenizer` the model's tokenizer (an HF tokenizer directory or a `tokenizer.json`).
     pub fn load(
         source: &ModelSource,
         chat_template: Option<&str>,
+        tokenizer: Option<&Path>,
         num_threads: Option<usize>,
     ) -> Result<LoadedModel, EngineError> {
         let options = LoadOptions::default();
@@ -54,10 +57,19 @@ impl LoadedModel {
             ModelSource::Gguf(path) => {
                 let file = GgufFile::open(path).map_err(ModelError::from)?;
                 let model = load_gguf_model(&file, &options)?;
-                (model, Tokenizer::from_gguf(&file)?)
+                let tokenizer = match tokenizer {
+                    Some(path) => load_tokenizer_override(path, model.config().vocab_size)?,
+                    None => Tokenizer::from_gguf(&file)?,
+                };
+                (model, tokenizer)
             }
             ModelSource::HfDirectory(dir) => {
-                (load_model(source, &options)?, Tokenizer::from_hf_dir(dir)?)
+                let model = load_model(source, &options)?;
+                let tokenizer = match tokenizer {
+                    Some(path) => load_tokenizer_override(path, model.config().vocab_size)?,
+                    None => Tokenizer::from_hf_dir(dir)?,
+                };
+                (model, tokenizer)
             }
         };
         // The model's own template, or ChatML when it ships none.
@@ -80,6 +92,25 @@ impl LoadedModel {
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
     }
+}
+
+/// `--tokenizer`: an HF tokenizer directory, or a `tokenizer.json` (with the
+/// `tokenizer_config.json` next to it, if any). Its ids must fit the model's vocabulary.
+fn load_tokenizer_override(path: &Path, model_vocab: usize) -> Result<Tokenizer, EngineError> {
+    let tokenizer = if path.is_dir() {
+        Tokenizer::from_hf_dir(path)?
+    } else {
+        let config = path.with_file_name("tokenizer_config.json");
+        Tokenizer::from_file(path, config.exists().then_some(config.as_path()))?
+    };
+    if tokenizer.vocab_size() > model_vocab {
+        return Err(EngineError::Config(format!(
+            "--tokenizer {}: its vocabulary has {} tokens, more than the model's {model_vocab}",
+            path.display(),
+            tokenizer.vocab_size()
+        )));
+    }
+    Ok(tokenizer)
 }
 
 /// Every token's bytes, which tokens are control tokens, and the EOS set, for the grammar

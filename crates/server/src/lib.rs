@@ -13,6 +13,7 @@
 //! A dropped SSE body drops the engine streams, which aborts the requests in the engine.
 
 mod config;
+mod cors;
 mod error;
 mod generation;
 mod lifecycle;
@@ -21,6 +22,7 @@ mod sse;
 mod state;
 
 pub use config::{ServerConfig, TlsConfig};
+pub use cors::CorsConfig;
 pub use error::ApiError;
 pub use lifecycle::{serve, ServeError};
 pub use routes::router;

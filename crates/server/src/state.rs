@@ -55,6 +55,7 @@ impl AppState {
         let max_model_len = u32::try_from(engine.max_model_len()).unwrap_or(u32::MAX);
         let mut limits = ValidationLimits::new(max_model_len, vocab_size);
         limits.max_n = config.max_n;
+        limits.max_logprobs = config.max_logprobs;
         limits.defaults = config.sampling_defaults.clone();
         let started_at = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -72,6 +73,14 @@ impl AppState {
                 started_at,
                 metrics,
             }),
+        }
+    }
+
+    /// How logprob entries name tokens (`--return-tokens-as-token-ids`).
+    pub(crate) fn token_names(&self) -> crate::generation::TokenNames<'_> {
+        crate::generation::TokenNames {
+            tokenizer: &self.inner.model.tokenizer,
+            as_ids: self.inner.config.return_tokens_as_token_ids,
         }
     }
 

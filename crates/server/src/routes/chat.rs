@@ -103,7 +103,6 @@ async fn complete(
     job: Job,
     streams: Vec<(u32, RequestStream)>,
 ) -> Result<ChatCompletionResponse, ApiError> {
-    let tokenizer = &state.inner.model.tokenizer;
     let results = futures::future::join_all(
         streams
             .into_iter()
@@ -121,7 +120,7 @@ async fn complete(
             .validated
             .sampling
             .logprobs
-            .map(|k| chat_logprobs(tokenizer, &result.logprobs, k as usize));
+            .map(|k| chat_logprobs(state.token_names(), &result.logprobs, k as usize));
         choices.push(ChatChoice {
             index,
             message: ChatResponseMessage {
@@ -161,7 +160,6 @@ fn stream_response(
     let (tx, response) = sse::channel();
     tokio::spawn(async move {
         let _guard = guard;
-        let tokenizer = &state.inner.model.tokenizer;
         let validated = &job.validated;
         let n = streams.len();
         let chunk = |choices| {
@@ -217,7 +215,7 @@ fn stream_response(
             let logprobs = validated
                 .sampling
                 .logprobs
-                .map(|k| chat_logprobs(tokenizer, &output.logprobs, k as usize));
+                .map(|k| chat_logprobs(state.token_names(), &output.logprobs, k as usize));
             let mut message = chunk(vec![ChatChunkChoice {
                 index,
                 delta: ChatDelta {

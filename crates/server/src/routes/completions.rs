@@ -14,14 +14,13 @@ use tokenmill_protocol::{
 use crate::error::ApiError;
 use crate::generation::{
     append_completion_logprobs, collect, engine_request, engine_sampling, wire_finish_reason,
-    wire_prompt_logprobs, wire_stop_reason,
+    wire_prompt_logprobs, wire_stop_reason, TokenNames,
 };
 use crate::routes::tokenize::encode;
 use crate::routes::{check_accepting, check_model, json_response, read_json};
 use crate::sse;
 use crate::state::{unix_now, AppState, InFlightGuard};
 use tokenmill_engine::TokenLogprob;
-use tokenmill_text::Tokenizer;
 
 /// One prompt after tokenization.
 struct PreparedPrompt {
@@ -190,7 +189,7 @@ async fn complete(
             if validated.output.echo {
                 append_prompt_logprobs(
                     &mut out,
-                    tokenizer,
+                    state.token_names(),
                     prompt,
                     result.prompt_logprobs.as_deref(),
                     &mut offset,
@@ -200,7 +199,7 @@ async fn complete(
                 .iter()
                 .map(|e| (e.token_id, Some(e)))
                 .collect();
-            append_completion_logprobs(&mut out, tokenizer, &generated, &mut offset);
+            append_completion_logprobs(&mut out, state.token_names(), &generated, &mut offset);
             out
         });
         let prompt_logprobs = match (&validated.sampling.prompt_logprobs, &result.prompt_logprobs) {
@@ -245,7 +244,6 @@ fn stream_response(
         } = job;
         let _guard = guard;
         let n = validated.sampling.n.max(1) as usize;
-        let tokenizer = &state.inner.model.tokenizer;
         let mut merged = sse::merge(streams);
         let mut completion_tokens = vec![0u32; prompts.len() * n];
         let mut cached_tokens = vec![0u32; prompts.len()];
@@ -284,7 +282,7 @@ fn stream_response(
                     offsets[i] = 0;
                     append_prompt_logprobs(
                         &mut out,
-                        tokenizer,
+                        state.token_names(),
                         prompt,
                         output.prompt_logprobs.as_deref(),
                         &mut offsets[i],
@@ -296,7 +294,12 @@ fn stream_response(
                         .iter()
                         .map(|e| (e.token_id, Some(e)))
                         .collect();
-                    append_completion_logprobs(&mut out, tokenizer, &entries, &mut offsets[i]);
+                    append_completion_logprobs(
+                        &mut out,
+                        state.token_names(),
+                        &entries,
+                        &mut offsets[i],
+                    );
                 }
                 out
             });
@@ -358,7 +361,7 @@ fn stream_response(
 /// The echoed prompt's part of legacy logprobs: the first token has none.
 fn append_prompt_logprobs(
     out: &mut CompletionLogprobs,
-    tokenizer: &Tokenizer,
+    names: TokenNames<'_>,
     prompt: &PreparedPrompt,
     entries: Option<&[Option<TokenLogprob>]>,
     offset: &mut u32,
@@ -369,5 +372,5 @@ fn append_prompt_logprobs(
         .enumerate()
         .map(|(i, &id)| (id, entries.and_then(|e| e.get(i)).and_then(Option::as_ref)))
         .collect();
-    append_completion_logprobs(out, tokenizer, &entries, offset);
+    append_completion_logprobs(out, names, &entries, offset);
 }

@@ -21,7 +21,7 @@ use crate::state::AppState;
 
 /// The whole app, ready for `axum::serve` or in-process `oneshot` tests.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let mut routes = Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/models", get(info::models))
@@ -30,13 +30,25 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(info::health))
         .route("/ping", get(info::health))
         .route("/version", get(info::version))
-        .route("/openapi.json", get(info::openapi))
-        .route("/metrics", get(info::metrics))
+        .route("/metrics", get(info::metrics));
+    if state.config().serve_openapi {
+        routes = routes.route("/openapi.json", get(info::openapi));
+    }
+    let app = routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
-        .layer(middleware::from_fn_with_state(state.clone(), access_log))
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(state.clone(), access_log));
+    // `--root-path`: a proxy that does not strip its path prefix reaches the same routes.
+    let app = match state.config().root_path.as_deref() {
+        Some(prefix) => Router::new().nest(prefix, app.clone()).merge(app),
+        None => app,
+    };
+    let app = match &state.config().cors {
+        Some(cors) => app.layer(cors.layer()),
+        None => app,
+    };
+    app.with_state(state)
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> Response {

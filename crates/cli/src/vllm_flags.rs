@@ -1,0 +1,718 @@
+//! `vllm serve`'s flags, honestly mapped: every flag a vLLM user copies either does the
+//! equivalent thing here, is accepted with a one-line warning saying why it has no effect on a
+//! CPU engine, or is refused with a message naming what tokenmill supports.
+//!
+//! [`VLLM_FLAGS`] is the one source of truth: the parser's tests parse every row, and the
+//! README's "vLLM flag → tokenmill" table is generated from it (`tokenmill serve
+//! --print-vllm-flags`, checked by a test against the README).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use tokenmill_engine::{EngineConfig, KvCacheSizing};
+use tokenmill_server::{CorsConfig, ServerConfig};
+
+/// What a flag does on tokenmill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Treatment {
+    /// Does what vLLM's flag does (the text says how).
+    Same,
+    /// Accepted with a warning: it has no effect on this engine (the text says why).
+    NoEffect,
+    /// Accepted for the values tokenmill supports; any other value is refused (the text says
+    /// which values work).
+    Restricted,
+}
+
+impl Treatment {
+    fn label(self) -> &'static str {
+        match self {
+            Treatment::Same => "same",
+            Treatment::NoEffect => "no effect (warning)",
+            Treatment::Restricted => "some values refused",
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct VllmFlag {
+    /// The long flag, e.g. `--gpu-memory-utilization`.
+    pub flag: &'static str,
+    /// A value that parses (empty for switches), used by the tests and shown in the table.
+    pub example: &'static str,
+    pub treatment: Treatment,
+    /// What tokenmill does with it.
+    pub note: &'static str,
+}
+
+const fn row(
+    flag: &'static str,
+    example: &'static str,
+    treatment: Treatment,
+    note: &'static str,
+) -> VllmFlag {
+    VllmFlag {
+        flag,
+        example,
+        treatment,
+        note,
+    }
+}
+
+use Treatment::{NoEffect, Restricted, Same};
+
+/// `vllm serve` flags tokenmill accepts, in the order of vLLM's `--help` groups.
+pub const VLLM_FLAGS: &[VllmFlag] = &[
+    // Frontend.
+    row("--host", "0.0.0.0", Same, "address to listen on"),
+    row("--port", "8000", Same, "port to listen on"),
+    row("--api-key", "secret", Same, "`Authorization: Bearer` required on every route but /health, /ping and /metrics"),
+    row("--served-model-name", "my-model", Same, "names clients may use; the first is reported"),
+    row("--chat-template", "template.jinja", Same, "file or inline Jinja template"),
+    row("--ssl-keyfile", "key.pem", Same, "HTTPS (with `--ssl-certfile`)"),
+    row("--ssl-certfile", "cert.pem", Same, "HTTPS (with `--ssl-keyfile`)"),
+    row("--allowed-origins", "[\"https://example.com\"]", Same, "CORS: JSON list of origins (default `[\"*\"]`)"),
+    row("--allowed-methods", "[\"GET\",\"POST\"]", Same, "CORS: JSON list of methods (default `[\"*\"]`)"),
+    row("--allowed-headers", "[\"*\"]", Same, "CORS: JSON list of headers (default `[\"*\"]`)"),
+    row("--allow-credentials", "", Same, "CORS: allow credentials (a `*` origin then mirrors the request's origin)"),
+    row("--root-path", "/llm", Same, "routes are also served under this prefix (behind a path-routing proxy)"),
+    row("--disable-fastapi-docs", "", Same, "no `/openapi.json` (tokenmill serves no `/docs` or `/redoc` pages)"),
+    row("--return-tokens-as-token-ids", "", Same, "logprob tokens are `token_id:N`"),
+    row("--enable-prompt-tokens-details", "", Same, "`usage.prompt_tokens_details.cached_tokens` (tokenmill always reports it)"),
+    row("--max-log-len", "100", Same, "truncates logged prompts"),
+    row("--enable-log-requests", "", Same, "logs each request's prompt"),
+    row("--disable-log-requests", "", Same, "the default (deprecated in vLLM)"),
+    row("--disable-log-stats", "", Same, "no periodic engine stats line"),
+    row("--uvicorn-log-level", "warning", Same, "level of the access log (`warning` and above silence it)"),
+    row("--disable-uvicorn-access-log", "", Same, "no access-log lines"),
+    row("--disable-access-log-for-endpoints", "/health,/metrics", Same, "no access-log lines for these paths"),
+    row("--generation-config", "auto", Same, "default sampling parameters from generation_config.json"),
+    row("--max-logprobs", "20", Same, "cap on `logprobs`, `top_logprobs`, `prompt_logprobs`"),
+    row("--config", "serve.yaml", Same, "YAML file of flags (keys with `-` or `_`); flags on the command line win"),
+    // Model.
+    row("--model", "model.gguf", Same, "GGUF file, HF directory or HF repo id (also positional)"),
+    row("--tokenizer", "path/to/tokenizer", Same, "HF tokenizer directory or `tokenizer.json` replacing the model's"),
+    row("--revision", "main", Same, "revision of an HF repo id to load from the local HF cache or download"),
+    row("--download-dir", "/models", Same, "where HF repos and the default model are downloaded and looked up"),
+    row("--max-model-len", "4096", Same, "context length (prompt + output)"),
+    row("--seed", "0", Same, "seeds requests that bring no `seed` (reproducible across runs in arrival order)"),
+    row("--dtype", "auto", Restricted, "`auto`, `float32`, `float`: the default; `half`/`float16`/`bfloat16` are accepted with a warning (activations are f32 on CPU, weights keep the file's types)"),
+    row("--quantization", "gguf", Restricted, "`gguf` (or unset): the weights' types come from the file; AWQ/GPTQ/FP8/... are refused"),
+    row("--load-format", "auto", Restricted, "`auto`, `gguf`, `safetensors`"),
+    row("--trust-remote-code", "", NoEffect, "tokenmill runs no model code from the hub; supported architectures are built in"),
+    row("--tokenizer-revision", "main", NoEffect, "the tokenizer is read from the model (or `--tokenizer`) as found locally"),
+    row("--code-revision", "main", NoEffect, "no remote code is run"),
+    // Cache and memory.
+    row("--gpu-memory-utilization", "0.9", Same, "fraction of available RAM for weights + KV cache (the KV budget is what remains after the weights)"),
+    row("--kv-cache-memory-bytes", "4GiB", Same, "KV-cache budget in bytes (alias of `--kv-cache-memory`)"),
+    row("--kv-cache-dtype", "auto", Same, "KV element type (`auto`, `fp8`, `fp8_e4m3`, `fp8_e5m2`, `bfloat16`)"),
+    row("--block-size", "16", Same, "tokens per KV block"),
+    row("--enable-prefix-caching", "", Same, "on by default (`--no-enable-prefix-caching` turns it off)"),
+    row("--swap-space", "4", NoEffect, "preempted requests are recomputed from the prefix cache, nothing is swapped"),
+    row("--cpu-offload-gb", "0", NoEffect, "weights already live in host memory"),
+    row("--calculate-kv-scales", "", NoEffect, "fp8 KV uses a per-tensor scale of 1.0"),
+    // Scheduler.
+    row("--max-num-seqs", "64", Same, "sequences in one step"),
+    row("--max-num-batched-tokens", "512", Same, "token budget of one step"),
+    row("--scheduling-policy", "fcfs", Same, "`fcfs` or `priority`"),
+    row("--enable-chunked-prefill", "", Same, "always on (long prompts are split at `--max-num-batched-tokens`)"),
+    // Parallelism and execution.
+    row("--tensor-parallel-size", "1", Restricted, "`1`: one engine per process uses all cores (`--threads`); scale out with replicas (deploy/)"),
+    row("--pipeline-parallel-size", "1", Restricted, "`1`, as above"),
+    row("--data-parallel-size", "1", Restricted, "`1`: run replicas behind a router (deploy/)"),
+    row("--device", "cpu", Restricted, "`cpu` or `auto`"),
+    row("--enforce-eager", "", NoEffect, "there are no CUDA graphs to capture"),
+    row("--max-seq-len-to-capture", "8192", NoEffect, "there are no CUDA graphs to capture"),
+    row("--disable-custom-all-reduce", "", NoEffect, "there is no multi-GPU all-reduce"),
+    row("--distributed-executor-backend", "mp", NoEffect, "one process, one engine"),
+    row("--disable-frontend-multiprocessing", "", NoEffect, "the HTTP frontend and the engine thread share one process already"),
+    row("--max-parallel-loading-workers", "2", NoEffect, "weights are memory-mapped and repacked by the compute pool"),
+];
+
+/// The README's table, generated from [`VLLM_FLAGS`].
+pub fn markdown_table() -> String {
+    let mut table = String::from("| vLLM flag | example | tokenmill | what it does here |\n");
+    table.push_str("|---|---|---|---|\n");
+    for flag in VLLM_FLAGS {
+        let example = if flag.example.is_empty() {
+            String::new()
+        } else {
+            format!("`{}`", flag.example)
+        };
+        table.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            flag.flag,
+            example,
+            flag.treatment.label(),
+            flag.note
+        ));
+    }
+    table
+}
+
+/// The vLLM flags that are not also tokenmill's own engine or server flags.
+#[derive(Debug, Clone, Default, Args)]
+pub struct VllmArgs {
+    /// Print the "vLLM flag → tokenmill" table (markdown) and exit.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub print_vllm_flags: bool,
+    /// YAML file of flags, vLLM's `--config` (read before the other flags, which win).
+    #[arg(long, value_name = "FILE", help_heading = "vLLM compatibility")]
+    pub config: Option<PathBuf>,
+    /// Fraction of available RAM for weights + KV cache.
+    #[arg(long, value_name = "FRACTION", help_heading = "vLLM compatibility")]
+    pub gpu_memory_utilization: Option<f64>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub dtype: Option<String>,
+    #[arg(long, short = 'q', help_heading = "vLLM compatibility")]
+    pub quantization: Option<String>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub load_format: Option<String>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub device: Option<String>,
+    /// Also `-tp`.
+    #[arg(long, value_name = "N", help_heading = "vLLM compatibility")]
+    pub tensor_parallel_size: Option<usize>,
+    /// Also `-pp`.
+    #[arg(long, value_name = "N", help_heading = "vLLM compatibility")]
+    pub pipeline_parallel_size: Option<usize>,
+    /// Also `-dp`.
+    #[arg(long, value_name = "N", help_heading = "vLLM compatibility")]
+    pub data_parallel_size: Option<usize>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub trust_remote_code: bool,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub tokenizer_revision: Option<String>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub code_revision: Option<String>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub swap_space: Option<f64>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub cpu_offload_gb: Option<f64>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub calculate_kv_scales: bool,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub enable_chunked_prefill: bool,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub enforce_eager: bool,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub max_seq_len_to_capture: Option<usize>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub disable_custom_all_reduce: bool,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub distributed_executor_backend: Option<String>,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub disable_frontend_multiprocessing: bool,
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub max_parallel_loading_workers: Option<usize>,
+    /// CORS: JSON list of allowed origins (default `["*"]`).
+    #[arg(long, value_name = "JSON", help_heading = "vLLM compatibility")]
+    pub allowed_origins: Option<String>,
+    /// CORS: JSON list of allowed methods (default `["*"]`).
+    #[arg(long, value_name = "JSON", help_heading = "vLLM compatibility")]
+    pub allowed_methods: Option<String>,
+    /// CORS: JSON list of allowed headers (default `["*"]`).
+    #[arg(long, value_name = "JSON", help_heading = "vLLM compatibility")]
+    pub allowed_headers: Option<String>,
+    /// CORS: allow credentials.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub allow_credentials: bool,
+    /// Also serve every route under this path prefix.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub root_path: Option<String>,
+    /// Do not serve /openapi.json.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub disable_fastapi_docs: bool,
+    /// Logprob tokens as `token_id:N`.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub return_tokens_as_token_ids: bool,
+    /// Always on: usage reports `prompt_tokens_details.cached_tokens`.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub enable_prompt_tokens_details: bool,
+    /// The default already: prompts are logged only with --enable-log-requests.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub disable_log_requests: bool,
+    /// Level of the access log: critical, error, warning, info, debug, trace.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub uvicorn_log_level: Option<String>,
+    /// No access-log lines.
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub disable_uvicorn_access_log: bool,
+    /// Cap on `logprobs`, `top_logprobs` and `prompt_logprobs`.
+    #[arg(long, default_value_t = tokenmill_protocol::DEFAULT_MAX_LOGPROBS, help_heading = "vLLM compatibility")]
+    pub max_logprobs: u32,
+}
+
+impl VllmArgs {
+    /// Checks the values tokenmill supports and returns the warnings for flags without effect.
+    /// Called before the model loads, so a refused flag fails fast.
+    pub fn check(&self) -> anyhow::Result<Vec<String>> {
+        let mut warnings = Vec::new();
+        if let Some(dtype) = self.dtype.as_deref() {
+            match dtype {
+                "auto" | "float32" | "float" => {}
+                "half" | "float16" | "bfloat16" => warnings.push(format!(
+                    "--dtype {dtype}: activations are computed in f32 on the CPU and the weights \
+                     keep their file types; the flag has no effect"
+                )),
+                other => bail!(
+                    "--dtype {other} is not supported: use auto, float32, float, half, float16 \
+                     or bfloat16"
+                ),
+            }
+        }
+        if let Some(quantization) = self.quantization.as_deref() {
+            if !quantization.eq_ignore_ascii_case("gguf") {
+                bail!(
+                    "--quantization {quantization} is not supported: tokenmill reads the weights' \
+                     quantization from the GGUF file (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, \
+                     Q5_K, Q6_K ...); pass a GGUF quantized that way, or `--quantization gguf`"
+                );
+            }
+        }
+        if let Some(format) = self.load_format.as_deref() {
+            if !matches!(format, "auto" | "gguf" | "safetensors") {
+                bail!("--load-format {format} is not supported: use auto, gguf or safetensors");
+            }
+        }
+        if let Some(device) = self.device.as_deref() {
+            if !matches!(device, "cpu" | "auto") {
+                bail!("--device {device} is not supported: tokenmill runs on the CPU (cpu, auto)");
+            }
+        }
+        for (flag, value, what) in [
+            (
+                "--tensor-parallel-size",
+                self.tensor_parallel_size,
+                "one engine uses all of this host's cores (--threads)",
+            ),
+            (
+                "--pipeline-parallel-size",
+                self.pipeline_parallel_size,
+                "one engine uses all of this host's cores (--threads)",
+            ),
+            (
+                "--data-parallel-size",
+                self.data_parallel_size,
+                "run replicas behind a router (see deploy/)",
+            ),
+        ] {
+            match value {
+                Some(0) => bail!("{flag} must be at least 1"),
+                Some(size) if size > 1 => {
+                    bail!("{flag} {size} is not supported: tokenmill serves with {flag} 1; {what}")
+                }
+                _ => {}
+            }
+        }
+        if let Some(fraction) = self.gpu_memory_utilization {
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                bail!("--gpu-memory-utilization must be in (0, 1], got {fraction}");
+            }
+        }
+        if let Some(level) = self.uvicorn_log_level.as_deref() {
+            access_log_level(level)?;
+        }
+        for (flag, set) in self.no_effect_flags() {
+            if set {
+                warnings.push(no_effect_warning(flag));
+            }
+        }
+        Ok(warnings)
+    }
+
+    fn no_effect_flags(&self) -> [(&'static str, bool); 12] {
+        [
+            ("--trust-remote-code", self.trust_remote_code),
+            ("--tokenizer-revision", self.tokenizer_revision.is_some()),
+            ("--code-revision", self.code_revision.is_some()),
+            ("--swap-space", self.swap_space.is_some()),
+            ("--cpu-offload-gb", self.cpu_offload_gb.is_some()),
+            ("--calculate-kv-scales", self.calculate_kv_scales),
+            ("--enforce-eager", self.enforce_eager),
+            (
+                "--max-seq-len-to-capture",
+                self.max_seq_len_to_capture.is_some(),
+            ),
+            (
+                "--disable-custom-all-reduce",
+                self.disable_custom_all_reduce,
+            ),
+            (
+                "--distributed-executor-backend",
+                self.distributed_executor_backend.is_some(),
+            ),
+            (
+                "--disable-frontend-multiprocessing",
+                self.disable_frontend_multiprocessing,
+            ),
+            (
+                "--max-parallel-loading-workers",
+                self.max_parallel_loading_workers.is_some(),
+            ),
+        ]
+    }
+
+    /// Applies the flags that change the engine.
+    pub fn apply_to_engine(&self, config: &mut EngineConfig) {
+        if let Some(fraction) = self.gpu_memory_utilization {
+            config.kv_cache = KvCacheSizing::UtilizationOfAvailable(fraction);
+        }
+    }
+
+    /// Applies the flags that change the HTTP server.
+    pub fn apply_to_server(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
+        server.cors = Some(
+            CorsConfig::new(
+                &json_list("--allowed-origins", self.allowed_origins.as_deref())?,
+                &json_list("--allowed-methods", self.allowed_methods.as_deref())?,
+                &json_list("--allowed-headers", self.allowed_headers.as_deref())?,
+                self.allow_credentials,
+            )
+            .map_err(anyhow::Error::msg)?,
+        );
+        server.root_path = match self.root_path.as_deref().map(str::trim) {
+            None | Some("") | Some("/") => None,
+            Some(path) if path.starts_with('/') => Some(path.trim_end_matches('/').to_string()),
+            Some(path) => bail!("--root-path must start with '/', got {path}"),
+        };
+        server.serve_openapi = !self.disable_fastapi_docs;
+        server.return_tokens_as_token_ids = self.return_tokens_as_token_ids;
+        server.max_logprobs = self.max_logprobs;
+        Ok(())
+    }
+
+    /// The tracing directive for the access log that `--uvicorn-log-level` /
+    /// `--disable-uvicorn-access-log` ask for, if any.
+    pub fn access_log_directive(&self) -> Option<String> {
+        if self.disable_uvicorn_access_log {
+            return Some(format!("{ACCESS_LOG_TARGET}=off"));
+        }
+        let level = access_log_level(self.uvicorn_log_level.as_deref()?).ok()?;
+        Some(format!("{ACCESS_LOG_TARGET}={level}"))
+    }
+}
+
+/// The tracing target of the server's access-log lines.
+const ACCESS_LOG_TARGET: &str = "tokenmill::access";
+
+/// uvicorn's level names as tracing levels (`critical` has no twin: `error`).
+fn access_log_level(level: &str) -> anyhow::Result<&'static str> {
+    Ok(match level.to_ascii_lowercase().as_str() {
+        "critical" | "error" => "error",
+        "warning" | "warn" => "warn",
+        "info" => "info",
+        "debug" => "debug",
+        "trace" => "trace",
+        other => bail!(
+            "--uvicorn-log-level {other} is not a level: use critical, error, warning, info, \
+             debug or trace"
+        ),
+    })
+}
+
+fn no_effect_warning(flag: &str) -> String {
+    let note = VLLM_FLAGS
+        .iter()
+        .find(|row| row.flag == flag)
+        .map_or("", |row| row.note);
+    format!("{flag} has no effect on tokenmill: {note}")
+}
+
+/// A JSON list of strings, vLLM's format for the CORS flags; absent means `["*"]`.
+fn json_list(flag: &str, value: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let Some(value) = value else {
+        return Ok(vec!["*".to_string()]);
+    };
+    serde_json::from_str::<Vec<String>>(value)
+        .with_context(|| format!("{flag} must be a JSON list of strings, e.g. '[\"*\"]'"))
+}
+
+/// vLLM's two-letter short flags, which clap cannot declare.
+const SHORT_ALIASES: &[(&str, &str)] = &[
+    ("-tp", "--tensor-parallel-size"),
+    ("-pp", "--pipeline-parallel-size"),
+    ("-dp", "--data-parallel-size"),
+];
+
+/// Rewrites a `serve` command line the way vLLM reads it: `-tp`/`-pp`/`-dp` become their long
+/// forms, and `--config FILE.yaml` is expanded: the file's keys become flags placed right after
+/// `serve`, so flags given on the command line (parsed later) win. Other command lines are
+/// returned unchanged.
+pub fn normalize_serve_args(args: Vec<String>) -> anyhow::Result<Vec<String>> {
+    // The subcommand is the first argument (the CLI has no global flags).
+    let serve_at = 1;
+    if args.get(serve_at).map(String::as_str) != Some("serve") {
+        return Ok(args);
+    }
+    let mut file = None;
+    let mut rest = Vec::with_capacity(args.len());
+    let mut iter = args[serve_at + 1..].iter();
+    while let Some(arg) = iter.next() {
+        if let Some((_, long)) = SHORT_ALIASES.iter().find(|(short, _)| short == arg) {
+            rest.push((*long).to_string());
+        } else if arg == "--config" {
+            file = Some(
+                iter.next()
+                    .context("--config needs a file name")?
+                    .to_string(),
+            );
+        } else if let Some(name) = arg.strip_prefix("--config=") {
+            file = Some(name.to_string());
+        } else {
+            rest.push(arg.clone());
+        }
+    }
+    let mut expanded = args[..=serve_at].to_vec();
+    let Some(file) = file else {
+        expanded.extend(rest);
+        return Ok(expanded);
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("cannot read --config {file}"))?;
+    let from_file = config_flags(&text).with_context(|| format!("--config {file}"))?;
+    expanded.extend(from_file);
+    expanded.extend(rest);
+    Ok(expanded)
+}
+
+/// A YAML mapping of flag names to values as command-line arguments: `true` → `--flag`,
+/// `false` → nothing (or `--no-flag` for the flags that have one), lists → the values in
+/// order, mappings → one JSON argument, anything else → its text.
+fn config_flags(text: &str) -> anyhow::Result<Vec<String>> {
+    let document: serde_yaml::Value = serde_yaml::from_str(text).context("not valid YAML")?;
+    let serde_yaml::Value::Mapping(mapping) = document else {
+        bail!("the file must be a mapping of flag names to values");
+    };
+    let mut flags = Vec::new();
+    for (key, value) in mapping {
+        let Some(key) = key.as_str() else {
+            bail!("flag names must be strings, got {key:?}");
+        };
+        if key == "config" {
+            bail!("a --config file cannot name another --config");
+        }
+        let flag = format!("--{}", key.replace('_', "-"));
+        match value {
+            serde_yaml::Value::Bool(true) => flags.push(flag),
+            serde_yaml::Value::Bool(false) => {
+                if NEGATABLE.contains(&key.replace('_', "-").as_str()) {
+                    flags.push(format!("--no-{}", key.replace('_', "-")));
+                }
+            }
+            serde_yaml::Value::Null => {}
+            serde_yaml::Value::Sequence(items) => {
+                flags.push(flag);
+                for item in items {
+                    flags.push(scalar_text(&item)?);
+                }
+            }
+            serde_yaml::Value::Mapping(_) => {
+                flags.push(flag);
+                flags.push(serde_json::to_string(&value).context("cannot convert to JSON")?);
+            }
+            scalar => {
+                flags.push(flag);
+                flags.push(scalar_text(&scalar)?);
+            }
+        }
+    }
+    Ok(flags)
+}
+
+/// Flags with a `--no-` form.
+const NEGATABLE: &[&str] = &["enable-prefix-caching"];
+
+fn scalar_text(value: &serde_yaml::Value) -> anyhow::Result<String> {
+    Ok(match value {
+        serde_yaml::Value::String(text) => text.clone(),
+        serde_yaml::Value::Number(number) => number.to_string(),
+        serde_yaml::Value::Bool(flag) => flag.to_string(),
+        other => serde_json::to_string(other).context("cannot convert to JSON")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn serve_args(args: &[&str]) -> Result<crate::serve::ServeArgs, String> {
+        let mut argv = vec!["tokenmill".to_string(), "serve".to_string()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let argv = normalize_serve_args(argv).map_err(|e| format!("{e:#}"))?;
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Serve(args) => Ok(*args),
+            _ => Err("not serve".into()),
+        }
+    }
+
+    #[test]
+    fn every_flag_in_the_table_parses_and_its_example_is_accepted() {
+        for row in VLLM_FLAGS {
+            if row.flag == "--config" {
+                continue; // Expanded before parsing; tested below.
+            }
+            let mut args = vec![row.flag];
+            if !row.example.is_empty() {
+                args.push(row.example);
+            }
+            // The TLS pair is only accepted together.
+            match row.flag {
+                "--ssl-keyfile" => args.extend(["--ssl-certfile", "cert.pem"]),
+                "--ssl-certfile" => args.extend(["--ssl-keyfile", "key.pem"]),
+                _ => {}
+            }
+            let parsed = serve_args(&args).unwrap_or_else(|e| panic!("{}: {e}", row.flag));
+            let warnings = parsed
+                .vllm
+                .check()
+                .unwrap_or_else(|e| panic!("{} {}: {e}", row.flag, row.example));
+            match row.treatment {
+                Treatment::NoEffect => assert!(
+                    warnings.iter().any(|w| w.starts_with(row.flag)),
+                    "{} must warn: {warnings:?}",
+                    row.flag
+                ),
+                Treatment::Same => assert!(warnings.is_empty(), "{}: {warnings:?}", row.flag),
+                Treatment::Restricted => {}
+            }
+        }
+    }
+
+    #[test]
+    fn flags_are_unique_and_documented() {
+        let mut seen = std::collections::HashSet::new();
+        for row in VLLM_FLAGS {
+            assert!(seen.insert(row.flag), "{} twice", row.flag);
+            assert!(
+                row.flag.starts_with("--") && !row.note.is_empty(),
+                "{}",
+                row.flag
+            );
+        }
+    }
+
+    #[test]
+    fn readme_table_is_generated_from_the_flag_list() {
+        let readme = include_str!("../../../README.md");
+        let begin = "<!-- vllm-flags:begin (tokenmill serve --print-vllm-flags) -->\n";
+        let end = "<!-- vllm-flags:end -->";
+        let start = readme.find(begin).expect("README has the vLLM flag table") + begin.len();
+        let stop = readme[start..].find(end).expect("the table ends") + start;
+        assert_eq!(
+            &readme[start..stop],
+            markdown_table(),
+            "regenerate the README table with `tokenmill serve --print-vllm-flags`"
+        );
+    }
+
+    #[test]
+    fn unsupported_values_are_refused_naming_what_works() {
+        for (args, expected) in [
+            (
+                &["--tensor-parallel-size", "2"][..],
+                "--tensor-parallel-size 1",
+            ),
+            (&["-tp", "4"][..], "--tensor-parallel-size 1"),
+            (&["-dp", "2"][..], "replicas"),
+            (&["--quantization", "awq"][..], "GGUF"),
+            (&["-q", "gptq"][..], "GGUF"),
+            (&["--dtype", "float64"][..], "bfloat16"),
+            (&["--device", "cuda"][..], "cpu"),
+            (&["--gpu-memory-utilization", "1.5"][..], "(0, 1]"),
+            (&["--uvicorn-log-level", "loud"][..], "warning"),
+            (&["--load-format", "pt"][..], "safetensors"),
+        ] {
+            let error = serve_args(args)
+                .unwrap()
+                .vllm
+                .check()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+        let warnings = serve_args(&["--dtype", "bfloat16", "--enforce-eager"])
+            .unwrap()
+            .vllm
+            .check()
+            .unwrap();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+    }
+
+    #[test]
+    fn vllm_quickstart_command_lines_parse() {
+        // From vLLM's quick-start and deployment docs, with a local model path.
+        for line in [
+            "model.gguf --dtype auto --api-key token-abc123",
+            "--model model.gguf --gpu-memory-utilization 0.9 --max-model-len 4096 --seed 0",
+            "model.gguf --tensor-parallel-size 1 --enforce-eager --trust-remote-code",
+            "model.gguf --host 0.0.0.0 --port 8000 --served-model-name m --disable-log-requests",
+            "model.gguf --enable-chunked-prefill --max-num-batched-tokens 2048 --max-num-seqs 32",
+        ] {
+            let args: Vec<&str> = line.split_whitespace().collect();
+            let parsed = serve_args(&args).unwrap_or_else(|e| panic!("{line}: {e}"));
+            parsed
+                .vllm
+                .check()
+                .unwrap_or_else(|e| panic!("{line}: {e}"));
+        }
+    }
+
+    #[test]
+    fn config_file_flags_come_first_so_the_command_line_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("serve.yaml");
+        std::fs::write(
+            &file,
+            "model: a.gguf\nport: 9000\nmax_num_seqs: 8\nenable-prefix-caching: false\n\
+             trust_remote_code: true\nserved-model-name: [one, two]\nallowed_origins: '[\"*\"]'\n",
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+        let parsed = serve_args(&["--config", file, "--port", "9001"]).unwrap();
+        assert_eq!(parsed.port, 9001, "the command line wins");
+        assert_eq!(parsed.engine.model.as_deref(), Some("a.gguf"));
+        assert_eq!(parsed.engine.max_num_seqs, 8);
+        assert!(parsed.engine.no_enable_prefix_caching);
+        assert!(parsed.vllm.trust_remote_code);
+        assert_eq!(parsed.served_model_name, ["one", "two"]);
+        let equals = serve_args(&[&format!("--config={file}")]).unwrap();
+        assert_eq!(equals.port, 9000);
+        std::fs::write(dir.path().join("bad.yaml"), "- a\n- b\n").unwrap();
+        let bad = dir.path().join("bad.yaml");
+        let error = serve_args(&["--config", bad.to_str().unwrap()]).unwrap_err();
+        assert!(error.contains("mapping"), "{error}");
+        assert!(serve_args(&["--config", "/nonexistent.yaml"]).is_err());
+    }
+
+    #[test]
+    fn other_subcommands_are_left_alone() {
+        let argv: Vec<String> = ["tokenmill", "generate", "--config", "x", "-tp"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(normalize_serve_args(argv.clone()).unwrap(), argv);
+    }
+
+    #[test]
+    fn access_log_level_maps_uvicorn_names() {
+        let args = serve_args(&["--uvicorn-log-level", "warning"]).unwrap();
+        assert_eq!(
+            args.vllm.access_log_directive().as_deref(),
+            Some("tokenmill::access=warn")
+        );
+        let off = serve_args(&["--disable-uvicorn-access-log"]).unwrap();
+        assert_eq!(
+            off.vllm.access_log_directive().as_deref(),
+            Some("tokenmill::access=off")
+        );
+    }
+}
