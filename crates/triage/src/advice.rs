@@ -69,7 +69,7 @@ impl Advice {
             Direction::Decrease,
             None,
             format!(
-                "shrink each cached token: {KV_CACHE_DTYPE} fp8 (2x the tokens of a 16-bit cache, 4x of an f32 one such as tokenmill's auto) or quantized weights ({QUANTIZATION}) to free memory for the cache"
+                "shrink each cached token: {KV_CACHE_DTYPE} fp8 (2x the tokens of a 16-bit cache, 4x of an f32 one such as tokenmill's auto) or quantized weights (vLLM: {QUANTIZATION}; tokenmill: a Q4_K_M or Q4_0 GGUF) to free memory for the cache"
             ),
             because,
         );
@@ -235,7 +235,7 @@ pub(crate) fn recommend(
             Some(QUANTIZATION),
             Direction::Enable,
             None,
-            format!("serve quantized weights ({QUANTIZATION} fp8/awq/gptq or a pre-quantized checkpoint): decode reads fewer bytes per token"),
+            format!("serve quantized weights (vLLM: {QUANTIZATION} fp8/awq/gptq or a pre-quantized checkpoint; tokenmill: a Q4_K_M or Q4_0 GGUF): decode reads fewer bytes per token"),
             because,
         );
     }
