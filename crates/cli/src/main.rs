@@ -6,6 +6,7 @@
 mod engine_args;
 mod generate;
 mod serve;
+mod tokenizer;
 mod vllm_flags;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +36,9 @@ enum Command {
     Bench(BenchCommand),
     /// Diagnose why a live tokenmill or vLLM server is slow, from its metrics.
     Triage(tokenmill_triage::TriageArgs),
+    /// Tokenizer tools: export a model's tokenizer as a Hugging Face tokenizer directory.
+    #[command(subcommand)]
+    Tokenizer(tokenizer::TokenizerCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -57,6 +61,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Generate(args) => generate::run(args),
+        Command::Tokenizer(command) => tokenizer::run(command),
         Command::Bench(BenchCommand::Serve(args)) => {
             async_runtime()?.block_on(tokenmill_bench::run(*args))?;
             Ok(())

@@ -80,6 +80,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--root-path", "/llm", Same, "routes are also served under this prefix (behind a path-routing proxy)"),
     row("--disable-fastapi-docs", "", Same, "no `/openapi.json` (tokenmill serves no `/docs` or `/redoc` pages)"),
     row("--return-tokens-as-token-ids", "", Same, "logprob tokens are `token_id:N`"),
+    row("--enable-tokenizer-info-endpoint", "", Same, "serves `GET /tokenizer_info` (tokenizer config and chat template, for remote-tokenizer clients)"),
     row("--enable-prompt-tokens-details", "", Same, "`usage.prompt_tokens_details.cached_tokens` (tokenmill always reports it)"),
     row("--max-log-len", "100", Same, "truncates logged prompts"),
     row("--enable-log-requests", "", Same, "logs each request's prompt"),
@@ -228,6 +229,9 @@ pub struct VllmArgs {
     /// Logprob tokens as `token_id:N`.
     #[arg(long, help_heading = "vLLM compatibility")]
     pub return_tokens_as_token_ids: bool,
+    /// Serve GET /tokenizer_info (tokenizer config and chat template).
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub enable_tokenizer_info_endpoint: bool,
     /// Always on: usage reports `prompt_tokens_details.cached_tokens`.
     #[arg(long, help_heading = "vLLM compatibility")]
     pub enable_prompt_tokens_details: bool,
@@ -379,6 +383,7 @@ impl VllmArgs {
             Some(path) => bail!("--root-path must start with '/', got {path}"),
         };
         server.serve_openapi = !self.disable_fastapi_docs;
+        server.enable_tokenizer_info_endpoint = self.enable_tokenizer_info_endpoint;
         server.return_tokens_as_token_ids = self.return_tokens_as_token_ids;
         server.max_logprobs = self.max_logprobs;
         Ok(())

@@ -49,6 +49,9 @@ pub struct ServerConfig {
     pub root_path: Option<String>,
     /// Serve `/openapi.json` (off with `--disable-fastapi-docs`).
     pub serve_openapi: bool,
+    /// Serve `GET /tokenizer_info` (`--enable-tokenizer-info-endpoint`; it exposes the chat
+    /// template, so it is off by default as in vLLM).
+    pub enable_tokenizer_info_endpoint: bool,
 }
 
 impl ServerConfig {
@@ -72,6 +75,7 @@ impl ServerConfig {
             cors: Some(CorsConfig::default()),
             root_path: None,
             serve_openapi: true,
+            enable_tokenizer_info_endpoint: false,
         }
     }
 

@@ -201,3 +201,52 @@ fn text(body: &Value) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+#[tokio::test]
+async fn tokenizer_info_is_served_only_when_enabled() {
+    let off = TestApp::start();
+    assert_eq!(off.get("/tokenizer_info").await.0, StatusCode::NOT_FOUND);
+    let app = TestApp::with_config(|config| config.enable_tokenizer_info_endpoint = true);
+    let (status, body) = app.get("/tokenizer_info").await;
+    assert_eq!(status, StatusCode::OK);
+    let info: Value = serde_json::from_str(&body).unwrap();
+    let tokenizer = &app.state_model_tokenizer();
+    assert_eq!(info["tokenizer_class"], "PreTrainedTokenizerFast");
+    assert_eq!(info["eos_token"], tokenizer.eos_token());
+    assert_eq!(info["model_max_length"], common::MAX_MODEL_LEN);
+    assert!(info["chat_template"].as_str().unwrap().contains("im_start"));
+    // What lm-eval's remote tokenizer does with it: encode the EOS text without specials.
+    let (status, tokens) = app
+        .post_json(
+            "/tokenize",
+            &json!({"prompt": info["eos_token"], "add_special_tokens": false}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(tokens["tokens"][0], tokenizer.eos_token_id().unwrap());
+}
+
+/// `--tokenizer DIR` with the model's own tokenizer exported as an HF directory serves the
+/// same ids as the GGUF's tokenizer.
+#[tokio::test]
+async fn tokenizer_override_from_an_exported_directory_serves_the_same_ids() {
+    let plain = TestApp::start();
+    let dir = tempfile::tempdir().unwrap();
+    plain
+        .state_model_tokenizer()
+        .write_hf_dir(dir.path(), None)
+        .unwrap();
+    let exported = dir.path().to_path_buf();
+    let overridden =
+        TestApp::with_engine_config(|engine| engine.tokenizer = Some(exported), |_| {});
+    let ask = json!({"model": MODEL_NAME, "prompt": "The capital of France is"});
+    let (_, a) = plain.post_json("/tokenize", &ask).await;
+    let (_, b) = overridden.post_json("/tokenize", &ask).await;
+    assert_eq!(a["tokens"], b["tokens"]);
+    let greedy = json!({"model": MODEL_NAME, "prompt": "The capital of France is",
+                        "max_tokens": 6, "temperature": 0});
+    let (_, a) = plain.post_json("/v1/completions", &greedy).await;
+    let (status, b) = overridden.post_json("/v1/completions", &greedy).await;
+    assert_eq!(status, StatusCode::OK, "{b}");
+    assert_eq!(text(&a), text(&b));
+}

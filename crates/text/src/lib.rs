@@ -54,4 +54,4 @@ pub use gguf_vocab::{token_type, GgufVocab};
 pub use pretokenize::PreTokenizerSpec;
 pub use stop::{StopMatch, StopStep, StopStringMatcher};
 pub use template_functions::strftime;
-pub use tokenizer::{DecodeOptions, Tokenizer};
+pub use tokenizer::{DecodeOptions, HfTokenizerFiles, Tokenizer};

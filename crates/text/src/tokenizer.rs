@@ -11,6 +11,10 @@ use tokenmill_gguf::GgufFile;
 use crate::error::{Result, TextError};
 use crate::gguf_vocab::GgufVocab;
 
+mod hf_export;
+
+pub use hf_export::HfTokenizerFiles;
+
 /// Token texts llama.cpp treats as end-of-generation whenever they are in the vocabulary
 /// (`llama_vocab::impl::load`, "auto-detect special tokens by text").
 const LLAMA_CPP_END_OF_GENERATION: &[&str] = &[

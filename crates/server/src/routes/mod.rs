@@ -34,6 +34,9 @@ pub fn router(state: AppState) -> Router {
     if state.config().serve_openapi {
         routes = routes.route("/openapi.json", get(info::openapi));
     }
+    if state.config().enable_tokenizer_info_endpoint {
+        routes = routes.route("/tokenizer_info", get(tokenize::tokenizer_info));
+    }
     let app = routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -1,5 +1,5 @@
-//! `POST /tokenize` and `POST /detokenize` (vLLM extras), plus the prompt-preparation helpers
-//! the generation routes share: chat templating and tokenization.
+//! `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info` (vLLM extras), plus the
+//! prompt-preparation helpers the generation routes share: chat templating and tokenization.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -14,6 +14,23 @@ use crate::error::ApiError;
 use crate::generation::token_text;
 use crate::routes::{check_model, json_response, read_json};
 use crate::state::AppState;
+
+/// vLLM's `GET /tokenizer_info` (with `--enable-tokenizer-info-endpoint`): the tokenizer's
+/// `tokenizer_config.json` content, with the chat template this server renders with, so
+/// remote-tokenizer clients (lm-eval's `tokenizer_backend=remote`) need no hub download.
+pub(crate) async fn tokenizer_info(State(state): State<AppState>) -> Response {
+    let model = &state.inner.model;
+    let mut info = model
+        .tokenizer
+        .tokenizer_config(Some(state.inner.limits.max_model_len as usize));
+    if let Some(config) = info.as_object_mut() {
+        config.insert(
+            "chat_template".into(),
+            model.chat_template.source().to_string().into(),
+        );
+    }
+    json_response(&info)
+}
 
 pub(crate) async fn tokenize(
     State(state): State<AppState>,

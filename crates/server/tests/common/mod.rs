@@ -92,6 +92,18 @@ impl TestApp {
         }
     }
 
+    /// The served model's tokenizer.
+    pub fn state_model_tokenizer(&self) -> std::sync::Arc<tokenmill_text::Tokenizer> {
+        std::sync::Arc::clone(
+            &self
+                .engine
+                .as_ref()
+                .expect("engine running")
+                .model()
+                .tokenizer,
+        )
+    }
+
     /// Stops the engine thread (as if it died); the router stays up.
     pub fn shutdown_engine(&mut self) {
         if let Some(engine) = self.engine.take() {
