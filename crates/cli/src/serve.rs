@@ -56,6 +56,17 @@ pub struct ServeArgs {
     /// Cap on `n` per request.
     #[arg(long, default_value_t = 128, help_heading = "Frontend")]
     pub max_n: u32,
+    /// Generation requests beyond this many waiting get 503 with Retry-After (counted in
+    /// tokenmill:requests_rejected_total); default: unbounded.
+    #[arg(long, value_name = "N", help_heading = "Frontend")]
+    pub max_waiting_requests: Option<usize>,
+    /// Seconds a connection may take to send a complete request head (slow-loris defence;
+    /// also closes keep-alive connections idle that long).
+    #[arg(long, default_value_t = 30.0, help_heading = "Frontend")]
+    pub header_read_timeout: f64,
+    /// Seconds a request body may take to arrive (408 after).
+    #[arg(long, default_value_t = 30.0, help_heading = "Frontend")]
+    pub body_read_timeout: f64,
     /// Log each request's prompt.
     #[arg(long, help_heading = "Logging")]
     pub enable_log_requests: bool,
@@ -90,6 +101,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     for warning in args.vllm.check()? {
         tracing::warn!("{warning}");
     }
+    // The address first: a busy port fails now, not after the model has loaded.
+    let listener = tokenmill_server::bind(&args.host, args.port)?;
     if args.model_positional.is_some() {
         args.engine.model = args.model_positional.take();
     }
@@ -126,6 +139,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.shutdown_timeout = Duration::from_secs_f64(args.shutdown_timeout.max(0.0));
     server.max_body_bytes = args.max_request_body_bytes;
     server.max_n = args.max_n;
+    server.max_waiting_requests = args.max_waiting_requests;
+    server.header_read_timeout =
+        positive_seconds("--header-read-timeout", args.header_read_timeout)?;
+    server.body_read_timeout = positive_seconds("--body-read-timeout", args.body_read_timeout)?;
     server.enable_log_requests = args.enable_log_requests;
     server.max_log_len = args.max_log_len;
     server.disable_access_log_for_endpoints = args.disable_access_log_for_endpoints.clone();
@@ -136,8 +153,15 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     for line in engine.capacity().log_lines() {
         tracing::info!("{line}");
     }
-    crate::async_runtime()?.block_on(tokenmill_server::serve(engine, server))?;
+    crate::async_runtime()?.block_on(tokenmill_server::serve_on(listener, engine, server))?;
     Ok(())
+}
+
+fn positive_seconds(flag: &str, seconds: f64) -> anyhow::Result<Duration> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        anyhow::bail!("{flag} must be a positive number of seconds, got {seconds}");
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 /// vLLM's `--generation-config`: default sampling parameters from a generation_config.json.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokenmill_metrics::{EngineMetrics, MetricsConfig, OtlpConfig, OtlpTraceExporter};
 
-use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig};
+use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig, SchedulingPolicy};
 use tokenmill_models::{kv_layout, read_model_config, KvCacheStorage};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -158,6 +158,7 @@ impl Engine {
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
+        let scheduling_policy = scheduler.config().policy;
         let engine_loop = EngineLoop::new(LoopParts {
             scheduler,
             executor,
@@ -181,6 +182,7 @@ impl Engine {
                 shared,
                 next_id: Arc::new(AtomicU64::new(1)),
                 max_model_len: capacity.max_model_len,
+                scheduling_policy,
             },
             loaded,
             capacity,
@@ -232,6 +234,7 @@ pub struct EngineClient {
     shared: Arc<Shared>,
     next_id: Arc<AtomicU64>,
     max_model_len: usize,
+    scheduling_policy: SchedulingPolicy,
 }
 
 impl EngineClient {
@@ -278,6 +281,12 @@ impl EngineClient {
 
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
+    }
+
+    /// How the scheduler orders waiting requests (`priority` is only meaningful under
+    /// [`SchedulingPolicy::Priority`]).
+    pub fn scheduling_policy(&self) -> SchedulingPolicy {
+        self.scheduling_policy
     }
 }
 

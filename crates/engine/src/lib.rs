@@ -48,5 +48,5 @@ pub use request::{
     TokenLogprob,
 };
 pub use stats::{CapacityReport, EngineStats};
-pub use tokenmill_core::RequestId;
+pub use tokenmill_core::{RequestId, SchedulingPolicy};
 pub use tokenmill_models::{CacheDtype, CacheDtypeError, SamplingParams};

@@ -421,6 +421,11 @@ impl EngineMetrics {
         self.http.record(handler, method, status, duration_s);
     }
 
+    /// Counts a request refused before reaching the engine (`tokenmill:requests_rejected_total`).
+    pub fn record_rejected(&self, reason: &str) {
+        self.http.record_rejected(reason);
+    }
+
     /// The scrape in the classic Prometheus text format; serve it with
     /// [`crate::PROMETHEUS_TEXT_CONTENT_TYPE`]. This is what vLLM serves and what
     /// `promtool check metrics` reads.

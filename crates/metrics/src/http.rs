@@ -35,9 +35,16 @@ struct DurationLabels {
 
 type DurationFamily = Family<DurationLabels, Histogram, fn() -> Histogram>;
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectedLabels {
+    reason: String,
+}
+
 #[derive(Debug)]
 pub(crate) struct HttpMetrics {
     requests_total: Family<RequestLabels, Counter>,
+    /// Requests refused before reaching the engine, by reason (`--max-waiting-requests`).
+    rejected_total: Family<RejectedLabels, Counter>,
     request_duration_seconds: DurationFamily,
     request_duration_highr_seconds: StepHistogram,
 }
@@ -50,6 +57,7 @@ impl HttpMetrics {
     pub(crate) fn new() -> Self {
         Self {
             requests_total: Family::default(),
+            rejected_total: Family::default(),
             request_duration_seconds: Family::new_with_constructor(new_duration_histogram),
             request_duration_highr_seconds: StepHistogram::new(HTTP_REQUEST_DURATION_HIGHR_SECONDS),
         }
@@ -60,6 +68,11 @@ impl HttpMetrics {
             "http_requests",
             "Total number of requests by method, status and handler",
             self.requests_total.clone(),
+        );
+        registry.register(
+            "tokenmill:requests_rejected",
+            "Requests refused with 503 before reaching the engine, by reason",
+            self.rejected_total.clone(),
         );
         registry.register(
             "http_request_duration_seconds",
@@ -73,6 +86,14 @@ impl HttpMetrics {
              percentile calculations",
             self.request_duration_highr_seconds.clone(),
         );
+    }
+
+    pub(crate) fn record_rejected(&self, reason: &str) {
+        self.rejected_total
+            .get_or_create(&RejectedLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     pub(crate) fn record(&self, handler: &str, method: &str, status: u16, duration_s: f64) {

@@ -52,7 +52,18 @@ pub struct ServerConfig {
     /// Serve `GET /tokenizer_info` (`--enable-tokenizer-info-endpoint`; it exposes the chat
     /// template, so it is off by default as in vLLM).
     pub enable_tokenizer_info_endpoint: bool,
+    /// A connection that has not sent a complete request head within this is closed
+    /// (slow-loris defence; also bounds idle keep-alive connections).
+    pub header_read_timeout: Duration,
+    /// A request body not received completely within this gets a 408.
+    pub body_read_timeout: Duration,
+    /// Generation requests beyond this many waiting get a 503 with `Retry-After`; `None` = no
+    /// bound.
+    pub max_waiting_requests: Option<usize>,
 }
+
+/// Default of both read timeouts.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ServerConfig {
     pub fn new(served_model_names: Vec<String>) -> ServerConfig {
@@ -76,6 +87,9 @@ impl ServerConfig {
             root_path: None,
             serve_openapi: true,
             enable_tokenizer_info_endpoint: false,
+            header_read_timeout: DEFAULT_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_READ_TIMEOUT,
+            max_waiting_requests: None,
         }
     }
 

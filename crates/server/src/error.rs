@@ -1,6 +1,6 @@
 //! One error type for every handler, with one mapping to an OpenAI-style HTTP response.
 
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tokenmill_protocol::{ErrorResponse, ProtocolError};
@@ -57,8 +57,21 @@ impl IntoResponse for ApiError {
 /// Serializes an OpenAI error body with its status.
 pub fn error_response(body: ErrorResponse) -> Response {
     let status = StatusCode::from_u16(body.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // Overloaded or draining: tell well-behaved clients (and the openai client's retry
+        // loop) when to come back.
+        return (
+            status,
+            [(header::RETRY_AFTER, RETRY_AFTER_SECONDS)],
+            Json(body),
+        )
+            .into_response();
+    }
     (status, Json(body)).into_response()
 }
+
+/// `Retry-After` of a 503.
+const RETRY_AFTER_SECONDS: &str = "1";
 
 #[cfg(test)]
 mod tests {

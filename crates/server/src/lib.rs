@@ -15,6 +15,7 @@
 mod config;
 mod cors;
 mod error;
+mod first_byte;
 mod generation;
 mod lifecycle;
 mod routes;
@@ -24,6 +25,6 @@ mod state;
 pub use config::{ServerConfig, TlsConfig};
 pub use cors::CorsConfig;
 pub use error::ApiError;
-pub use lifecycle::{serve, ServeError};
+pub use lifecycle::{bind, serve, serve_on, ServeError};
 pub use routes::router;
 pub use state::AppState;

@@ -10,11 +10,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::accept::DefaultAcceptor;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use axum_server::Handle;
 use tokenmill_engine::Engine;
 
 use crate::config::ServerConfig;
+use crate::first_byte::FirstByteAcceptor;
 use crate::routes::router;
 use crate::state::AppState;
 
@@ -23,6 +25,12 @@ use crate::state::AppState;
 pub enum ServeError {
     #[error("cannot resolve {address}: {source}")]
     Resolve {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
         address: String,
         #[source]
         source: std::io::Error,
@@ -39,18 +47,13 @@ const ABORT_GRACE: Duration = Duration::from_secs(1);
 /// How often the drain checks whether in-flight requests are done.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
 
-/// Serves until a signal arrives and the drain completes, then shuts the engine down.
-pub async fn serve(engine: Engine, config: ServerConfig) -> Result<(), ServeError> {
-    let state = AppState::new(
-        engine.client(),
-        Arc::clone(engine.model()),
-        config.clone(),
-        Arc::clone(engine.metrics()),
-    );
-    let app = router(state.clone());
-    let address = format!("{}:{}", config.host, config.port);
-    let socket: SocketAddr = tokio::net::lookup_host(&address)
-        .await
+/// Binds `host:port` before anything slow happens (the model load), so a busy port or a bad
+/// address fails at once and names the address.
+pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener, ServeError> {
+    use std::net::ToSocketAddrs;
+    let address = format!("{host}:{port}");
+    let socket: SocketAddr = address
+        .to_socket_addrs()
         .map_err(|source| ServeError::Resolve {
             address: address.clone(),
             source,
@@ -60,6 +63,31 @@ pub async fn serve(engine: Engine, config: ServerConfig) -> Result<(), ServeErro
             address: address.clone(),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
         })?;
+    let listener = std::net::TcpListener::bind(socket)
+        .map_err(|source| ServeError::Bind { address, source })?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Binds, serves until a signal arrives and the drain completes, then shuts the engine down.
+pub async fn serve(engine: Engine, config: ServerConfig) -> Result<(), ServeError> {
+    let listener = bind(&config.host, config.port)?;
+    serve_on(listener, engine, config).await
+}
+
+/// [`serve`] on a listener [`bind`] made.
+pub async fn serve_on(
+    listener: std::net::TcpListener,
+    engine: Engine,
+    config: ServerConfig,
+) -> Result<(), ServeError> {
+    let state = AppState::new(
+        engine.client(),
+        Arc::clone(engine.model()),
+        config.clone(),
+        Arc::clone(engine.metrics()),
+    );
+    let app = router(state.clone());
 
     let handle = Handle::new();
     let scheme = if config.tls.is_some() {
@@ -82,21 +110,37 @@ pub async fn serve(engine: Engine, config: ServerConfig) -> Result<(), ServeErro
             let rustls_config = RustlsConfig::from_pem_file(&tls.cert_file, &tls.key_file)
                 .await
                 .map_err(ServeError::Tls)?;
-            axum_server::bind_rustls(socket, rustls_config)
-                .handle(handle)
-                .serve(service)
-                .await?;
+            let acceptor = FirstByteAcceptor::new(
+                RustlsAcceptor::new(rustls_config),
+                config.header_read_timeout,
+            );
+            let mut server = axum_server::from_tcp(listener).acceptor(acceptor);
+            limit_header_reads(server.http_builder(), config.header_read_timeout);
+            server.handle(handle).serve(service).await?;
         }
         None => {
-            axum_server::bind(socket)
-                .handle(handle)
-                .serve(service)
-                .await?;
+            let acceptor = FirstByteAcceptor::new(DefaultAcceptor, config.header_read_timeout);
+            let mut server = axum_server::from_tcp(listener).acceptor(acceptor);
+            limit_header_reads(server.http_builder(), config.header_read_timeout);
+            server.handle(handle).serve(service).await?;
         }
     }
     tracing::info!("server stopped; shutting down the engine");
     engine.shutdown();
     Ok(())
+}
+
+/// Connections that do not deliver a complete request head in time are closed: half-sent
+/// request lines, headers dripped byte by byte (slow-loris), and keep-alive connections idle
+/// that long. (Silent new connections are [`FirstByteAcceptor`]'s.)
+fn limit_header_reads(
+    builder: &mut hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    timeout: Duration,
+) {
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(timeout);
 }
 
 /// Logs the bound address once listening (with `--port 0`, the port the OS chose).

@@ -12,6 +12,9 @@ use tokenmill_protocol::ValidationLimits;
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 
+/// Bytes of text per (longest piece × context position) accepted before tokenizing.
+const PROMPT_BYTES_MARGIN: usize = 4;
+
 /// Shared handler state: the engine handle, the model's tokenizer/template, limits, and the
 /// drain flag. Cheap to clone (all `Arc`s).
 #[derive(Clone)]
@@ -34,6 +37,8 @@ pub(crate) struct Inner {
     pub started_at: u64,
     /// The engine's Prometheus registry (`/metrics`), which also counts HTTP requests.
     pub metrics: Arc<EngineMetrics>,
+    /// Texts longer than this cannot tokenize into the context (see [`AppState::max_prompt_bytes`]).
+    pub max_prompt_bytes: usize,
 }
 
 impl std::fmt::Debug for AppState {
@@ -57,6 +62,14 @@ impl AppState {
         limits.max_n = config.max_n;
         limits.max_logprobs = config.max_logprobs;
         limits.defaults = config.sampling_defaults.clone();
+        // Normalizers and merged unknown characters can make a token stand for more text than
+        // its piece, hence the margin.
+        let max_prompt_bytes = model
+            .tokenizer
+            .max_token_bytes()
+            .max(1)
+            .saturating_mul(max_model_len as usize)
+            .saturating_mul(PROMPT_BYTES_MARGIN);
         let started_at = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -72,8 +85,30 @@ impl AppState {
                 engine_requests: Mutex::new(HashSet::new()),
                 started_at,
                 metrics,
+                max_prompt_bytes,
             }),
         }
+    }
+
+    /// Requests waiting for the engine: the engine's own count after its last step, or the
+    /// engine requests in flight that it is not running yet (arrivals since that step),
+    /// whichever is larger.
+    pub(crate) fn num_waiting(&self) -> usize {
+        let stats = self.inner.engine.stats();
+        let in_flight = self
+            .inner
+            .engine_requests
+            .lock()
+            .map_or(0, |requests| requests.len());
+        stats
+            .num_waiting
+            .max(in_flight.saturating_sub(stats.num_running))
+    }
+
+    /// The longest text that may still fit the context: the longest vocabulary piece times
+    /// the context length (times a margin).
+    pub(crate) fn max_prompt_bytes(&self) -> usize {
+        self.inner.max_prompt_bytes
     }
 
     /// How logprob entries name tokens (`--return-tokens-as-token-ids`).

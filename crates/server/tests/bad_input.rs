@@ -607,8 +607,9 @@ async fn unknown_fields_and_accepted_extras_are_not_errors() {
         (
             COMPLETIONS,
             completion(
+                // A non-zero priority needs --scheduling-policy priority (hardening.rs).
                 json!({"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "ignore_eos": true,
-                              "min_tokens": 2, "priority": 3, "request_id": "abc", "cache_salt": "s",
+                              "min_tokens": 2, "priority": 0, "request_id": "abc", "cache_salt": "s",
                               "return_token_ids": true, "skip_special_tokens": false, "seed": 7}),
             ),
         ),

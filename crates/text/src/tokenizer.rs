@@ -387,6 +387,16 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Bytes of the longest token (its piece, special tokens as their text): no text longer
+    /// than `n` times this can encode to `n` tokens or fewer. Computed over the vocabulary.
+    pub fn max_token_bytes(&self) -> usize {
+        (0..self.vocab_size as u32)
+            .filter_map(|id| self.token_to_piece(id).ok())
+            .map(|piece| piece.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Number of token ids (highest id + 1), added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size

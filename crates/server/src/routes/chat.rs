@@ -17,7 +17,7 @@ use crate::generation::{
     chat_logprobs, collect, engine_request, engine_sampling, wire_finish_reason, wire_stop_reason,
 };
 use crate::routes::tokenize::{encode, render_chat};
-use crate::routes::{check_accepting, check_model, json_response, read_json};
+use crate::routes::{check_accepting, check_model, check_request_shape, json_response, read_json};
 use crate::sse;
 use crate::state::{unix_now, AppState, InFlightGuard};
 
@@ -42,6 +42,7 @@ pub(crate) async fn create(
     let model = check_model(&state, request.model.as_deref())?;
     let limits = &state.inner.limits;
     let validated = request.validate(limits)?;
+    check_request_shape(&state, &validated, 1)?;
     let messages = request.conversation()?;
     let options = request.template_options()?;
     let prompt = render_chat(&state, &messages, &options)?;

@@ -17,7 +17,7 @@ use crate::generation::{
     wire_prompt_logprobs, wire_stop_reason, TokenNames,
 };
 use crate::routes::tokenize::encode;
-use crate::routes::{check_accepting, check_model, json_response, read_json};
+use crate::routes::{check_accepting, check_model, check_request_shape, json_response, read_json};
 use crate::sse;
 use crate::state::{unix_now, AppState, InFlightGuard};
 use tokenmill_engine::TokenLogprob;
@@ -40,8 +40,10 @@ pub(crate) async fn create(
     let model = check_model(&state, request.model.as_deref())?;
     let limits = &state.inner.limits;
     let validated = request.validate(limits)?;
+    let requested = request.prompts(limits)?;
+    check_request_shape(&state, &validated, requested.len())?;
     let mut prompts = Vec::new();
-    for prompt in request.prompts(limits)? {
+    for prompt in requested {
         let (mut token_ids, text) = match prompt {
             Prompt::Text(text) => (
                 encode(&state, &text, validated.output.add_special_tokens)?,

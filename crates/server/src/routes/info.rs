@@ -45,8 +45,46 @@ pub(crate) async fn version() -> Response {
     })
 }
 
-pub(crate) async fn openapi() -> Response {
-    json_response(&openapi_json())
+/// The OpenAPI document; bearer security is declared only when the server has a key, so
+/// generated clients and schemathesis do not send (or expect 401s for) a key nobody checks.
+pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
+    let mut document = openapi_json();
+    if state.config().api_key.is_none() {
+        without_security(&mut document);
+    }
+    json_response(&document)
+}
+
+/// Drops the security requirement, the bearer scheme and the 401 responses.
+fn without_security(document: &mut serde_json::Value) {
+    if let Some(root) = document.as_object_mut() {
+        root.remove("security");
+    }
+    if let Some(components) = document
+        .get_mut("components")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        components.remove("securitySchemes");
+    }
+    if let Some(paths) = document
+        .get_mut("paths")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for operation in paths
+            .values_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+            .flat_map(|methods| methods.values_mut())
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            operation.remove("security");
+            if let Some(responses) = operation
+                .get_mut("responses")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                responses.remove("401");
+            }
+        }
+    }
 }
 
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {

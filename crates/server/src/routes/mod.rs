@@ -14,7 +14,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use tokenmill_protocol::{parse_json, ErrorResponse, ProtocolError};
+use tokenmill_engine::SchedulingPolicy;
+use tokenmill_protocol::{parse_json, ErrorResponse, ProtocolError, ValidatedSampling};
 
 use crate::error::{error_response, ApiError};
 use crate::state::AppState;
@@ -155,8 +156,21 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     body: Body,
 ) -> Result<T, ApiError> {
     let limit = state.config().max_body_bytes;
-    let bytes = to_bytes(body, limit)
+    let timeout = state.config().body_read_timeout;
+    // A client that announces a body and never sends it (or drips it) must not hold a
+    // connection and a task forever.
+    let bytes = tokio::time::timeout(timeout, to_bytes(body, limit))
         .await
+        .map_err(|_| {
+            ApiError::from(ErrorResponse::new(
+                408,
+                "request_timeout",
+                format!(
+                    "The request body was not received within {} s.",
+                    timeout.as_secs_f64()
+                ),
+            ))
+        })?
         .map_err(|_| ApiError::from(ErrorResponse::request_too_large(limit)))?;
     let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
     if first != Some(&b'{') {
@@ -176,6 +190,49 @@ pub(crate) fn check_accepting(state: &AppState) -> Result<(), ApiError> {
     }
     if !state.engine().is_alive() {
         return Err(ApiError::unavailable("The engine is not running."));
+    }
+    if let Some(limit) = state.config().max_waiting_requests {
+        let waiting = state.num_waiting();
+        if waiting >= limit {
+            state.inner.metrics.record_rejected("waiting_queue_full");
+            return Err(ApiError::unavailable(format!(
+                "The server is overloaded: {waiting} requests are waiting \
+                 (--max-waiting-requests {limit}). Retry later."
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What a validated request may ask of this server besides its sampling values: `priority`
+/// only under the priority policy (vLLM's 400), and at most `max_prompts` sequences
+/// (`num_prompts × n`) in one request, so one request cannot occupy the engine for minutes.
+pub(crate) fn check_request_shape(
+    state: &AppState,
+    validated: &ValidatedSampling,
+    num_prompts: usize,
+) -> Result<(), ApiError> {
+    let priority = validated.output.priority;
+    if priority != 0 && state.engine().scheduling_policy() != SchedulingPolicy::Priority {
+        return Err(ApiError::invalid_param(
+            "priority",
+            format!(
+                "Got priority {priority} but Priority scheduling is not enabled \
+                 (--scheduling-policy priority)."
+            ),
+        ));
+    }
+    let n = validated.sampling.n.max(1) as usize;
+    let sequences = num_prompts.saturating_mul(n);
+    let limit = state.inner.limits.max_prompts;
+    if sequences > limit {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!(
+                "{num_prompts} prompt(s) × n = {n} asks for {sequences} sequences; at most \
+                 {limit} are allowed per request."
+            ),
+        ));
     }
     Ok(())
 }

@@ -88,6 +88,20 @@ pub(crate) fn encode(
     text: &str,
     add_special_tokens: bool,
 ) -> Result<Vec<u32>, ApiError> {
+    // No token is longer than the longest vocabulary piece, so a text longer than that many
+    // bytes per context position cannot fit: refuse it before spending a core on tokenizing.
+    let max_bytes = state.max_prompt_bytes();
+    if text.len() > max_bytes {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!(
+                "The prompt is {} bytes; no prompt over {max_bytes} bytes fits this model's \
+                 context of {} tokens.",
+                text.len(),
+                state.inner.limits.max_model_len
+            ),
+        ));
+    }
     state
         .inner
         .model

@@ -1,0 +1,284 @@
+//! Hostile clients over real sockets and in-process: read timeouts (silent connections,
+//! half-sent request lines, headers dripped byte by byte, short bodies), the fan-out and
+//! prompt-size caps, `priority` without the priority policy, the waiting-queue bound, the
+//! early bind, and the OpenAPI document's security matching the server.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] functions
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use common::{json_of, model_path, TestApp, MODEL_NAME};
+use serde_json::{json, Value};
+use tokenmill_engine::{Engine, EngineConfig, KvCacheSizing, SchedulingPolicy};
+use tokenmill_models::ModelSource;
+use tokenmill_server::{bind, serve_on, ServerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A real server on an OS-chosen port with 1-second read timeouts.
+async fn start_server() -> SocketAddr {
+    let mut engine_config = EngineConfig::new(ModelSource::from_path(model_path()));
+    engine_config.kv_cache = KvCacheSizing::Bytes(32 << 20);
+    engine_config.max_model_len = Some(256);
+    engine_config.num_threads = Some(1);
+    engine_config.log_stats_interval = None;
+    let engine = Engine::start(&engine_config).unwrap();
+    let mut config = ServerConfig::new(vec![MODEL_NAME.to_string()]);
+    config.header_read_timeout = Duration::from_secs(1);
+    config.body_read_timeout = Duration::from_secs(1);
+    let listener = bind("127.0.0.1", 0).unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(serve_on(listener, engine, config));
+    address
+}
+
+/// Reads until the server closes the connection (or 10 s pass), returning what it sent and
+/// how long that took.
+async fn read_until_closed(stream: &mut TcpStream) -> (String, Duration) {
+    let started = Instant::now();
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while started.elapsed() < Duration::from_secs(10) {
+        match tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => received.extend_from_slice(&buffer[..n]),
+            Err(_) => {}
+        }
+    }
+    (
+        String::from_utf8_lossy(&received).into_owned(),
+        started.elapsed(),
+    )
+}
+
+async fn health_is_ok(address: SocketAddr) -> bool {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (text, _) = read_until_closed(&mut stream).await;
+    text.starts_with("HTTP/1.1 200")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_silent_clients_are_cut_off_while_others_are_served() {
+    let address = start_server().await;
+    // Silent, half a request line, and headers dripped a byte every 200 ms.
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    let mut partial = TcpStream::connect(address).await.unwrap();
+    partial.write_all(b"GET /v1/mo").await.unwrap();
+    let mut drip = TcpStream::connect(address).await.unwrap();
+    let dripper = tokio::spawn(async move {
+        let started = Instant::now();
+        for byte in b"GET /health HTTP/1.1\r\nHost: a-very-long-host-name\r\nX-Slow: yes\r\n" {
+            if drip.write_all(&[*byte]).await.is_err() {
+                return started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("the dripping connection was never closed");
+    });
+    assert!(health_is_ok(address).await, "others are served meanwhile");
+    let (_, silent_after) = read_until_closed(&mut silent).await;
+    let (_, partial_after) = read_until_closed(&mut partial).await;
+    assert!(silent_after < Duration::from_secs(3), "{silent_after:?}");
+    assert!(partial_after < Duration::from_secs(3), "{partial_after:?}");
+    let drip_after = dripper.await.unwrap();
+    assert!(drip_after < Duration::from_secs(4), "{drip_after:?}");
+    assert!(health_is_ok(address).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_the_timeout() {
+    let address = start_server().await;
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (text, after) = read_until_closed(&mut stream).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(after < Duration::from_secs(4), "idle for {after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_body_gets_a_408_within_the_timeout() {
+    let address = start_server().await;
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"prompt\": ",
+        )
+        .await
+        .unwrap();
+    let (text, after) = read_until_closed(&mut stream).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"error\""), "an OpenAI error body: {text}");
+    assert!(after < Duration::from_secs(4), "{after:?}");
+}
+
+#[test]
+fn a_busy_port_is_refused_naming_the_address() {
+    let first = bind("127.0.0.1", 0).unwrap();
+    let port = first.local_addr().unwrap().port();
+    let error = bind("127.0.0.1", port).unwrap_err().to_string();
+    assert!(error.contains(&format!("127.0.0.1:{port}")), "{error}");
+}
+
+#[tokio::test]
+async fn fan_out_and_prompt_size_caps_answer_400_at_once() {
+    let app = TestApp::start();
+    let started = Instant::now();
+    let prompts: Vec<&str> = vec!["a"; 1024];
+    let (status, body) = app
+        .post_json(
+            "/v1/completions",
+            &json!({"model": MODEL_NAME, "prompt": prompts, "n": 128, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "n", "{body}");
+    let huge = "word ".repeat(2 << 20); // 10 MiB
+    let (status, body) = app
+        .post_json(
+            "/v1/completions",
+            &json!({"model": MODEL_NAME, "prompt": huge, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("bytes"),
+        "{body}"
+    );
+    let (status, _) = app
+        .post_json("/tokenize", &json!({"model": MODEL_NAME, "prompt": huge}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // Within the caps: 8 prompts × n = 4 is fine.
+    let (status, body) = app
+        .post_json(
+            "/v1/completions",
+            &json!({"model": MODEL_NAME, "prompt": vec!["a"; 8], "n": 4, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"].as_array().unwrap().len(), 32);
+}
+
+#[tokio::test]
+async fn priority_needs_the_priority_policy() {
+    let ask = json!({"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, "priority": 5});
+    let fcfs = TestApp::start();
+    let (status, body) = fcfs.post_json("/v1/completions", &ask).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "priority");
+    let zero = json!({"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, "priority": 0});
+    assert_eq!(
+        fcfs.post_json("/v1/completions", &zero).await.0,
+        StatusCode::OK
+    );
+    let priority = TestApp::with_engine_config(
+        |engine| engine.scheduling_policy = SchedulingPolicy::Priority,
+        |_| {},
+    );
+    assert_eq!(
+        priority.post_json("/v1/completions", &ask).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_waiting_bound_get_503_with_retry_after() {
+    let app = TestApp::with_engine_config(
+        |engine| engine.max_num_seqs = 1,
+        |server| server.max_waiting_requests = Some(1),
+    );
+    let long = json!({"model": MODEL_NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 200,
+                      "ignore_eos": true});
+    let wait_for = |running: usize, waiting: usize| {
+        let client = app.engine.as_ref().unwrap().client();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let stats = client.stats();
+                if stats.num_running == running && stats.num_waiting == waiting {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "never saw {running} running + {waiting} waiting: {stats:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    // One runs (max_num_seqs = 1), then one waits: the bound of 1 is reached.
+    let mut background = Vec::new();
+    for (running, waiting) in [(1, 0), (1, 1)] {
+        let app = app.app.clone();
+        let body = long.to_string();
+        background.push(tokio::spawn(async move {
+            use tower::ServiceExt;
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri("/v1/completions")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body))
+                .unwrap();
+            app.oneshot(request).await.unwrap().status()
+        }));
+        wait_for(running, waiting).await;
+    }
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(long.to_string()))
+        .unwrap();
+    let response = app.send(request).await;
+    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    let (status, body) = json_of(response).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--max-waiting-requests"));
+    let (_, metrics) = app.get("/metrics").await;
+    assert!(
+        metrics.contains("tokenmill:requests_rejected_total{reason=\"waiting_queue_full\"} 1"),
+        "{metrics}"
+    );
+    for task in background {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn openapi_declares_bearer_security_only_with_a_key() {
+    let open = TestApp::start();
+    let (_, text) = open.get("/openapi.json").await;
+    let document: Value = serde_json::from_str(&text).unwrap();
+    assert!(document.get("security").is_none());
+    assert!(!text.contains("\"401\""), "no 401 without a key");
+    let keyed = TestApp::with_config(|config| config.api_key = Some("k".into()));
+    let request = Request::builder()
+        .uri("/openapi.json")
+        .header(header::AUTHORIZATION, "Bearer k")
+        .body(Body::empty())
+        .unwrap();
+    let (status, document) = json_of(keyed.send(request).await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(document["security"], json!([{"bearer": []}]));
+}
