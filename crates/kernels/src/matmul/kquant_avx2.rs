@@ -89,38 +89,36 @@ pub(crate) unsafe fn q4_k_tile<const R: usize, const FIVE_BITS: bool>(
                 let scale_low = unsigned_scale_pairs(base.add(K_SCALES + 2 * c * GROUP));
                 let scale_high = unsigned_scale_pairs(base.add(K_SCALES + (2 * c + 1) * GROUP));
                 let run = base.add(kind.quants() + c * 8 * STEP);
-                let mut sums_low = [_mm256_setzero_si256(); R];
-                let mut sums_high = [_mm256_setzero_si256(); R];
                 let mut dot_low = [_mm256_setzero_si256(); R];
                 let mut dot_high = [_mm256_setzero_si256(); R];
-                for kk in 0..8 {
-                    let packed = _mm256_loadu_si256(run.add(kk * STEP) as *const __m256i);
-                    let mut low = _mm256_and_si256(packed, mask);
-                    let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
-                    if FIVE_BITS {
-                        let bits =
-                            _mm256_loadu_si256(base.add(Q5_HIGH + kk * STEP) as *const __m256i);
-                        low = _mm256_or_si256(low, fifth_bit(bits, 2 * c));
-                        high = _mm256_or_si256(high, fifth_bit(bits, 2 * c + 1));
+                for steps in (0..8).step_by(flush_every) {
+                    let mut sums_low = [_mm256_setzero_si256(); R];
+                    let mut sums_high = [_mm256_setzero_si256(); R];
+                    for kk in steps..steps + flush_every {
+                        let packed = _mm256_loadu_si256(run.add(kk * STEP) as *const __m256i);
+                        let mut low = _mm256_and_si256(packed, mask);
+                        let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
+                        if FIVE_BITS {
+                            let bits =
+                                _mm256_loadu_si256(base.add(Q5_HIGH + kk * STEP) as *const __m256i);
+                            low = _mm256_or_si256(low, fifth_bit(bits, 2 * c));
+                            high = _mm256_or_si256(high, fifth_bit(bits, 2 * c + 1));
+                        }
+                        for r in 0..R {
+                            let x = xs[r].quants.as_ptr().add((8 * s + 2 * c) * QK + 4 * kk);
+                            let x_low = broadcast4(x);
+                            let x_high = broadcast4(x.add(QK));
+                            sums_low[r] =
+                                _mm256_add_epi16(sums_low[r], _mm256_maddubs_epi16(low, x_low));
+                            sums_high[r] =
+                                _mm256_add_epi16(sums_high[r], _mm256_maddubs_epi16(high, x_high));
+                        }
                     }
                     for r in 0..R {
-                        let x = xs[r].quants.as_ptr().add((8 * s + 2 * c) * QK + 4 * kk);
-                        let x_low = broadcast4(x);
-                        let x_high = broadcast4(x.add(QK));
-                        sums_low[r] =
-                            _mm256_add_epi16(sums_low[r], _mm256_maddubs_epi16(low, x_low));
-                        sums_high[r] =
-                            _mm256_add_epi16(sums_high[r], _mm256_maddubs_epi16(high, x_high));
-                    }
-                    if (kk + 1) % flush_every == 0 {
-                        for r in 0..R {
-                            let low = _mm256_madd_epi16(sums_low[r], scale_low);
-                            let high = _mm256_madd_epi16(sums_high[r], scale_high);
-                            dot_low[r] = _mm256_add_epi32(dot_low[r], low);
-                            dot_high[r] = _mm256_add_epi32(dot_high[r], high);
-                            sums_low[r] = _mm256_setzero_si256();
-                            sums_high[r] = _mm256_setzero_si256();
-                        }
+                        let low = _mm256_madd_epi16(sums_low[r], scale_low);
+                        let high = _mm256_madd_epi16(sums_high[r], scale_high);
+                        dot_low[r] = _mm256_add_epi32(dot_low[r], low);
+                        dot_high[r] = _mm256_add_epi32(dot_high[r], high);
                     }
                 }
                 for r in 0..R {
@@ -171,7 +169,7 @@ pub(crate) unsafe fn q6_k_tile<const R: usize>(
     debug_assert!(group.len() >= n_super * stride);
     debug_assert!(xs.iter().all(|x| x.quants.len() >= n_super * 8 * QK));
     let mask = _mm256_set1_epi8(0x0f);
-    let two_bits = _mm256_set1_epi8(3);
+    let two = _mm256_set1_epi8(3);
     let offset = _mm256_set1_epi8(32);
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..n_super {
@@ -184,37 +182,37 @@ pub(crate) unsafe fn q6_k_tile<const R: usize>(
                 for g in 0..4 {
                     let low_run = base.add(Q6_LOW + (h * 2 + g % 2) * 8 * STEP);
                     let high_run = base.add(Q6_HIGH + h * 8 * STEP);
+                    // A shift count rather than a branch per g keeps the step loop one body.
                     let high_shift = _mm_cvtsi32_si128(2 * g as i32);
                     let xb = 8 * s + 4 * h + g;
-                    let mut sums = [_mm256_setzero_si256(); R];
                     let mut dot = [_mm256_setzero_si256(); R];
-                    for kk in 0..8 {
-                        let packed = _mm256_loadu_si256(low_run.add(kk * STEP) as *const __m256i);
-                        let low = if g < 2 {
-                            _mm256_and_si256(packed, mask)
-                        } else {
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask)
-                        };
-                        let bits = _mm256_loadu_si256(high_run.add(kk * STEP) as *const __m256i);
-                        let high = _mm256_and_si256(_mm256_srl_epi16(bits, high_shift), two_bits);
-                        let w = _mm256_sub_epi8(
-                            _mm256_or_si256(low, _mm256_slli_epi16::<4>(high)),
-                            offset,
-                        );
-                        let magnitude = _mm256_sign_epi8(w, w);
-                        for r in 0..R {
-                            let x = broadcast4(xs[r].quants.as_ptr().add(xb * QK + 4 * kk));
-                            let products = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
-                            sums[r] = _mm256_add_epi16(sums[r], products);
-                        }
-                        if kk % 4 == 3 {
-                            let sub = 8 * h + 2 * g + kk / 4;
-                            let scales = signed_scale_pairs(base.add(Q6_SCALES + sub * GROUP));
-                            for r in 0..R {
-                                let scaled = _mm256_madd_epi16(sums[r], scales);
-                                dot[r] = _mm256_add_epi32(dot[r], scaled);
-                                sums[r] = _mm256_setzero_si256();
+                    for half in 0..2 {
+                        let mut sums = [_mm256_setzero_si256(); R];
+                        for kk in 4 * half..4 * half + 4 {
+                            let packed =
+                                _mm256_loadu_si256(low_run.add(kk * STEP) as *const __m256i);
+                            let low = if g < 2 {
+                                _mm256_and_si256(packed, mask)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask)
+                            };
+                            let bits =
+                                _mm256_loadu_si256(high_run.add(kk * STEP) as *const __m256i);
+                            let high = _mm256_and_si256(_mm256_srl_epi16(bits, high_shift), two);
+                            let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
+                            let w = _mm256_sub_epi8(q, offset);
+                            let magnitude = _mm256_sign_epi8(w, w);
+                            for (x, sum) in xs.iter().zip(sums.iter_mut()) {
+                                let x = broadcast4(x.quants.as_ptr().add(xb * QK + 4 * kk));
+                                let products =
+                                    _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
+                                *sum = _mm256_add_epi16(*sum, products);
                             }
+                        }
+                        let sub = 8 * h + 2 * g + half;
+                        let scales = signed_scale_pairs(base.add(Q6_SCALES + sub * GROUP));
+                        for r in 0..R {
+                            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sums[r], scales));
                         }
                     }
                     for r in 0..R {
