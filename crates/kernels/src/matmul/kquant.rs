@@ -99,11 +99,12 @@ impl KKind {
         }
     }
 
-    /// Q4_K/Q5_K: offset of the interleaved nibbles.
+    /// Offset of the interleaved 4-bit runs (Q6_K: its low four bits).
     pub(crate) const fn quants(self) -> usize {
         match self {
             KKind::Q4 => 160,
-            KKind::Q5 | KKind::Q6 => 416,
+            KKind::Q5 => 416,
+            KKind::Q6 => Q6_LOW,
         }
     }
 }

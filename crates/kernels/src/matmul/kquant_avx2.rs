@@ -1,5 +1,5 @@
-//! AVX2 kernels for the interleaved K-quant layout (`kquant.rs`): eight weight rows per
-//! 32-bit lane group, `maddubs` against four broadcast activation bytes, sub-block scales
+//! AVX2 kernels for the interleaved K-quant layout (`kquant.rs`): eight weight rows, one per
+//! 32-bit lane, `maddubs` against four broadcast activation bytes, sub-block scales
 //! applied exactly by `madd` with the scale in both 16-bit halves of each lane, then the
 //! scalar twin's f32 order per lane.
 
