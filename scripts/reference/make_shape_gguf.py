@@ -3,9 +3,10 @@
 llama-bench), so a large model's kernels can be timed without downloading it.
 
 Tensor names, shapes and `llama.*` metadata are those of the real model (Llama-3.2-1B: hidden
-2048, 16 layers, 32 query / 8 KV heads of 64, FFN 8192, vocab 128256, tied embeddings; its
-llama3 RoPE scaling is left out, which changes no kernel's cost). Weights are normal with
-std 0.02, norms are 1. The tokenizer is the default model's (SmolLM2's GPT-2 BPE with its chat
+2048, 16 layers, 32 query / 8 KV heads of 64, FFN 8192, vocab 128256, tied embeddings;
+Llama-3.2-3B; Llama-3.1-8B with its own output matrix; their llama3 RoPE scaling is left out,
+which changes no kernel's cost). Weights are normal with std 0.02, norms are 1; tensors are
+generated and written one at a time, so memory stays at about one tensor. The tokenizer is the default model's (SmolLM2's GPT-2 BPE with its chat
 template), its token list padded with unused `<|reserved_N|>` tokens up to the vocabulary size
 (or the vocabulary is that size when `--vocab` is smaller than SmolLM2's 49152), so both
 tokenmill and llama.cpp load the files. The output is gibberish; the arithmetic per token is
@@ -49,6 +50,31 @@ SHAPES = {
         "context": 131072,
         "rope_base": 500000.0,
         "rms_eps": 1e-5,
+        "tied": True,
+    },
+    "llama-3.2-3b": {
+        "hidden": 3072,
+        "layers": 28,
+        "heads": 24,
+        "kv_heads": 8,
+        "ffn": 8192,
+        "vocab": 128256,
+        "context": 131072,
+        "rope_base": 500000.0,
+        "rms_eps": 1e-5,
+        "tied": True,
+    },
+    "llama-3.1-8b": {
+        "hidden": 4096,
+        "layers": 32,
+        "heads": 32,
+        "kv_heads": 8,
+        "ffn": 14336,
+        "vocab": 128256,
+        "context": 131072,
+        "rope_base": 500000.0,
+        "rms_eps": 1e-5,
+        "tied": False,
     },
 }
 
@@ -120,6 +146,8 @@ def tensors(shape: dict, vocab: int):
         yield f"{block}.ffn_up.weight", (ffn, hidden)
         yield f"{block}.ffn_down.weight", (hidden, ffn)
     yield "output_norm.weight", (hidden,)
+    if not shape["tied"]:
+        yield "output.weight", (vocab, hidden)
 
 
 def write_direct(path: str, name: str, shape: dict, vocab: int, type_name: str, args) -> None:
@@ -139,21 +167,32 @@ def write_direct(path: str, name: str, shape: dict, vocab: int, type_name: str, 
     writer.add_file_type(int(file_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     copy_tokenizer(writer, args.tokenizer_from, vocab)
-    rng = np.random.default_rng(args.seed)
-    for tensor_name, dims in tensors(shape, vocab):
+    # Tensor infos first (shapes and sizes are known up front), then the data one tensor at
+    # a time: an 8B F16 file never sits in memory whole.
+    layout = list(tensors(shape, vocab))
+    for tensor_name, dims in layout:
         if len(dims) == 1:
-            writer.add_tensor(tensor_name, np.ones(dims, dtype=np.float32))
+            writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32), 4 * dims[0])
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor_info(tensor_name, dims, np.dtype(np.float16), 2 * dims[0] * dims[1])
+        else:
+            byte_shape = gguf.quants.quant_shape_to_byte_shape(dims, qtype)
+            nbytes = int(np.prod(byte_shape))
+            writer.add_tensor_info(tensor_name, byte_shape, np.dtype(np.uint8), nbytes, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(args.seed)
+    for _, dims in layout:
+        if len(dims) == 1:
+            writer.write_tensor_data(np.ones(dims, dtype=np.float32))
             continue
         values = rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
         if qtype == gguf.GGMLQuantizationType.F16:
-            writer.add_tensor(tensor_name, values.astype(np.float16))
+            writer.write_tensor_data(values.astype(np.float16))
         else:
-            data = gguf.quants.quantize(values, qtype)
-            writer.add_tensor(tensor_name, data, raw_shape=data.shape, raw_dtype=qtype)
+            writer.write_tensor_data(gguf.quants.quantize(values, qtype))
         del values
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
     writer.close()
     os.replace(path + ".tmp", path)
 
