@@ -41,13 +41,13 @@ PY
 }
 
 # ensure_llamacpp_native CACHE_DIR: builds llama.cpp's own tools (llama-server, llama-bench,
-# llama-batched-bench) from the llama.cpp sources vendored in the pinned llama-cpp-python sdist
+# llama-batched-bench, llama-quantize for the K-quant shape files) from the llama.cpp sources vendored in the pinned llama-cpp-python sdist
 # (the same llama.cpp commit the Python package compiles), with cmake and ninja from a build
 # venv, native CPU flags and no curl. Sets LLAMACPP_BIN to the directory holding the binaries.
 ensure_llamacpp_native() {
     local cache_dir="$1"
     local root="$cache_dir/llamacpp-native-$LLAMA_CPP_PYTHON_VERSION"
-    local tools=(llama-server llama-bench llama-batched-bench)
+    local tools=(llama-server llama-bench llama-batched-bench llama-quantize)
     LLAMACPP_BIN="$root/build/bin"
     local tool missing=0
     for tool in "${tools[@]}"; do [[ -x "$LLAMACPP_BIN/$tool" ]] || missing=1; done

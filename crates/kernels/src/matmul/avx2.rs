@@ -1,54 +1,17 @@
-//! AVX2 + FMA dot kernels (Zen 3 and any x86-64-v3 CPU).
+//! AVX2 + FMA dot kernels (Zen 3 and any x86-64-v3 CPU): the f32 row dot and the interleaved
+//! Q4_0/Q4_1/Q8_0 group kernels.
 //!
-//! Quantized rows: weights are unpacked to 32 bytes per block and multiplied against the int8
-//! activations with `maddubs` (u8 × i8 → i16 pairs) and `madd` (→ i32), exact in integers; the
-//! per-block scale product is applied with one FMA into an 8-lane f32 accumulator per
-//! activation row. Signed weights (Q8_0, Q4_0, Q6_K) use the usual sign transfer:
-//! `|w| · (x · sign(w))`.
+//! Quantized groups multiply weight bytes against the int8 activations with `maddubs`
+//! (u8 × i8 → i16 pairs) and `madd` (→ i32), exact in integers; the per-block scale product is
+//! applied with one FMA into an 8-lane f32 accumulator per activation row. Signed weights
+//! (Q8_0) use the usual sign transfer: `|w| · (x · sign(w))`.
 
 use std::arch::x86_64::*;
 
 use super::activation::QuantizedRow;
-use std::ops::Range;
-
 use super::interleaved::{GroupKind, GROUP};
-use super::{QMatrix, Tile, WeightRow};
-use crate::quant::{scale_min_k4, QK};
-
-/// Computes `out[j - rows.start][r] = W[j] · tile[r]` for the weight rows in `rows`.
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA. `tile` rows must have `matrix.in_features()` elements
-/// (quantized for quantized matrices), as `QMatrix::matmul` guarantees.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn kernel_pass<const R: usize>(
-    matrix: &QMatrix,
-    rows: Range<usize>,
-    tile: &Tile<'_, R>,
-    out: &mut [[f32; R]],
-) {
-    for (j, results) in rows.zip(out.iter_mut()) {
-        // SAFETY: (all arms) AVX2/FMA are enabled; every kernel bounds its loads by the row
-        // lengths, and weight rows and activation rows both span `in_features` elements.
-        unsafe {
-            match (matrix.weight_row(j), tile) {
-                (WeightRow::Float(w), Tile::Float(xs)) => dot_f32(w, xs, results),
-                (WeightRow::Q4K { super_scales, raw }, Tile::Quantized(xs)) => {
-                    dot_k4_k5::<R, false>(super_scales, raw, xs, results)
-                }
-                (WeightRow::Q5K { super_scales, raw }, Tile::Quantized(xs)) => {
-                    dot_k4_k5::<R, true>(super_scales, raw, xs, results)
-                }
-                (WeightRow::Q6K { super_scales, raw }, Tile::Quantized(xs)) => {
-                    dot_q6_k(super_scales, raw, xs, results)
-                }
-                // `QMatrix::matmul` pairs float weights with float rows and quantized weights
-                // with quantized rows; other pairings cannot be built.
-                _ => *results = [f32::NAN; R],
-            }
-        }
-    }
-}
+use super::Tile;
+use crate::quant::QK;
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -61,28 +24,13 @@ fn horizontal_sum(v: __m256) -> f32 {
     _mm_cvtss_f32(sum1)
 }
 
-/// Loads 32 bytes from `bytes[offset..offset + 32]`.
+/// `out[r] = w · xs[r]` for f32 rows, two 8-lane accumulators per activation row.
 ///
 /// # Safety
-/// `offset + 32 <= bytes.len()` (asserted in debug builds); AVX2 available.
+/// The CPU must support AVX2 and FMA; every row of `xs` holds at least `w.len()` values.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn load32<T>(bytes: &[T], offset: usize) -> __m256i {
-    debug_assert!((offset + 32) * std::mem::size_of::<T>() <= std::mem::size_of_val(bytes));
-    // SAFETY: in bounds per the contract; loadu has no alignment requirement.
-    unsafe { _mm256_loadu_si256(bytes.as_ptr().add(offset) as *const __m256i) }
-}
-
-/// Exact `Σ u · s` of 32 unsigned (≤ 127·2 safe) by signed bytes, as 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn dot_u8_i8(unsigned: __m256i, signed: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned, signed), _mm256_set1_epi16(1))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &[&[f32]; R], out: &mut [f32; R]) {
+pub(crate) unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &Tile<'_, R>, out: &mut [f32; R]) {
     let k = w.len();
     let mut acc0 = [_mm256_setzero_ps(); R];
     let mut acc1 = [_mm256_setzero_ps(); R];
@@ -107,126 +55,6 @@ unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &[&[f32]; R], out: &mut [f32; R
             tail += w[j] * xs[r][j];
         }
         out[r] = horizontal_sum(_mm256_add_ps(acc0[r], acc1[r])) + tail;
-    }
-}
-
-/// Q4_K and Q5_K share everything but the fifth bit.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_k4_k5<const R: usize, const FIVE_BITS: bool>(
-    super_scales: &[f32],
-    raw: &[u8],
-    xs: &[QuantizedRow<'_>; R],
-    out: &mut [f32; R],
-) {
-    let block_bytes = if FIVE_BITS { 176 } else { 144 };
-    let quant_offset = if FIVE_BITS { 48 } else { 16 };
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut acc_min = [0.0f32; R];
-    // SAFETY: callers run with AVX2/FMA enabled; all loads stay inside one super-block of `raw`
-    // and the matching 256 activations.
-    unsafe {
-        let low_mask = _mm256_set1_epi8(0x0f);
-        for (s, block) in raw.chunks_exact(block_bytes).enumerate() {
-            let (d, dmin) = (super_scales[2 * s], super_scales[2 * s + 1]);
-            let scales = &block[4..16];
-            let qh = if FIVE_BITS {
-                load32(block, 16)
-            } else {
-                _mm256_setzero_si256()
-            };
-            for pair in 0..4 {
-                let packed = load32(block, quant_offset + pair * 32);
-                for half in 0..2 {
-                    let sub = 2 * pair + half;
-                    let mut w = if half == 0 {
-                        _mm256_and_si256(packed, low_mask)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low_mask)
-                    };
-                    if FIVE_BITS {
-                        let bit = _mm256_set1_epi8((1u8 << sub) as i8);
-                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                        w = _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-                    }
-                    let (scale, min) = scale_min_k4(sub, scales);
-                    let d_scale = d * f32::from(scale);
-                    let d_min = dmin * f32::from(min);
-                    let xb = s * 8 + sub;
-                    for r in 0..R {
-                        let x = load32(xs[r].quants, xb * QK);
-                        let sum = _mm256_cvtepi32_ps(dot_u8_i8(w, x));
-                        acc[r] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(d_scale * xs[r].scales[xb]),
-                            sum,
-                            acc[r],
-                        );
-                        acc_min[r] += d_min * xs[r].block_sums[xb];
-                    }
-                }
-            }
-        }
-    }
-    for r in 0..R {
-        out[r] = horizontal_sum(acc[r]) - acc_min[r];
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q6_k<const R: usize>(
-    super_scales: &[f32],
-    raw: &[u8],
-    xs: &[QuantizedRow<'_>; R],
-    out: &mut [f32; R],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let low_mask = _mm256_set1_epi8(0x0f);
-    let two_bits = _mm256_set1_epi8(3);
-    let offset = _mm256_set1_epi8(32);
-    for (s, block) in raw.chunks_exact(210).enumerate() {
-        let d = super_scales[2 * s];
-        for half in 0..2 {
-            // SAFETY: ql spans block[64h..64h+64], qh block[128+32h..+32]; all in 210 bytes.
-            let (ql0, ql1, qh) = unsafe {
-                (
-                    load32(block, half * 64),
-                    load32(block, half * 64 + 32),
-                    load32(block, 128 + half * 32),
-                )
-            };
-            for group in 0..4 {
-                let low_source = if group % 2 == 0 { ql0 } else { ql1 };
-                let low = if group < 2 {
-                    _mm256_and_si256(low_source, low_mask)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(low_source), low_mask)
-                };
-                let high_bits = match group {
-                    0 => qh,
-                    1 => _mm256_srli_epi16::<2>(qh),
-                    2 => _mm256_srli_epi16::<4>(qh),
-                    _ => _mm256_srli_epi16::<6>(qh),
-                };
-                let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high_bits, two_bits));
-                let w = _mm256_sub_epi8(_mm256_or_si256(low, high), offset);
-                let sc0 = i16::from(block[192 + half * 8 + 2 * group] as i8);
-                let sc1 = i16::from(block[192 + half * 8 + 2 * group + 1] as i8);
-                let scale_pairs = _mm256_set_m128i(_mm_set1_epi16(sc1), _mm_set1_epi16(sc0));
-                let abs_w = _mm256_sign_epi8(w, w);
-                let xb = s * 8 + half * 4 + group;
-                for r in 0..R {
-                    // SAFETY: activation block xb lies inside the row.
-                    let x = unsafe { load32(xs[r].quants, xb * QK) };
-                    let products = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
-                    let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(products, scale_pairs));
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xs[r].scales[xb]), sum, acc[r]);
-                }
-            }
-        }
-    }
-    for r in 0..R {
-        out[r] = horizontal_sum(acc[r]);
     }
 }
 

@@ -22,18 +22,14 @@
 //! `acc = fma(d_w · d_x, s, acc)`, then for Q4_1 `acc = fma(m_w, d_x · Σq, acc)`.
 
 use super::activation::{QuantizedActivations, QuantizedRow};
+use super::grouped::{matmul_grouped, GroupedLayout};
 use super::Isa;
 use crate::dtype::DType;
-use crate::pool::{SharedMut, ThreadPool};
+use crate::pool::ThreadPool;
 use crate::quant::QK;
 use crate::{f16_to_f32, KernelError};
 
-/// Weight rows per interleaved group: one per 32-bit lane of an AVX2 register.
-pub(crate) const GROUP: usize = 8;
-/// Activation rows that share each unpacked weight block.
-const ROW_TILE: usize = 4;
-/// Groups visited for all activation tiles before moving on (sized to stay in L1/L2).
-const GROUPS_PER_PASS: usize = 4;
+pub(crate) use super::grouped::GROUP;
 
 /// The block formats this layout holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,45 +174,7 @@ impl Groups {
         n: usize,
         out: &mut [f32],
     ) {
-        let out_features = self.out_features;
-        let n_groups = out_features.div_ceil(GROUP);
-        let target_tasks = pool.num_threads() * 4;
-        let groups_per_task = n_groups.div_ceil(target_tasks).max(1);
-        let n_tasks = n_groups.div_ceil(groups_per_task);
-        let output = SharedMut::new(out);
-        pool.parallel_for(n_tasks, &|task| {
-            let first = task * groups_per_task;
-            let last = (first + groups_per_task).min(n_groups);
-            let mut pass_start = first;
-            while pass_start < last {
-                let pass_end = (pass_start + GROUPS_PER_PASS).min(last);
-                let mut i = 0;
-                while i < n {
-                    let rows = (n - i).min(ROW_TILE);
-                    let mut write = |group: usize, results: &[[f32; GROUP]]| {
-                        let lanes = GROUP.min(out_features - group * GROUP);
-                        for (r, values) in results.iter().enumerate() {
-                            // SAFETY: this task alone owns output columns of groups
-                            // first..last, and row i + r < n, so the range lies inside `out`
-                            // (its length was checked by the caller).
-                            let target = unsafe {
-                                output.slice_mut((i + r) * out_features + group * GROUP, lanes)
-                            };
-                            target.copy_from_slice(&values[..lanes]);
-                        }
-                    };
-                    let groups = pass_start..pass_end;
-                    match rows {
-                        4 => self.tiles::<4>(isa, groups, activations, i, &mut write),
-                        3 => self.tiles::<3>(isa, groups, activations, i, &mut write),
-                        2 => self.tiles::<2>(isa, groups, activations, i, &mut write),
-                        _ => self.tiles::<1>(isa, groups, activations, i, &mut write),
-                    }
-                    i += rows;
-                }
-                pass_start = pass_end;
-            }
-        });
+        matmul_grouped(self, isa, pool, activations, n, out);
     }
 
     /// Runs activation rows `first_row..first_row + R` against each group in `groups` and
@@ -256,6 +214,23 @@ impl Groups {
             }
             write(group, &out);
         }
+    }
+}
+
+impl GroupedLayout for Groups {
+    fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    fn run_tiles<const R: usize>(
+        &self,
+        isa: Isa,
+        groups: std::ops::Range<usize>,
+        activations: &QuantizedActivations,
+        first_row: usize,
+        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
+    ) {
+        self.tiles::<R>(isa, groups, activations, first_row, write);
     }
 }
 

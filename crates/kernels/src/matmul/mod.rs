@@ -2,10 +2,12 @@
 //!
 //! Weights are repacked once at load ([`QMatrix::from_bytes`]): float types become f32 rows,
 //! Q8_0/Q4_0/Q4_1 are interleaved eight rows at a time so one integer instruction advances
-//! eight output columns (`interleaved.rs`, same bytes per weight as the GGUF file), K-quants
-//! keep their GGML super-blocks plus f32 super-block scales. Activations of quantized layers are
-//! quantized per 32 elements to int8 (symmetric, `d = amax / 127`, round to nearest even) and
-//! every block product is an exact integer dot, scaled in f32.
+//! eight output columns (`interleaved.rs`, same bytes per weight as the GGUF file), and so are
+//! Q4_K/Q5_K/Q6_K, per 256-element super-block (`kquant.rs`, at most 4 bytes per row and
+//! super-block more than the file). Both eight-row layouts share one driver (`grouped.rs`).
+//! Activations of quantized layers are quantized per 32 elements to int8 (symmetric,
+//! `d = amax / 127`, round to nearest even) and every block product is an exact integer dot,
+//! scaled in f32.
 //!
 //! Determinism: each output element is produced by one call of a per-(weight row, activation
 //! row) routine whose floating-point operation order depends only on `in_features` and the
@@ -15,7 +17,11 @@
 mod activation;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod grouped;
 mod interleaved;
+mod kquant;
+#[cfg(target_arch = "x86_64")]
+mod kquant_avx2;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -23,7 +29,7 @@ mod tests;
 use crate::cpu::CpuFeatures;
 use crate::dtype::DType;
 use crate::pool::{SharedMut, ThreadPool};
-use crate::quant::{dequantize, read_f16, QK_K};
+use crate::quant::dequantize;
 use crate::KernelError;
 
 pub use activation::QuantizedActivations;
@@ -40,12 +46,8 @@ pub(crate) enum Storage {
     Float { values: Vec<f32> },
     /// Q8_0 / Q4_0 / Q4_1: eight rows interleaved per block (see `interleaved.rs`).
     Interleaved(interleaved::Groups),
-    /// K-quants: the GGML super-blocks unchanged plus their f16 `d` (and `dmin`) as f32,
-    /// two per super-block.
-    SuperBlocks {
-        super_scales: Vec<f32>,
-        raw: Vec<u8>,
-    },
+    /// Q4_K / Q5_K / Q6_K: eight rows interleaved per super-block (see `kquant.rs`).
+    KQuant(kquant::KGroups),
 }
 
 /// A linear layer's weight `[out_features, in_features]`, each output row contiguous.
@@ -101,30 +103,8 @@ impl From<&CpuFeatures> for Isa {
     }
 }
 
-/// One weight row in a kernel-friendly view.
-#[derive(Clone, Copy)]
-pub(crate) enum WeightRow<'a> {
-    Float(&'a [f32]),
-    Q4K {
-        super_scales: &'a [f32],
-        raw: &'a [u8],
-    },
-    Q5K {
-        super_scales: &'a [f32],
-        raw: &'a [u8],
-    },
-    Q6K {
-        super_scales: &'a [f32],
-        raw: &'a [u8],
-    },
-}
-
-/// `R` activation rows processed together, in the form the weight type needs.
-#[derive(Clone, Copy)]
-pub(crate) enum Tile<'a, const R: usize> {
-    Float([&'a [f32]; R]),
-    Quantized([activation::QuantizedRow<'a>; R]),
-}
+/// `R` f32 activation rows processed together against each f32 weight row.
+pub(crate) type Tile<'a, const R: usize> = [&'a [f32]; R];
 
 impl QMatrix {
     /// Copies GGML-layout bytes (`out_features` rows of `in_features` elements) into an owned,
@@ -155,22 +135,12 @@ impl QMatrix {
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => Storage::Interleaved(
                 interleaved::Groups::pack(dtype, out_features, in_features, bytes)?,
             ),
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => {
-                let mut super_scales = Vec::with_capacity(bytes.len() / dtype.block_bytes() * 2);
-                for block in bytes.chunks_exact(dtype.block_bytes()) {
-                    if dtype == DType::Q6_K {
-                        super_scales.push(read_f16(block, 208));
-                        super_scales.push(0.0);
-                    } else {
-                        super_scales.push(read_f16(block, 0));
-                        super_scales.push(read_f16(block, 2));
-                    }
-                }
-                Storage::SuperBlocks {
-                    super_scales,
-                    raw: bytes.to_vec(),
-                }
-            }
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => Storage::KQuant(kquant::KGroups::pack(
+                dtype,
+                out_features,
+                in_features,
+                bytes,
+            )?),
         };
         Ok(QMatrix {
             dtype,
@@ -223,7 +193,7 @@ impl QMatrix {
         match &self.storage {
             Storage::Float { values } => values.len() * 4,
             Storage::Interleaved(groups) => groups.storage_bytes(),
-            Storage::SuperBlocks { super_scales, raw } => super_scales.len() * 4 + raw.len(),
+            Storage::KQuant(groups) => groups.storage_bytes(),
         }
     }
 
@@ -244,40 +214,13 @@ impl QMatrix {
                 actual: dst.len(),
             });
         }
-        if let Storage::Interleaved(groups) = &self.storage {
-            groups.row_to_f32(row, dst);
-            return Ok(());
-        }
-        match self.weight_row(row) {
-            WeightRow::Float(values) => dst.copy_from_slice(values),
-            WeightRow::Q4K { raw, .. }
-            | WeightRow::Q5K { raw, .. }
-            | WeightRow::Q6K { raw, .. } => {
-                dequantize(self.dtype, raw, dst)?;
-            }
-        }
-        Ok(())
-    }
-
-    #[inline]
-    pub(crate) fn weight_row(&self, row: usize) -> WeightRow<'_> {
         let k = self.in_features;
         match &self.storage {
-            Storage::Float { values } => WeightRow::Float(&values[row * k..(row + 1) * k]),
-            // Interleaved rows are only read through `Groups`; callers check first.
-            Storage::Interleaved(_) => WeightRow::Float(&[]),
-            Storage::SuperBlocks { super_scales, raw } => {
-                let nsb = k / QK_K;
-                let row_bytes = nsb * self.dtype.block_bytes();
-                let super_scales = &super_scales[row * nsb * 2..(row + 1) * nsb * 2];
-                let raw = &raw[row * row_bytes..(row + 1) * row_bytes];
-                match self.dtype {
-                    DType::Q4_K => WeightRow::Q4K { super_scales, raw },
-                    DType::Q5_K => WeightRow::Q5K { super_scales, raw },
-                    _ => WeightRow::Q6K { super_scales, raw },
-                }
-            }
+            Storage::Float { values } => dst.copy_from_slice(&values[row * k..(row + 1) * k]),
+            Storage::Interleaved(groups) => groups.row_to_f32(row, dst),
+            Storage::KQuant(groups) => groups.row_to_f32(row, dst)?,
         }
+        Ok(())
     }
 
     /// Computes `out[n, out_features] = x[n, in_features] · Wᵀ` on `pool`.
@@ -318,33 +261,36 @@ impl QMatrix {
         if n == 0 || self.out_features == 0 {
             return Ok(());
         }
-        let quantized = self.dtype.is_quantized();
-        if quantized {
+        if self.dtype.is_quantized() {
             scratch.activations.quantize(pool, x, n, self.in_features)?;
         }
-        let activations = &scratch.activations;
-        if let Storage::Interleaved(groups) = &self.storage {
-            groups.matmul(isa, pool, activations, n, out);
-            return Ok(());
+        match &self.storage {
+            Storage::Float { values } => self.float_matmul(isa, pool, values, x, n, out),
+            Storage::Interleaved(groups) => {
+                groups.matmul(isa, pool, &scratch.activations, n, out);
+            }
+            Storage::KQuant(groups) => groups.matmul(isa, pool, &scratch.activations, n, out),
         }
+        Ok(())
+    }
+
+    /// The f32 path: weight rows split over the pool, activation rows in tiles of
+    /// [`ROW_TILE`] with a separate accumulator each.
+    fn float_matmul(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        weights: &[f32],
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
         let in_features = self.in_features;
         let tile = |first: usize| -> Tile<'_, ROW_TILE> {
-            if quantized {
-                Tile::Quantized(std::array::from_fn(|r| activations.row(first + r)))
-            } else {
-                Tile::Float(std::array::from_fn(|r| {
-                    &x[(first + r) * in_features..(first + r + 1) * in_features]
-                }))
-            }
+            std::array::from_fn(|r| &x[(first + r) * in_features..(first + r + 1) * in_features])
         };
-        let single = |i: usize| -> Tile<'_, 1> {
-            if quantized {
-                Tile::Quantized([activations.row(i)])
-            } else {
-                Tile::Float([&x[i * in_features..(i + 1) * in_features]])
-            }
-        };
-
+        let single = |i: usize| -> Tile<'_, 1> { [&x[i * in_features..(i + 1) * in_features]] };
+        let row = |j: usize| &weights[j * in_features..(j + 1) * in_features];
         let out_features = self.out_features;
         let target_tasks = pool.num_threads() * 4;
         let rows_per_task = out_features
@@ -363,11 +309,11 @@ impl QMatrix {
                 let mut i = 0;
                 while i + ROW_TILE <= n {
                     let mut results = [[0.0f32; ROW_TILE]; WEIGHT_ROWS_PER_PASS];
-                    kernel_pass(isa, self, rows.clone(), &tile(i), &mut results);
+                    kernel_pass(isa, &row, rows.clone(), &tile(i), &mut results);
                     for (j, values) in rows.clone().zip(&results) {
                         for (r, value) in values.iter().enumerate() {
                             // SAFETY: this task alone owns output columns first..last, and
-                            // (i + r, j) lies inside `out` (lengths checked above).
+                            // (i + r, j) lies inside `out` (lengths checked by the caller).
                             unsafe { output.write((i + r) * out_features + j, *value) };
                         }
                     }
@@ -375,7 +321,7 @@ impl QMatrix {
                 }
                 while i < n {
                     let mut results = [[0.0f32; 1]; WEIGHT_ROWS_PER_PASS];
-                    kernel_pass(isa, self, rows.clone(), &single(i), &mut results);
+                    kernel_pass(isa, &row, rows.clone(), &single(i), &mut results);
                     for (j, values) in rows.clone().zip(&results) {
                         // SAFETY: as above.
                         unsafe { output.write(i * out_features + j, values[0]) };
@@ -385,26 +331,24 @@ impl QMatrix {
                 pass_start = pass_end;
             }
         });
-        Ok(())
     }
 }
 
-/// Computes `out[j - rows.start][r] = W[j] · tile[r]` for the weight rows in `rows`.
-fn kernel_pass<const R: usize>(
+/// Computes `out[j - rows.start][r] = W[j] · tile[r]` for the f32 weight rows in `rows`.
+fn kernel_pass<'w, const R: usize>(
     isa: Isa,
-    matrix: &QMatrix,
+    row: &dyn Fn(usize) -> &'w [f32],
     rows: std::ops::Range<usize>,
     tile: &Tile<'_, R>,
     out: &mut [[f32; R]],
 ) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2 and FMA.
-        Isa::Avx2 => unsafe { avx2::kernel_pass::<R>(matrix, rows, tile, out) },
-        Isa::Scalar => {
-            for (j, results) in rows.zip(out.iter_mut()) {
-                scalar::dot_tile::<R>(matrix.weight_row(j), tile, results);
-            }
+    for (j, results) in rows.zip(out.iter_mut()) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2 and FMA; weight
+            // and activation rows all hold `in_features` values.
+            Isa::Avx2 => unsafe { avx2::dot_f32::<R>(row(j), tile, results) },
+            Isa::Scalar => scalar::dot_tile::<R>(row(j), tile, results),
         }
     }
 }

@@ -81,11 +81,10 @@ fn matmul_matches_reference_for_every_dtype_and_isa() {
                 }
                 per_isa.push(out);
             }
-            // The SIMD and scalar kernels compute the same integer sums; only the f32
-            // accumulation order differs, except for the interleaved layouts, whose
-            // scalar twin follows the SIMD order exactly.
+            // The quantized layouts' scalar twins follow the SIMD order exactly; the f32
+            // path's accumulation order differs.
             if let [scalar, simd] = per_isa.as_slice() {
-                if matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) {
+                if dtype.is_quantized() {
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(scalar), bits(simd), "{dtype} scalar vs SIMD");
                 }
@@ -274,6 +273,109 @@ fn extreme_q8_0_products_do_not_saturate() {
                 let want: f32 = reference_row.iter().map(|w| w * 127.0 * sign).sum();
                 for i in 0..3 {
                     assert_eq!(out[i * rows + j], want, "{isa:?} [{i},{j}]");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn k_quant_twins_agree_bitwise_for_every_batch_size() {
+    // Row counts that leave a partial group; batch sizes that hit every tile remainder.
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(19);
+    let mut scratch = MatmulScratch::new();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        for (rows, cols) in [(19usize, 256usize), (8, 512), (13, 1280), (21, 2048)] {
+            let bytes = random_weights(&mut rng, dtype, rows, cols);
+            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+            let mut weights = vec![0.0f32; rows * cols];
+            dequantize(dtype, &bytes, &mut weights).unwrap();
+            for n in [1usize, 3, 4, 5, 17] {
+                let x = rng.vec(n * cols, -2.0, 2.0);
+                let reference = reference_matmul(dtype, rows, cols, &bytes, &x, n).unwrap();
+                let mut per_isa = Vec::new();
+                for isa in isas() {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matrix
+                        .matmul_with_isa(isa, &pool, &x, n, &mut out, &mut scratch)
+                        .unwrap();
+                    for i in 0..n {
+                        let row = &x[i * cols..(i + 1) * cols];
+                        let mut alone = vec![f32::NAN; rows];
+                        matrix
+                            .matmul_with_isa(isa, &pool, row, 1, &mut alone, &mut scratch)
+                            .unwrap();
+                        assert_eq!(
+                            bits(&alone),
+                            bits(&out[i * rows..(i + 1) * rows]),
+                            "{dtype} {isa:?} {rows}x{cols}: row {i} alone differs from n={n}"
+                        );
+                        for j in 0..rows {
+                            let got = f64::from(out[i * rows + j]);
+                            let want = f64::from(reference[i * rows + j]);
+                            let bound = tolerance(dtype, &weights[j * cols..(j + 1) * cols], row);
+                            assert!(
+                                (got - want).abs() <= bound,
+                                "{dtype} {isa:?} {rows}x{cols} n={n} [{i},{j}]: {got} vs {want}"
+                            );
+                        }
+                    }
+                    per_isa.push(out);
+                }
+                if let [scalar, simd] = per_isa.as_slice() {
+                    assert_eq!(bits(scalar), bits(simd), "{dtype} {rows}x{cols} n={n}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_k_quant_products_do_not_saturate() {
+    // The largest integer partial sums each K-quant kernel forms: all-ones nibbles (and fifth
+    // bits) under scale 63 for Q4_K/Q5_K, q = 0 (w = -32) under scale -128 for Q6_K, against
+    // activations of ±127 (d_x = 1 exactly). Every product and sum is an exact f32 integer.
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (9usize, 512usize);
+    let one = f32_to_f16(1.0).to_le_bytes();
+    for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        let mut block = vec![0u8; dtype.block_bytes()];
+        match dtype {
+            DType::Q6_K => {
+                block[192..208].fill(0x80);
+                block[208..210].copy_from_slice(&one);
+            }
+            _ => {
+                block[0..2].copy_from_slice(&one);
+                // Scale 63, min 0 for all eight sub-blocks in GGML's 6-bit packing.
+                block[4..8].fill(0xff);
+                block[12..16].fill(0x0f);
+                // Q4_K's nibbles, or Q5_K's fifth bits and nibbles.
+                block[16..].fill(0xff);
+            }
+        }
+        let bytes = block.repeat(rows * cols / 256);
+        let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        let mut weight_row = vec![0.0f32; cols];
+        for sign in [1.0f32, -1.0] {
+            let x = vec![127.0 * sign; 5 * cols];
+            for isa in isas() {
+                let mut out = vec![0.0f32; 5 * rows];
+                matrix
+                    .matmul_with_isa(isa, &pool, &x, 5, &mut out, &mut MatmulScratch::new())
+                    .unwrap();
+                for j in 0..rows {
+                    matrix.row_to_f32(j, &mut weight_row).unwrap();
+                    let want: f64 = weight_row
+                        .iter()
+                        .map(|&w| f64::from(w) * 127.0 * f64::from(sign))
+                        .sum();
+                    for i in 0..5 {
+                        let got = f64::from(out[i * rows + j]);
+                        assert_eq!(got, want, "{dtype} {isa:?} [{i},{j}]");
+                    }
                 }
             }
         }

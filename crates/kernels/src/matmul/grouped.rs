@@ -1,0 +1,83 @@
+//! The matmul driver shared by the eight-row interleaved layouts (`interleaved.rs` for the
+//! 32-element block types, `kquant.rs` for the K-quants): output columns are split over the
+//! pool by whole groups, and each group meets the activation rows in tiles of up to
+//! [`ROW_TILE`]. A layout only supplies the kernel for one (groups, tile) pair; every output
+//! element still comes from one per-(weight row, activation row) arithmetic, whatever the tile.
+
+use super::activation::QuantizedActivations;
+use super::Isa;
+use crate::pool::{SharedMut, ThreadPool};
+
+/// Weight rows per interleaved group: one per 32-bit lane of an AVX2 register.
+pub(crate) const GROUP: usize = 8;
+/// Activation rows that share each unpacked weight block.
+const ROW_TILE: usize = 4;
+/// Groups visited for all activation tiles before moving on (sized to stay in L1/L2).
+const GROUPS_PER_PASS: usize = 4;
+
+/// A weight layout of eight-row groups.
+pub(crate) trait GroupedLayout: Sync {
+    /// Rows of the weight (the last group may be padded).
+    fn out_features(&self) -> usize;
+
+    /// Runs activation rows `first_row..first_row + R` against each group in `groups` and
+    /// hands every group's results (`[row][lane]`) to `write`.
+    fn run_tiles<const R: usize>(
+        &self,
+        isa: Isa,
+        groups: std::ops::Range<usize>,
+        activations: &QuantizedActivations,
+        first_row: usize,
+        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
+    );
+}
+
+/// `out[n, out_features] = x · Wᵀ` for activations already quantized into `activations`.
+pub(crate) fn matmul_grouped<L: GroupedLayout>(
+    layout: &L,
+    isa: Isa,
+    pool: &ThreadPool,
+    activations: &QuantizedActivations,
+    n: usize,
+    out: &mut [f32],
+) {
+    let out_features = layout.out_features();
+    let n_groups = out_features.div_ceil(GROUP);
+    let target_tasks = pool.num_threads() * 4;
+    let groups_per_task = n_groups.div_ceil(target_tasks).max(1);
+    let n_tasks = n_groups.div_ceil(groups_per_task);
+    let output = SharedMut::new(out);
+    pool.parallel_for(n_tasks, &|task| {
+        let first = task * groups_per_task;
+        let last = (first + groups_per_task).min(n_groups);
+        let mut pass_start = first;
+        while pass_start < last {
+            let pass_end = (pass_start + GROUPS_PER_PASS).min(last);
+            let mut i = 0;
+            while i < n {
+                let rows = (n - i).min(ROW_TILE);
+                let mut write = |group: usize, results: &[[f32; GROUP]]| {
+                    let lanes = GROUP.min(out_features - group * GROUP);
+                    for (r, values) in results.iter().enumerate() {
+                        // SAFETY: this task alone owns output columns of groups first..last,
+                        // and row i + r < n, so the range lies inside `out` (its length was
+                        // checked by the caller).
+                        let target = unsafe {
+                            output.slice_mut((i + r) * out_features + group * GROUP, lanes)
+                        };
+                        target.copy_from_slice(&values[..lanes]);
+                    }
+                };
+                let groups = pass_start..pass_end;
+                match rows {
+                    4 => layout.run_tiles::<4>(isa, groups, activations, i, &mut write),
+                    3 => layout.run_tiles::<3>(isa, groups, activations, i, &mut write),
+                    2 => layout.run_tiles::<2>(isa, groups, activations, i, &mut write),
+                    _ => layout.run_tiles::<1>(isa, groups, activations, i, &mut write),
+                }
+                i += rows;
+            }
+            pass_start = pass_end;
+        }
+    });
+}

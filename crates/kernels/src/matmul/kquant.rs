@@ -1,0 +1,449 @@
+//! Q4_K / Q5_K / Q6_K weights repacked eight rows at a time for integer GEMM/GEMV.
+//!
+//! Rows are taken in groups of [`GROUP`] (the last group padded with zero rows); each group
+//! holds its 256-element super-blocks in order, one group-block per super-block:
+//!
+//! ```text
+//! Q4_K (1184 B): [8 × f16 d] [8 × f16 dmin] [8 sub × 8 rows u8 scale] [8 sub × 8 rows u8 min]
+//!                [4 chunks × 8 steps × (8 rows × 4 packed bytes)]
+//! Q5_K (1440 B): as Q4_K, with [8 steps × (8 rows × 4 high-bit bytes)] before the quants
+//! Q6_K (1680 B): [8 × f16 d] [16 sub × 8 rows i8 scale]
+//!                [2 halves × 2 sources × 8 steps × (8 rows × 4 low-bit bytes)]
+//!                [2 halves × 8 steps × (8 rows × 4 high-bit bytes)]
+//! ```
+//!
+//! Step `kk` of a 32-byte run holds bytes `4kk..4kk + 4` of each row's run, so one 32-byte
+//! load masked or shifted gives elements `4kk..4kk + 4` of one 32-element sub-block of all
+//! eight rows, and one `maddubs` against four broadcast activation bytes advances eight output
+//! columns (as in `interleaved.rs`). Q4_K/Q5_K chunk `c` holds sub-blocks `2c` (low nibbles)
+//! and `2c + 1` (high nibbles), the fifth bit of sub-block `j` is bit `j` of the high-bit
+//! bytes; Q6_K half `h`, source `s` holds the low nibbles of 32-element block `4h + s` and
+//! the high nibbles of `4h + s + 2`, and bits `2g..2g + 2` of the high-bit bytes complete
+//! block `4h + g`.
+//!
+//! Bytes: the 6-bit scales and mins of Q4_K/Q5_K are stored unpacked as bytes (16 instead of
+//! 12 per row and super-block), so those rows take 148 and 180 bytes per 256 weights against
+//! GGUF's 144 and 176 (+0.125 bit per weight); Q6_K keeps GGUF's 210.
+//!
+//! Arithmetic per (weight row, activation row), shared by the scalar and AVX2 kernels so both
+//! give bitwise-equal results, with activations quantized per 32 elements (`d_x`, see
+//! `activation.rs`): for every 32-element block `b` in order, the exact integer dot `s` of the
+//! weight quants with the int8 activations, multiplied by the integer sub-block scale (Q6_K:
+//! each 16-element half by its own scale), then `acc = fma(d · d_x[b], scale · s, acc)`. For
+//! Q4_K/Q5_K each super-block then subtracts its mins: `m = Σ fma(min_j, d_x · Σq, m)` over its
+//! eight blocks, `acc = fma(-dmin, m, acc)`. Every integer sum stays below 2²⁴ in magnitude, so
+//! its conversion to f32 is exact.
+
+use super::activation::{QuantizedActivations, QuantizedRow};
+use super::grouped::{matmul_grouped, GroupedLayout, GROUP};
+use super::Isa;
+use crate::dtype::DType;
+use crate::pool::ThreadPool;
+use crate::quant::{dequantize, scale_min_k4, QK, QK_K};
+use crate::{f16_to_f32, KernelError};
+
+/// Offset of the eight f16 super-block scales `d` in every group-block.
+pub(crate) const D: usize = 0;
+/// Q4_K/Q5_K: offset of the eight f16 `dmin`.
+pub(crate) const DMIN: usize = 16;
+/// Q4_K/Q5_K: offset of the unpacked 6-bit scales, `[sub-block][row]`.
+pub(crate) const K_SCALES: usize = 32;
+/// Q4_K/Q5_K: offset of the unpacked 6-bit mins, `[sub-block][row]`.
+pub(crate) const K_MINS: usize = 96;
+/// Q5_K: offset of the interleaved fifth bits.
+pub(crate) const Q5_HIGH: usize = 160;
+/// Q6_K: offset of the int8 scales, `[16-element sub-block][row]`.
+pub(crate) const Q6_SCALES: usize = 16;
+/// Q6_K: offset of the interleaved low four bits.
+pub(crate) const Q6_LOW: usize = 144;
+/// Q6_K: offset of the interleaved high two bits.
+pub(crate) const Q6_HIGH: usize = 1168;
+/// Bytes of one step: four bytes of each of the eight rows.
+pub(crate) const STEP: usize = 32;
+
+/// The super-block formats this layout holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KKind {
+    /// Q4_K: `w = d · scale · q - dmin · min`, q in 0..16.
+    Q4,
+    /// Q5_K: as Q4_K with a fifth bit, q in 0..32.
+    Q5,
+    /// Q6_K: `w = d · scale · (q - 32)`, q in 0..64, signed scales per 16 elements.
+    Q6,
+}
+
+impl KKind {
+    fn of(dtype: DType) -> Option<KKind> {
+        match dtype {
+            DType::Q4_K => Some(KKind::Q4),
+            DType::Q5_K => Some(KKind::Q5),
+            DType::Q6_K => Some(KKind::Q6),
+            _ => None,
+        }
+    }
+
+    fn dtype(self) -> DType {
+        match self {
+            KKind::Q4 => DType::Q4_K,
+            KKind::Q5 => DType::Q5_K,
+            KKind::Q6 => DType::Q6_K,
+        }
+    }
+
+    /// Bytes of one group-block (eight rows, one super-block).
+    pub(crate) const fn stride(self) -> usize {
+        match self {
+            KKind::Q4 => 1184,
+            KKind::Q5 => 1440,
+            KKind::Q6 => 1680,
+        }
+    }
+
+    /// Offset of the interleaved 4-bit runs (Q6_K: its low four bits).
+    pub(crate) const fn quants(self) -> usize {
+        match self {
+            KKind::Q4 => 160,
+            KKind::Q5 => 416,
+            KKind::Q6 => Q6_LOW,
+        }
+    }
+}
+
+/// Calls `span(ggml_offset, group_offset, len)` for every byte range that lane `lane`'s
+/// GGML super-block and its group-block share verbatim: the one map both packing and
+/// unpacking follow. The Q4_K/Q5_K scales and mins, which change form, are not spans.
+fn copied_spans(kind: KKind, lane: usize, mut span: impl FnMut(usize, usize, usize)) {
+    match kind {
+        KKind::Q4 | KKind::Q5 => {
+            span(0, D + 2 * lane, 2);
+            span(2, DMIN + 2 * lane, 2);
+            let source = if kind == KKind::Q4 { 16 } else { 48 };
+            for c in 0..4 {
+                for kk in 0..8 {
+                    let at = kind.quants() + (c * 8 + kk) * STEP + 4 * lane;
+                    span(source + c * 32 + 4 * kk, at, 4);
+                }
+            }
+            if kind == KKind::Q5 {
+                for kk in 0..8 {
+                    span(16 + 4 * kk, Q5_HIGH + kk * STEP + 4 * lane, 4);
+                }
+            }
+        }
+        KKind::Q6 => {
+            span(208, D + 2 * lane, 2);
+            for sub in 0..16 {
+                span(192 + sub, Q6_SCALES + sub * GROUP + lane, 1);
+            }
+            for h in 0..2 {
+                for source in 0..2 {
+                    for kk in 0..8 {
+                        let at = Q6_LOW + ((h * 2 + source) * 8 + kk) * STEP + 4 * lane;
+                        span(h * 64 + source * 32 + 4 * kk, at, 4);
+                    }
+                }
+                for kk in 0..8 {
+                    span(
+                        128 + h * 32 + 4 * kk,
+                        Q6_HIGH + (h * 8 + kk) * STEP + 4 * lane,
+                        4,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Packs eight 6-bit scales and mins back into GGML's 12 bytes (inverse of [`scale_min_k4`]).
+fn pack_scale_min_k4(scales: [u8; 8], mins: [u8; 8]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for j in 0..4 {
+        packed[j] = (scales[j] & 63) | ((scales[j + 4] >> 4) << 6);
+        packed[j + 4] = (mins[j] & 63) | ((mins[j + 4] >> 4) << 6);
+        packed[j + 8] = (scales[j + 4] & 0x0f) | ((mins[j + 4] & 0x0f) << 4);
+    }
+    packed
+}
+
+/// A Q4_K/Q5_K/Q6_K matrix in the interleaved layout.
+#[derive(Debug, Clone)]
+pub(crate) struct KGroups {
+    kind: KKind,
+    out_features: usize,
+    n_super: usize,
+    bytes: Vec<u8>,
+}
+
+impl KGroups {
+    /// Repacks GGML K-quant rows (`out_features` rows of `in_features / 256` super-blocks).
+    pub(crate) fn pack(
+        dtype: DType,
+        out_features: usize,
+        in_features: usize,
+        ggml: &[u8],
+    ) -> Result<KGroups, KernelError> {
+        let kind = KKind::of(dtype).ok_or(KernelError::InvalidShape(
+            "K-quant layout is Q4_K/Q5_K/Q6_K",
+        ))?;
+        let n_super = in_features / QK_K;
+        let src_block = dtype.block_bytes();
+        let stride = kind.stride();
+        let mut bytes = vec![0u8; out_features.div_ceil(GROUP) * n_super * stride];
+        for row in 0..out_features {
+            let (group, lane) = (row / GROUP, row % GROUP);
+            for s in 0..n_super {
+                let src = &ggml[(row * n_super + s) * src_block..][..src_block];
+                let dst = &mut bytes[(group * n_super + s) * stride..][..stride];
+                copied_spans(kind, lane, |from, to, len| {
+                    dst[to..to + len].copy_from_slice(&src[from..from + len]);
+                });
+                if kind != KKind::Q6 {
+                    for j in 0..8 {
+                        let (scale, min) = scale_min_k4(j, &src[4..16]);
+                        dst[K_SCALES + j * GROUP + lane] = scale;
+                        dst[K_MINS + j * GROUP + lane] = min;
+                    }
+                }
+            }
+        }
+        Ok(KGroups {
+            kind,
+            out_features,
+            n_super,
+            bytes,
+        })
+    }
+
+    pub(crate) fn storage_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn group(&self, group: usize) -> &[u8] {
+        let len = self.n_super * self.kind.stride();
+        &self.bytes[group * len..(group + 1) * len]
+    }
+
+    /// Decodes weight row `row` to f32 by rebuilding each GGML super-block and running the
+    /// reference dequantizer on it, so values equal GGML's exactly.
+    pub(crate) fn row_to_f32(&self, row: usize, dst: &mut [f32]) -> Result<(), KernelError> {
+        let (group, lane) = (row / GROUP, row % GROUP);
+        let stride = self.kind.stride();
+        let dtype = self.kind.dtype();
+        let data = self.group(group);
+        let mut ggml = [0u8; 210];
+        let ggml = &mut ggml[..dtype.block_bytes()];
+        for (s, out) in dst.chunks_exact_mut(QK_K).enumerate() {
+            let block = &data[s * stride..(s + 1) * stride];
+            copied_spans(self.kind, lane, |from, to, len| {
+                ggml[from..from + len].copy_from_slice(&block[to..to + len]);
+            });
+            if self.kind != KKind::Q6 {
+                let lane_bytes = |at: usize| -> [u8; 8] {
+                    std::array::from_fn(|j| block[at + j * GROUP + lane])
+                };
+                ggml[4..16]
+                    .copy_from_slice(&pack_scale_min_k4(lane_bytes(K_SCALES), lane_bytes(K_MINS)));
+            }
+            dequantize(dtype, ggml, out)?;
+        }
+        Ok(())
+    }
+
+    /// `out[n, out_features] = x · Wᵀ` for activations already quantized into `activations`.
+    pub(crate) fn matmul(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        activations: &QuantizedActivations,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        matmul_grouped(self, isa, pool, activations, n, out);
+    }
+}
+
+impl GroupedLayout for KGroups {
+    fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    fn run_tiles<const R: usize>(
+        &self,
+        isa: Isa,
+        groups: std::ops::Range<usize>,
+        activations: &QuantizedActivations,
+        first_row: usize,
+        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
+    ) {
+        let xs: [QuantizedRow<'_>; R] = std::array::from_fn(|r| activations.row(first_row + r));
+        for group in groups {
+            let data = self.group(group);
+            let mut out = [[0.0f32; GROUP]; R];
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
+                // the group holds `n_super` group-blocks of its kind and every activation row
+                // `8 · n_super` quantized blocks.
+                Isa::Avx2 => unsafe {
+                    match self.kind {
+                        KKind::Q4 => super::kquant_avx2::q4_k_tile::<R, false>(
+                            data,
+                            self.n_super,
+                            &xs,
+                            &mut out,
+                        ),
+                        KKind::Q5 => super::kquant_avx2::q4_k_tile::<R, true>(
+                            data,
+                            self.n_super,
+                            &xs,
+                            &mut out,
+                        ),
+                        KKind::Q6 => {
+                            super::kquant_avx2::q6_k_tile::<R>(data, self.n_super, &xs, &mut out)
+                        }
+                    }
+                },
+                Isa::Scalar => tile_scalar(self.kind, data, self.n_super, &xs, &mut out),
+            }
+            write(group, &out);
+        }
+    }
+}
+
+/// Portable twin of the AVX2 kernels, operation for operation.
+fn tile_scalar<const R: usize>(
+    kind: KKind,
+    group: &[u8],
+    n_super: usize,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut [[f32; GROUP]; R],
+) {
+    let stride = kind.stride();
+    for (x, out) in xs.iter().zip(out.iter_mut()) {
+        for (lane, result) in out.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for s in 0..n_super {
+                let block = &group[s * stride..(s + 1) * stride];
+                acc = match kind {
+                    KKind::Q4 | KKind::Q5 => super_block_k4_k5(kind, block, lane, x, s, acc),
+                    KKind::Q6 => super_block_q6_k(block, lane, x, s, acc),
+                };
+            }
+            *result = acc;
+        }
+    }
+}
+
+fn lane_f16(block: &[u8], at: usize, lane: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([
+        block[at + 2 * lane],
+        block[at + 2 * lane + 1],
+    ]))
+}
+
+/// Byte `l` (0..32) of lane `lane`'s 32-byte run starting at step-major offset `run`.
+fn lane_byte(block: &[u8], run: usize, lane: usize, l: usize) -> u8 {
+    block[run + (l / 4) * STEP + 4 * lane + l % 4]
+}
+
+/// One Q4_K/Q5_K super-block `s` of one lane against activation row `x`, added to `acc`.
+fn super_block_k4_k5(
+    kind: KKind,
+    block: &[u8],
+    lane: usize,
+    x: &QuantizedRow<'_>,
+    s: usize,
+    mut acc: f32,
+) -> f32 {
+    let d = lane_f16(block, D, lane);
+    for j in 0..8 {
+        let run = kind.quants() + (j / 2) * 8 * STEP;
+        let xb = 8 * s + j;
+        let q = &x.quants[xb * QK..(xb + 1) * QK];
+        let mut dot = 0i32;
+        for (l, &xq) in q.iter().enumerate() {
+            let mut w = (lane_byte(block, run, lane, l) >> (4 * (j % 2))) & 0x0f;
+            if kind == KKind::Q5 {
+                w |= ((lane_byte(block, Q5_HIGH, lane, l) >> j) & 1) << 4;
+            }
+            dot += i32::from(w) * i32::from(xq);
+        }
+        let scale = i32::from(block[K_SCALES + j * GROUP + lane]);
+        acc = (d * x.scales[xb]).mul_add((scale * dot) as f32, acc);
+    }
+    let mut m = 0.0f32;
+    for j in 0..8 {
+        let min = f32::from(block[K_MINS + j * GROUP + lane]);
+        m = min.mul_add(x.block_sums[8 * s + j], m);
+    }
+    (-lane_f16(block, DMIN, lane)).mul_add(m, acc)
+}
+
+/// One Q6_K super-block `s` of one lane against activation row `x`, added to `acc`.
+fn super_block_q6_k(
+    block: &[u8],
+    lane: usize,
+    x: &QuantizedRow<'_>,
+    s: usize,
+    mut acc: f32,
+) -> f32 {
+    let d = lane_f16(block, D, lane);
+    for h in 0..2 {
+        for g in 0..4 {
+            let low_run = Q6_LOW + (h * 2 + g % 2) * 8 * STEP;
+            let high_run = Q6_HIGH + h * 8 * STEP;
+            let xb = 8 * s + 4 * h + g;
+            let q = &x.quants[xb * QK..(xb + 1) * QK];
+            let mut dot = 0i32;
+            for (l, &xq) in q.iter().enumerate() {
+                let low = (lane_byte(block, low_run, lane, l) >> (4 * (g / 2))) & 0x0f;
+                let high = (lane_byte(block, high_run, lane, l) >> (2 * g)) & 3;
+                let w = i32::from(low | (high << 4)) - 32;
+                let scale = block[Q6_SCALES + (8 * h + 2 * g + l / 16) * GROUP + lane] as i8;
+                dot += i32::from(scale) * w * i32::from(xq);
+            }
+            acc = (d * x.scales[xb]).mul_add(dot as f32, acc);
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::Rng;
+
+    #[test]
+    fn scale_min_packing_round_trips() {
+        let mut rng = Rng::new(5);
+        for _ in 0..1000 {
+            let packed: [u8; 12] = std::array::from_fn(|_| rng.next_u64() as u8);
+            let unpacked: [(u8, u8); 8] = std::array::from_fn(|j| scale_min_k4(j, &packed));
+            let again = pack_scale_min_k4(unpacked.map(|p| p.0), unpacked.map(|p| p.1));
+            assert_eq!(again, packed);
+        }
+    }
+
+    #[test]
+    fn spans_cover_each_group_block_once() {
+        for kind in [KKind::Q4, KKind::Q5, KKind::Q6] {
+            let mut group_hits = vec![0u32; kind.stride()];
+            for lane in 0..GROUP {
+                let mut ggml_hits = vec![0u32; kind.dtype().block_bytes()];
+                copied_spans(kind, lane, |from, to, len| {
+                    ggml_hits[from..from + len].iter_mut().for_each(|h| *h += 1);
+                    group_hits[to..to + len].iter_mut().for_each(|h| *h += 1);
+                });
+                if kind != KKind::Q6 {
+                    ggml_hits[4..16].iter_mut().for_each(|h| *h += 1);
+                    for j in 0..8 {
+                        group_hits[K_SCALES + j * GROUP + lane] += 1;
+                        group_hits[K_MINS + j * GROUP + lane] += 1;
+                    }
+                }
+                assert!(ggml_hits.iter().all(|&h| h == 1), "{kind:?} lane {lane}");
+            }
+            assert!(group_hits.iter().all(|&h| h == 1), "{kind:?}");
+        }
+    }
+}
