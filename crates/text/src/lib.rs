@@ -43,15 +43,18 @@ mod detokenizer;
 mod error;
 mod gguf_vocab;
 mod pretokenize;
+mod reasoning;
 mod stop;
 mod template_functions;
 mod tokenizer;
+pub mod tool_parsers;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ContentFormat, RenderOptions, CHATML_TEMPLATE};
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::{Result, TextError};
 pub use gguf_vocab::{token_type, GgufVocab};
 pub use pretokenize::PreTokenizerSpec;
+pub use reasoning::{reasoning_parser, ReasoningDelta, ReasoningParser, REASONING_PARSER_NAMES};
 pub use stop::{StopMatch, StopStep, StopStringMatcher};
 pub use template_functions::strftime;
 pub use tokenizer::{DecodeOptions, Tokenizer};
