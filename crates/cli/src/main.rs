@@ -6,6 +6,7 @@
 mod engine_args;
 mod generate;
 mod serve;
+mod tool_args;
 
 use clap::{Parser, Subcommand};
 

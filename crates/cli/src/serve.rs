@@ -11,6 +11,7 @@ use tokenmill_protocol::SamplingDefaults;
 use tokenmill_server::{ServerConfig, TlsConfig};
 
 use crate::engine_args::EngineArgs;
+use crate::tool_args::ToolArgs;
 
 /// What clients call the default model when no `--served-model-name` is given.
 const DEFAULT_SERVED_NAME: &str = "SmolLM2-135M-Instruct";
@@ -22,6 +23,8 @@ pub struct ServeArgs {
     pub model_positional: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub tools: ToolArgs,
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,
     #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
@@ -82,6 +85,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if args.model_positional.is_some() {
         args.engine.model = args.model_positional.take();
     }
+    let (tool_settings, reasoning_parser) = args.tools.settings()?;
     let mut config = args.engine.to_config()?;
     let served_model_names = if args.served_model_name.is_empty() {
         vec![args
@@ -118,6 +122,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.max_log_len = args.max_log_len;
     server.disable_access_log_for_endpoints = args.disable_access_log_for_endpoints.clone();
     server.sampling_defaults = generation_defaults(&args.generation_config, &config.model)?;
+    server.tools = tool_settings;
+    server.reasoning_parser = reasoning_parser;
 
     let engine = Engine::start(&config)?;
     for line in engine.capacity().log_lines() {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokenmill_protocol::SamplingDefaults;
+use tokenmill_protocol::{SamplingDefaults, ToolSettings};
 
 /// PEM files for HTTPS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +37,10 @@ pub struct ServerConfig {
     pub disable_access_log_for_endpoints: Vec<String>,
     /// Defaults from `--generation-config`.
     pub sampling_defaults: SamplingDefaults,
+    /// `--enable-auto-tool-choice`, `--tool-call-parser`, `--exclude-tools-when-tool-choice-none`.
+    pub tools: ToolSettings,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: Option<String>,
 }
 
 impl ServerConfig {
@@ -55,6 +59,8 @@ impl ServerConfig {
             max_log_len: None,
             disable_access_log_for_endpoints: Vec::new(),
             sampling_defaults: SamplingDefaults::default(),
+            tools: ToolSettings::default(),
+            reasoning_parser: None,
         }
     }
 

@@ -34,6 +34,8 @@ pub(crate) struct Inner {
     pub started_at: u64,
     /// The engine's Prometheus registry (`/metrics`), which also counts HTTP requests.
     pub metrics: Arc<EngineMetrics>,
+    /// Whether the model's chat template renders `tools` (else the generic tool prompt).
+    pub template_renders_tools: bool,
 }
 
 impl std::fmt::Debug for AppState {
@@ -60,8 +62,10 @@ impl AppState {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        let template_renders_tools = model.chat_template.renders_tools();
         AppState {
             inner: Arc::new(Inner {
+                template_renders_tools,
                 engine,
                 model,
                 config,
