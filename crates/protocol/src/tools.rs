@@ -369,10 +369,14 @@ pub fn plan_tools(
 }
 
 /// Prepares a conversation for the template: assistant `tool_calls` get their `arguments` as
-/// objects (as vLLM passes them; HF templates `tojson` them). With a tool system prompt (a
-/// template without tool support), the prompt is added to the system message and earlier
-/// calls are written as the envelope the model answers in, so the history reads as its own.
-pub fn prepare_tool_history(messages: &mut Vec<ConversationMessage>, system_prompt: Option<&str>) {
+/// objects (as vLLM passes them; HF templates `tojson` them). For a template without tool
+/// support (`calls_as_content`), earlier calls are written as the envelope the generic mode
+/// answers in, so the model sees them; a tool `system_prompt` is added to the system message.
+pub fn prepare_tool_history(
+    messages: &mut Vec<ConversationMessage>,
+    system_prompt: Option<&str>,
+    calls_as_content: bool,
+) {
     for message in messages.iter_mut() {
         let Some(calls) = &mut message.tool_calls else {
             continue;
@@ -387,7 +391,7 @@ pub fn prepare_tool_history(messages: &mut Vec<ConversationMessage>, system_prom
                 }
             }
         }
-        if system_prompt.is_some() && message.content.as_deref().is_none_or(str::is_empty) {
+        if calls_as_content && message.content.as_deref().is_none_or(str::is_empty) {
             let envelope: Vec<Value> = calls
                 .iter()
                 .map(|call| {
@@ -572,7 +576,7 @@ mod tests {
             tool_calls: Some(vec![json!({"id": "call_1", "type": "function",
                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}})]),
         }];
-        prepare_tool_history(&mut messages, Some("TOOLS"));
+        prepare_tool_history(&mut messages, Some("TOOLS"), true);
         assert_eq!(messages[0].role, Role::System);
         assert_eq!(messages[0].content.as_deref(), Some("TOOLS"));
         assert_eq!(

@@ -12,14 +12,13 @@ use tokenmill_protocol::{
     FinishReason, Role, StructuredConstraint, StructuredOutputRequest, ToolOutput, Usage,
     ValidatedSampling,
 };
-use tokenmill_text::ChatTemplate;
 
 use crate::chat_output::{deltas, ChoiceReader, OutputReading};
 use crate::error::ApiError;
 use crate::generation::{
     chat_logprobs, collect, engine_request, engine_sampling, wire_finish_reason, wire_stop_reason,
 };
-use crate::routes::tokenize::{encode, render_chat};
+use crate::routes::tokenize::{encode, render_chat, renders_tools};
 use crate::routes::{check_accepting, check_model, json_response, read_json};
 use crate::sse;
 use crate::state::{unix_now, AppState, InFlightGuard};
@@ -49,12 +48,9 @@ pub(crate) async fn create(
     let mut validated = request.validate(limits)?;
     let mut messages = request.conversation()?;
     let mut options = request.template_options()?;
-    let renders_tools = match &options.chat_template {
-        Some(source) => ChatTemplate::new(source.clone()).is_ok_and(|t| t.renders_tools()),
-        None => state.inner.template_renders_tools,
-    };
+    let renders_tools = renders_tools(&state, &options);
     let plan = request.tool_plan(&state.config().tools, renders_tools)?;
-    prepare_tool_history(&mut messages, plan.system_prompt.as_deref());
+    prepare_tool_history(&mut messages, plan.system_prompt.as_deref(), !renders_tools);
     options.tools = plan.template_tools.clone();
     if let ToolOutput::Envelope { schema, .. } = &plan.output {
         if let Some(other) = &validated.sampling.structured_output {
