@@ -11,7 +11,7 @@ use tokenmill_text::{reasoning_parser, ReasoningDelta, ReasoningParser};
 
 /// How a request's choices are read, decided once per request.
 #[derive(Debug, Clone)]
-pub(crate) struct OutputReading {
+pub struct OutputReading {
     /// `--reasoning-parser`.
     pub reasoning_parser: Option<String>,
     /// `include_reasoning` (default true).
@@ -66,7 +66,7 @@ impl OutputReading {
 
 /// One piece of a choice's output, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Piece {
+pub enum Piece {
     Reasoning(String),
     Content(String),
     CallStart {
@@ -82,7 +82,7 @@ pub(crate) enum Piece {
 
 /// One choice's parsers and the ids of its calls.
 #[derive(Debug)]
-pub(crate) struct ChoiceReader {
+pub struct ChoiceReader {
     reasoning: Option<Box<dyn ReasoningParser>>,
     include_reasoning: bool,
     tools: Option<Box<dyn ToolParser>>,
@@ -94,7 +94,7 @@ pub(crate) struct ChoiceReader {
 
 /// A whole choice, split.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct ChoiceMessage {
+pub struct ChoiceMessage {
     pub reasoning: Option<String>,
     pub content: String,
     pub tool_calls: Vec<ToolCall>,
