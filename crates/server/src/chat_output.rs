@@ -20,10 +20,16 @@ pub struct OutputReading {
     pub tool_parser: Option<String>,
     /// `parallel_tool_calls`: false keeps only the first call.
     pub parallel_tool_calls: bool,
+    /// The request's tools (a parser may type arguments by their schemas).
+    pub tools: Vec<serde_json::Value>,
 }
 
 impl OutputReading {
+    /// A constrained envelope leaves no room for reasoning (the grammar starts at the first
+    /// token), so no reasoning parser reads it: `deepseek_r1` would take it all as reasoning.
     pub fn new(plan: &ToolPlan, reasoning_parser: Option<&str>, include_reasoning: bool) -> Self {
+        let constrained = matches!(plan.output, ToolOutput::Envelope { .. });
+        let reasoning_parser = reasoning_parser.filter(|_| !constrained);
         let tool_parser = match &plan.output {
             ToolOutput::Text => None,
             ToolOutput::Parser(name) => Some(name.clone()),
@@ -34,6 +40,11 @@ impl OutputReading {
             include_reasoning,
             tool_parser,
             parallel_tool_calls: plan.parallel_tool_calls,
+            tools: plan
+                .tools
+                .iter()
+                .filter_map(|tool| serde_json::to_value(tool).ok())
+                .collect(),
         }
     }
 
@@ -46,7 +57,7 @@ impl OutputReading {
     pub fn needs_special_tokens(&self) -> bool {
         self.tool_parser
             .as_deref()
-            .and_then(tool_parser)
+            .and_then(|name| tool_parser(name, &self.tools))
             .is_some_and(|parser| parser.needs_special_tokens())
     }
 
@@ -55,7 +66,10 @@ impl OutputReading {
         ChoiceReader {
             reasoning: self.reasoning_parser.as_deref().and_then(reasoning_parser),
             include_reasoning: self.include_reasoning,
-            tools: self.tool_parser.as_deref().and_then(tool_parser),
+            tools: self
+                .tool_parser
+                .as_deref()
+                .and_then(|name| tool_parser(name, &self.tools)),
             parallel_tool_calls: self.parallel_tool_calls,
             ids: Vec::new(),
             reasoning_deltas: Vec::new(),
@@ -275,6 +289,7 @@ mod tests {
             include_reasoning: true,
             tool_parser: tools.map(str::to_string),
             parallel_tool_calls: parallel,
+            tools: Vec::new(),
         }
     }
 

@@ -244,6 +244,18 @@ async fn reasoning_then_content_and_calls() {
     assert_eq!(message["tool_calls"][0]["function"]["name"], "get_time");
     assert_eq!(finish, "tool_calls");
 
+    // A forced call is constrained from the first token: no reasoning to split off.
+    let named = json!({"tool_choice": {"type": "function", "function": {"name": "get_time"}}});
+    let (message, finish) = both_ways(&app, named).await;
+    assert_eq!(
+        (
+            message["tool_calls"][0]["function"]["name"].as_str(),
+            finish.as_str()
+        ),
+        (Some("get_time"), "tool_calls")
+    );
+    assert!(message.get("reasoning").is_none());
+
     let (message, _) = both_ways(
         &app,
         json!({"tools": [], "include_reasoning": false, "structured_outputs": {"choice": ["<think>hidden</think>shown"]}}),

@@ -16,6 +16,7 @@ mod hermes;
 mod llama3_json;
 mod mistral;
 mod pythonic;
+mod qwen3_xml;
 mod scan;
 
 pub use generic::GenericParser;
@@ -23,6 +24,7 @@ pub use hermes::HermesParser;
 pub use llama3_json::Llama3JsonParser;
 pub use mistral::MistralParser;
 pub use pythonic::PythonicParser;
+pub use qwen3_xml::Qwen3XmlParser;
 pub use scan::JsonStringDecoder;
 
 /// One step of parsed output, in text order.
@@ -103,12 +105,20 @@ pub trait ToolParser: Send + std::fmt::Debug {
 }
 
 /// The `--tool-call-parser` names tokenmill implements.
-pub const TOOL_PARSER_NAMES: [&str; 5] =
-    ["hermes", "llama3_json", "mistral", "pythonic", "generic"];
+pub const TOOL_PARSER_NAMES: [&str; 6] = [
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "pythonic",
+    "qwen3_xml",
+    "generic",
+];
 
-/// A fresh parser by vLLM's name (`generic` is tokenmill's: see [`GenericParser`]).
-pub fn tool_parser(name: &str) -> Option<Box<dyn ToolParser>> {
+/// A fresh parser by vLLM's name (`generic` is tokenmill's: see [`GenericParser`]). `tools`
+/// are the request's (OpenAI-shaped) tools; `qwen3_xml` types parameter values by them.
+pub fn tool_parser(name: &str, tools: &[serde_json::Value]) -> Option<Box<dyn ToolParser>> {
     Some(match name {
+        "qwen3_xml" => Box::new(Qwen3XmlParser::new(tools)),
         "hermes" => Box::new(HermesParser::default()),
         "llama3_json" => Box::new(Llama3JsonParser::default()),
         "mistral" => Box::new(MistralParser::default()),
