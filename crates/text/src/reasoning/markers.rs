@@ -232,4 +232,35 @@ mod tests {
             (None, "Just 4.".into())
         );
     }
+
+    #[test]
+    fn random_texts_split_the_same_streamed_and_whole() {
+        const PIECES: &[&str] = &[
+            "<think>",
+            "</think>",
+            "<thi",
+            "</",
+            "Here is my thought process:",
+            "Here's my response:",
+            "Here",
+            "a",
+            " ",
+            "\n",
+            "東",
+        ];
+        let mut state = 0x2545f4914f6cdd1du64;
+        let mut next = |bound: usize| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as usize % bound
+        };
+        for _ in 0..500 {
+            let len = 1 + next(12);
+            let text: String = (0..len).map(|_| PIECES[next(PIECES.len())]).collect();
+            for name in super::super::REASONING_PARSER_NAMES {
+                split_all_ways(name, &text);
+            }
+        }
+    }
 }

@@ -22,6 +22,8 @@ enum State {
     End,
     /// Not the envelope: the text is content as it stands.
     Content,
+    /// The envelope broke off after a call: the rest is dropped.
+    Discard,
 }
 
 /// The `generic` parser (see the module doc for the format).
@@ -35,6 +37,18 @@ pub struct GenericParser {
 }
 
 impl GenericParser {
+    /// The envelope broke off (the output was cut at `max_tokens`): before any call it is
+    /// content as written; after a call, the cut remainder of the JSON is not prose and is
+    /// dropped.
+    fn broken_envelope(&mut self) {
+        if self.calls == 0 {
+            self.state = State::Content;
+        } else {
+            self.held.clear();
+            self.state = State::Discard;
+        }
+    }
+
     fn hold(&mut self, len: usize) {
         self.held.push_str(&self.buffer[..len]);
         self.buffer.drain(..len);
@@ -84,7 +98,7 @@ impl GenericParser {
                             self.held.clear();
                             self.state = State::End;
                         }
-                        _ => self.state = State::Content,
+                        _ => self.broken_envelope(),
                     }
                 }
                 State::Call(call) => match call.advance(&self.buffer, finished, out) {
@@ -101,7 +115,7 @@ impl GenericParser {
                         self.calls += 1;
                         self.state = State::Calls { expect_call: false };
                     }
-                    CallStep::NotACall => self.state = State::Content,
+                    CallStep::NotACall => self.broken_envelope(),
                 },
                 State::Response(decoder) => {
                     let mut text = String::new();
@@ -133,6 +147,10 @@ impl GenericParser {
                     let rest = rest.to_string();
                     self.buffer.clear();
                     push_content(out, &rest);
+                    return;
+                }
+                State::Discard => {
+                    self.buffer.clear();
                     return;
                 }
                 State::Content => {
@@ -192,6 +210,19 @@ mod tests {
             parsed.content,
             "Hello, \"world\"!\nUnicode: é 😀 東京 {not a call}"
         );
+    }
+
+    #[test]
+    fn a_cut_off_envelope_keeps_its_complete_calls() {
+        for text in [
+            r#"{"tool_calls": [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "argu"#,
+            r#"{"tool_calls": [{"name": "a", "arguments": {"x": 1}}, 5, 6]} tail"#,
+        ] {
+            let parsed = parse_all_ways(make, text);
+            assert_eq!(parsed.content, "");
+            assert_eq!(parsed.calls.len(), 1);
+            assert_call(&parsed.calls[0], "a", json!({"x": 1}));
+        }
     }
 
     #[test]

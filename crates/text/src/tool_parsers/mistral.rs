@@ -160,6 +160,12 @@ impl MistralParser {
                         || rest.starts_with(CALL_ID)
                         || ARGS.starts_with(rest)
                         || CALL_ID.starts_with(rest);
+                    // The arguments' first byte decides where they start (whitespace first).
+                    if let Some(end) = args_end {
+                        if self.buffer[end..].trim_start().is_empty() && !finished {
+                            return;
+                        }
+                    }
                     match args_end {
                         Some(end) if name_len > 0 => {
                             out.push(ToolDelta::CallStart {

@@ -265,3 +265,76 @@ pub(crate) mod test_support {
         assert_eq!(parsed, arguments);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::parse_all_ways;
+    use super::*;
+
+    /// Random texts stitched from the formats' markers and JSON/Python fragments: whatever
+    /// the text, every parser reads it the same whole, char by char and in random pieces.
+    #[test]
+    fn streamed_and_complete_parses_agree_on_random_texts() {
+        const PIECES: &[&str] = &[
+            "<tool_call>",
+            "</tool_call>",
+            "[TOOL_CALLS]",
+            "[ARGS]",
+            "<|python_tag|>",
+            "<function=f>",
+            "<parameter=x>",
+            "</parameter>",
+            "</function>",
+            "{",
+            "}",
+            "[",
+            "]",
+            "(",
+            ")",
+            "\"",
+            "\\",
+            ",",
+            ";",
+            ":",
+            "=",
+            " ",
+            "\n",
+            "\"name\"",
+            "\"arguments\"",
+            "\"parameters\"",
+            "\"tool_calls\"",
+            "\"response\"",
+            "f",
+            "get(",
+            "x=",
+            "1",
+            "true",
+            "'s'",
+            "é",
+            "東京",
+            "text ",
+        ];
+        let mut state = 0x9e3779b97f4a7c15u64;
+        let mut next = |bound: usize| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as usize % bound
+        };
+        let makers: [fn() -> Box<dyn ToolParser>; 6] = [
+            || tool_parser("hermes", &[]).unwrap(),
+            || tool_parser("llama3_json", &[]).unwrap(),
+            || tool_parser("mistral", &[]).unwrap(),
+            || tool_parser("pythonic", &[]).unwrap(),
+            || tool_parser("qwen3_xml", &[]).unwrap(),
+            || tool_parser("generic", &[]).unwrap(),
+        ];
+        for _ in 0..1000 {
+            let len = 1 + next(24);
+            let text: String = (0..len).map(|_| PIECES[next(PIECES.len())]).collect();
+            for make in makers {
+                parse_all_ways(make, &text);
+            }
+        }
+    }
+}
