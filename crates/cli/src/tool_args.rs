@@ -11,7 +11,7 @@ pub struct ToolArgs {
     /// Let the model decide when to call tools (`tool_choice: "auto"`); needs --tool-call-parser.
     #[arg(long, help_heading = "Tools")]
     pub enable_auto_tool_choice: bool,
-    /// How tool calls are read from the output: hermes, llama3_json, mistral, pythonic, or
+    /// How tool calls are read from the output: hermes, llama3_json, mistral, pythonic, qwen3_xml, or
     /// generic (tools described in a system prompt, the answer constrained to JSON: for
     /// models whose chat template has no tool support, such as the default model).
     #[arg(long, value_name = "NAME", help_heading = "Tools")]

@@ -26,7 +26,8 @@ pub struct FunctionDefinition {
     /// A JSON schema of the arguments object (any object when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
-    /// Accepted: forced calls always follow the schema, whatever `strict` says.
+    /// Accepted: forced and generic-mode calls always follow the schema, whatever `strict`
+    /// says; a free-text parser (`auto` with hermes, ...) reads what the model wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
 }
