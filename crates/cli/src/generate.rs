@@ -339,7 +339,7 @@ fn run_batch(
             },
         });
         if *has_tools || parsed.reasoning.is_some() {
-            let content = (parsed.tool_calls.is_empty() || !parsed.content.trim().is_empty())
+            let content = (parsed.tool_calls.is_empty() || !parsed.content.is_empty())
                 .then_some(&parsed.content);
             line["content"] = serde_json::json!(content);
             line["reasoning"] = serde_json::json!(parsed.reasoning);

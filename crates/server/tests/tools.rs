@@ -131,14 +131,6 @@ async fn streamed_message(app: &TestApp, extra: Value) -> (Value, String) {
             finish = reason.to_string();
         }
     }
-    // Whitespace streamed around calls is not an answer: the whole response says null.
-    if !calls.is_empty()
-        && content
-            .as_deref()
-            .is_some_and(|text| text.trim().is_empty())
-    {
-        content = None;
-    }
     let mut message = json!({"role": "assistant", "content": content});
     if let Some(reasoning) = reasoning {
         message["reasoning"] = json!(reasoning);
@@ -242,6 +234,8 @@ async fn reasoning_then_content_and_calls() {
         "They want the weather. Call <tool_call> later."
     );
     assert_eq!(message["tool_calls"][0]["function"]["name"], "get_time");
+    // The newline after </think> is content, streamed and not.
+    assert_eq!(message["content"], "\n");
     assert_eq!(finish, "tool_calls");
 
     // A forced call is constrained from the first token: no reasoning to split off.

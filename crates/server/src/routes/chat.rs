@@ -165,9 +165,8 @@ async fn complete(
             index,
             message: ChatResponseMessage {
                 role: Role::Assistant,
-                // With calls, whitespace around them is not an answer (OpenAI sends null).
-                content: (parsed.tool_calls.is_empty() || !content.trim().is_empty())
-                    .then_some(content),
+                // Only calls: null, as OpenAI sends (any text, even whitespace, was streamed).
+                content: (parsed.tool_calls.is_empty() || !content.is_empty()).then_some(content),
                 reasoning: parsed.reasoning.clone(),
                 reasoning_content: parsed.reasoning,
                 tool_calls: parsed.tool_calls,
