@@ -9,6 +9,9 @@
 //! - [`IncrementalDetokenizer`] turns a stream of generated ids into text pieces that never split
 //!   a UTF-8 character, and [`StopStringMatcher`] holds text back while it could still be the
 //!   start of a stop string.
+//! - [`tool_parsers`] (vLLM's `--tool-call-parser` formats) and the reasoning parsers
+//!   ([`reasoning_parser`]) split generated text into content, tool calls and reasoning, each
+//!   as one incremental machine whose complete parse is the same machine fed everything.
 //!
 //! Usage, per request (the server renders and encodes; the engine's output processor streams):
 //! ```no_run
