@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Real-HTTP tests of `tokenmill serve` with the official `openai` Python client (and httpx):
+# Real-HTTP tests of `tokenmill serve` with the official `openai` Python client, httpx and
+# LangChain (`langchain-openai`):
 # sets up a pinned virtualenv in .cache/venv-tests (git-ignored, reused while the pins are
 # unchanged), makes sure target/release/tokenmill exists and is not older than the sources,
 # and runs pytest over tests/python. Extra arguments go to pytest (e.g. -k drain).
@@ -7,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=.cache/venv-tests
-REQUIREMENTS=(openai==3.54.0 pytest==9.2.0 httpx==0.28.1)
+REQUIREMENTS=(openai==3.54.0 pytest==9.2.0 httpx==0.28.1 langchain-openai==1.7.3 langchain-core==1.7.0)
 # shellcheck source=lib/pinned-venv.sh
 source scripts/lib/pinned-venv.sh
 pinned_venv "$VENV" "${REQUIREMENTS[@]}"

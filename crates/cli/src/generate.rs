@@ -11,21 +11,30 @@ use tokenmill_engine::{
     generate_batch, BatchItem, Engine, GenerateRequest, LoadedModel, RequestEvent, SamplingParams,
     StopOptions,
 };
+use tokenmill_models::StructuredOutput;
+use tokenmill_protocol::{
+    conversation, plan_tools, prepare_tool_history, ToolOutput, ToolPlan, ToolSettings,
+};
+use tokenmill_server::chat_output::OutputReading;
 use tokenmill_text::{ChatMessage, RenderOptions};
 
 use crate::engine_args::EngineArgs;
+use crate::tool_args::ToolArgs;
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub tools: ToolArgs,
     /// The prompt to complete.
     #[arg(long, required_unless_present = "input", conflicts_with = "input")]
     pub prompt: Option<String>,
     /// Treat the prompt as a user message and apply the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// JSONL file of prompts ({"prompt": ...} or {"messages": [...]}, plus sampling fields; an unknown field is an error).
+    /// JSONL file of prompts ({"prompt": ...} or {"messages": [...]}, plus sampling fields and
+    /// tools/tool_choice/parallel_tool_calls; an unknown field is an error).
     #[arg(long, requires = "output")]
     pub input: Option<PathBuf>,
     /// Where the batch's results go, one JSON line per input line, in input order.
@@ -49,6 +58,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let tool_settings = args.tools.settings()?;
     let mut config = args.engine.to_config()?;
     config.log_stats_interval = None;
     let load_started = Instant::now();
@@ -64,7 +74,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     );
     match (&args.prompt, &args.input, &args.output) {
         (Some(prompt), _, _) => run_single(&engine, &args, prompt),
-        (None, Some(input), Some(output)) => run_batch(&engine, &args, input, output),
+        (None, Some(input), Some(output)) => {
+            run_batch(&engine, &args, &tool_settings, input, output)
+        }
         _ => bail!("give --prompt, or --input with --output"),
     }
 }
@@ -158,7 +170,11 @@ fn run_single(engine: &Engine, args: &GenerateArgs, prompt: &str) -> anyhow::Res
 #[serde(deny_unknown_fields)]
 struct BatchLine {
     prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
+    /// Chat messages as the API takes them (tool calls and tool results included).
+    messages: Option<Vec<tokenmill_protocol::ChatMessage>>,
+    tools: Option<Vec<serde_json::Value>>,
+    tool_choice: Option<serde_json::Value>,
+    parallel_tool_calls: Option<bool>,
     max_tokens: Option<u32>,
     temperature: Option<f32>,
     top_p: Option<f32>,
@@ -185,13 +201,40 @@ enum StopField {
     Many(Vec<String>),
 }
 
+/// A batch line's prompt: its text, or its conversation rendered with the tool plan (tools to
+/// the template or in a system prompt, as the server does).
+fn batch_prompt(
+    model: &LoadedModel,
+    line: &BatchLine,
+    plan: &ToolPlan,
+    renders_tools: bool,
+) -> anyhow::Result<Vec<u32>> {
+    let Some(messages) = &line.messages else {
+        return prompt_tokens(model, line.prompt.as_deref(), None);
+    };
+    let mut messages = conversation(messages)?;
+    prepare_tool_history(&mut messages, plan.system_prompt.as_deref(), !renders_tools);
+    let values = messages
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut options = RenderOptions::for_tokenizer(&model.tokenizer);
+    options.add_generation_prompt = true;
+    options.tools = plan.template_tools.clone();
+    let rendered = model.chat_template.render(&values, &options)?;
+    Ok(model.tokenizer.encode(&rendered, false)?)
+}
+
 fn run_batch(
     engine: &Engine,
     args: &GenerateArgs,
+    (tool_settings, reasoning_parser): &(ToolSettings, Option<String>),
     input: &PathBuf,
     output: &PathBuf,
 ) -> anyhow::Result<()> {
     let model = engine.model();
+    let renders_tools = model.chat_template.renders_tools();
+    let mut readings = Vec::new();
     let file =
         std::fs::File::open(input).with_context(|| format!("cannot open {}", input.display()))?;
     let mut items = Vec::new();
@@ -207,8 +250,18 @@ fn run_batch(
                 number + 1
             )
         })?;
-        let prompt_ids = prompt_tokens(model, parsed.prompt.as_deref(), parsed.messages.as_deref())
-            .with_context(|| format!("{}:{}", input.display(), number + 1))?;
+        let location = || format!("{}:{}", input.display(), number + 1);
+        let plan = plan_tools(
+            parsed.tools.as_deref(),
+            parsed.tool_choice.as_ref(),
+            parsed.parallel_tool_calls,
+            tool_settings,
+            renders_tools,
+        )
+        .with_context(location)?;
+        let prompt_ids =
+            batch_prompt(model, &parsed, &plan, renders_tools).with_context(location)?;
+        let reading = OutputReading::new(&plan, reasoning_parser.as_deref(), true);
         let mut request = GenerateRequest::new(prompt_ids);
         let mut sampling = sampling_from_args(args);
         if let Some(t) = parsed.temperature {
@@ -235,6 +288,13 @@ fn run_batch(
             }
         }
         sampling.min_tokens = parsed.min_tokens;
+        if let ToolOutput::Envelope { schema, .. } = &plan.output {
+            sampling.structured_output = Some(StructuredOutput::JsonSchema(schema.clone()));
+        }
+        if reading.needs_special_tokens() {
+            request.decode.skip_special_tokens = false;
+        }
+        readings.push((reading, parsed.tools.is_some()));
         request.sampling = sampling;
         request.stop = StopOptions {
             max_tokens: Some(parsed.max_tokens.unwrap_or(args.max_tokens)),
@@ -258,11 +318,18 @@ fn run_batch(
     let mut total_out = 0usize;
     for result in &results {
         total_out += result.token_ids.len();
-        let line = serde_json::json!({
+        let (reading, has_tools) = &readings[result.index];
+        let mut reader = reading.choice();
+        let parsed = reader.complete(&result.text);
+        let finish_reason = match result.finish_reason.map(|r| r.as_str()) {
+            Some("stop") if reader.called() => Some("tool_calls"),
+            other => other,
+        };
+        let mut line = serde_json::json!({
             "index": result.index,
             "text": result.text,
             "token_ids": result.token_ids,
-            "finish_reason": result.finish_reason.map(|r| r.as_str()),
+            "finish_reason": finish_reason,
             "error": result.error,
             "usage": {
                 "prompt_tokens": result.num_prompt_tokens,
@@ -271,6 +338,13 @@ fn run_batch(
                 "prompt_tokens_details": {"cached_tokens": result.num_cached_tokens},
             },
         });
+        if *has_tools || parsed.reasoning.is_some() {
+            let content = (parsed.tool_calls.is_empty() || !parsed.content.is_empty())
+                .then_some(&parsed.content);
+            line["content"] = serde_json::json!(content);
+            line["reasoning"] = serde_json::json!(parsed.reasoning);
+            line["tool_calls"] = serde_json::to_value(&parsed.tool_calls)?;
+        }
         writeln!(writer, "{line}")?;
     }
     writer.flush()?;

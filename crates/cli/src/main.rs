@@ -7,6 +7,7 @@ mod engine_args;
 mod generate;
 mod serve;
 mod tokenizer;
+mod tool_args;
 mod vllm_flags;
 
 use clap::{Parser, Subcommand};

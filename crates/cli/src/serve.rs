@@ -11,6 +11,7 @@ use tokenmill_protocol::SamplingDefaults;
 use tokenmill_server::{ServerConfig, TlsConfig};
 
 use crate::engine_args::EngineArgs;
+use crate::tool_args::ToolArgs;
 use crate::vllm_flags::{markdown_table, VllmArgs};
 
 /// What clients call the default model when no `--served-model-name` is given.
@@ -25,6 +26,8 @@ pub struct ServeArgs {
     pub engine: EngineArgs,
     #[command(flatten)]
     pub vllm: VllmArgs,
+    #[command(flatten)]
+    pub tools: ToolArgs,
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,
     #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
@@ -106,6 +109,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if args.model_positional.is_some() {
         args.engine.model = args.model_positional.take();
     }
+    let (tool_settings, reasoning_parser) = args.tools.settings()?;
     let mut config = args.engine.to_config()?;
     args.vllm.apply_to_engine(&mut config);
     let served_model_names = if args.served_model_name.is_empty() {
@@ -147,6 +151,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.max_log_len = args.max_log_len;
     server.disable_access_log_for_endpoints = args.disable_access_log_for_endpoints.clone();
     server.sampling_defaults = generation_defaults(&args.generation_config, &config.model)?;
+    server.tools = tool_settings;
+    server.reasoning_parser = reasoning_parser;
     args.vllm.apply_to_server(&mut server)?;
 
     let engine = Engine::start(&config)?;

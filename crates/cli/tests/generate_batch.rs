@@ -135,3 +135,51 @@ fn penalties_and_min_tokens_from_a_line_reach_the_sampler() {
     let error = lines[1]["error"].as_str().unwrap_or_default();
     assert!(error.contains("presence_penalty"), "{}", lines[1]);
 }
+
+#[test]
+fn tools_and_tool_choice_from_a_line_write_tool_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"], "additionalProperties": false}}}]);
+    let ask = serde_json::json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let lines = [
+        serde_json::json!({"messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 60}),
+        serde_json::json!({"messages": ask, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 60}),
+        // A round trip: the earlier call and its result in the history.
+        serde_json::json!({"messages": [ask[0], {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+            "tools": tools, "tool_choice": "none", "max_tokens": 5}),
+    ];
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    let (result, output) = generate_lines(&dir, &text);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let written: Vec<serde_json::Value> = std::fs::read_to_string(output)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    for line in &written[..2] {
+        assert_eq!(line["finish_reason"], "tool_calls", "{line}");
+        assert!(line["content"].is_null(), "{line}");
+        let call = &line["tool_calls"][0];
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call["function"]["name"], "get_weather");
+        let arguments: serde_json::Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(arguments["city"].is_string(), "{line}");
+    }
+    assert_eq!(written[2]["tool_calls"], serde_json::json!([]));
+    assert!(written[2]["content"].is_string());
+    // auto needs the server-style flags, named in the error.
+    let (refused, _) = generate_lines(
+        &dir,
+        &format!("{}\n", serde_json::json!({"messages": ask, "tools": tools})),
+    );
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--enable-auto-tool-choice"));
+}

@@ -10,6 +10,7 @@ use crate::common::{FinishReason, ResponseFormat, StopInput, StopReason, StreamO
 use crate::error::ProtocolError;
 use crate::sampling::{RawSampling, ValidatedSampling, ValidationLimits};
 use crate::structured::GuidedDecodingParams;
+use crate::tools::{plan_tools, DeltaToolCall, ToolCall, ToolPlan, ToolSettings};
 
 /// Who wrote a message. `developer` is OpenAI's newer name for `system`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,13 +233,19 @@ pub struct ChatCompletionRequest {
     /// Ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// Accepted and passed to the chat template; tool calls are not parsed from the output.
+    /// Function tools (checked by [`crate::plan_tools`]; passed to the chat template as sent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<serde_json::Value>>,
-    /// `"none"` and `"auto"` are accepted; `"required"` and a named function are a 400
-    /// because tokenmill cannot force a tool call yet.
+    /// `"none"`, `"auto"` (the default with tools), `"required"` or a named function.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<serde_json::Value>,
+    /// Default true; false allows at most one call per turn (the grammar allows one in the
+    /// forced and generic modes; after a native parser the server keeps the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// vLLM: with a reasoning parser, false drops the reasoning from the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_reasoning: Option<bool>,
     /// `text`, `json_object` or `json_schema` (structured outputs, enforced by llguidance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
@@ -390,19 +397,6 @@ impl ChatCompletionRequest {
                 "when using `top_logprobs`, `logprobs` must be set to true.",
             ));
         }
-        if let Some(choice) = &self.tool_choice {
-            match choice {
-                serde_json::Value::Null => {}
-                serde_json::Value::String(choice) if choice == "none" || choice == "auto" => {}
-                _ => {
-                    return Err(ProtocolError::unsupported(
-                        "tool_choice",
-                        "tool_choice must be \"none\" or \"auto\": forcing a tool call is not \
-                         supported yet.",
-                    ));
-                }
-            }
-        }
         let raw = RawSampling {
             n: self.n,
             best_of: None,
@@ -448,6 +442,21 @@ impl ChatCompletionRequest {
         raw.validate(limits)
     }
 
+    /// The checked tool fields and how the output is produced (see [`plan_tools`]).
+    pub fn tool_plan(
+        &self,
+        settings: &ToolSettings,
+        template_renders_tools: bool,
+    ) -> Result<ToolPlan, ProtocolError> {
+        plan_tools(
+            self.tools.as_deref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+            settings,
+            template_renders_tools,
+        )
+    }
+
     /// The checked messages, content flattened to text (see [`conversation`]).
     pub fn conversation(&self) -> Result<Vec<ConversationMessage>, ProtocolError> {
         conversation(&self.messages)
@@ -474,9 +483,14 @@ pub struct ChatResponseMessage {
     pub role: Role,
     #[serde(default)]
     pub content: Option<String>,
-    /// Reasoning text split off by a reasoning parser (none yet).
+    /// Reasoning text split off by `--reasoning-parser`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// The same text under its older name, which many clients still read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// One alternative in a chat `top_logprobs` list.
@@ -560,7 +574,7 @@ impl ChatCompletionResponse {
 }
 
 /// A streamed message fragment: the first chunk of each choice carries `role`, later ones
-/// `content`.
+/// `content`, reasoning (under both names) or tool-call pieces.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -568,7 +582,11 @@ pub struct ChatDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<DeltaToolCall>>,
 }
 
 /// One choice's delta in a streamed chat completion.

@@ -37,10 +37,12 @@
 //! assert_eq!((error.status(), error.error.param.as_deref()), (400, Some("top_p")));
 //! ```
 //!
+//! - Tools: `tools`, `tool_choice`, `parallel_tool_calls` checked into a [`ToolPlan`] (which
+//!   prompt, which grammar, which parser); response [`ToolCall`]s and streamed
+//!   [`DeltaToolCall`]s.
+//!
 //! Not implemented yet (accepted on the wire, documented in the OpenAPI document):
-//! `tools` are passed
-//! to the chat template but tool calls are not parsed, and `tool_choice` other than `none` /
-//! `auto` is a 400; `best_of` must equal `n`; beam search is a 400.
+//! `best_of` must equal `n`; beam search is a 400.
 
 mod chat;
 mod common;
@@ -50,6 +52,7 @@ mod models;
 mod openapi;
 mod sampling;
 mod structured;
+mod tools;
 
 pub use chat::{
     conversation, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -80,4 +83,10 @@ pub use sampling::{
 };
 pub use structured::{
     GuidedDecodingParams, StructuredConstraint, StructuredOutputRequest, StructuredOutputsParams,
+};
+pub use tools::{
+    envelope_schema, parse_tool_choice, parse_tools, plan_tools, prepare_tool_history,
+    tool_call_id, tool_system_prompt, ChatTool, DeltaFunctionCall, DeltaToolCall, FunctionCall,
+    FunctionDefinition, ToolCall, ToolChoice, ToolOutput, ToolPlan, ToolSettings,
+    AUTO_TOOL_CHOICE_DISABLED,
 };

@@ -209,9 +209,11 @@ fn chat_request_schema() -> Value {
         ("logprobs", boolean("Return the sampled tokens' logprobs.")),
         ("top_logprobs", integer("0 to 20 alternatives per token; needs logprobs.")),
         ("tools", nullable(json!({"type": "array", "items": {"type": "object"},
-            "description": "Passed to the chat template; tool calls are not parsed from the output."}))),
-        ("tool_choice", nullable(json!({"anyOf": [{"type": "string", "enum": ["none", "auto"]}, {"type": "object"}],
-            "description": "Only none and auto are supported."}))),
+            "description": "Function tools ({type: function, function: {name, description, parameters, strict}})."}))),
+        ("tool_choice", nullable(json!({"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {"type": "object"}],
+            "description": "Default auto with tools; auto needs --enable-auto-tool-choice and --tool-call-parser; required and a named function are grammar-constrained."}))),
+        ("parallel_tool_calls", boolean("Default true; false allows one call per turn.")),
+        ("include_reasoning", boolean("vLLM: with --reasoning-parser, false drops the reasoning.")),
         ("add_generation_prompt", boolean("vLLM: default true (false when continue_final_message).")),
         ("continue_final_message", boolean("vLLM: continue the last (assistant) message.")),
         ("add_special_tokens", boolean("vLLM: default false; the template adds them.")),
@@ -330,7 +332,14 @@ fn components() -> Value {
                     vec![
                         ("role", role.clone()),
                         ("content", string("")),
+                        ("reasoning", json!({"type": "string"})),
                         ("reasoning_content", json!({"type": "string"})),
+                        (
+                            "tool_calls",
+                            json!({"type": "array", "items": {"type": "object", "properties": {
+                            "id": {"type": "string"}, "type": {"const": "function"},
+                            "function": {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}}),
+                        ),
                     ],
                     &["role", "content"],
                 ),
@@ -354,7 +363,14 @@ fn components() -> Value {
                     vec![
                         ("role", role.clone()),
                         ("content", json!({"type": "string"})),
+                        ("reasoning", json!({"type": "string"})),
                         ("reasoning_content", json!({"type": "string"})),
+                        (
+                            "tool_calls",
+                            json!({"type": "array", "items": {"type": "object", "required": ["index"], "properties": {
+                            "index": {"type": "integer"}, "id": {"type": "string"}, "type": {"const": "function"},
+                            "function": {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}}),
+                        ),
                     ],
                     &[],
                 ),

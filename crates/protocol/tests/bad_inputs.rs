@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 use tokenmill_protocol::{
     parse_json, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ErrorResponse,
-    ProtocolError, TokenizeRequest, ValidationLimits,
+    ProtocolError, TokenizeRequest, ToolSettings, ValidationLimits,
 };
 
 const VOCAB_SIZE: u32 = 1000;
@@ -42,6 +42,7 @@ fn check(endpoint: Endpoint, body: &[u8]) -> Result<(), ProtocolError> {
             request.validate(&limits)?;
             request.conversation()?;
             request.template_options()?;
+            request.tool_plan(&ToolSettings::default(), true)?;
         }
         Endpoint::Tokenize => {
             let request: TokenizeRequest = parse_json(body)?;
@@ -155,7 +156,10 @@ fn cases() -> Vec<Case> {
         ("top_logprobs without logprobs", Chat, chat(json!({"top_logprobs": 2})), Some("top_logprobs"), "must be set to true"),
         ("top_logprobs over 20", Chat, chat(json!({"logprobs": true, "top_logprobs": 21})), Some("top_logprobs"), "between 0 and 20"),
         ("max_completion_tokens zero", Chat, chat(json!({"max_completion_tokens": 0})), Some("max_completion_tokens"), "at least 1"),
-        ("tool_choice required", Chat, chat(json!({"tools": [], "tool_choice": "required"})), Some("tool_choice"), "not supported"),
+        ("tool_choice required without tools", Chat, chat(json!({"tools": [], "tool_choice": "required"})), Some("tool_choice"), "`tools` must be set"),
+        ("tool_choice auto without the server flags", Chat, chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})), Some("tool_choice"), "requires --enable-auto-tool-choice and --tool-call-parser"),
+        ("tool_choice names an unknown function", Chat, chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})), Some("tool_choice"), "has not been passed"),
+        ("tools with a non-function tool", Chat, chat(json!({"tools": [{"type": "code_interpreter"}], "tool_choice": "none"})), Some("tools"), "function"),
         ("continue and generation prompt", Chat, chat(json!({"messages": [{"role": "assistant", "content": "Hi"}], "continue_final_message": true, "add_generation_prompt": true})), Some("continue_final_message"), "Cannot set both"),
         ("continue a user message", Chat, chat(json!({"continue_final_message": true})), Some("continue_final_message"), "assistant"),
         ("tokenize empty messages", Tokenize, b"{\"messages\": []}".to_vec(), Some("messages"), "must not be empty"),

@@ -116,6 +116,8 @@ fn full_chat_request() -> ChatCompletionRequest {
         user: Some("u".into()),
         tools: Some(vec![]),
         tool_choice: Some(json!("none")),
+        parallel_tool_calls: Some(true),
+        include_reasoning: Some(true),
         response_format: Some(text_format()),
         guided: full_guided(),
         top_k: Some(1),
@@ -224,7 +226,9 @@ fn choice_schemas_match_fully_populated_choices() {
         message: ChatResponseMessage {
             role: Role::Assistant,
             content: Some(String::new()),
+            reasoning: Some(String::new()),
             reasoning_content: Some(String::new()),
+            tool_calls: Vec::new(),
         },
         logprobs: Some(ChatLogprobs::default()),
         finish_reason: None,

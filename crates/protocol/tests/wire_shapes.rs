@@ -266,7 +266,9 @@ fn chat_response_with_logprobs() {
             message: ChatResponseMessage {
                 role: Role::Assistant,
                 content: Some("Hi".into()),
+                reasoning: None,
                 reasoning_content: None,
+                tool_calls: Vec::new(),
             },
             logprobs: Some(ChatLogprobs {
                 content: Some(vec![ChatLogprobToken {
@@ -324,7 +326,7 @@ fn chat_stream_role_content_and_usage_chunks() {
         ChatDelta {
             role: Some(Role::Assistant),
             content: Some(String::new()),
-            reasoning_content: None,
+            ..ChatDelta::default()
         },
         None,
     );

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokenmill_protocol::SamplingDefaults;
+use tokenmill_protocol::{SamplingDefaults, ToolSettings};
 
 use crate::cors::CorsConfig;
 
@@ -60,6 +60,10 @@ pub struct ServerConfig {
     /// Generation requests beyond this many waiting get a 503 with `Retry-After`; `None` = no
     /// bound.
     pub max_waiting_requests: Option<usize>,
+    /// `--enable-auto-tool-choice`, `--tool-call-parser`, `--exclude-tools-when-tool-choice-none`.
+    pub tools: ToolSettings,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: Option<String>,
 }
 
 /// Default of both read timeouts.
@@ -90,6 +94,8 @@ impl ServerConfig {
             header_read_timeout: DEFAULT_READ_TIMEOUT,
             body_read_timeout: DEFAULT_READ_TIMEOUT,
             max_waiting_requests: None,
+            tools: ToolSettings::default(),
+            reasoning_parser: None,
         }
     }
 

@@ -39,6 +39,8 @@ pub(crate) struct Inner {
     pub metrics: Arc<EngineMetrics>,
     /// Texts longer than this cannot tokenize into the context (see [`AppState::max_prompt_bytes`]).
     pub max_prompt_bytes: usize,
+    /// Whether the model's chat template renders `tools` (else the generic tool prompt).
+    pub template_renders_tools: bool,
 }
 
 impl std::fmt::Debug for AppState {
@@ -74,8 +76,10 @@ impl AppState {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        let template_renders_tools = model.chat_template.renders_tools();
         AppState {
             inner: Arc::new(Inner {
+                template_renders_tools,
                 engine,
                 model,
                 config,

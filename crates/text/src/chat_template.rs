@@ -240,6 +240,23 @@ impl ChatTemplate {
         }
         Ok(rendered)
     }
+
+    /// Whether the template puts `tools` into the prompt (llama.cpp's probe: render a turn
+    /// with a made-up tool and look for its name). A template that does not gets the tools
+    /// described in a system prompt instead (the server's generic mode).
+    pub fn renders_tools(&self) -> bool {
+        const PROBE: &str = "tokenmill_probe_tool_7f3a";
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            tools: Some(vec![serde_json::json!({"type": "function", "function": {
+                "name": PROBE, "description": "probe",
+                "parameters": {"type": "object", "properties": {}}}})]),
+            ..RenderOptions::default()
+        };
+        let messages = [serde_json::json!({"role": "user", "content": "hi"})];
+        self.render(&messages, &options)
+            .is_ok_and(|prompt| prompt.contains(PROBE))
+    }
 }
 
 /// minijinja's message plus the chain of causes (where the template raised, the failing line).
@@ -515,6 +532,17 @@ mod tests {
             prompt,
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nSure, "
         );
+    }
+
+    #[test]
+    fn tool_support_is_probed_by_rendering() {
+        assert!(!ChatTemplate::chatml().unwrap().renders_tools());
+        let with_tools = ChatTemplate::new(
+            "{% if tools %}{% for t in tools %}{{ t.function.name }}{% endfor %}{% endif %}\
+             {% for m in messages %}{{ m.content }}{% endfor %}",
+        )
+        .unwrap();
+        assert!(with_tools.renders_tools());
     }
 
     #[test]

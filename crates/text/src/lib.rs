@@ -9,6 +9,9 @@
 //! - [`IncrementalDetokenizer`] turns a stream of generated ids into text pieces that never split
 //!   a UTF-8 character, and [`StopStringMatcher`] holds text back while it could still be the
 //!   start of a stop string.
+//! - [`tool_parsers`] (vLLM's `--tool-call-parser` formats) and the reasoning parsers
+//!   ([`reasoning_parser`]) split generated text into content, tool calls and reasoning, each
+//!   as one incremental machine whose complete parse is the same machine fed everything.
 //!
 //! Usage, per request (the server renders and encodes; the engine's output processor streams):
 //! ```no_run
@@ -43,15 +46,18 @@ mod detokenizer;
 mod error;
 mod gguf_vocab;
 mod pretokenize;
+mod reasoning;
 mod stop;
 mod template_functions;
 mod tokenizer;
+pub mod tool_parsers;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ContentFormat, RenderOptions, CHATML_TEMPLATE};
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::{Result, TextError};
 pub use gguf_vocab::{token_type, GgufVocab};
 pub use pretokenize::PreTokenizerSpec;
+pub use reasoning::{reasoning_parser, ReasoningDelta, ReasoningParser, REASONING_PARSER_NAMES};
 pub use stop::{StopMatch, StopStep, StopStringMatcher};
 pub use template_functions::strftime;
 pub use tokenizer::{DecodeOptions, HfTokenizerFiles, Tokenizer};

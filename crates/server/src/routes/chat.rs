@@ -7,16 +7,18 @@ use axum::extract::State;
 use axum::response::Response;
 use tokenmill_engine::{RequestEvent, RequestStream};
 use tokenmill_protocol::{
-    chat_completion_id, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatResponseMessage, ErrorResponse, Role, Usage,
+    chat_completion_id, prepare_tool_history, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+    ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatResponseMessage, ErrorResponse,
+    FinishReason, Role, StructuredConstraint, StructuredOutputRequest, ToolOutput, Usage,
     ValidatedSampling,
 };
 
+use crate::chat_output::{deltas, ChoiceReader, OutputReading};
 use crate::error::ApiError;
 use crate::generation::{
     chat_logprobs, collect, engine_request, engine_sampling, wire_finish_reason, wire_stop_reason,
 };
-use crate::routes::tokenize::{encode, render_chat};
+use crate::routes::tokenize::{encode, render_chat, renders_tools};
 use crate::routes::{check_accepting, check_model, check_request_shape, json_response, read_json};
 use crate::sse;
 use crate::state::{unix_now, AppState, InFlightGuard};
@@ -30,6 +32,8 @@ struct Job {
     prompt_token_ids: Vec<u32>,
     /// With `echo`: the final message's content, prepended to each reply.
     echo_prefix: String,
+    /// How each choice's text is read (reasoning, tool calls).
+    reading: OutputReading,
 }
 
 pub(crate) async fn create(
@@ -41,10 +45,41 @@ pub(crate) async fn create(
     let request: ChatCompletionRequest = read_json(&state, body).await?;
     let model = check_model(&state, request.model.as_deref())?;
     let limits = &state.inner.limits;
-    let validated = request.validate(limits)?;
+    let mut validated = request.validate(limits)?;
     check_request_shape(&state, &validated, 1)?;
-    let messages = request.conversation()?;
-    let options = request.template_options()?;
+    let mut messages = request.conversation()?;
+    let mut options = request.template_options()?;
+    let renders_tools = renders_tools(&state, &options);
+    let plan = request.tool_plan(&state.config().tools, renders_tools)?;
+    prepare_tool_history(&mut messages, plan.system_prompt.as_deref(), !renders_tools);
+    options.tools = plan.template_tools.clone();
+    if let ToolOutput::Envelope { schema, .. } = &plan.output {
+        if let Some(other) = &validated.sampling.structured_output {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                format!(
+                    "{} cannot be combined with tool_choice {:?}: both constrain the output.",
+                    other.param,
+                    request
+                        .tool_choice
+                        .as_ref()
+                        .map_or("auto".to_string(), |c| c.to_string())
+                ),
+            ));
+        }
+        validated.sampling.structured_output = Some(StructuredOutputRequest {
+            constraint: StructuredConstraint::JsonSchema(schema.clone()),
+            param: "tools",
+        });
+    }
+    let reading = OutputReading::new(
+        &plan,
+        state.config().reasoning_parser.as_deref(),
+        request.include_reasoning.unwrap_or(true),
+    );
+    if reading.needs_special_tokens() {
+        validated.sampling.skip_special_tokens = false;
+    }
     let prompt = render_chat(&state, &messages, &options)?;
     if state.config().enable_log_requests {
         let shown: String = match state.config().max_log_len {
@@ -89,6 +124,7 @@ pub(crate) async fn create(
         validated,
         prompt_token_ids,
         echo_prefix,
+        reading,
     };
     if job.validated.output.stream {
         Ok(stream_response(state, guard, job, streams))
@@ -122,15 +158,21 @@ async fn complete(
             .sampling
             .logprobs
             .map(|k| chat_logprobs(state.token_names(), &result.logprobs, k as usize));
+        let mut reader = job.reading.choice();
+        let parsed = reader.complete(&result.text);
+        let content = format!("{}{}", job.echo_prefix, parsed.content);
         choices.push(ChatChoice {
             index,
             message: ChatResponseMessage {
                 role: Role::Assistant,
-                content: Some(format!("{}{}", job.echo_prefix, result.text)),
-                reasoning_content: None,
+                // Only calls: null, as OpenAI sends (any text, even whitespace, was streamed).
+                content: (parsed.tool_calls.is_empty() || !content.is_empty()).then_some(content),
+                reasoning: parsed.reasoning.clone(),
+                reasoning_content: parsed.reasoning,
+                tool_calls: parsed.tool_calls,
             },
             logprobs,
-            finish_reason: result.finish_reason,
+            finish_reason: finish_reason(result.finish_reason, &reader),
             stop_reason: result.stop_reason,
             token_ids: job
                 .validated
@@ -174,7 +216,7 @@ fn stream_response(
                 delta: ChatDelta {
                     role: Some(Role::Assistant),
                     content: Some(job.echo_prefix.clone()),
-                    reasoning_content: None,
+                    ..ChatDelta::default()
                 },
                 logprobs: None,
                 finish_reason: None,
@@ -189,6 +231,7 @@ fn stream_response(
             }
         }
 
+        let mut readers: Vec<ChoiceReader> = (0..n).map(|_| job.reading.choice()).collect();
         let mut merged = sse::merge(streams);
         let mut completion_tokens = vec![0u32; n];
         let mut cached_tokens = 0u32;
@@ -213,34 +256,60 @@ fn stream_response(
             {
                 continue;
             }
-            let logprobs = validated
-                .sampling
-                .logprobs
-                .map(|k| chat_logprobs(state.token_names(), &output.logprobs, k as usize));
-            let mut message = chunk(vec![ChatChunkChoice {
-                index,
-                delta: ChatDelta {
-                    role: None,
+            let finished = output.finish_reason.is_some();
+            let reader = &mut readers[index as usize];
+            let mut step = if job.reading.is_plain() {
+                vec![ChatDelta {
                     content: Some(output.new_text),
-                    reasoning_content: None,
-                },
-                logprobs,
-                finish_reason: output.finish_reason.map(wire_finish_reason),
-                stop_reason: output.stop_reason.map(wire_stop_reason),
-                token_ids: validated
-                    .output
-                    .return_token_ids
-                    .then_some(output.new_token_ids),
-            }]);
-            if validated.output.continuous_usage_stats {
-                message.usage = Some(Usage::new(
-                    job.prompt_token_ids.len() as u32,
-                    completion_tokens[index as usize],
-                    None,
-                ));
+                    ..ChatDelta::default()
+                }]
+            } else {
+                deltas(reader.push(&output.new_text, finished))
+            };
+            let ends_step =
+                finished || !output.logprobs.is_empty() || validated.output.return_token_ids;
+            if step.is_empty() {
+                if !ends_step {
+                    continue;
+                }
+                step.push(ChatDelta::default());
             }
-            if !sse::send_json(&tx, &message).await {
-                return;
+            let last = step.len() - 1;
+            for (position, delta) in step.into_iter().enumerate() {
+                let mut choice = ChatChunkChoice {
+                    index,
+                    delta,
+                    logprobs: None,
+                    finish_reason: None,
+                    stop_reason: None,
+                    token_ids: None,
+                };
+                let mut message_usage = None;
+                if position == last {
+                    choice.logprobs = validated
+                        .sampling
+                        .logprobs
+                        .map(|k| chat_logprobs(state.token_names(), &output.logprobs, k as usize));
+                    choice.finish_reason =
+                        finish_reason(output.finish_reason.map(wire_finish_reason), reader);
+                    choice.stop_reason = output.stop_reason.clone().map(wire_stop_reason);
+                    choice.token_ids = validated
+                        .output
+                        .return_token_ids
+                        .then(|| output.new_token_ids.clone());
+                    if validated.output.continuous_usage_stats {
+                        message_usage = Some(Usage::new(
+                            job.prompt_token_ids.len() as u32,
+                            completion_tokens[index as usize],
+                            None,
+                        ));
+                    }
+                }
+                let mut message = chunk(vec![choice]);
+                message.usage = message_usage;
+                if !sse::send_json(&tx, &message).await {
+                    return;
+                }
             }
         }
         if tx.is_closed() {
@@ -260,4 +329,12 @@ fn stream_response(
         sse::send_done(&tx).await;
     });
     response
+}
+
+/// A choice that made tool calls and stopped by itself finished with `tool_calls`.
+fn finish_reason(reason: Option<FinishReason>, reader: &ChoiceReader) -> Option<FinishReason> {
+    match reason {
+        Some(FinishReason::Stop) if reader.called() => Some(FinishReason::ToolCalls),
+        other => other,
+    }
 }

@@ -5,8 +5,8 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
 use tokenmill_protocol::{
-    ChatTemplateOptions, ConversationMessage, DetokenizeRequest, DetokenizeResponse, TokenizeInput,
-    TokenizeRequest, TokenizeResponse,
+    prepare_tool_history, ChatTemplateOptions, ConversationMessage, DetokenizeRequest,
+    DetokenizeResponse, TokenizeInput, TokenizeRequest, TokenizeResponse,
 };
 use tokenmill_text::{ChatTemplate, RenderOptions, TextError};
 
@@ -44,10 +44,12 @@ pub(crate) async fn tokenize(
             add_special_tokens,
         } => encode(&state, &text, add_special_tokens)?,
         TokenizeInput::Chat {
-            messages,
+            mut messages,
             template,
             add_special_tokens,
         } => {
+            // Earlier tool calls render as they do for chat completions.
+            prepare_tool_history(&mut messages, None, !renders_tools(&state, &template));
             let prompt = render_chat(&state, &messages, &template)?;
             encode(&state, &prompt, add_special_tokens)?
         }
@@ -80,6 +82,14 @@ pub(crate) async fn detokenize(
         .decode(&request.tokens, false)
         .map_err(|e| ApiError::invalid_param("tokens", e.to_string()))?;
     Ok(json_response(&DetokenizeResponse { prompt }))
+}
+
+/// Whether the template a request renders with (its own, else the server's) shows `tools`.
+pub(crate) fn renders_tools(state: &AppState, options: &ChatTemplateOptions) -> bool {
+    match &options.chat_template {
+        Some(source) => ChatTemplate::new(source.clone()).is_ok_and(|t| t.renders_tools()),
+        None => state.inner.template_renders_tools,
+    }
 }
 
 /// Tokenizes prompt text (`add_special_tokens` adds BOS where the model wants one).

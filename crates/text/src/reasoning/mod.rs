@@ -1,0 +1,58 @@
+//! Reasoning parsers (`--reasoning-parser`, vLLM's names): split a reasoning model's output
+//! into its reasoning (`message.reasoning`) and its answer (`message.content`).
+//!
+//! Like the tool parsers, each is one incremental machine: [`ReasoningParser::parse_complete`]
+//! feeds it the whole text, so streamed and non-streamed outputs agree. Marker text is held
+//! back only while it could still be a marker.
+
+mod markers;
+
+pub use markers::MarkerReasoningParser;
+
+/// One step of parsed output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReasoningDelta {
+    Reasoning(String),
+    Content(String),
+}
+
+/// An incremental reasoning parser (one per choice).
+pub trait ReasoningParser: Send + std::fmt::Debug {
+    /// Feeds the next piece of generated text; deltas are appended to `out`.
+    fn parse_delta(&mut self, text: &str, out: &mut Vec<ReasoningDelta>);
+
+    /// The output ended: releases anything held back.
+    fn finish(&mut self, out: &mut Vec<ReasoningDelta>);
+
+    /// Splits a complete output into (reasoning, content); the streaming machine fed
+    /// everything at once. Reasoning is `None` when there was none.
+    fn parse_complete(&mut self, text: &str) -> (Option<String>, String) {
+        let mut deltas = Vec::new();
+        self.parse_delta(text, &mut deltas);
+        self.finish(&mut deltas);
+        let mut reasoning: Option<String> = None;
+        let mut content = String::new();
+        for delta in deltas {
+            match delta {
+                ReasoningDelta::Reasoning(text) => {
+                    reasoning.get_or_insert_with(String::new).push_str(&text)
+                }
+                ReasoningDelta::Content(text) => content.push_str(&text),
+            }
+        }
+        (reasoning, content)
+    }
+}
+
+/// The `--reasoning-parser` names tokenmill implements.
+pub const REASONING_PARSER_NAMES: [&str; 3] = ["deepseek_r1", "qwen3", "granite"];
+
+/// A fresh parser by vLLM's name.
+pub fn reasoning_parser(name: &str) -> Option<Box<dyn ReasoningParser>> {
+    Some(Box::new(match name {
+        "deepseek_r1" => MarkerReasoningParser::deepseek_r1(),
+        "qwen3" => MarkerReasoningParser::qwen3(),
+        "granite" => MarkerReasoningParser::granite(),
+        _ => return None,
+    }))
+}
