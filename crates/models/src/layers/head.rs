@@ -27,6 +27,7 @@ impl EmbeddingAndHead {
     /// `output.weight`. A GGUF file without `output.weight` ties the head, as llama.cpp does.
     pub fn load(reader: &WeightReader<'_>, config: &ModelConfig) -> Result<EmbeddingAndHead> {
         let (hidden, vocab) = (config.hidden_size, config.vocab_size);
+        let embedding = reader.matrix("token_embd.weight", vocab, hidden)?;
         const OUTPUT: &str = "output.weight";
         let output = if reader.contains(OUTPUT) {
             Some(reader.matrix(OUTPUT, vocab, hidden)?)
@@ -38,7 +39,7 @@ impl EmbeddingAndHead {
             ));
         };
         Ok(EmbeddingAndHead {
-            embedding: reader.matrix("token_embd.weight", vocab, hidden)?,
+            embedding,
             embedding_scale: None,
             output_norm: reader.rms_norm("output_norm.weight", hidden, config.rms_norm_eps)?,
             output,
