@@ -633,6 +633,26 @@ mod tests {
         assert!(error.to_string().contains("use_sliding_window"), "{error}");
     }
 
+    #[test]
+    fn mistral_sliding_window_covers_every_layer() {
+        let text = r#"{"model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "sliding_window": 4096}"#;
+        let config = ModelConfig::from_hf_config_json(text).unwrap();
+        assert_eq!(config.sliding_window, Some(4096));
+        assert!((0..32).all(|layer| config.layer_sliding_window(layer) == Some(4096)));
+        let full = text.replace(r#""sliding_window": 4096"#, r#""sliding_window": null"#);
+        let config = ModelConfig::from_hf_config_json(&full).unwrap();
+        assert_eq!(config.layer_sliding_window(0), None);
+        // Qwen2 configs name a window they do not use.
+        let qwen = text.replace("mistral", "qwen2").replace(
+            r#""sliding_window": 4096"#,
+            r#""sliding_window": 4096, "use_sliding_window": false"#,
+        );
+        let config = ModelConfig::from_hf_config_json(&qwen).unwrap();
+        assert_eq!(config.sliding_window, None);
+    }
+
     const GEMMA3_270M: &str = r#"{"architectures": ["Gemma3ForCausalLM"],
         "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 640,
         "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,

@@ -20,6 +20,100 @@ use tokenmill_models::{
     load_model, Architecture, CausalLm, KvCacheDType, LoadOptions, ModelSource, Workspace,
 };
 
+/// The HF name of a GGUF tensor name, per HF's Qwen3 / Gemma 3 modeling code.
+fn hf_name(gguf: &str, gemma3: bool) -> String {
+    match gguf {
+        "token_embd.weight" => return "model.embed_tokens.weight".into(),
+        "output_norm.weight" => return "model.norm.weight".into(),
+        "output.weight" => return "lm_head.weight".into(),
+        _ => {}
+    }
+    let rest = gguf.strip_prefix("blk.").unwrap();
+    let (layer, short) = rest.split_once('.').unwrap();
+    let hf = match short {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "attn_q.weight" => "self_attn.q_proj.weight",
+        "attn_k.weight" => "self_attn.k_proj.weight",
+        "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_output.weight" => "self_attn.o_proj.weight",
+        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+        "attn_k_norm.weight" => "self_attn.k_norm.weight",
+        "ffn_norm.weight" if gemma3 => "pre_feedforward_layernorm.weight",
+        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "post_attention_norm.weight" => "post_attention_layernorm.weight",
+        "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
+        "ffn_gate.weight" => "mlp.gate_proj.weight",
+        "ffn_up.weight" => "mlp.up_proj.weight",
+        "ffn_down.weight" => "mlp.down_proj.weight",
+        other => panic!("no HF name for {other}"),
+    };
+    format!("model.layers.{layer}.{hf}")
+}
+
+/// The fixture's model as an HF directory (`config.json` + one F32 safetensors file). Both
+/// families rotate half-split pairs in GGUF too, so Q/K rows are the same; Gemma's norms are
+/// stored as `w - 1` (HF computes `x * (1 + w)`), exact for weights in [0.5, 2].
+fn write_hf_directory(fixture: &Fixture, dir: &Path) {
+    let gemma3 = fixture.arch == "gemma3";
+    let meta = |key: &str| {
+        fixture
+            .meta
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, _, value)| value.clone())
+    };
+    let vocab = fixture.tensors[0].shape[0];
+    let mut config = serde_json::json!({
+        "architectures": [if gemma3 { "Gemma3ForCausalLM" } else { "Qwen3ForCausalLM" }],
+        "model_type": if gemma3 { "gemma3_text" } else { "qwen3" },
+        "vocab_size": vocab,
+        "hidden_size": meta("embedding_length"),
+        "intermediate_size": meta("feed_forward_length"),
+        "num_hidden_layers": meta("block_count"),
+        "num_attention_heads": meta("attention.head_count"),
+        "num_key_value_heads": meta("attention.head_count_kv"),
+        "head_dim": meta("attention.key_length"),
+        "rms_norm_eps": meta("attention.layer_norm_rms_epsilon"),
+        "rope_theta": meta("rope.freq_base"),
+        "max_position_embeddings": meta("context_length"),
+        "tie_word_embeddings": gemma3,
+    });
+    if gemma3 {
+        let extra = serde_json::json!({
+            "sliding_window": meta("attention.sliding_window"),
+            "sliding_window_pattern": 6,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": meta("rope.scaling.factor")},
+            "query_pre_attn_scalar": meta("attention.key_length"),
+            "hidden_activation": "gelu_pytorch_tanh",
+        });
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = fixture
+        .tensors
+        .iter()
+        .map(|tensor| {
+            let count = tensor.shape.iter().product::<u64>() as usize;
+            let mut values =
+                formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
+            if gemma3 && tensor.name.ends_with("norm.weight") {
+                values.iter_mut().for_each(|v| *v -= 1.0);
+            }
+            let shape = tensor.shape.iter().map(|&d| d as usize).collect();
+            (hf_name(&tensor.name, gemma3), shape, values)
+        })
+        .collect();
+    let borrowed: Vec<(String, Vec<usize>, &[f32])> = tensors
+        .iter()
+        .map(|(name, shape, values)| (name.clone(), shape.clone(), values.as_slice()))
+        .collect();
+    common::tiny::write_safetensors(&dir.join("model.safetensors"), &borrowed, "F32");
+}
+
 #[derive(Deserialize)]
 pub struct Fixture {
     pub arch: String,
@@ -276,5 +370,46 @@ fn gemma3_greedy_is_batch_and_chunk_invariant() {
             );
             assert_eq!(alone[0], together[index], "prompt {index} chunk {chunk}");
         }
+    }
+}
+
+/// The same weights as an HF checkpoint load to the same model: identical config and KV
+/// layout, bitwise-identical logits (Gemma's `1 + (w - 1)` is exact).
+#[test]
+fn hf_checkpoints_match_their_gguf() {
+    for (name, test) in [
+        ("family_qwen3.json", "hf_qwen3"),
+        ("family_gemma3.json", "hf_gemma3"),
+    ] {
+        let (fixture, gguf) = load_family(name, test);
+        let dir = tempfile::tempdir().unwrap();
+        write_hf_directory(&fixture, dir.path());
+        let source = ModelSource::HfDirectory(dir.path().to_path_buf());
+        let hf = load_model(&source, &LoadOptions::default()).unwrap();
+        let (mut ours, mut theirs) = (gguf.config().clone(), hf.config().clone());
+        // What differs by container: HF checkpoints name the scale, GGUF files imply it.
+        ours.query_pre_attn_scalar = None;
+        theirs.query_pre_attn_scalar = None;
+        assert_eq!(ours, theirs, "{name}");
+        assert_eq!(
+            gguf.config().attention_scale(),
+            hf.config().attention_scale(),
+            "{name}"
+        );
+        assert_eq!(gguf.kv_layout(), hf.kv_layout(), "{name}");
+        let case = fixture.cases.last().unwrap();
+        let (mut workspace, mut a, mut b) = (Workspace::new(), Vec::new(), Vec::new());
+        for (model, logits) in [(&gguf, &mut a), (&hf, &mut b)] {
+            common::teacher_forced_logits(
+                model.as_ref(),
+                &case.prompt_ids,
+                &case.greedy_ids,
+                KvCacheDType::F32,
+                &mut workspace,
+                logits,
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&a) == bits(&b), "{name}: HF and GGUF logits differ");
     }
 }
