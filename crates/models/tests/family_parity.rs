@@ -413,3 +413,42 @@ fn hf_checkpoints_match_their_gguf() {
         assert!(bits(&a) == bits(&b), "{name}: HF and GGUF logits differ");
     }
 }
+
+/// `gemma3.final_logit_softcapping` (read by llama.cpp too) turns every logit into
+/// `c * tanh(logit / c)`, on top of the same forward pass.
+#[test]
+fn gemma3_final_logit_softcapping_caps_the_logits() {
+    let mut fixture: Fixture = common::load_fixture("family_gemma3.json");
+    let plain_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("softcap-plain.gguf");
+    write_gguf(&fixture, &plain_path);
+    let cap = 3.0f32;
+    fixture.meta.push((
+        "final_logit_softcapping".into(),
+        "f32".into(),
+        serde_json::json!(cap),
+    ));
+    let capped_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("softcap-capped.gguf");
+    write_gguf(&fixture, &capped_path);
+    let load = |path: &PathBuf| {
+        load_model(&ModelSource::Gguf(path.clone()), &LoadOptions::default()).unwrap()
+    };
+    let (plain, capped) = (load(&plain_path), load(&capped_path));
+    assert_eq!(capped.config().final_logit_softcapping, Some(cap));
+    let case = &fixture.cases[1];
+    let (mut workspace, mut a, mut b) = (Workspace::new(), Vec::new(), Vec::new());
+    for (model, logits) in [(&plain, &mut a), (&capped, &mut b)] {
+        common::teacher_forced_logits(
+            model.as_ref(),
+            &case.prompt_ids,
+            &case.greedy_ids,
+            KvCacheDType::F32,
+            &mut workspace,
+            logits,
+        );
+    }
+    assert!(a.iter().any(|v| v.abs() > cap), "the cap must matter");
+    for (plain, capped) in a.iter().zip(&b) {
+        assert_eq!(capped.to_bits(), (cap * (plain / cap).tanh()).to_bits());
+        assert!(capped.abs() <= cap);
+    }
+}
