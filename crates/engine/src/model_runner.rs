@@ -72,11 +72,21 @@ impl LoadedModel {
                 (model, tokenizer)
             }
         };
-        // The model's own template, or ChatML when it ships none.
-        let template = match chat_template {
-            Some(argument) => ChatTemplate::from_argument(argument)?,
-            None => ChatTemplate::for_tokenizer(&tokenizer)?,
+        // `--chat-template`, else the model's own; a model with neither (a base model such
+        // as Gemma 3 270M) gets vLLM's refusal, so chat requests are a 400 naming `messages`
+        // while completions work.
+        let template = match (chat_template, tokenizer.chat_template()) {
+            (Some(argument), _) => ChatTemplate::from_argument(argument)?,
+            (None, Some(source)) => ChatTemplate::new(source)?,
+            (None, None) => ChatTemplate::new(NO_CHAT_TEMPLATE)?,
         };
+        tracing::info!(
+            "model family: {} (architecture {}), {} layers{}",
+            model.config().architecture.family(),
+            model.config().architecture.name(),
+            model.config().num_layers,
+            describe_windows(model.kv_layout()),
+        );
         tokenizer.register_chat_template_end_tokens(template.source());
         let grammar = GrammarCompiler::new(&grammar_vocabulary(&tokenizer))?;
         Ok(LoadedModel {
@@ -91,6 +101,12 @@ impl LoadedModel {
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+
+    /// Whether chat requests have a template (the model's or `--chat-template`), rather than
+    /// vLLM's refusal for a model that ships none.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.source() != NO_CHAT_TEMPLATE
     }
 }
 
@@ -111,6 +127,26 @@ fn load_tokenizer_override(path: &Path, model_vocab: usize) -> Result<Tokenizer,
         )));
     }
     Ok(tokenizer)
+}
+
+/// The template of a model that ships none, when `--chat-template` gave none either: vLLM's
+/// error (transformers 4.44 dropped the default template) raised at render time.
+const NO_CHAT_TEMPLATE: &str = "{{ raise_exception('As of transformers v4.44, default chat \
+    template is no longer allowed, so you must provide a chat template if the tokenizer does \
+    not define one (start the server with --chat-template, or pass chat_template in the \
+    request).') }}";
+
+/// `, sliding window 512 on 15 of 18 layers` for the start-up line; empty without windows.
+fn describe_windows(layout: &[tokenmill_models::LayerKvLayout]) -> String {
+    let windows: Vec<usize> = layout.iter().filter_map(|l| l.sliding_window).collect();
+    match windows.iter().max() {
+        Some(window) => format!(
+            ", sliding window {window} on {} of {} layers",
+            windows.len(),
+            layout.len()
+        ),
+        None => String::new(),
+    }
 }
 
 /// Every token's bytes, which tokens are control tokens, and the EOS set, for the grammar

@@ -1,17 +1,53 @@
 //! Architecture invariant 3 on the real default model: a request's greedy tokens do not depend
 //! on what it was batched with, on chunked prefill, on preemption and recompute, or on its
-//! prefix being served from the prefix cache.
+//! prefix being served from the prefix cache. The same holds for the default model with a
+//! sliding window on every layer (shorter than most prompts), where every query sees a
+//! different suffix of its context.
 
 mod common;
 
-use common::{config, greedy, prompts, run_all, wait_idle};
-use tokenmill_engine::Engine;
+use std::path::{Path, PathBuf};
+
+use common::{config_for, greedy, model_path, prompts, run_all, wait_idle};
+use tokenmill_engine::{Engine, EngineConfig};
 
 const NUM_REQUESTS: usize = 64;
 const MAX_TOKENS: u32 = 12;
 
 #[test]
 fn greedy_tokens_are_identical_alone_batched_chunked_preempted_and_prefix_cached() {
+    check_alone_batched_chunked_preempted(&model_path());
+}
+
+#[test]
+fn greedy_tokens_are_identical_with_a_shared_prefix_from_the_prefix_cache() {
+    check_prefix_cache(&model_path());
+}
+
+#[test]
+fn sliding_window_greedy_tokens_are_identical_alone_batched_chunked_and_preempted() {
+    let path = common::sliding_window_model_path();
+    let source = tokenmill_models::ModelSource::Gguf(path.clone());
+    let model_config = tokenmill_models::read_model_config(&source).unwrap();
+    let layout = tokenmill_models::kv_layout(&model_config);
+    assert!(layout
+        .iter()
+        .all(|layer| layer.sliding_window == Some(common::SLIDING_WINDOW)));
+    check_alone_batched_chunked_preempted(&path);
+}
+
+#[test]
+fn sliding_window_greedy_tokens_are_identical_with_a_shared_prefix_from_the_prefix_cache() {
+    check_prefix_cache(&common::sliding_window_model_path());
+}
+
+fn config(model: &Path, num_blocks: usize, max_model_len: usize) -> EngineConfig {
+    config_for(PathBuf::from(model), num_blocks, max_model_len)
+}
+
+#[allow(clippy::unwrap_used)]
+fn check_alone_batched_chunked_preempted(model: &Path) {
+    let config = |num_blocks, max_model_len| config(model, num_blocks, max_model_len);
     let prompts = prompts(NUM_REQUESTS, 7);
 
     // Alone: one request at a time, no prefix caching.
@@ -94,8 +130,9 @@ fn greedy_tokens_are_identical_alone_batched_chunked_preempted_and_prefix_cached
     engine.shutdown();
 }
 
-#[test]
-fn greedy_tokens_are_identical_with_a_shared_prefix_from_the_prefix_cache() {
+#[allow(clippy::unwrap_used)]
+fn check_prefix_cache(model: &Path) {
+    let config = |num_blocks, max_model_len| config(model, num_blocks, max_model_len);
     // A 112-token shared prefix (7 full blocks) in front of varied suffixes.
     let prefix: Vec<u32> = (0..112).map(|i| 400 + (i * 37) % 9000).collect();
     let prompts: Vec<Vec<u32>> = prompts(16, 11)

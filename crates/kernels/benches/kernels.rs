@@ -135,6 +135,7 @@ fn bench_attention(c: &mut Criterion) {
         head_dim: 64,
         block_size: 16,
         scale: 0.125,
+        sliding_window: None,
     };
     for (name, batch, query_len, contexts) in [
         (

@@ -58,6 +58,20 @@ pub struct AttentionParams {
     pub block_size: usize,
     /// Score scale, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// `Some(w)`: a query at position `p` attends to keys in `(p - w, p]` only (Mistral's
+    /// `sliding_window`, Gemma 3's local layers); `None`: to the whole causal context.
+    pub sliding_window: Option<usize>,
+}
+
+impl AttentionParams {
+    /// The first key position a query at `position` attends to.
+    #[inline]
+    fn first_visible(&self, position: usize) -> usize {
+        match self.sliding_window {
+            Some(window) => (position + 1).saturating_sub(window),
+            None => 0,
+        }
+    }
 }
 
 /// One sequence of a flattened attention batch.
@@ -150,6 +164,9 @@ fn validate(
             "attention dimensions must be non-zero",
         ));
     }
+    if p.sliding_window == Some(0) {
+        return Err(KernelError::InvalidShape("sliding window must be non-zero"));
+    }
     if !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(KernelError::InvalidShape(
             "num_heads must be a multiple of num_kv_heads",
@@ -237,7 +254,9 @@ fn validate(
 }
 
 /// Causal paged attention: for every sequence, query row `j` (absolute position
-/// `context_len - query_len + j`) attends to cache positions `0..=position` of its own blocks.
+/// `context_len - query_len + j`) attends to cache positions `0..=position` of its own blocks,
+/// or to the last `w` of them under a sliding window `w` (blocks wholly before the window are
+/// not read).
 /// Writes `out[row][head][head_dim]` for every row covered by a sequence. The caches may be
 /// of any [`KvCacheDType`](crate::KvCacheDType) (both the same); `&[f32]` converts with
 /// `.into()`.
@@ -559,7 +578,10 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     let mut states = [OnlineSoftmax::EMPTY; MAX_PAIRS];
     let last_position = position_of(n_pairs - 1);
     let n_blocks = (last_position + 1).div_ceil(p.block_size);
-    for (block_index, &block_id) in table.iter().take(n_blocks).enumerate() {
+    // Keys of pair `i` are positions `first_of(i)..=position_of(i)`; both ends grow with `i`.
+    let first_of = |pair: usize| p.first_visible(position_of(pair));
+    let first_block = first_of(0) / p.block_size;
+    for (block_index, &block_id) in table.iter().enumerate().take(n_blocks).skip(first_block) {
         let block_base = block_id as usize * p.block_size * kv_dim + work.kv_head * d;
         for tile_start in (0..p.block_size).step_by(TILE) {
             let tile_first_position = block_index * p.block_size + tile_start;
@@ -567,28 +589,47 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
                 break;
             }
             let tile_len = TILE.min(p.block_size - tile_start);
+            // The keys of the tile pair `i` sees: rows `skip..count` of it.
+            let span_of = |pair: usize| {
+                let count = (position_of(pair) + 1 - tile_first_position).min(tile_len);
+                (first_of(pair).saturating_sub(tile_first_position), count)
+            };
+            // Pairs come in row order, so the ones that see the tile form a contiguous range:
+            // from the first whose position reaches the tile to the last whose window does.
+            let mut pair = tile_first_position.saturating_sub(position_of(0)) * n_heads;
+            let (skip, count) = span_of(pair);
+            if skip >= count {
+                // Every pair that reaches this tile has its window past it already.
+                continue;
+            }
             let base = block_base + tile_start * kv_dim;
             let visible = (last_position + 1 - tile_first_position).min(tile_len);
             let tile = source.tile(base, tile_len, visible, kv_dim, d);
             // Runs of consecutive pairs that see the same keys of the tile go through one
             // grouped step (at most GROUP pairs; a run of four splits 2 + 2), which loads each
             // K/V row once for all of them.
-            // Pairs come in row order, so the ones that see the tile form a suffix.
-            let mut pair = tile_first_position.saturating_sub(position_of(0)) * n_heads;
             while pair < n_pairs {
-                let count_of =
-                    |pair: usize| (position_of(pair) + 1 - tile_first_position).min(tile_len);
-                let count = count_of(pair);
+                let span = span_of(pair);
+                let (skip, count) = span;
+                if skip >= count {
+                    break;
+                }
                 let mut run = 1;
-                while pair + run < n_pairs && run < 2 * GROUP && count_of(pair + run) == count {
+                while pair + run < n_pairs && run < 2 * GROUP && span_of(pair + run) == span {
                     run += 1;
                 }
                 let take = if run == GROUP + 1 { 2 } else { run.min(GROUP) };
                 let queries: [&[f32]; GROUP] =
                     std::array::from_fn(|i| query_of(pair + i.min(take - 1)));
+                let offset = skip * tile.stride;
                 kernels.attend_group(
                     &queries[..take],
-                    KeyTile { count, ..tile },
+                    KeyTile {
+                        keys: &tile.keys[offset..],
+                        values: &tile.values[offset..],
+                        stride: tile.stride,
+                        count: count - skip,
+                    },
                     p.scale,
                     &mut states[pair..pair + take],
                     &mut accumulators[pair * d..(pair + take) * d],
@@ -648,7 +689,8 @@ pub fn reference_attention(
                 let query = &q[row * q_dim + head * d..row * q_dim + (head + 1) * d];
                 let slot =
                     |t: usize| table[t / p.block_size] as usize * p.block_size + t % p.block_size;
-                let scores: Vec<f64> = (0..=position)
+                let first = p.first_visible(position);
+                let scores: Vec<f64> = (first..=position)
                     .map(|t| {
                         let base = slot(t) * kv_dim + kv_head * d;
                         let dot: f64 = query
@@ -666,7 +708,9 @@ pub fn reference_attention(
                     let value: f64 = weights
                         .iter()
                         .enumerate()
-                        .map(|(t, w)| w * f64::from(v_cache[slot(t) * kv_dim + kv_head * d + c]))
+                        .map(|(i, w)| {
+                            w * f64::from(v_cache[slot(first + i) * kv_dim + kv_head * d + c])
+                        })
                         .sum();
                     out[row * q_dim + head * d + c] = (value / total) as f32;
                 }
@@ -792,6 +836,7 @@ mod tests {
             head_dim,
             block_size,
             scale: 1.0 / (head_dim as f32).sqrt(),
+            sliding_window: None,
         }
     }
 
@@ -901,7 +946,80 @@ mod tests {
 
     #[test]
     fn rows_are_bitwise_independent_of_batch_chunking_and_threads() {
-        check_batch_invariance(KvCacheDType::F32);
+        check_batch_invariance(KvCacheDType::F32, None);
+    }
+
+    #[test]
+    fn sliding_window_rows_are_bitwise_independent_of_batching() {
+        for window in [1, 5, 16, 23] {
+            check_batch_invariance(KvCacheDType::F32, Some(window));
+        }
+        check_batch_invariance(KvCacheDType::F16, Some(9));
+    }
+
+    /// Windows of one key, inside one tile, across tiles and blocks, and longer than every
+    /// context: each query sees keys `(p - w, p]` on both vector paths; a window longer than
+    /// the context changes nothing, bit for bit.
+    #[test]
+    fn sliding_window_matches_reference_and_scalar_twin() {
+        let mut rng = Rng::new(21);
+        let pool = ThreadPool::new(2);
+        for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
+            let full = params(num_heads, num_kv_heads, head_dim, block_size);
+            let shapes = [
+                (37, 37),
+                (1, 50),
+                (20, 45),
+                (1, 1),
+                (70, 70),
+                (3, 2 * block_size + 1),
+            ];
+            let mut batch = random_batch(&mut rng, full, &shapes);
+            let unwindowed = run(&pool, &batch);
+            for window in [1, 2, 7, 16, 17, 33, 70, 1000] {
+                batch.params.sliding_window = Some(window);
+                let expected = reference(&batch);
+                // The tile kernels' vector twins agree with the scalar ones to rounding (the
+                // vector exp differs in the last bits), so both are held to the reference.
+                for kernels in [VectorOps::detect(), VectorOps::Scalar] {
+                    let got = run_with(kernels, &pool, &batch);
+                    assert!(
+                        close(&got, &expected),
+                        "{full:?} {kernels:?} window {window}"
+                    );
+                }
+                let detected = run(&pool, &batch);
+                if window == 1000 {
+                    assert_eq!(
+                        bits(&detected),
+                        bits(&unwindowed),
+                        "{full:?} window {window}"
+                    );
+                }
+            }
+            if block_size > 1 {
+                // A window really narrows what a late query sees.
+                batch.params.sliding_window = Some(2);
+                assert!(!close(&run(&pool, &batch), &unwindowed), "{full:?}");
+            }
+        }
+        let zero = AttentionParams {
+            sliding_window: Some(0),
+            ..params(2, 2, 4, 4)
+        };
+        let batch = random_batch(&mut rng, zero, &[(1, 1)]);
+        let mut out = vec![0.0; batch.q.len()];
+        assert!(paged_attention(
+            &pool,
+            &zero,
+            &batch.q,
+            (&batch.k_cache).into(),
+            (&batch.v_cache).into(),
+            &batch.seqs,
+            &batch.block_tables,
+            &mut out
+        )
+        .is_err());
     }
 
     #[test]
@@ -912,17 +1030,20 @@ mod tests {
             KvCacheDType::Fp8E4m3,
             KvCacheDType::Fp8E5m2,
         ] {
-            check_batch_invariance(dtype);
+            check_batch_invariance(dtype, None);
         }
     }
 
     /// Each sequence alone (any thread count), each row as a decode step, and uneven prefill
     /// chunks give bitwise what the whole mixed batch gives, over a `dtype` cache.
-    fn check_batch_invariance(dtype: KvCacheDType) {
+    fn check_batch_invariance(dtype: KvCacheDType, sliding_window: Option<usize>) {
         let mut rng = Rng::new(9);
         let pools: Vec<ThreadPool> = [1, 2, 3, 8].into_iter().map(ThreadPool::new).collect();
         for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
-            let params = params(num_heads, num_kv_heads, head_dim, block_size);
+            let params = AttentionParams {
+                sliding_window,
+                ..params(num_heads, num_kv_heads, head_dim, block_size)
+            };
             let q_dim = num_heads * head_dim;
             let shapes = [(40, 40), (1, 77), (5, 30), (19, 50)];
             let mut batch = random_batch(&mut rng, params, &shapes);
@@ -1147,6 +1268,7 @@ mod tests {
             head_dim: 4,
             block_size: 2,
             scale: 1.0,
+            sliding_window: None,
         };
         let pool = ThreadPool::new(1);
         let q = vec![0.0f32; 16];

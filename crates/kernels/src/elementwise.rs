@@ -1,4 +1,4 @@
-//! Row-wise elementwise kernels: RMSNorm, SiLU gating, residual add, softmax.
+//! Row-wise elementwise kernels: RMSNorm, SiLU and GELU gating, residual add, softmax.
 //!
 //! These are memory-bound and tiny next to the matmuls; the compiler vectorizes the simple
 //! loops. Reductions (RMSNorm's sum of squares, softmax's sum) use a fixed 8-lane order so
@@ -66,6 +66,28 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
         });
     }
     crate::simd::VectorOps::detect().silu_mul(gate, up);
+    Ok(())
+}
+
+/// `gate = gelu_tanh(gate) * up`, with GELU's tanh approximation
+/// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g³)))` (Gemma's `gelu_pytorch_tanh`), evaluated
+/// in f32 per element. llama.cpp instead looks the GELU up in an f16 table (input and result
+/// rounded to f16), so the two differ by up to ~1e-3 relative per element.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
+    if gate.len() != up.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "gelu_tanh_mul up",
+            expected: gate.len(),
+            actual: up.len(),
+        });
+    }
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEFFICIENT: f32 = 0.044_715;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + COEFFICIENT * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
     Ok(())
 }
 
@@ -162,6 +184,31 @@ mod tests {
         assert_eq!(extremes[0], 200.0);
         assert!(extremes[1].abs() < 1e-30 && extremes[2] == 0.0);
         assert!(extremes.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn gelu_tanh_mul_matches_f64_formula() {
+        let gate: Vec<f32> = (0..301).map(|i| (i as f32 - 150.0) * 0.11).collect();
+        let up: Vec<f32> = (0..301).map(|i| 0.5 + i as f32 * 0.01).collect();
+        let mut got = gate.clone();
+        gelu_tanh_mul(&mut got, &up).unwrap();
+        for ((&g, &u), &f) in gate.iter().zip(&up).zip(&got) {
+            let x = f64::from(g);
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            let want = 0.5 * x * (1.0 + inner.tanh()) * f64::from(u);
+            assert!(
+                (f64::from(f) - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "{g}: {f} vs {want}"
+            );
+        }
+        // Known points: gelu(0) = 0, gelu(1) ≈ 0.841192, large inputs pass or vanish.
+        let mut points = [0.0f32, 1.0, 20.0, -20.0, 1e30, -1e30];
+        gelu_tanh_mul(&mut points, &[1.0; 6]).unwrap();
+        assert_eq!(points[0], 0.0);
+        assert!((points[1] - 0.841_192).abs() < 1e-6, "{}", points[1]);
+        assert_eq!(points[2], 20.0);
+        assert_eq!(points[3], 0.0);
+        assert!(gelu_tanh_mul(&mut [0.0; 2], &[1.0]).is_err());
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //!   Quantized layers quantize activations per 32 values to int8 and use exact integer block
 //!   dots (AVX2 `maddubs`/`madd`), four activation rows per weight-row pass, split over the pool
 //!   by output rows. F16/BF16 weights are widened to f32 at load (2x memory).
-//! - Elementwise: [`rms_norm`], [`silu_mul`], [`add_inplace`], [`softmax_inplace`].
+//! - Elementwise: [`rms_norm`], [`silu_mul`], [`gelu_tanh_mul`], [`add_inplace`],
+//!   [`softmax_inplace`].
 //! - RoPE: [`RopeCache`] (`new(rotary_dim, theta, max_positions, RopeScaling)`, angles in f64
 //!   stored as f32; positions past the table are computed on the fly identically) and
 //!   [`apply_rope`]`(x, n_tokens, n_heads, head_dim, positions, &cache, RopeStyle)`, rotating
@@ -34,7 +35,8 @@
 //!   into the cache's [`KvCacheDType`] (f32, f16, bf16, fp8 E4M3 or E5M2; owned as a
 //!   [`KvCacheBuffer`], borrowed as [`KvCacheSlice`]/[`KvCacheSliceMut`]);
 //!   [`paged_attention`] runs causal GQA attention over a flattened batch of sequences
-//!   ([`AttentionSeq`]) described by [`AttentionParams`]; [`reference_attention`] is the naive
+//!   ([`AttentionSeq`]) described by [`AttentionParams`] (optionally within a sliding
+//!   window); [`reference_attention`] is the naive
 //!   materialized-softmax reference. Rows of `out` not covered by any sequence are left as
 //!   they were.
 //! - [`CpuFeatures`]: the CPU's features, detected once per process; every kernel family
@@ -94,7 +96,7 @@ pub use attention::{
 };
 pub use cpu::CpuFeatures;
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
-pub use elementwise::{add_inplace, rms_norm, silu_mul, softmax_inplace};
+pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
 pub use kv_dtype::{
     f32_to_bf16_saturating, f32_to_f16_saturating, f32_to_fp8_e4m3, f32_to_fp8_e5m2,
     fp8_e4m3_to_f32, fp8_e5m2_to_f32, KvCacheBuffer, KvCacheDType, KvCacheSlice, KvCacheSliceMut,

@@ -7,34 +7,83 @@ use tokenmill_gguf::GgufFile;
 
 use crate::error::{io_error, ModelError, Result};
 
-/// The Llama-family variants this crate runs. They share one implementation; the differences
-/// (QKV bias, RoPE layout) are fields of [`ModelConfig`].
+/// The architectures this crate runs. The Llama-shaped ones share one implementation
+/// (`families/llama.rs`) whose differences (QKV bias, QK-norm, RoPE layout, sliding window)
+/// are fields of [`ModelConfig`]; Gemma 3 has its own block (`families/gemma3.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 2/3 and everything shaped like it (SmolLM2, TinyLlama, ...).
     Llama,
+    /// Llama with an optional sliding window over every layer.
     Mistral,
     /// Qwen2 and Qwen2.5: Llama with a bias on the Q, K and V projections.
     Qwen2,
+    /// Qwen3 (dense): Llama with a per-head RMSNorm on Q and K (QK-norm), no bias.
+    Qwen3,
+    /// Gemma 3 (text): pre- and post-norms, QK-norm, GELU-tanh gate, scaled embeddings,
+    /// interleaved sliding-window (local) and global layers.
+    Gemma3,
 }
 
 impl Architecture {
-    /// Maps a GGUF `general.architecture` or HF `model_type` string.
+    /// Every supported architecture, in the order error messages list them.
+    pub const ALL: [Architecture; 5] = [
+        Architecture::Llama,
+        Architecture::Mistral,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
+    ];
+
+    /// Maps a GGUF `general.architecture` or HF `model_type` string (HF calls Gemma 3's text
+    /// model `gemma3_text`).
     pub fn from_name(name: &str) -> Result<Architecture> {
         match name {
             "llama" => Ok(Architecture::Llama),
             "mistral" => Ok(Architecture::Mistral),
             "qwen2" => Ok(Architecture::Qwen2),
-            other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+            "qwen3" => Ok(Architecture::Qwen3),
+            "gemma3" | "gemma3_text" => Ok(Architecture::Gemma3),
+            other => Err(ModelError::UnsupportedArchitecture {
+                name: other.to_string(),
+                supported: Architecture::supported_list(),
+            }),
         }
     }
 
+    /// The GGUF name, which is also the metadata key prefix (`gemma3.embedding_length`).
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
             Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3",
         }
+    }
+
+    /// The family that runs it, as the start-up log and `/v1/models` name it.
+    pub fn family(self) -> &'static str {
+        match self {
+            Architecture::Llama => "Llama",
+            Architecture::Mistral => "Mistral",
+            Architecture::Qwen2 => "Qwen2",
+            Architecture::Qwen3 => "Qwen3",
+            Architecture::Gemma3 => "Gemma 3",
+        }
+    }
+
+    /// `llama, mistral, ...`: what an unsupported-architecture error lists.
+    pub fn supported_list() -> String {
+        Architecture::ALL.map(Architecture::name).join(", ")
+    }
+
+    /// Whether the family's GGUF files and HF checkpoints both rotate half-split pairs.
+    fn always_neox(self) -> bool {
+        matches!(
+            self,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3
+        )
     }
 }
 
@@ -89,6 +138,21 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Whether Q, K and V projections carry a bias (Qwen2, or Llama with `attention_bias`).
     pub attention_bias: bool,
+    /// Whether Q and K go through a per-head RMSNorm before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// `Some(w)`: sliding layers attend to the last `w` positions only (Mistral, Gemma 3).
+    pub sliding_window: Option<usize>,
+    /// With a sliding window, `Some(n)`: every `n`-th layer (`(i + 1) % n == 0`) is global
+    /// and the others slide (Gemma 3: 6); `None`: every layer slides (Mistral).
+    pub sliding_window_pattern: Option<usize>,
+    /// RoPE base of the sliding layers when it differs from `rope_theta` (Gemma 3's local
+    /// layers: 10,000, without the global layers' scaling).
+    pub rope_local_theta: Option<f32>,
+    /// Scores are scaled by `query_pre_attn_scalar^-1/2` instead of `head_dim^-1/2`
+    /// (Gemma 3's `query_pre_attn_scalar`).
+    pub query_pre_attn_scalar: Option<f32>,
+    /// `Some(c)`: logits become `c * tanh(logits / c)` (Gemma's `final_logit_softcapping`).
+    pub final_logit_softcapping: Option<f32>,
 }
 
 impl ModelConfig {
@@ -100,6 +164,21 @@ impl ModelConfig {
     /// Width of one token's key (or value) vector across all KV heads.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The sliding window of layer `layer`, `None` for a layer that sees the whole context.
+    pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
+        let window = self.sliding_window?;
+        match self.sliding_window_pattern {
+            Some(period) if (layer + 1).is_multiple_of(period) => None,
+            _ => Some(window),
+        }
+    }
+
+    /// The score scale of every attention layer.
+    pub fn attention_scale(&self) -> f32 {
+        let scalar = self.query_pre_attn_scalar.unwrap_or(self.head_dim as f32);
+        1.0 / scalar.sqrt()
     }
 
     /// Reads the hyper-parameters from a GGUF file's `{arch}.*` metadata.
@@ -160,16 +239,20 @@ impl ModelConfig {
                 })
             }
         };
-        let rope_style = match architecture {
-            Architecture::Llama | Architecture::Mistral => RopeStyle::Normal,
-            Architecture::Qwen2 => RopeStyle::Neox,
+        let rope_style = if architecture.always_neox() {
+            RopeStyle::Neox
+        } else {
+            RopeStyle::Normal
         };
+        let sliding_window = optional_usize("attention.sliding_window")?.filter(|&w| w > 0);
+        let num_layers = required_usize("block_count")?;
+        let is_gemma3 = architecture == Architecture::Gemma3;
         let config = ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
             intermediate_size: required_usize("feed_forward_length")?,
-            num_layers: required_usize("block_count")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -182,6 +265,16 @@ impl ModelConfig {
             tie_word_embeddings: file.tensor("output.weight").is_none(),
             attention_bias: architecture == Architecture::Qwen2
                 || file.tensor("blk.0.attn_q.bias").is_some(),
+            qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
+            sliding_window,
+            // llama.cpp's Gemma 3: every sixth layer global, local layers on base 10,000.
+            sliding_window_pattern: is_gemma3.then_some(6),
+            rope_local_theta: (is_gemma3 && sliding_window.is_some()).then_some(10_000.0),
+            // GGUF has no `query_pre_attn_scalar`: llama.cpp scales by head_dim^-1/2, except
+            // for the 27B model (62 layers), which uses hidden / heads.
+            query_pre_attn_scalar: (is_gemma3 && num_layers == 62)
+                .then(|| (hidden_size / num_heads) as f32),
+            final_logit_softcapping: optional_f32("final_logit_softcapping").filter(|&c| c > 0.0),
         };
         config.validate()?;
         Ok(config)
@@ -201,7 +294,7 @@ impl ModelConfig {
 
     /// Parses the text of an HF `config.json`. HF checkpoints rotate halves (`Neox`).
     pub fn from_hf_config_json(text: &str) -> Result<ModelConfig> {
-        let raw: HfConfig =
+        let mut raw: HfConfig =
             serde_json::from_str(text).map_err(|source| ModelError::ConfigJson {
                 path: "config.json".into(),
                 source,
@@ -220,9 +313,26 @@ impl ModelConfig {
                 raw.num_attention_heads,
             )?,
         };
-        let rope_scaling = match raw.rope_scaling {
+        let rope_scaling = match raw.rope_scaling.take() {
             None => RopeScaling::None,
             Some(scaling) => scaling.into_typed()?,
+        };
+        let is_gemma3 = architecture == Architecture::Gemma3;
+        if raw.use_sliding_window == Some(true) && !is_gemma3 {
+            // Qwen's `max_window_layers` split is not implemented; refuse rather than ignore.
+            return Err(ModelError::InvalidMetadata {
+                key: "use_sliding_window".into(),
+                message: "Qwen-style sliding-window layers are not supported".into(),
+            });
+        }
+        let sliding_window = match architecture {
+            Architecture::Mistral | Architecture::Gemma3 => raw.sliding_window,
+            _ => None,
+        };
+        let sliding_window_pattern = if is_gemma3 {
+            Some(gemma3_pattern(&raw)?)
+        } else {
+            None
         };
         let config = ModelConfig {
             architecture,
@@ -239,10 +349,35 @@ impl ModelConfig {
             rope_scaling,
             rope_style: RopeStyle::Neox,
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            // Gemma 3's config defaults to a tied head; Llama's to an untied one.
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(is_gemma3),
             attention_bias: architecture == Architecture::Qwen2
                 || raw.attention_bias.unwrap_or(false),
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            sliding_window,
+            sliding_window_pattern,
+            rope_local_theta: if is_gemma3 {
+                Some(raw.rope_local_base_freq.unwrap_or(10_000.0) as f32)
+            } else {
+                None
+            },
+            query_pre_attn_scalar: raw.query_pre_attn_scalar.map(|v| v as f32),
+            final_logit_softcapping: raw.final_logit_softcapping.map(|v| v as f32),
         };
+        if is_gemma3 && raw.attn_logit_softcapping.is_some() {
+            return Err(ModelError::InvalidMetadata {
+                key: "attn_logit_softcapping".into(),
+                message: "attention logit soft-capping is not supported".into(),
+            });
+        }
+        if let Some(activation) = raw.hidden_activation.as_deref() {
+            if is_gemma3 && activation != "gelu_pytorch_tanh" {
+                return Err(ModelError::InvalidMetadata {
+                    key: "hidden_activation".into(),
+                    message: format!("unsupported activation `{activation}`"),
+                });
+            }
+        }
         config.validate()?;
         Ok(config)
     }
@@ -321,6 +456,44 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    /// Gemma 3: the older period form and the newer per-layer list.
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    rope_local_base_freq: Option<f64>,
+    query_pre_attn_scalar: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    hidden_activation: Option<String>,
+}
+
+/// Gemma 3's period of global layers from `layer_types` (which must follow one) or
+/// `sliding_window_pattern`, 6 when neither is given.
+fn gemma3_pattern(raw: &HfConfig) -> Result<usize> {
+    let Some(types) = &raw.layer_types else {
+        return Ok(raw.sliding_window_pattern.unwrap_or(6).max(1));
+    };
+    let period = types
+        .iter()
+        .position(|kind| kind == "full_attention")
+        .map_or(types.len() + 1, |index| index + 1);
+    let periodic = types.iter().enumerate().all(|(layer, kind)| {
+        let global = (layer + 1).is_multiple_of(period);
+        kind == if global {
+            "full_attention"
+        } else {
+            "sliding_attention"
+        }
+    });
+    if !periodic {
+        return Err(ModelError::InvalidMetadata {
+            key: "layer_types".into(),
+            message: "only a periodic pattern ending each period with a global layer is supported"
+                .into(),
+        });
+    }
+    Ok(period)
 }
 
 #[derive(Debug, Deserialize)]
@@ -429,11 +602,89 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_model_type_is_named() {
-        let text = r#"{"model_type": "gemma3", "vocab_size": 10, "hidden_size": 8,
+    fn unsupported_model_type_is_named_with_the_supported_list() {
+        let text = r#"{"model_type": "phi3", "vocab_size": 10, "hidden_size": 8,
             "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}"#;
         let error = ModelConfig::from_hf_config_json(text).unwrap_err();
-        assert!(error.to_string().contains("`gemma3`"), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("`phi3`"), "{message}");
+        assert!(
+            message.contains("llama, mistral, qwen2, qwen3, gemma3"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn qwen3_has_qk_norm_and_its_own_head_dim() {
+        let text = r#"{"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+            "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+            "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0,
+            "sliding_window": null, "use_sliding_window": false, "tie_word_embeddings": true}"#;
+        let config = ModelConfig::from_hf_config_json(text).unwrap();
+        assert_eq!(config.architecture, Architecture::Qwen3);
+        assert!(config.qk_norm && !config.attention_bias);
+        assert_eq!((config.head_dim, config.q_dim()), (128, 2048));
+        assert_eq!(config.layer_sliding_window(0), None);
+        let sliding = text.replace(
+            r#""use_sliding_window": false"#,
+            r#""use_sliding_window": true"#,
+        );
+        let error = ModelConfig::from_hf_config_json(&sliding).unwrap_err();
+        assert!(error.to_string().contains("use_sliding_window"), "{error}");
+    }
+
+    #[test]
+    fn mistral_sliding_window_covers_every_layer() {
+        let text = r#"{"model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "sliding_window": 4096}"#;
+        let config = ModelConfig::from_hf_config_json(text).unwrap();
+        assert_eq!(config.sliding_window, Some(4096));
+        assert!((0..32).all(|layer| config.layer_sliding_window(layer) == Some(4096)));
+        let full = text.replace(r#""sliding_window": 4096"#, r#""sliding_window": null"#);
+        let config = ModelConfig::from_hf_config_json(&full).unwrap();
+        assert_eq!(config.layer_sliding_window(0), None);
+        // Qwen2 configs name a window they do not use.
+        let qwen = text.replace("mistral", "qwen2").replace(
+            r#""sliding_window": 4096"#,
+            r#""sliding_window": 4096, "use_sliding_window": false"#,
+        );
+        let config = ModelConfig::from_hf_config_json(&qwen).unwrap();
+        assert_eq!(config.sliding_window, None);
+    }
+
+    const GEMMA3_270M: &str = r#"{"architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 640,
+        "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 256, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": null,
+        "sliding_window": 512, "query_pre_attn_scalar": 256,
+        "final_logit_softcapping": null, "attn_logit_softcapping": null,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "full_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "full_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention",
+            "sliding_attention", "sliding_attention", "full_attention"]}"#;
+
+    #[test]
+    fn gemma3_layers_alternate_five_local_one_global() {
+        let config = ModelConfig::from_hf_config_json(GEMMA3_270M).unwrap();
+        assert_eq!(config.architecture, Architecture::Gemma3);
+        assert_eq!(config.sliding_window_pattern, Some(6));
+        let globals: Vec<usize> = (0..config.num_layers)
+            .filter(|&layer| config.layer_sliding_window(layer).is_none())
+            .collect();
+        assert_eq!(globals, [5, 11, 17]);
+        assert_eq!(config.layer_sliding_window(0), Some(512));
+        assert_eq!(config.rope_local_theta, Some(10_000.0));
+        assert_eq!(config.attention_scale(), 1.0 / 16.0);
+        assert!(config.qk_norm && config.final_logit_softcapping.is_none());
+        let odd = GEMMA3_270M.replacen(r#""full_attention""#, r#""sliding_attention""#, 1);
+        assert!(ModelConfig::from_hf_config_json(&odd).is_err());
+        let gelu = GEMMA3_270M.replace("gelu_pytorch_tanh", "relu");
+        assert!(ModelConfig::from_hf_config_json(&gelu).is_err());
     }
 
     #[test]

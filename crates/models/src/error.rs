@@ -23,8 +23,8 @@ pub enum ModelError {
     },
     #[error("invalid safetensors file {path}: {message}")]
     Safetensors { path: PathBuf, message: String },
-    #[error("unsupported model architecture `{0}` (supported: llama, mistral, qwen2)")]
-    UnsupportedArchitecture(String),
+    #[error("unsupported model architecture `{name}` (supported: {supported})")]
+    UnsupportedArchitecture { name: String, supported: String },
     #[error("unsupported tensor type {dtype} for tensor `{tensor}`")]
     UnsupportedTensorType { tensor: String, dtype: String },
     #[error("missing model metadata `{0}`")]

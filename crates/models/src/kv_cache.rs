@@ -11,9 +11,10 @@ use tokenmill_kernels::{KvCacheBuffer, KvCacheDType};
 pub struct LayerKvLayout {
     pub num_kv_heads: usize,
     pub head_dim: usize,
-    /// `Some(w)`: the layer attends to the last `w` positions only. Every supported family
-    /// attends to the whole context (`None`); the field is here so a family that does not
-    /// can say so without another sizing path.
+    /// `Some(w)`: the layer attends to the last `w` positions only (Gemma 3's local layers,
+    /// Mistral's `sliding_window`); `None`: to the whole context. The cache still keeps every
+    /// block of such a layer; freeing blocks that fell out of every window is the KV
+    /// manager's later step.
     pub sliding_window: Option<usize>,
 }
 

@@ -15,7 +15,7 @@
 //! - [`CausalLm`]: the model seam (config, per-layer [`LayerKvLayout`], forward over a batch
 //!   on the caller's [`ThreadPool`]); [`load_model`] picks the family from the architecture.
 //!   Families live in `families/` (one file each: [`LlamaModel`] for Llama 2/3, SmolLM2,
-//!   Mistral and Qwen2) and are composed from the shared blocks in `layers/` (linear, norms,
+//!   Mistral, Qwen2 and Qwen3; [`Gemma3Model`] for Gemma 3) and are composed from the shared blocks in `layers/` (linear, norms,
 //!   RoPE, attention, gated MLP); quantized and float checkpoints differ only in the dtype of
 //!   their matrices.
 //! - [`BatchInput`], [`KvCacheStorage`], [`Workspace`]: the inputs and memory of a step. The
@@ -68,7 +68,7 @@ pub use batch::BatchInput;
 pub use cache_dtype::{CacheDtype, CacheDtypeError};
 pub use config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
-pub use families::LlamaModel;
+pub use families::{Gemma3Model, LlamaModel};
 pub use kv_cache::{KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;

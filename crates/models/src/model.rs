@@ -8,7 +8,7 @@ use tokenmill_kernels::ThreadPool;
 use crate::batch::BatchInput;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{io_error, ModelError, Result};
-use crate::families::{self, LlamaModel};
+use crate::families::{self, Gemma3Model, LlamaModel};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::Workspace;
 use crate::source::ModelSource;
@@ -78,9 +78,11 @@ pub fn load_model(source: &ModelSource, options: &LoadOptions) -> Result<Box<dyn
                 .model_type
                 .ok_or_else(|| ModelError::MissingMetadata("model_type".into()))?;
             match Architecture::from_name(&name)? {
-                Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => {
-                    Ok(Box::new(LlamaModel::load_hf_directory(dir, options)?))
-                }
+                Architecture::Llama
+                | Architecture::Mistral
+                | Architecture::Qwen2
+                | Architecture::Qwen3 => Ok(Box::new(LlamaModel::load_hf_directory(dir, options)?)),
+                Architecture::Gemma3 => Ok(Box::new(Gemma3Model::load_hf_directory(dir, options)?)),
             }
         }
     }
@@ -89,9 +91,10 @@ pub fn load_model(source: &ModelSource, options: &LoadOptions) -> Result<Box<dyn
 /// Loads a model from an open GGUF file, so its tokenizer can be read from the same file.
 pub fn load_gguf_model(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn CausalLm>> {
     match Architecture::from_name(gguf_architecture(file)?)? {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => {
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
             Ok(Box::new(LlamaModel::from_gguf(file, options)?))
         }
+        Architecture::Gemma3 => Ok(Box::new(Gemma3Model::from_gguf(file, options)?)),
     }
 }
 
@@ -108,9 +111,13 @@ pub fn read_model_config(source: &ModelSource) -> Result<ModelConfig> {
 /// loading it.
 pub fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
     match config.architecture {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 => {
-            families::llama_kv_layout(config)
-        }
+        // Both families keep one KV shape per layer and take each layer's window from the
+        // config.
+        Architecture::Llama
+        | Architecture::Mistral
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Gemma3 => families::llama_kv_layout(config),
     }
 }
 

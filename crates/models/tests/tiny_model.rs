@@ -296,15 +296,21 @@ fn unsupported_tensor_type_is_named() {
 #[test]
 fn unsupported_architecture_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gemma.gguf");
+    let path = dir.path().join("phi.gguf");
     let mut writer = tokenmill_gguf::GgufWriter::new();
     writer.add_metadata(
         "general.architecture",
-        tokenmill_gguf::MetadataValue::String("gemma3".into()),
+        tokenmill_gguf::MetadataValue::String("phi3".into()),
     );
     writer.write_to(&path).unwrap();
     let error = LlamaModel::load_gguf(&path, &options()).unwrap_err();
-    assert!(error.to_string().contains("`gemma3`"), "{error}");
+    assert!(error.to_string().contains("`phi3`"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3)"),
+        "{error}"
+    );
 }
 
 #[test]

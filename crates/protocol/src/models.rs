@@ -25,6 +25,10 @@ pub struct ModelCard {
     pub max_model_len: Option<u32>,
     #[serde(default)]
     pub permission: Vec<serde_json::Value>,
+    /// The model's architecture (`llama`, `qwen3`, `gemma3`, ...): a tokenmill extension,
+    /// so clients can tell the family without loading the weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
 }
 
 impl ModelCard {
@@ -42,6 +46,15 @@ impl ModelCard {
             parent: None,
             max_model_len: Some(max_model_len),
             permission: Vec::new(),
+            architecture: None,
+        }
+    }
+
+    /// The card naming the architecture that serves it.
+    pub fn with_architecture(self, architecture: &str) -> Self {
+        Self {
+            architecture: Some(architecture.to_string()),
+            ..self
         }
     }
 }

@@ -444,6 +444,10 @@ fn components() -> Value {
                 "permission",
                 json!({"type": "array", "items": {"type": "object"}}),
             ),
+            (
+                "architecture",
+                string("The model's architecture (tokenmill extension)."),
+            ),
         ],
         &["id", "object", "created", "owned_by"],
     );

@@ -170,7 +170,7 @@ fn response_schemas_cover_the_response_fields() {
         schema_properties(&document, "Usage"),
         serialized_keys(&usage)
     );
-    let card = ModelCard::new("m".into(), 0, "r".into(), 1);
+    let card = ModelCard::new("m".into(), 0, "r".into(), 1).with_architecture("llama");
     assert_eq!(
         schema_properties(&document, "ModelCard"),
         serialized_keys(&card)

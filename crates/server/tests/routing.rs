@@ -28,6 +28,8 @@ async fn every_route_answers() {
         .collect();
     assert_eq!(ids, [MODEL_NAME, MODEL_ALIAS]);
     assert_eq!(models["data"][0]["max_model_len"], MAX_MODEL_LEN);
+    // The default model is a Llama-family GGUF.
+    assert_eq!(models["data"][0]["architecture"], "llama");
 
     let (status, body) = app.get("/health").await;
     assert_eq!(status, StatusCode::OK, "{body}");

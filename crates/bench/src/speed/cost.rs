@@ -75,6 +75,12 @@ mod tests {
             max_position_embeddings: 8192,
             tie_word_embeddings: true,
             attention_bias: false,
+            qk_norm: false,
+            sliding_window: None,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
+            final_logit_softcapping: None,
         }
     }
 

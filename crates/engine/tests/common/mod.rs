@@ -28,9 +28,46 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// The default model with a sliding window of `SLIDING_WINDOW` positions on every layer
+/// (`llama.attention.sliding_window`, as a Mistral-style file declares it): its GGUF with that
+/// one key added, written once per test process.
+pub fn sliding_window_model_path() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "default-model-window-{SLIDING_WINDOW}-{}.gguf",
+            std::process::id()
+        ));
+        let file = tokenmill_gguf::GgufFile::open(&model_path()).unwrap();
+        let mut writer = tokenmill_gguf::GgufWriter::new();
+        for (key, value) in file.metadata() {
+            writer.add_metadata(key, value.clone());
+        }
+        writer.add_metadata(
+            "llama.attention.sliding_window",
+            tokenmill_gguf::MetadataValue::U32(SLIDING_WINDOW as u32),
+        );
+        for info in file.tensors() {
+            let data = file.tensor_data(info).unwrap().to_vec();
+            writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
+        }
+        writer.write_to(&path).unwrap();
+        path
+    })
+    .clone()
+}
+
+/// The window of [`sliding_window_model_path`]: shorter than most test prompts.
+pub const SLIDING_WINDOW: usize = 24;
+
 /// An engine config over the default model with `num_blocks` KV blocks of 16 tokens.
 pub fn config(num_blocks: usize, max_model_len: usize) -> EngineConfig {
-    let mut config = EngineConfig::new(ModelSource::from_path(model_path()));
+    config_for(model_path(), num_blocks, max_model_len)
+}
+
+/// [`config`] over the model at `model`.
+pub fn config_for(model: PathBuf, num_blocks: usize, max_model_len: usize) -> EngineConfig {
+    let mut config = EngineConfig::new(ModelSource::from_path(model));
     let probe = Engine::bytes_per_block_for(&config).expect("model config loads");
     config.kv_cache = KvCacheSizing::Bytes((probe * num_blocks) as u64);
     config.max_model_len = Some(max_model_len);

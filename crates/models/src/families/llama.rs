@@ -1,5 +1,8 @@
-//! The Llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral and Qwen2 (Llama with a QKV bias).
-//! Pre-norm blocks: `x += attn(rms(x)); x += mlp(rms(x))`, SiLU-gated MLP, one RoPE table.
+//! The Llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral (with its sliding window), Qwen2
+//! (Llama with a QKV bias) and Qwen3 (Llama with QK-norm and its own head_dim). Pre-norm
+//! blocks: `x += attn(rms(x)); x += mlp(rms(x))`, SiLU-gated MLP, one RoPE table. The
+//! variants differ only in [`ModelConfig`] fields the shared attention block reads
+//! ([`AttentionOptions`]), so they are one implementation rather than copies.
 
 use std::path::Path;
 
@@ -7,12 +10,12 @@ use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 
 use crate::batch::BatchInput;
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::{
-    embed, Activation, AttentionBlock, AttentionShape, GatedMlp, Linear, RmsNorm, Rope, Step,
-    Workspace,
+    Activation, AttentionBlock, AttentionOptions, AttentionShape, EmbeddingAndHead, GatedMlp,
+    RmsNorm, Rope, Step, Workspace,
 };
 use crate::loader::{llama3_scaling_from_rope_freqs, TensorNaming, TensorStore, WeightReader};
 use crate::model::{validate_batch, CausalLm, LoadOptions};
@@ -25,12 +28,8 @@ use crate::source::ModelSource;
 pub struct LlamaModel {
     config: ModelConfig,
     kv_layout: Vec<LayerKvLayout>,
-    /// `[vocab][hidden]`; also the output head when that is tied.
-    embedding: Linear,
+    ends: EmbeddingAndHead,
     layers: Vec<LlamaLayer>,
-    output_norm: RmsNorm,
-    /// `None` when the output head is tied to the embedding.
-    output: Option<Linear>,
     rope: Rope,
 }
 
@@ -88,37 +87,26 @@ impl LlamaModel {
         naming: TensorNaming,
         options: &LoadOptions,
     ) -> Result<LlamaModel> {
+        if config.architecture == Architecture::Gemma3 {
+            return Err(ModelError::InvalidMetadata {
+                key: "general.architecture".into(),
+                message: "gemma3 has its own block (Gemma3Model; load_model picks it)".into(),
+            });
+        }
         let reader = WeightReader::new(store, naming, options.dequantize_to_f32);
-        let (hidden, vocab) = (config.hidden_size, config.vocab_size);
-        let embedding = reader.matrix("token_embd.weight", vocab, hidden)?;
+        let ends = EmbeddingAndHead::load(&reader, &config)?;
         let layers = (0..config.num_layers)
             .map(|layer| LlamaLayer::load(&reader, &config, layer))
             .collect::<Result<Vec<_>>>()?;
-        let output_norm = reader.rms_norm("output_norm.weight", hidden, config.rms_norm_eps)?;
-        const OUTPUT: &str = "output.weight";
-        let output = if reader.contains(OUTPUT) {
-            Some(reader.matrix(OUTPUT, vocab, hidden)?)
-        } else if config.tie_word_embeddings || matches!(naming, TensorNaming::Gguf) {
-            None
-        } else {
-            return Err(ModelError::MissingTensor(naming.global(OUTPUT).into()));
-        };
         let rope = Rope::from_config(&config)?;
         let kv_layout = kv_layout(&config);
         Ok(LlamaModel {
             config,
             kv_layout,
-            embedding,
+            ends,
             layers,
-            output_norm,
-            output,
             rope,
         })
-    }
-
-    /// The output head: its own matrix, or the embedding table when tied.
-    fn head(&self) -> &Linear {
-        self.output.as_ref().unwrap_or(&self.embedding)
     }
 
     /// Sizes every workspace buffer for `n` tokens and `rows` logits rows.
@@ -130,12 +118,15 @@ impl LlamaModel {
     }
 }
 
-/// Every Llama-family layer keeps the same KV shape and attends to the whole context.
+/// Every layer keeps the same KV shape; each one's window is the config's.
 pub(crate) fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
-    vec![attention_shape(config).kv_layout(); config.num_layers]
+    let shape = attention_shape(config);
+    (0..config.num_layers)
+        .map(|layer| shape.kv_layout(config.layer_sliding_window(layer)))
+        .collect()
 }
 
-fn attention_shape(config: &ModelConfig) -> AttentionShape {
+pub(crate) fn attention_shape(config: &ModelConfig) -> AttentionShape {
     AttentionShape {
         num_heads: config.num_heads,
         num_kv_heads: config.num_kv_heads,
@@ -153,7 +144,7 @@ impl LlamaLayer {
                 &tensors,
                 attention_shape(config),
                 hidden,
-                config.attention_bias,
+                AttentionOptions::for_layer(config, layer),
             )?,
             ffn_norm: tensors.rms_norm("ffn_norm.weight", hidden, eps)?,
             mlp: GatedMlp::load(&tensors, hidden, config.intermediate_size, Activation::Silu)?,
@@ -208,16 +199,12 @@ impl CausalLm for LlamaModel {
 
     fn weight_bytes(&self) -> usize {
         let layers: usize = self.layers.iter().map(LlamaLayer::storage_bytes).sum();
-        layers
-            + self.embedding.storage_bytes()
-            + self.output.as_ref().map_or(0, Linear::storage_bytes)
+        layers + self.ends.storage_bytes()
     }
 
     fn decode_weight_bytes(&self) -> usize {
-        match &self.output {
-            Some(_) => self.weight_bytes() - self.embedding.storage_bytes(),
-            None => self.weight_bytes(),
-        }
+        let layers: usize = self.layers.iter().map(LlamaLayer::storage_bytes).sum();
+        layers + self.ends.decode_bytes()
     }
 
     fn forward(
@@ -230,17 +217,11 @@ impl CausalLm for LlamaModel {
     ) -> Result<()> {
         validate_batch(&self.config, batch, kv)?;
         let step = Step { pool, batch };
-        let (hidden, vocab) = (self.config.hidden_size, self.config.vocab_size);
         self.prepare(workspace, batch.num_tokens(), batch.logits_indices.len());
-        embed(
-            &self.embedding,
-            &batch.token_ids,
-            &mut workspace.hidden,
-            hidden,
-        )?;
+        self.ends.embed(&step, workspace)?;
         for (index, layer) in self.layers.iter().enumerate() {
             layer.forward(&step, &self.rope, index, kv, workspace)?;
         }
-        workspace.final_logits(&step, &self.output_norm, self.head(), hidden, vocab, logits)
+        self.ends.logits(&step, workspace, logits)
     }
 }

@@ -1,9 +1,10 @@
-//! The attention block: QKV projection (optional bias), RoPE, the paged KV write, paged
-//! attention over each sequence's cached context, and the output projection.
+//! The attention block: QKV projection (optional bias), optional per-head QK-norm, RoPE, the
+//! paged KV write, paged attention over each sequence's cached context (optionally within a
+//! sliding window), and the output projection.
 
 use tokenmill_kernels::{add_inplace, paged_attention, write_kv, AttentionParams};
 
-use super::{Linear, LinearScratch, Rope, StackedLinear, Step};
+use super::{Linear, LinearScratch, RmsNorm, Rope, StackedLinear, Step};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::loader::LayerTensors;
@@ -25,12 +26,39 @@ impl AttentionShape {
         self.num_kv_heads * self.head_dim
     }
 
-    /// What the KV cache keeps for a layer of this shape attending to the whole context.
-    pub fn kv_layout(&self) -> LayerKvLayout {
+    /// What the KV cache keeps for a layer of this shape attending to the last
+    /// `sliding_window` positions (`None`: the whole context).
+    pub fn kv_layout(&self, sliding_window: Option<usize>) -> LayerKvLayout {
         LayerKvLayout {
             num_kv_heads: self.num_kv_heads,
             head_dim: self.head_dim,
-            sliding_window: None,
+            sliding_window,
+        }
+    }
+}
+
+/// What distinguishes one family's attention block from another's, besides its shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct AttentionOptions {
+    /// Q, K and V projections carry a bias (Qwen2).
+    pub bias: bool,
+    /// `Some(eps)`: per-head RMSNorm on Q and K before RoPE (`attn_q_norm`/`attn_k_norm`,
+    /// `head_dim` wide; Qwen3, Gemma 3).
+    pub qk_norm: Option<f32>,
+    /// Score scale (`head_dim^-1/2` unless the family says otherwise).
+    pub scale: f32,
+    /// `Some(w)`: the layer attends to the last `w` positions only.
+    pub sliding_window: Option<usize>,
+}
+
+impl AttentionOptions {
+    /// The options `config` gives layer `layer`.
+    pub fn for_layer(config: &crate::config::ModelConfig, layer: usize) -> AttentionOptions {
+        AttentionOptions {
+            bias: config.attention_bias,
+            qk_norm: config.qk_norm.then_some(config.rms_norm_eps),
+            scale: config.attention_scale(),
+            sliding_window: config.layer_sliding_window(layer),
         }
     }
 }
@@ -70,16 +98,21 @@ pub(crate) struct AttentionBlock {
     qkv: StackedLinear,
     /// `[q_dim + 2 * kv_dim]`, for Qwen2-style attention bias.
     qkv_bias: Option<Vec<f32>>,
+    /// Per-head norms of Q and K (`head_dim` wide each).
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
     output: Linear,
+    scale: f32,
+    sliding_window: Option<usize>,
 }
 
 impl AttentionBlock {
-    /// Reads `attn_{q,k,v}.weight` (and their biases when `bias`) and `attn_output.weight`.
+    /// Reads `attn_{q,k,v}.weight`, their biases and `attn_{q,k}_norm.weight` when the
+    /// options ask for them, and `attn_output.weight`.
     pub fn load(
         tensors: &LayerTensors<'_>,
         shape: AttentionShape,
         hidden: usize,
-        bias: bool,
+        options: AttentionOptions,
     ) -> Result<AttentionBlock> {
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
         let qkv = tensors.stacked(
@@ -90,7 +123,7 @@ impl AttentionBlock {
             ],
             hidden,
         )?;
-        let qkv_bias = if bias {
+        let qkv_bias = if options.bias {
             let mut values = tensors.vector("attn_q.bias", q_dim)?;
             values.extend(tensors.vector("attn_k.bias", kv_dim)?);
             values.extend(tensors.vector("attn_v.bias", kv_dim)?);
@@ -98,11 +131,21 @@ impl AttentionBlock {
         } else {
             None
         };
+        let qk_norm = match options.qk_norm {
+            Some(eps) => Some((
+                tensors.rms_norm("attn_q_norm.weight", shape.head_dim, eps)?,
+                tensors.rms_norm("attn_k_norm.weight", shape.head_dim, eps)?,
+            )),
+            None => None,
+        };
         Ok(AttentionBlock {
             shape,
             qkv,
             qkv_bias,
+            qk_norm,
             output: tensors.matrix("attn_output.weight", hidden, q_dim)?,
+            scale: options.scale,
+            sliding_window: options.sliding_window,
         })
     }
 
@@ -150,6 +193,12 @@ impl AttentionBlock {
                 }
             }
         }
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            // Each head's row is normed on its own: the weight is one head wide. The bias (if
+            // any) came first, as in the checkpoints' reference code.
+            q_norm.forward_in_place(&mut b.q, &mut b.out)?;
+            k_norm.forward_in_place(&mut b.k, &mut b.out)?;
+        }
         rope.apply(&mut b.q, shape.num_heads, shape.head_dim, &batch.positions)?;
         rope.apply(
             &mut b.k,
@@ -174,7 +223,8 @@ impl AttentionBlock {
             num_kv_heads: shape.num_kv_heads,
             head_dim: shape.head_dim,
             block_size,
-            scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            scale: self.scale,
+            sliding_window: self.sliding_window,
         };
         paged_attention(
             pool,

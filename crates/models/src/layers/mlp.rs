@@ -1,16 +1,17 @@
 //! The gated feed-forward block: `down(act(gate(x)) * up(x))`.
 
-use tokenmill_kernels::silu_mul;
+use tokenmill_kernels::{gelu_tanh_mul, silu_mul};
 
 use super::{Linear, LinearScratch, StackedLinear, Step};
 use crate::error::Result;
 use crate::loader::LayerTensors;
 
-/// The gate's activation. Gemma's GELU (tanh approximation) becomes a second variant with
-/// its own fused kernel.
+/// The gate's activation, each a fused `act(gate) * up` kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Activation {
     Silu,
+    /// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 /// The MLP's intermediates, `[n][..]` each.
@@ -83,6 +84,7 @@ impl GatedMlp {
             let (gate, up) = row.split_at_mut(intermediate);
             match self.activation {
                 Activation::Silu => silu_mul(gate, up)?,
+                Activation::GeluTanh => gelu_tanh_mul(gate, up)?,
             }
             activated.copy_from_slice(gate);
         }

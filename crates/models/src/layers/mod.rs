@@ -7,12 +7,14 @@
 //! same way whatever else is in the batch (the batch-invariance invariant).
 
 mod attention;
+mod head;
 mod linear;
 mod mlp;
 mod norm;
 mod rope;
 
-pub(crate) use attention::{AttentionBlock, AttentionBuffers, AttentionShape};
+pub(crate) use attention::{AttentionBlock, AttentionBuffers, AttentionOptions, AttentionShape};
+pub(crate) use head::EmbeddingAndHead;
 pub(crate) use linear::{embed, Linear, LinearScratch, StackedLinear};
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
 pub(crate) use norm::RmsNorm;
@@ -80,6 +82,14 @@ impl Workspace {
     /// Adds the last block's output to the residual stream.
     pub(crate) fn add_residual(&mut self) -> Result<()> {
         add_inplace(&mut self.hidden, &self.projected)?;
+        Ok(())
+    }
+
+    /// Norms the last block's output with `norm` and adds the result to the residual stream
+    /// (Gemma's post-attention and post-MLP norms).
+    pub(crate) fn add_normed_residual(&mut self, norm: &RmsNorm) -> Result<()> {
+        norm.forward(&self.projected, &mut self.normed)?;
+        add_inplace(&mut self.hidden, &self.normed)?;
         Ok(())
     }
 

@@ -1,6 +1,7 @@
-//! Normalization layers. RMSNorm with a plain weight is what the Llama family uses; Gemma's
-//! `(1 + w)` form becomes a constructor that folds the 1 into the weight at load, LayerNorm
-//! a sibling type with a bias.
+//! Normalization layers. RMSNorm with a plain weight is what every family computes; Gemma's
+//! `(1 + w)` form is folded into the weight at load (`WeightReader::with_norm_shift`, for HF
+//! checkpoints; GGUF converters have added the 1 already). LayerNorm would be a sibling type
+//! with a bias.
 
 use tokenmill_kernels::rms_norm;
 
@@ -20,6 +21,19 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         rms_norm(x, &self.weight, self.eps, out)?;
+        Ok(())
+    }
+
+    /// Norms `x` in place, through `scratch` (at least as long as `x`; its contents are
+    /// left undefined).
+    pub fn forward_in_place(&self, x: &mut [f32], scratch: &mut [f32]) -> Result<()> {
+        let Some(scratch) = scratch.get_mut(..x.len()) else {
+            return Err(crate::error::ModelError::InvalidBatch(
+                "norm scratch shorter than its input".into(),
+            ));
+        };
+        rms_norm(x, &self.weight, self.eps, scratch)?;
+        x.copy_from_slice(scratch);
         Ok(())
     }
 }

@@ -18,7 +18,21 @@ pub(crate) struct Rope {
 impl Rope {
     /// The table `config`'s rotary dims, base, scaling and context length describe.
     pub fn from_config(config: &ModelConfig) -> Result<Rope> {
-        let scaling = match config.rope_scaling {
+        Rope::new(config, config.rope_theta, config.rope_scaling)
+    }
+
+    /// The table of `config`'s sliding-window layers: base `rope_local_theta` without scaling
+    /// (Gemma 3's local layers, as llama.cpp and HF compute them), or `None` when they share
+    /// the global table.
+    pub fn local_from_config(config: &ModelConfig) -> Result<Option<Rope>> {
+        config
+            .rope_local_theta
+            .map(|theta| Rope::new(config, theta, RopeScaling::None))
+            .transpose()
+    }
+
+    fn new(config: &ModelConfig, theta: f32, scaling: RopeScaling) -> Result<Rope> {
+        let scaling = match scaling {
             RopeScaling::None => tokenmill_kernels::RopeScaling::None,
             RopeScaling::Linear { factor } => tokenmill_kernels::RopeScaling::Linear { factor },
             RopeScaling::Llama3 {
@@ -35,7 +49,7 @@ impl Rope {
         };
         let table = RopeCache::new(
             config.rotary_dim,
-            config.rope_theta,
+            theta,
             config.max_position_embeddings.min(MAX_TABLE_POSITIONS),
             scaling,
         )?;

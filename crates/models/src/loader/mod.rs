@@ -17,10 +17,13 @@ pub(crate) use store::TensorStore;
 /// How one container names tensors. Names are written in GGUF's convention
 /// (`token_embd.weight`, `blk.N.attn_q.weight`) and mapped to HF's here, so a family file
 /// names each tensor once.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TensorNaming {
     Gguf,
     HuggingFace,
+    /// HF Gemma 3: four norms per layer, so `post_attention_layernorm` is the norm after
+    /// attention (GGUF `post_attention_norm`), not the one before the MLP (`ffn_norm`).
+    HuggingFaceGemma3,
 }
 
 impl TensorNaming {
@@ -28,7 +31,7 @@ impl TensorNaming {
     pub fn global(self, gguf_name: &'static str) -> &'static str {
         match self {
             TensorNaming::Gguf => gguf_name,
-            TensorNaming::HuggingFace => match gguf_name {
+            TensorNaming::HuggingFace | TensorNaming::HuggingFaceGemma3 => match gguf_name {
                 "token_embd.weight" => "model.embed_tokens.weight",
                 "output_norm.weight" => "model.norm.weight",
                 "output.weight" => "lm_head.weight",
@@ -41,8 +44,14 @@ impl TensorNaming {
     fn layer(self, layer: usize, gguf_name: &str) -> String {
         match self {
             TensorNaming::Gguf => format!("blk.{layer}.{gguf_name}"),
-            TensorNaming::HuggingFace => {
+            TensorNaming::HuggingFace | TensorNaming::HuggingFaceGemma3 => {
+                let gemma3 = self == TensorNaming::HuggingFaceGemma3;
                 let hf_name = match gguf_name {
+                    "ffn_norm.weight" if gemma3 => "pre_feedforward_layernorm.weight",
+                    "post_attention_norm.weight" => "post_attention_layernorm.weight",
+                    "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
+                    "attn_q_norm.weight" => "self_attn.q_norm.weight",
+                    "attn_k_norm.weight" => "self_attn.k_norm.weight",
                     "attn_norm.weight" => "input_layernorm.weight",
                     "attn_q.weight" => "self_attn.q_proj.weight",
                     "attn_k.weight" => "self_attn.k_proj.weight",
@@ -68,6 +77,9 @@ pub(crate) struct WeightReader<'a> {
     store: &'a TensorStore<'a>,
     naming: TensorNaming,
     dequantize_to_f32: bool,
+    /// Added to every RMSNorm weight at load: 1 for HF Gemma checkpoints, whose norms
+    /// compute `x * (1 + w)` (GGUF converters have already added it).
+    norm_shift: f32,
 }
 
 impl<'a> WeightReader<'a> {
@@ -80,7 +92,29 @@ impl<'a> WeightReader<'a> {
             store,
             naming,
             dequantize_to_f32,
+            norm_shift: 0.0,
         }
+    }
+
+    /// Folds `(1 + w)` norms into plain ones: every RMSNorm weight read gets `shift` added.
+    pub fn with_norm_shift(self, shift: f32) -> WeightReader<'a> {
+        WeightReader {
+            norm_shift: shift,
+            ..self
+        }
+    }
+
+    /// The naming convention of the container.
+    pub fn naming(&self) -> TensorNaming {
+        self.naming
+    }
+
+    fn norm(&self, name: &str, length: usize, eps: f32) -> Result<RmsNorm> {
+        let mut weight = load_vector(self.store, name, length)?;
+        if self.norm_shift != 0.0 {
+            weight.iter_mut().for_each(|w| *w += self.norm_shift);
+        }
+        Ok(RmsNorm::new(weight, eps))
     }
 
     /// Whether a model-level tensor (GGUF name) is present.
@@ -95,8 +129,7 @@ impl<'a> WeightReader<'a> {
 
     /// A model-level RMSNorm weight by GGUF name.
     pub fn rms_norm(&self, gguf_name: &'static str, length: usize, eps: f32) -> Result<RmsNorm> {
-        let weight = load_vector(self.store, self.naming.global(gguf_name), length)?;
-        Ok(RmsNorm::new(weight, eps))
+        self.norm(self.naming.global(gguf_name), length, eps)
     }
 
     /// The tensors of transformer block `layer`.
@@ -153,9 +186,9 @@ impl LayerTensors<'_> {
         load_vector(self.reader.store, &self.name(short), length)
     }
 
-    /// An RMSNorm weight.
+    /// An RMSNorm weight (shifted as the reader says).
     pub fn rms_norm(&self, short: &str, length: usize, eps: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm::new(self.vector(short, length)?, eps))
+        self.reader.norm(&self.name(short), length, eps)
     }
 }
 

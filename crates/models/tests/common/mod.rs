@@ -58,7 +58,7 @@ pub fn load_fixture<T: serde::de::DeserializeOwned>(name: &str) -> T {
 /// logits at the prompt's last position and at every forced token but the last (row `step` of
 /// `logits` predicts `forced[step]`), so each step is compared in the same context.
 pub fn teacher_forced_logits(
-    model: &LlamaModel,
+    model: &dyn CausalLm,
     prompt: &[u32],
     forced: &[u32],
     kv_dtype: KvCacheDType,
@@ -95,7 +95,7 @@ pub struct TestSequence {
 /// `chunk` tokens and running every sequence with work in the same forward call (mixed
 /// prefill and decode). Returns the generated ids per prompt.
 pub fn greedy_generate(
-    model: &LlamaModel,
+    model: &dyn CausalLm,
     prompts: &[Vec<u32>],
     max_new: usize,
     chunk: usize,
@@ -113,7 +113,7 @@ pub fn greedy_generate(
 
 /// [`greedy_generate`] over a KV cache stored as `kv_dtype`.
 pub fn greedy_generate_with_kv(
-    model: &LlamaModel,
+    model: &dyn CausalLm,
     prompts: &[Vec<u32>],
     max_new: usize,
     chunk: usize,

@@ -12,6 +12,7 @@ use crate::state::AppState;
 pub(crate) async fn models(State(state): State<AppState>) -> Response {
     let root = state.inner.model.source.path().display().to_string();
     let max_model_len = u32::try_from(state.engine().max_model_len()).unwrap_or(u32::MAX);
+    let architecture = state.inner.model.config().architecture.name();
     let cards = state
         .config()
         .served_model_names
@@ -23,6 +24,7 @@ pub(crate) async fn models(State(state): State<AppState>) -> Response {
                 root.clone(),
                 max_model_len,
             )
+            .with_architecture(architecture)
         })
         .collect();
     json_response(&ModelList::new(cards))

@@ -24,10 +24,14 @@ pub(crate) async fn tokenizer_info(State(state): State<AppState>) -> Response {
         .tokenizer
         .tokenizer_config(Some(state.inner.limits.max_model_len as usize));
     if let Some(config) = info.as_object_mut() {
-        config.insert(
-            "chat_template".into(),
-            model.chat_template.source().to_string().into(),
-        );
+        if model.has_chat_template() {
+            config.insert(
+                "chat_template".into(),
+                model.chat_template.source().to_string().into(),
+            );
+        } else {
+            config.remove("chat_template");
+        }
     }
     json_response(&info)
 }
