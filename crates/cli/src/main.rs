@@ -40,7 +40,7 @@ enum Command {
     /// Serve a model over the OpenAI-compatible HTTP API.
     Serve(Box<serve::ServeArgs>),
     /// Generate text from a prompt, or run a JSONL file of prompts as an offline batch.
-    Generate(generate::GenerateArgs),
+    Generate(Box<generate::GenerateArgs>),
     /// Benchmarks: serving (against any OpenAI-compatible server) and offline model speed.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
     init_logging(cli.log_format, access_log.as_deref());
     match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => generate::run(*args),
         Command::Tokenizer(command) => tokenizer::run(command),
         Command::Bench(BenchCommand::Serve(args)) => {
             async_runtime()?.block_on(tokenmill_bench::run(*args))?;
