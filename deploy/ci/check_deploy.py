@@ -310,7 +310,7 @@ BREAKS = {
     "liveness probe on a wrong port": lambda b: deployment_container(b)["livenessProbe"]["httpGet"].update(port=9000),
     "probe removed": lambda b: deployment_container(b).pop("startupProbe"),
     "misspelt Deployment field": lambda b: deployment_container(b).update(readinesProbe={}),
-    "flag tokenmill lacks": lambda b: deployment_container(b)["args"].append("--gpu-memory-utilization=0.9"),
+    "flag tokenmill lacks": lambda b: deployment_container(b)["args"].append("--enable-sleep-mode"),
     "grace shorter than the drain": lambda b: first(b, "Deployment")["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=20),
     "shutdown timeout longer than the grace": lambda b: set_arg(deployment_container(b)["args"], "--shutdown-timeout", "120"),
     "flag given twice": lambda b: deployment_container(b)["args"].extend(["--port", "8000"]),
