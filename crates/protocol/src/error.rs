@@ -174,9 +174,25 @@ impl From<ProtocolError> for ErrorResponse {
 /// Parses a request body, turning serde's error into a [`ProtocolError::MalformedJson`] whose
 /// message keeps serde's description (it names the expected type and the position).
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ProtocolError> {
-    serde_json::from_slice(body).map_err(|error| ProtocolError::MalformedJson {
-        message: format!("Invalid request body: {error}"),
+    parse_json_noting_ignored(body).map(|(value, _)| value)
+}
+
+/// [`parse_json`] that also returns the paths of the fields the request type does not know
+/// (e.g. `user`, `metadata.tag`), which serde skips, so the server can warn about them as
+/// vLLM does.
+pub fn parse_json_noting_ignored<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<(T, Vec<String>), ProtocolError> {
+    let mut ignored = Vec::new();
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_ignored::deserialize(&mut deserializer, |path| {
+        ignored.push(path.to_string());
     })
+    .and_then(|value| deserializer.end().map(|()| value))
+    .map_err(|error| ProtocolError::MalformedJson {
+        message: format!("Invalid request body: {error}"),
+    })?;
+    Ok((value, ignored))
 }
 
 #[cfg(test)]
@@ -200,6 +216,20 @@ mod tests {
                 "code": 400
             }})
         );
+    }
+
+    #[test]
+    fn ignored_fields_are_named_with_their_paths() {
+        #[derive(serde::Deserialize)]
+        struct Known {
+            #[allow(dead_code)]
+            model: String,
+        }
+        let (_, ignored): (Known, _) =
+            parse_json_noting_ignored(br#"{"model": "m", "user": "u", "extra": {"a": 1}}"#)
+                .unwrap();
+        assert_eq!(ignored, ["user", "extra"]);
+        assert!(parse_json::<Known>(br#"{"model": "m"} trailing"#).is_err());
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub use completion::{
     CompletionStreamChoice, CompletionStreamChunk, Prompt, PromptInput, PromptLogprob,
     PromptLogprobs,
 };
-pub use error::{parse_json, ErrorBody, ErrorResponse, ProtocolError};
+pub use error::{parse_json, parse_json_noting_ignored, ErrorBody, ErrorResponse, ProtocolError};
 pub use models::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeChatRequest,
     TokenizeCompletionRequest, TokenizeInput, TokenizeRequest, TokenizeResponse, VersionResponse,

@@ -15,7 +15,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use tokenmill_engine::SchedulingPolicy;
-use tokenmill_protocol::{parse_json, ErrorResponse, ProtocolError, ValidatedSampling};
+use tokenmill_protocol::{
+    parse_json_noting_ignored, ErrorResponse, ProtocolError, ValidatedSampling,
+};
 
 use crate::error::{error_response, ApiError};
 use crate::state::AppState;
@@ -178,7 +180,15 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
             message: "Invalid request body: expected a JSON object.".to_string(),
         }));
     }
-    Ok(parse_json(&bytes)?)
+    let (request, ignored) = parse_json_noting_ignored(&bytes)?;
+    if !ignored.is_empty() {
+        // vLLM's warning: the request is served, but the client should know what did nothing.
+        tracing::warn!(
+            "The following fields were present in the request but ignored: {}",
+            ignored.join(", ")
+        );
+    }
+    Ok(request)
 }
 
 /// 503 for new generation work while draining or after the engine died.
