@@ -212,7 +212,9 @@ impl Groups {
                         let qh = u32::from_le_bytes(read4(src, high_bits));
                         dst[at..at + 4].copy_from_slice(&reorder_q5_high_bits(qh).to_le_bytes());
                     }
-                    GroupKind::Iq4Xs => dst[at..at + 4].copy_from_slice(&src[4..8]),
+                    GroupKind::Iq4Xs => {
+                        dst[at..at + 4].copy_from_slice(&src[high_bits..high_bits + 4]);
+                    }
                     _ => {}
                 }
                 let quants = &src[quant_start..quant_start + row_quants];
