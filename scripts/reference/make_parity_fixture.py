@@ -65,8 +65,9 @@ def render_chat(template: str, content: str, bos: str, eos: str) -> str:
     )
 
 
-def write_f32_copy(src: str, dst: str) -> None:
-    """Writes `src` with every tensor dequantized to F32 and all metadata copied."""
+def write_converted_copy(src: str, dst: str, file_type: int, add_tensor) -> None:
+    """Writes `src` with all metadata copied, `general.file_type` set to `file_type`, and each
+    tensor handed to `add_tensor(writer, name, f32_values_outermost_first, reader_tensor)`."""
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(dst, arch)
@@ -74,22 +75,32 @@ def write_f32_copy(src: str, dst: str) -> None:
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
         if name == "general.file_type":
-            writer.add_key_value(name, int(gguf.LlamaFileType.ALL_F32), field.types[0])
+            writer.add_key_value(name, file_type, field.types[0])
             continue
         main_type = field.types[0]
         sub_type = field.types[-1] if main_type == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), main_type, sub_type)
     if "general.file_type" not in reader.fields:
-        writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        writer.add_file_type(file_type)
     for tensor in reader.tensors:
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         # GGUF shapes are innermost-first; numpy's are outermost-first.
         shape = tuple(int(n) for n in reversed(tensor.shape))
-        writer.add_tensor(tensor.name, np.ascontiguousarray(data, dtype=np.float32).reshape(shape))
+        add_tensor(writer, tensor.name, np.ascontiguousarray(data, dtype=np.float32).reshape(shape), tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_f32_copy(src: str, dst: str) -> None:
+    """Writes `src` with every tensor dequantized to F32 and all metadata copied."""
+    write_converted_copy(
+        src,
+        dst,
+        int(gguf.LlamaFileType.ALL_F32),
+        lambda writer, name, values, _tensor: writer.add_tensor(name, values),
+    )
 
 
 def main() -> None:
@@ -108,6 +119,12 @@ def main() -> None:
         "--f32",
         action="store_true",
         help="dequantize the model to F32 first and write parity_smollm2_f32.json",
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=TOP,
+        help="logits stored per step (the requantized-model fixtures keep 2, to stay small)",
     )
     parser.add_argument(
         "--f32-cache",
@@ -148,7 +165,9 @@ def main() -> None:
         generated, top_logits = [], []
         for _ in range(NEW_TOKENS):
             logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-            order = sorted(range(len(logits)), key=lambda i: (-logits[i], i))[:TOP]
+            # Largest first, lowest id on ties (numpy: a Python sort of the vocabulary takes
+            # most of a second per step).
+            order = [int(i) for i in np.lexsort((np.arange(len(logits)), -logits))[: args.top]]
             token = order[0]
             generated.append(token)
             top_logits.append([[int(i), float(logits[i])] for i in order])

@@ -139,3 +139,17 @@ fn reads_the_default_model() {
         file.tensor_data(info).unwrap();
     }
 }
+
+#[test]
+fn iq4_layouts_are_known() {
+    // IQ4_NL: 18 bytes per 32; IQ4_XS: 136 bytes per 256 (the compute layer reads both).
+    let mut writer = GgufWriter::new();
+    writer.add_tensor("nl", &[64, 2], GgmlType::from_id(20), vec![0; 4 * 18]);
+    writer.add_tensor("xs", &[256], GgmlType::from_id(23), vec![0; 136]);
+    let file = GgufFile::from_bytes(writer.to_bytes()).unwrap();
+    let nl = file.tensor("nl").unwrap();
+    assert_eq!((nl.ggml_type, nl.size_bytes), (GgmlType::IQ4NL, 72));
+    let xs = file.tensor("xs").unwrap();
+    assert_eq!((xs.ggml_type, xs.size_bytes), (GgmlType::IQ4XS, 136));
+    assert_eq!(GgmlType::IQ4XS.name(), "IQ4_XS");
+}

@@ -17,8 +17,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenmill_kernels::{
     encode_float_row, f32_to_f16, paged_attention, quantize_row_q4_0, quantize_row_q4_1,
-    quantize_row_q8_0, AttentionParams, AttentionSeq, DType, KvCacheBuffer, KvCacheDType,
-    MatmulScratch, QMatrix, ThreadPool,
+    quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, AttentionParams, AttentionSeq, DType,
+    KvCacheBuffer, KvCacheDType, MatmulScratch, QMatrix, ThreadPool,
 };
 
 struct Rng(u64);
@@ -45,7 +45,10 @@ fn weight_bytes(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8
             DType::Q8_0 => quantize_row_q8_0(&values, row),
             DType::Q4_0 => quantize_row_q4_0(&values, row),
             DType::Q4_1 => quantize_row_q4_1(&values, row),
+            DType::Q5_0 => quantize_row_q5_0(&values, row),
+            DType::Q5_1 => quantize_row_q5_1(&values, row),
             DType::F32 | DType::F16 | DType::BF16 => encode_float_row(dtype, &values, row),
+            // K-quants and IQ4: random bytes with a small f16 scale (and K-quant min).
             _ => {
                 for (b, v) in row.iter_mut().zip(&values) {
                     *b = (v * 127.0) as i8 as u8;
@@ -54,7 +57,7 @@ fn weight_bytes(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8
                 for block in row.chunks_exact_mut(dtype.block_bytes()) {
                     let d = f32_to_f16(0.01).to_le_bytes();
                     block[scale_offset..scale_offset + 2].copy_from_slice(&d);
-                    if dtype != DType::Q6_K {
+                    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
                         block[2..4].copy_from_slice(&d);
                     }
                 }
@@ -78,6 +81,10 @@ fn bench_matmul(c: &mut Criterion) {
         DType::Q4_1,
         DType::Q8_0,
         DType::Q4_0,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
         DType::Q4_K,
         DType::Q6_K,
         DType::Q5_K,

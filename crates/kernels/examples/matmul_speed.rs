@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use tokenmill_kernels::{
-    encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q8_0, DType,
-    MatmulScratch, QMatrix, ThreadPool,
+    encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,
+    quantize_row_q8_0, DType, MatmulScratch, QMatrix, ThreadPool,
 };
 
 fn random_values(n: usize, seed: &mut u64) -> Vec<f32> {
@@ -36,16 +36,19 @@ fn build(
             DType::Q8_0 => quantize_row_q8_0(src, dst)?,
             DType::Q4_0 => quantize_row_q4_0(src, dst)?,
             DType::Q4_1 => quantize_row_q4_1(src, dst)?,
+            DType::Q5_0 => quantize_row_q5_0(src, dst)?,
+            DType::Q5_1 => quantize_row_q5_1(src, dst)?,
             DType::F32 | DType::F16 | DType::BF16 => encode_float_row(dtype, src, dst)?,
             _ => {
-                // K-quants: random bytes with a small finite f16 scale at the right offset.
+                // K-quants and IQ4: random bytes with a small finite f16 scale at the right
+                // offset (and K-quant min).
                 for (i, b) in dst.iter_mut().enumerate() {
                     *b = (src[i % cols] * 127.0) as i8 as u8;
                 }
                 for block in dst.chunks_exact_mut(dtype.block_bytes()) {
                     let offset = if dtype == DType::Q6_K { 208 } else { 0 };
                     block[offset..offset + 2].copy_from_slice(&0x2000u16.to_le_bytes());
-                    if dtype != DType::Q6_K {
+                    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
                         block[2..4].copy_from_slice(&0x2000u16.to_le_bytes());
                     }
                 }
@@ -70,6 +73,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         DType::Q4_1,
         DType::Q8_0,
         DType::Q4_0,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
         DType::Q4_K,
         DType::Q6_K,
         DType::Q5_K,

@@ -23,6 +23,18 @@ pub enum DType {
     Q4_0,
     /// Blocks of 32: `{ f16 d; f16 m; u8 qs[16] }`, nibbles as Q4_0, value `q * d + m`.
     Q4_1,
+    /// Blocks of 32: `{ f16 d; u32 qh; u8 qs[16] }`, nibbles as Q4_0 with bit `j` of `qh` as
+    /// element `j`'s fifth bit, value `(q - 16) * d`.
+    Q5_0,
+    /// Blocks of 32: `{ f16 d; f16 m; u32 qh; u8 qs[16] }`, quants as Q5_0, value `q * d + m`.
+    Q5_1,
+    /// Blocks of 32: `{ f16 d; u8 qs[16] }`, nibbles as Q4_0 indexing GGML's non-linear table
+    /// [`crate::quant::KVALUES_IQ4NL`], value `d * table[q]`.
+    IQ4_NL,
+    /// Super-blocks of 256: `{ f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }`, eight
+    /// sub-blocks of 32 with 6-bit scales `ls` (low nibble in `scales_l`, high two bits in
+    /// `scales_h`), value `d * (ls - 32) * table[q]`, nibbles per sub-block as IQ4_NL.
+    IQ4_XS,
     /// Super-blocks of 256: `{ f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }`, eight
     /// sub-blocks of 32 with 6-bit scales and mins.
     Q4_K,
@@ -34,15 +46,19 @@ pub enum DType {
 
 impl DType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [DType; 9] = [
+    pub const ALL: [DType; 13] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
         DType::Q8_0,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
         DType::BF16,
     ];
 
@@ -53,10 +69,14 @@ impl DType {
             DType::F16 => 1,
             DType::Q4_0 => 2,
             DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
             DType::Q8_0 => 8,
             DType::Q4_K => 12,
             DType::Q5_K => 13,
             DType::Q6_K => 14,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::BF16 => 30,
         }
     }
@@ -75,18 +95,25 @@ impl DType {
             DType::Q8_0 => "q8_0",
             DType::Q4_0 => "q4_0",
             DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ4_XS => "iq4_xs",
             DType::Q4_K => "q4_K",
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
         }
     }
 
-    /// Elements per block: 1 for float types, 32 for `Q*_0`/`Q*_1`, 256 for K-quants.
+    /// Elements per block: 1 for float types, 32 for `Q*_0`/`Q*_1`/IQ4_NL, 256 for K-quants
+    /// and IQ4_XS.
     pub fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => {
+                32
+            }
+            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => 256,
         }
     }
 
@@ -98,6 +125,10 @@ impl DType {
             DType::Q8_0 => 2 + 32,
             DType::Q4_0 => 2 + 16,
             DType::Q4_1 => 2 + 2 + 16,
+            DType::Q5_0 => 2 + 4 + 16,
+            DType::Q5_1 => 2 + 2 + 4 + 16,
+            DType::IQ4_NL => 2 + 16,
+            DType::IQ4_XS => 2 + 2 + 4 + 128,
             DType::Q4_K => 2 + 2 + 12 + 128,
             DType::Q5_K => 2 + 2 + 12 + 32 + 128,
             DType::Q6_K => 128 + 64 + 16 + 2,
@@ -225,6 +256,15 @@ mod tests {
         assert_eq!(DType::Q4_K.block_bytes(), 144);
         assert_eq!(DType::Q5_K.block_bytes(), 176);
         assert_eq!(DType::Q6_K.block_bytes(), 210);
+        assert_eq!(DType::Q5_0.block_bytes(), 22);
+        assert_eq!(DType::Q5_1.block_bytes(), 24);
+        assert_eq!(DType::IQ4_NL.block_bytes(), 18);
+        assert_eq!(DType::IQ4_XS.block_bytes(), 136);
+        assert_eq!(DType::IQ4_XS.block_size(), 256);
+        assert_eq!(
+            [DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::IQ4_XS].map(DType::ggml_id),
+            [6, 7, 20, 23]
+        );
         assert_eq!(DType::Q4_1.row_bytes(576), Ok(18 * 20));
         assert_eq!(DType::F16.row_bytes(7), Ok(14));
         assert!(matches!(

@@ -8,11 +8,12 @@
 //!
 //! # Key types and functions
 //!
-//! - [`DType`]: GGML element types (`F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K`,
-//!   `Q5_K`, `Q6_K`) with `ggml_id`/`from_ggml_id`/`name`/`block_size`/`block_bytes`/`row_bytes`.
+//! - [`DType`]: GGML element types (`F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`,
+//!   `Q5_1`, `IQ4_NL`, `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_XS`) with `ggml_id`/`from_ggml_id`/`name`/`block_size`/`block_bytes`/`row_bytes`.
 //! - [`dequantize`]`(dtype, bytes, &mut [f32])`: scalar reference decoder, bit-exact with GGML.
-//!   [`quantize_row_q8_0`], [`quantize_row_q4_0`], [`quantize_row_q4_1`] (GGML's reference
-//!   quantizers) and [`encode_float_row`] build test data.
+//!   [`quantize_row_q8_0`], [`quantize_row_q4_0`], [`quantize_row_q4_1`],
+//!   [`quantize_row_q5_0`], [`quantize_row_q5_1`] (GGML's reference quantizers) and
+//!   [`encode_float_row`] build test data; [`KVALUES_IQ4NL`] is GGML's IQ4 level table.
 //! - [`ThreadPool`]: persistent workers (spin ~300 µs, then park); `parallel_for(n_tasks,
 //!   &|task| ...)` runs on the caller and the workers and returns when all tasks are done. A
 //!   task panic is caught and re-raised on the caller after all tasks stop; nested calls run
@@ -105,7 +106,8 @@ pub use matmul::{reference_matmul, MatmulScratch, QMatrix};
 pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use pool::ThreadPool;
 pub use quant::{
-    dequantize, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q8_0, QK, QK_K,
+    dequantize, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0,
+    quantize_row_q5_1, quantize_row_q8_0, KVALUES_IQ4NL, QK, QK_K,
 };
 pub use rope::{apply_rope, RopeCache, RopeScaling, RopeStyle};
 

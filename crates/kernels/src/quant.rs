@@ -13,6 +13,12 @@ pub const QK: usize = 32;
 /// Elements in a K-quant super-block.
 pub const QK_K: usize = 256;
 
+/// GGML's `kvalues_iq4nl`: the 16 int8 levels an IQ4_NL / IQ4_XS nibble indexes (a format
+/// constant, denser near zero where weights cluster).
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
 pub(crate) fn read_f16(bytes: &[u8], offset: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([bytes[offset], bytes[offset + 1]]))
 }
@@ -52,6 +58,10 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
                 DType::Q8_0 => dequantize_block_q8_0,
                 DType::Q4_0 => dequantize_block_q4_0,
                 DType::Q4_1 => dequantize_block_q4_1,
+                DType::Q5_0 => dequantize_block_q5_0,
+                DType::Q5_1 => dequantize_block_q5_1,
+                DType::IQ4_NL => dequantize_block_iq4_nl,
+                DType::IQ4_XS => dequantize_block_iq4_xs,
                 DType::Q4_K => dequantize_block_q4_k,
                 DType::Q5_K => dequantize_block_q5_k,
                 _ => dequantize_block_q6_k,
@@ -90,6 +100,70 @@ fn dequantize_block_q4_1(block: &[u8], out: &mut [f32]) {
     for (j, &byte) in qs.iter().enumerate() {
         out[j] = f32::from(byte & 0x0f) * d + m;
         out[j + QK / 2] = f32::from(byte >> 4) * d + m;
+    }
+}
+
+/// The 5-bit quant of element `j` (0..32) of a Q5_0/Q5_1 block: nibble `j % 16` of `qs` (low
+/// nibbles first) with bit `j` of the little-endian `qh` on top.
+pub(crate) fn q5_quant(qh: u32, qs: &[u8], j: usize) -> u8 {
+    let nibble = if j < QK / 2 {
+        qs[j] & 0x0f
+    } else {
+        qs[j - QK / 2] >> 4
+    };
+    nibble | ((((qh >> j) & 1) as u8) << 4)
+}
+
+fn dequantize_block_q5_0(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+    let qs = &block[6..6 + QK / 2];
+    for (j, value) in out.iter_mut().enumerate() {
+        *value = (i32::from(q5_quant(qh, qs, j)) - 16) as f32 * d;
+    }
+}
+
+fn dequantize_block_q5_1(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    let m = read_f16(block, 2);
+    let qh = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+    let qs = &block[8..8 + QK / 2];
+    for (j, value) in out.iter_mut().enumerate() {
+        *value = f32::from(q5_quant(qh, qs, j)) * d + m;
+    }
+}
+
+/// Decodes the 32 nibbles `qs[16]` (low nibbles first) through [`KVALUES_IQ4NL`] times `d`.
+fn dequantize_iq4_nibbles(d: f32, qs: &[u8], out: &mut [f32]) {
+    for (j, &byte) in qs.iter().enumerate() {
+        out[j] = d * f32::from(KVALUES_IQ4NL[usize::from(byte & 0x0f)]);
+        out[j + QK / 2] = d * f32::from(KVALUES_IQ4NL[usize::from(byte >> 4)]);
+    }
+}
+
+fn dequantize_block_iq4_nl(block: &[u8], out: &mut [f32]) {
+    dequantize_iq4_nibbles(read_f16(block, 0), &block[2..2 + QK / 2], out);
+}
+
+/// The 6-bit scale of sub-block `ib` (0..8) of an IQ4_XS super-block, as GGML stores it:
+/// nibble `ib` of `scales_l` (`u32`, little-endian) below bits `2ib..2ib + 2` of `scales_h`.
+pub(crate) fn iq4_xs_scale(scales_h: u16, scales_l: u32, ib: usize) -> i32 {
+    (((scales_l >> (4 * ib)) & 0x0f) | (((u32::from(scales_h) >> (2 * ib)) & 3) << 4)) as i32
+}
+
+fn dequantize_block_iq4_xs(block: &[u8], out: &mut [f32]) {
+    let d = read_f16(block, 0);
+    let scales_h = u16::from_le_bytes([block[2], block[3]]);
+    let scales_l = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+    let qs = &block[8..8 + QK_K / 2];
+    for (ib, (y, q)) in out
+        .chunks_exact_mut(QK)
+        .zip(qs.chunks_exact(QK / 2))
+        .enumerate()
+    {
+        // GGML: `dl = d * (ls - 32)`, exact in f32 (an 11-bit significand times a 6-bit int).
+        let dl = d * (iq4_xs_scale(scales_h, scales_l, ib) - 32) as f32;
+        dequantize_iq4_nibbles(dl, q, y);
     }
 }
 
@@ -255,6 +329,68 @@ pub fn quantize_row_q4_1(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError>
     Ok(())
 }
 
+/// Writes 32 five-bit quants as a Q5 block's `qh` (bit `j` = fifth bit of element `j`) and
+/// `qs` (nibbles as Q4_0).
+fn pack_q5(quants: &[u8; QK], qh: &mut [u8], qs: &mut [u8]) {
+    let mut high = 0u32;
+    for (j, &q) in quants.iter().enumerate() {
+        high |= u32::from(q >> 4) << j;
+    }
+    qh.copy_from_slice(&high.to_le_bytes());
+    for j in 0..QK / 2 {
+        qs[j] = (quants[j] & 0x0f) | ((quants[j + QK / 2] & 0x0f) << 4);
+    }
+}
+
+/// Quantizes `src` to Q5_0 blocks as GGML's `quantize_row_q5_0_ref` does: the element of
+/// largest magnitude maps to 0, `d = max / -16`, `q = min(31, trunc(x / d + 16.5))`.
+pub fn quantize_row_q5_0(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_quantize_lengths(DType::Q5_0, src, dst)?;
+    for (x, block) in src
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(DType::Q5_0.block_bytes()))
+    {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        let quants: [u8; QK] =
+            std::array::from_fn(|j| ((x[j] * inverse + 16.5) as i8).min(31) as u8);
+        let (qh, qs) = block[2..].split_at_mut(4);
+        pack_q5(&quants, qh, qs);
+    }
+    Ok(())
+}
+
+/// Quantizes `src` to Q5_1 blocks as GGML's `quantize_row_q5_1_ref` does: `m = min`,
+/// `d = (max - min) / 31`, `q = trunc((x - min) / d + 0.5)`.
+pub fn quantize_row_q5_1(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_quantize_lengths(DType::Q5_1, src, dst)?;
+    for (x, block) in src
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(DType::Q5_1.block_bytes()))
+    {
+        let min = x.iter().fold(f32::MAX, |acc, &v| acc.min(v));
+        let max = x.iter().fold(f32::MIN, |acc, &v| acc.max(v));
+        let d = (max - min) / 31.0;
+        let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        block[2..4].copy_from_slice(&f32_to_f16(min).to_le_bytes());
+        let quants: [u8; QK] =
+            std::array::from_fn(|j| (((x[j] - min) * inverse + 0.5) as u8).min(31));
+        let (qh, qs) = block[4..].split_at_mut(4);
+        pack_q5(&quants, qh, qs);
+    }
+    Ok(())
+}
+
 /// Encodes `src` as little-endian f16 or bf16 or f32 bytes (`dtype` must be a float type).
 pub fn encode_float_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
     check_quantize_lengths(dtype, src, dst)?;
@@ -390,10 +526,12 @@ mod tests {
             })
             .collect();
         type Quantizer = fn(&[f32], &mut [u8]) -> Result<(), KernelError>;
-        let cases: [(DType, Quantizer, f32); 3] = [
+        let cases: [(DType, Quantizer, f32); 5] = [
             (DType::Q8_0, quantize_row_q8_0, 2.0 / 127.0),
             (DType::Q4_0, quantize_row_q4_0, 2.0 / 8.0),
             (DType::Q4_1, quantize_row_q4_1, 4.0 / 15.0),
+            (DType::Q5_0, quantize_row_q5_0, 2.0 / 16.0),
+            (DType::Q5_1, quantize_row_q5_1, 4.0 / 31.0),
         ];
         for (dtype, quantize, step) in cases {
             let mut bytes = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
@@ -404,6 +542,102 @@ mod tests {
                 assert!((a - b).abs() <= step * 0.51 + 1e-3, "{dtype}: {a} vs {b}");
             }
         }
+    }
+
+    #[test]
+    fn q5_0_known_values() {
+        // d = 0.5; element 0: nibble 3, qh bit 0 set -> 19 - 16 = 3 -> 1.5; element 17:
+        // nibble 15, qh bit 17 clear -> 15 - 16 = -1 -> -0.5; element 31: nibble 0 with qh bit
+        // 31 -> 0; element 20: nibble 0 and no fifth bit -> -16 -> -8.
+        let mut block = vec![0u8; 22];
+        block[0..2].copy_from_slice(&f16_bytes(0.5));
+        let qh: u32 = 1 | (1 << 31);
+        block[2..6].copy_from_slice(&qh.to_le_bytes());
+        block[6] = 0x03;
+        block[7] = 0xf0;
+        block[6 + 15] = 0x00;
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q5_0, &block, &mut out).unwrap();
+        assert_eq!(out[0], 1.5);
+        assert_eq!(out[17], -0.5);
+        assert_eq!(out[31], 0.0);
+        assert_eq!(out[20], -8.0);
+        assert_eq!(out[1], -8.0);
+    }
+
+    #[test]
+    fn q5_1_known_values() {
+        let mut block = vec![0u8; 24];
+        block[0..2].copy_from_slice(&f16_bytes(0.25));
+        block[2..4].copy_from_slice(&f16_bytes(-1.0));
+        let qh: u32 = 1 << 16;
+        block[4..8].copy_from_slice(&qh.to_le_bytes());
+        block[8] = 0x2f; // element 0: q = 15 -> 2.75; element 16: 2 | 16 = 18 -> 3.5
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q5_1, &block, &mut out).unwrap();
+        assert_eq!(out[0], 2.75);
+        assert_eq!(out[16], 3.5);
+        assert_eq!(out[1], -1.0);
+    }
+
+    #[test]
+    fn q5_quantize_round_trip_exact_grid() {
+        // Q5_1: values min + k * d with d = 0.25 and k = 0..31 survive exactly.
+        let x: Vec<f32> = (0..32)
+            .map(|j| -4.0 + 0.25 * ((j * 7) % 32) as f32)
+            .collect();
+        let mut block = vec![0u8; 24];
+        quantize_row_q5_1(&x, &mut block).unwrap();
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q5_1, &block, &mut out).unwrap();
+        assert_eq!(out, x);
+        // Q5_0: largest magnitude -4 gives d = 0.25, so (k - 16) / 4 for k = 0..31 is exact.
+        let x: Vec<f32> = (0..32)
+            .map(|j| ((j * 5) % 32) as f32 * 0.25 - 4.0)
+            .collect();
+        let mut block = vec![0u8; 22];
+        quantize_row_q5_0(&x, &mut block).unwrap();
+        let mut out = vec![0.0; 32];
+        dequantize(DType::Q5_0, &block, &mut out).unwrap();
+        assert_eq!(out, x);
+    }
+
+    #[test]
+    fn iq4_nl_known_values() {
+        let mut block = vec![0u8; 18];
+        block[0..2].copy_from_slice(&f16_bytes(0.5));
+        for (j, b) in block[2..].iter_mut().enumerate() {
+            *b = (j as u8) | ((15 - j as u8) << 4);
+        }
+        let mut out = vec![0.0; 32];
+        dequantize(DType::IQ4_NL, &block, &mut out).unwrap();
+        for j in 0..16 {
+            assert_eq!(out[j], 0.5 * f32::from(KVALUES_IQ4NL[j]));
+            assert_eq!(out[j + 16], 0.5 * f32::from(KVALUES_IQ4NL[15 - j]));
+        }
+    }
+
+    #[test]
+    fn iq4_xs_known_values() {
+        let mut block = vec![0u8; 136];
+        block[0..2].copy_from_slice(&f16_bytes(0.5));
+        // Sub-block 0: ls = 0x5 | (2 << 4) = 37 -> dl = 0.5 * 5; sub-block 3: ls = 0xa | (0 << 4)
+        // = 10 -> dl = 0.5 * -22; sub-block 7: ls = 0xf | (3 << 4) = 63 -> dl = 0.5 * 31.
+        let scales_h: u16 = 2 | (3 << 14);
+        block[2..4].copy_from_slice(&scales_h.to_le_bytes());
+        block[4] = 0x05;
+        block[5] = 0xa0;
+        block[7] = 0xf0;
+        block[8] = 0x0f; // element 0: table[15] = 113, element 16: table[0] = -127
+        block[8 + 3 * 16 + 1] = 0x80; // sub-block 3, element 17: table[8] = 1
+        block[8 + 7 * 16 + 15] = 0x07; // sub-block 7, element 15: table[7] = -10
+        let mut out = vec![0.0; 256];
+        dequantize(DType::IQ4_XS, &block, &mut out).unwrap();
+        assert_eq!(out[0], 2.5 * 113.0);
+        assert_eq!(out[16], 2.5 * -127.0);
+        assert_eq!(out[3 * 32 + 17], -11.0);
+        assert_eq!(out[7 * 32 + 15], 15.5 * -10.0);
+        assert_eq!(out[7 * 32 + 16], 15.5 * -127.0);
     }
 
     #[test]

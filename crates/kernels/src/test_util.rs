@@ -1,7 +1,10 @@
 //! Deterministic random data for tests.
 
 use crate::dtype::{f32_to_f16, DType};
-use crate::quant::{encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q8_0};
+use crate::quant::{
+    encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,
+    quantize_row_q8_0,
+};
 
 /// xorshift64*: tiny, seedable, good enough for test data.
 pub(crate) struct Rng(u64);
@@ -34,7 +37,8 @@ impl Rng {
 }
 
 /// Random weight bytes of `dtype` for a `[rows, cols]` matrix. Float and 32-block types are
-/// quantized from uniform values; K-quant blocks are random bytes with small random scales.
+/// quantized from uniform values; K-quant and IQ4 blocks are random bytes with small random
+/// scales.
 pub(crate) fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let row_bytes = dtype.row_bytes(cols).expect("cols fit the block size");
     let mut bytes = vec![0u8; rows * row_bytes];
@@ -44,14 +48,27 @@ pub(crate) fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, cols: usi
                 let values = rng.vec(cols, -1.0, 1.0);
                 encode_float_row(dtype, &values, row).expect("sizes match");
             }
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
                 let values = rng.vec(cols, -1.0, 1.0);
                 let quantize = match dtype {
                     DType::Q8_0 => quantize_row_q8_0,
                     DType::Q4_0 => quantize_row_q4_0,
-                    _ => quantize_row_q4_1,
+                    DType::Q4_1 => quantize_row_q4_1,
+                    DType::Q5_0 => quantize_row_q5_0,
+                    _ => quantize_row_q5_1,
                 };
                 quantize(&values, row).expect("sizes match");
+            }
+            DType::IQ4_NL | DType::IQ4_XS => {
+                for block in row.chunks_exact_mut(dtype.block_bytes()) {
+                    for b in block.iter_mut() {
+                        *b = rng.next_u64() as u8;
+                    }
+                    // IQ4_XS multiplies d by up to 32 per sub-block.
+                    let d = if dtype == DType::IQ4_XS { 0.0005 } else { 0.01 };
+                    let d = f32_to_f16(rng.uniform(d, 2.0 * d)).to_le_bytes();
+                    block[0..2].copy_from_slice(&d);
+                }
             }
             DType::Q4_K | DType::Q5_K | DType::Q6_K => {
                 for block in row.chunks_exact_mut(dtype.block_bytes()) {

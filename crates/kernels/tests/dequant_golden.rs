@@ -43,3 +43,7 @@ golden!(q5_k_matches_gguf_py, DType::Q5_K, "q5_K");
 golden!(q6_k_matches_gguf_py, DType::Q6_K, "q6_K");
 golden!(f16_matches_gguf_py, DType::F16, "f16");
 golden!(bf16_matches_gguf_py, DType::BF16, "bf16");
+golden!(q5_0_matches_gguf_py, DType::Q5_0, "q5_0");
+golden!(q5_1_matches_gguf_py, DType::Q5_1, "q5_1");
+golden!(iq4_nl_matches_gguf_py, DType::IQ4_NL, "iq4_nl");
+golden!(iq4_xs_matches_gguf_py, DType::IQ4_XS, "iq4_xs");

@@ -1,5 +1,5 @@
 //! AVX2 + FMA dot kernels (Zen 3 and any x86-64-v3 CPU): the f32 row dot and the interleaved
-//! Q4_0/Q4_1/Q8_0 group kernels.
+//! Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/IQ4_XS group kernels.
 //!
 //! Quantized groups multiply weight bytes against the int8 activations with `maddubs`
 //! (u8 × i8 → i16 pairs) and `madd` (→ i32), exact in integers; the per-block scale product is
@@ -9,9 +9,9 @@
 use std::arch::x86_64::*;
 
 use super::activation::QuantizedRow;
-use super::interleaved::{GroupKind, GROUP};
+use super::interleaved::{GroupKind, GROUP, NIBBLE_BYTES};
 use super::Tile;
-use crate::quant::QK;
+use crate::quant::{KVALUES_IQ4NL, QK};
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -58,18 +58,21 @@ pub(crate) unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &Tile<'_, R>, out: &
     }
 }
 
-/// Eight interleaved Q4_0/Q4_1 weight rows (one group, see `interleaved.rs`) against `R`
-/// quantized activation rows: `out[r][lane] = W[lane] · x[r]`.
+/// Eight interleaved Q4_0/Q4_1 (`FIVE = false`) or Q5_0/Q5_1 (`FIVE = true`) weight rows
+/// (one group, see `interleaved.rs`) against `R` quantized activation rows:
+/// `out[r][lane] = W[lane] · x[r]`.
 ///
-/// Per block, the eight `maddubs` partial sums of a row stay in i16 (each is at most
-/// 2 · 15 · 127, eight of them at most 30 480, so nothing saturates), one `madd` widens them to
-/// the exact block dot per lane, and the scale products follow the scalar twin's order.
+/// Per block, the `maddubs` partial sums of a row stay in i16 while they cannot saturate (a
+/// pair is at most 2 · 15 · 127 for four bits, eight of them 30 480; 2 · 31 · 127 for five
+/// bits, four of them 31 496, so Q5 widens every two steps), `madd` widens them to the exact
+/// block dot per lane, and the scale products follow the scalar twin's order. Q5's fifth bits
+/// (reordered at load) come down one shift per step into bit 4 of each byte.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C. `group` must hold `n_blocks` group-blocks of
 /// `kind` and every activation row `n_blocks` quantized blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_group_tile<const R: usize>(
+pub(crate) unsafe fn q4_group_tile<const R: usize, const FIVE: bool>(
     kind: GroupKind,
     group: &[u8],
     n_blocks: usize,
@@ -80,7 +83,9 @@ pub(crate) unsafe fn q4_group_tile<const R: usize>(
     debug_assert!(group.len() >= n_blocks * stride);
     debug_assert!(xs.iter().all(|x| x.quants.len() >= n_blocks * QK));
     let mask = _mm256_set1_epi8(0x0f);
+    let fifth = _mm256_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
+    let offset = kind.offset();
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..n_blocks {
         // SAFETY: block b's `stride` bytes lie inside `group`, and activation block b inside
@@ -89,11 +94,26 @@ pub(crate) unsafe fn q4_group_tile<const R: usize>(
             let base = group.as_ptr().add(b * stride);
             let scales = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
             let quants = base.add(kind.quant_offset());
+            // Bit kk (low halves, moved up to bits 4..8) and bit 4 + kk (high halves) of each
+            // byte hold step kk's fifth bits; each step shifts both down by one.
+            let (mut high_of_low, mut high_of_high) = if FIVE {
+                let qh = _mm256_loadu_si256(base.add(kind.high_bits_offset()) as *const __m256i);
+                (_mm256_slli_epi16::<4>(qh), qh)
+            } else {
+                (_mm256_setzero_si256(), _mm256_setzero_si256())
+            };
             let mut sums = [_mm256_setzero_si256(); R];
+            let mut dots = [_mm256_setzero_si256(); R];
             for kk in 0..4 {
                 let packed = _mm256_loadu_si256(quants.add(kk * 32) as *const __m256i);
-                let low = _mm256_and_si256(packed, mask);
-                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
+                let mut low = _mm256_and_si256(packed, mask);
+                let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
+                if FIVE {
+                    low = _mm256_or_si256(low, _mm256_and_si256(high_of_low, fifth));
+                    high = _mm256_or_si256(high, _mm256_and_si256(high_of_high, fifth));
+                    high_of_low = _mm256_srli_epi16::<1>(high_of_low);
+                    high_of_high = _mm256_srli_epi16::<1>(high_of_high);
+                }
                 for r in 0..R {
                     let x = xs[r].quants.as_ptr().add(b * QK);
                     let x_low = _mm256_set1_epi32((x.add(4 * kk) as *const i32).read_unaligned());
@@ -101,23 +121,122 @@ pub(crate) unsafe fn q4_group_tile<const R: usize>(
                         _mm256_set1_epi32((x.add(16 + 4 * kk) as *const i32).read_unaligned());
                     sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(low, x_low));
                     sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(high, x_high));
+                    if kk == 3 || (FIVE && kk == 1) {
+                        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(sums[r], ones));
+                        sums[r] = _mm256_setzero_si256();
+                    }
                 }
             }
-            let mins = match kind {
-                GroupKind::Q4One => {
-                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i))
-                }
-                GroupKind::Q4Zero | GroupKind::Q8Zero => _mm256_setzero_ps(),
+            let mins = if kind.has_min() {
+                _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
             };
             for r in 0..R {
-                let mut dot = _mm256_madd_epi16(sums[r], ones);
-                if kind == GroupKind::Q4Zero {
-                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * xs[r].quant_sums[b]));
+                let mut dot = dots[r];
+                if offset != 0 {
+                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(offset * xs[r].quant_sums[b]));
                 }
                 let d = _mm256_mul_ps(scales, _mm256_set1_ps(xs[r].scales[b]));
                 acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r]);
-                if kind == GroupKind::Q4One {
+                if kind.has_min() {
                     acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xs[r].block_sums[b]), acc[r]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: `out[r]` holds exactly 8 f32.
+        unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]) };
+    }
+}
+
+/// Eight interleaved IQ4_NL (`XS = false`) or IQ4_XS (`XS = true`) weight rows against `R`
+/// quantized activation rows. Nibbles become int8 levels through one `pshufb` of GGML's table;
+/// the signed levels use the sign transfer `|w| · (x · sign(w))`, whose pairs reach
+/// 2 · 127 · 127, so each `maddubs` is widened to i32 right away. IQ4_XS's per-32 scale
+/// `d · (ls - 32)` is built in f32 lanes from the 6-bit `ls` (exact, as in the scalar twin).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. `group` must hold `n_blocks` group-blocks (IQ4_XS:
+/// super-blocks) and every activation row the matching number of quantized blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
+    group: &[u8],
+    n_blocks: usize,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut [[f32; GROUP]; R],
+) {
+    let kind = if XS {
+        GroupKind::Iq4Xs
+    } else {
+        GroupKind::Iq4Nl
+    };
+    let stride = kind.block_stride();
+    let subs = kind.block_elems() / QK;
+    debug_assert!(group.len() >= n_blocks * stride);
+    debug_assert!(xs.iter().all(|x| x.quants.len() >= n_blocks * subs * QK));
+    let mask = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY: the table is 16 bytes.
+    let table = _mm256_broadcastsi128_si256(unsafe {
+        _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i)
+    });
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..n_blocks {
+        // SAFETY: block b's `stride` bytes lie inside `group`, and its activation blocks inside
+        // every row (caller contract); all loads are unaligned loads within those ranges.
+        unsafe {
+            let base = group.as_ptr().add(b * stride);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            let (scales_h, scales_l) = if XS {
+                (
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(base.add(16) as *const __m128i)),
+                    _mm256_loadu_si256(base.add(kind.high_bits_offset()) as *const __m256i),
+                )
+            } else {
+                (_mm256_setzero_si256(), _mm256_setzero_si256())
+            };
+            for sub in 0..subs {
+                let scale = if XS {
+                    let low = _mm256_srl_epi32(scales_l, _mm_cvtsi32_si128(4 * sub as i32));
+                    let high = _mm256_srl_epi32(scales_h, _mm_cvtsi32_si128(2 * sub as i32));
+                    let ls = _mm256_or_si256(
+                        _mm256_and_si256(low, _mm256_set1_epi32(0x0f)),
+                        _mm256_slli_epi32::<4>(_mm256_and_si256(high, _mm256_set1_epi32(3))),
+                    );
+                    let ls = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls))
+                } else {
+                    d
+                };
+                let quants = base.add(kind.quant_offset() + sub * NIBBLE_BYTES);
+                let xb = b * subs + sub;
+                let mut dots = [_mm256_setzero_si256(); R];
+                for kk in 0..4 {
+                    let packed = _mm256_loadu_si256(quants.add(kk * 32) as *const __m256i);
+                    let low = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, mask));
+                    let high = _mm256_shuffle_epi8(
+                        table,
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask),
+                    );
+                    let (abs_low, abs_high) =
+                        (_mm256_sign_epi8(low, low), _mm256_sign_epi8(high, high));
+                    for r in 0..R {
+                        let x = xs[r].quants.as_ptr().add(xb * QK);
+                        let x_low =
+                            _mm256_set1_epi32((x.add(4 * kk) as *const i32).read_unaligned());
+                        let x_high =
+                            _mm256_set1_epi32((x.add(16 + 4 * kk) as *const i32).read_unaligned());
+                        let p_low = _mm256_maddubs_epi16(abs_low, _mm256_sign_epi8(x_low, low));
+                        let p_high = _mm256_maddubs_epi16(abs_high, _mm256_sign_epi8(x_high, high));
+                        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(p_low, ones));
+                        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(p_high, ones));
+                    }
+                }
+                for r in 0..R {
+                    let d = _mm256_mul_ps(scale, _mm256_set1_ps(xs[r].scales[xb]));
+                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dots[r]), acc[r]);
                 }
             }
         }

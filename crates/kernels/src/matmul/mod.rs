@@ -1,13 +1,13 @@
 //! Linear layers: `out[n, out_features] = x[n, in_features] · Wᵀ` for weights in any [`DType`].
 //!
 //! Weights are repacked once at load ([`QMatrix::from_bytes`]): float types become f32 rows,
-//! Q8_0/Q4_0/Q4_1 are interleaved eight rows at a time so one integer instruction advances
-//! eight output columns (`interleaved.rs`, same bytes per weight as the GGUF file), and so are
-//! Q4_K/Q5_K/Q6_K, per 256-element super-block (`kquant.rs`, at most 4 bytes per row and
-//! super-block more than the file). Both eight-row layouts share one driver (`grouped.rs`).
-//! Activations of quantized layers are quantized per 32 elements to int8 (symmetric,
-//! `d = amax / 127`, round to nearest even) and every block product is an exact integer dot,
-//! scaled in f32.
+//! Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/IQ4_XS are interleaved eight rows at a time so one integer
+//! instruction advances eight output columns (`interleaved.rs`, same bytes per weight as the
+//! GGUF file), and so are Q4_K/Q5_K/Q6_K, per 256-element super-block (`kquant.rs`, at most 4
+//! bytes per row and super-block more than the file). Both eight-row layouts share one driver
+//! (`grouped.rs`). Activations of quantized layers are quantized per 32 elements to int8
+//! (symmetric, `d = amax / 127`, round to nearest even) and every block product is an exact
+//! integer dot, scaled in f32.
 //!
 //! Determinism: each output element is produced by one call of a per-(weight row, activation
 //! row) routine whose floating-point operation order depends only on `in_features` and the
@@ -44,7 +44,8 @@ const WEIGHT_ROWS_PER_PASS: usize = 32;
 pub(crate) enum Storage {
     /// F32/F16/BF16 weights widened to f32, `[out][in]`.
     Float { values: Vec<f32> },
-    /// Q8_0 / Q4_0 / Q4_1: eight rows interleaved per block (see `interleaved.rs`).
+    /// Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / IQ4_XS: eight rows interleaved per block
+    /// (see `interleaved.rs`).
     Interleaved(interleaved::Groups),
     /// Q4_K / Q5_K / Q6_K: eight rows interleaved per super-block (see `kquant.rs`).
     KQuant(kquant::KGroups),
@@ -132,9 +133,18 @@ impl QMatrix {
                 dequantize(dtype, bytes, &mut values)?;
                 Storage::Float { values }
             }
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => Storage::Interleaved(
-                interleaved::Groups::pack(dtype, out_features, in_features, bytes)?,
-            ),
+            DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::IQ4_NL
+            | DType::IQ4_XS => Storage::Interleaved(interleaved::Groups::pack(
+                dtype,
+                out_features,
+                in_features,
+                bytes,
+            )?),
             DType::Q4_K | DType::Q5_K | DType::Q6_K => Storage::KQuant(kquant::KGroups::pack(
                 dtype,
                 out_features,

@@ -28,6 +28,17 @@ fn tolerance(dtype: DType, weights: &[f32], x: &[f32]) -> f64 {
     quantization * 1.001 + 1e-5 * magnitude + 1e-6
 }
 
+/// The types held in the interleaved layout, whose scalar twin is bitwise equal to SIMD.
+const INTERLEAVED: [DType; 7] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+];
+
 fn isas() -> Vec<Isa> {
     let mut isas = vec![Isa::Scalar];
     if Isa::detect() != Isa::Scalar {
@@ -94,6 +105,56 @@ fn matmul_matches_reference_for_every_dtype_and_isa() {
                         "{dtype}: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_twins_are_bitwise_equal_for_every_batch_size() {
+    // Every batch size hits another mix of the 4/3/2/1-row tiles; 17 rows of weights leave a
+    // padded last group. Each result must also be within the dequantized reference's bound.
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(19);
+    let simd = Isa::detect();
+    if simd == Isa::Scalar {
+        eprintln!("interleaved twins: SIMD path skipped, this CPU runs the scalar kernel only");
+    }
+    for dtype in INTERLEAVED {
+        let block = dtype.block_size();
+        for cols in [block, 2 * block, 5 * block] {
+            let rows = 17;
+            let bytes = random_weights(&mut rng, dtype, rows, cols);
+            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+            let mut weights = vec![0.0f32; rows * cols];
+            dequantize(dtype, &bytes, &mut weights).unwrap();
+            for n in [1usize, 3, 4, 5, 17] {
+                let x = rng.vec(n * cols, -3.0, 3.0);
+                let reference = reference_matmul(dtype, rows, cols, &bytes, &x, n).unwrap();
+                let mut outputs = Vec::new();
+                for isa in [Isa::Scalar, simd] {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matrix
+                        .matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
+                        .unwrap();
+                    outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                    for (index, (&got, &want)) in out.iter().zip(&reference).enumerate() {
+                        let (i, j) = (index / rows, index % rows);
+                        let bound = tolerance(
+                            dtype,
+                            &weights[j * cols..(j + 1) * cols],
+                            &x[i * cols..(i + 1) * cols],
+                        );
+                        assert!(
+                            (f64::from(got) - f64::from(want)).abs() <= bound,
+                            "{dtype} {isa:?} cols={cols} n={n} [{i},{j}]: {got} vs {want}"
+                        );
+                    }
+                }
+                assert_eq!(
+                    outputs[0], outputs[1],
+                    "{dtype} cols={cols} n={n}: scalar vs SIMD"
+                );
             }
         }
     }
@@ -203,6 +264,7 @@ fn shape_errors() {
         .is_err());
     assert!(QMatrix::from_bytes(DType::Q4_1, 2, 32, &[0u8; 39]).is_err());
     assert!(QMatrix::from_bytes(DType::Q4_K, 1, 32, &[0u8; 144]).is_err());
+    assert!(QMatrix::from_bytes(DType::IQ4_XS, 1, 32, &[0u8; 136]).is_err());
 }
 
 #[test]
@@ -232,6 +294,54 @@ fn extreme_4bit_products_do_not_saturate() {
             bytes.extend_from_slice(&[0xff; QK / 2]);
         }
         let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        for sign in [1.0f32, -1.0] {
+            let x = vec![127.0 * sign; 5 * cols];
+            for isa in isas() {
+                let mut out = vec![0.0f32; 5 * rows];
+                let mut scratch = MatmulScratch::new();
+                matrix
+                    .matmul_with_isa(isa, &pool, &x, 5, &mut out, &mut scratch)
+                    .unwrap();
+                let want = expected_weight * 127.0 * sign * cols as f32;
+                assert!(out.iter().all(|&v| v == want), "{dtype} {isa:?}: {out:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_5bit_and_iq4_products_do_not_saturate() {
+    // Q5: quants of 31 against ±127 are the largest i16 partial sums the kernel keeps before
+    // widening (4 × 2 · 31 · 127 = 31 496); Q5_0's 0 is its largest magnitude (-16). IQ4: the
+    // level -127 (nibble 0) against ±127 is the sign transfer's largest pair (2 · 127 · 127).
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (9usize, 256usize);
+    let one = f32_to_f16(1.0).to_le_bytes();
+    let cases: [(DType, &[u8], u8, f32); 5] = [
+        (DType::Q5_1, &[0, 0, 0xff, 0xff, 0xff, 0xff], 0xff, 31.0),
+        (DType::Q5_0, &[0xff, 0xff, 0xff, 0xff], 0xff, 15.0),
+        (DType::Q5_0, &[0, 0, 0, 0], 0x00, -16.0),
+        (DType::IQ4_NL, &[], 0x00, -127.0),
+        // d = 1, every ls = 33 (scales_h 0b10 per sub-block, scales_l nibbles 1): dl = 1.
+        (
+            DType::IQ4_XS,
+            &[0xaa, 0xaa, 0x11, 0x11, 0x11, 0x11],
+            0x00,
+            -127.0,
+        ),
+    ];
+    for (dtype, header, quants, expected_weight) in cases {
+        let mut block = one.to_vec();
+        block.extend_from_slice(header);
+        block.resize(dtype.block_bytes(), quants);
+        let bytes = block.repeat(rows * cols / dtype.block_size());
+        let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        let mut weights = vec![0.0f32; cols];
+        matrix.row_to_f32(rows - 1, &mut weights).unwrap();
+        assert!(
+            weights.iter().all(|&w| w == expected_weight),
+            "{dtype}: {weights:?}"
+        );
         for sign in [1.0f32, -1.0] {
             let x = vec![127.0 * sign; 5 * cols];
             for isa in isas() {
