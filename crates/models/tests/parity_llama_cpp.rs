@@ -70,9 +70,14 @@ const QUANTIZED: Tolerance = Tolerance {
 /// (Q4_K_M); llama.cpp's 0.196 / 1.83, 0.229 / 1.51, 0.223 / 1.65. Against each other: max
 /// 2.17 / mean 0.217 (IQ4_NL), 1.34 / 0.242 (IQ4_XS). One IQ4_XS step with a llama.cpp margin
 /// of 0.66 has an exact margin of 0.45, a near tie that our noise flips; Q4_K_M diverges once
-/// at a llama.cpp margin of 0.54.
+/// at a llama.cpp margin of 0.54. The bound on the max is the sum of the two engines' measured
+/// distances from exact arithmetic (1.83 + 1.35 = 3.18, rounded up): the two may stray in
+/// opposite directions at one position. The interleaved K-quant kernels (the IQ4 files hold
+/// three Q5_K tensors) round in another order than the super-block path these figures were
+/// taken with, and IQ4_NL's worst position ("Once upon a time", step 10) is exactly such a
+/// case: llama.cpp 1.83 below exact, tokenmill 1.26 above, 3.09 apart.
 const WIDE: Tolerance = Tolerance {
-    max: 3.0,
+    max: 3.2,
     mean: 0.3,
     decisive_margin: 1.0,
 };
