@@ -4,7 +4,7 @@
 //! [`ROW_TILE`]. A layout only supplies the kernel for one (groups, tile) pair; every output
 //! element still comes from one per-(weight row, activation row) arithmetic, whatever the tile.
 
-use super::activation::QuantizedActivations;
+use super::activation::{QuantizedActivations, QuantizedRow};
 use super::Isa;
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -20,16 +20,33 @@ pub(crate) trait GroupedLayout: Sync {
     /// Rows of the weight (the last group may be padded).
     fn out_features(&self) -> usize;
 
-    /// Runs activation rows `first_row..first_row + R` against each group in `groups` and
-    /// hands every group's results (`[row][lane]`) to `write`.
-    fn run_tiles<const R: usize>(
+    /// Computes group `group` (eight weight rows) against the activation rows `xs`: `out[r][lane]`
+    /// is weight row `group · GROUP + lane` against `xs[r]`.
+    fn group_tile<const R: usize>(
         &self,
         isa: Isa,
-        groups: std::ops::Range<usize>,
-        activations: &QuantizedActivations,
-        first_row: usize,
-        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
+        group: usize,
+        xs: &[QuantizedRow<'_>; R],
+        out: &mut [[f32; GROUP]; R],
     );
+}
+
+/// Runs activation rows `first_row..first_row + R` against each group in `groups`, handing
+/// every group's results (`[row][lane]`) to `write`.
+fn run_tiles<L: GroupedLayout, const R: usize>(
+    layout: &L,
+    isa: Isa,
+    groups: std::ops::Range<usize>,
+    activations: &QuantizedActivations,
+    first_row: usize,
+    mut write: impl FnMut(usize, &[[f32; GROUP]]),
+) {
+    let xs: [QuantizedRow<'_>; R] = std::array::from_fn(|r| activations.row(first_row + r));
+    for group in groups {
+        let mut out = [[0.0f32; GROUP]; R];
+        layout.group_tile::<R>(isa, group, &xs, &mut out);
+        write(group, &out);
+    }
 }
 
 /// `out[n, out_features] = x · Wᵀ` for activations already quantized into `activations`.
@@ -56,7 +73,7 @@ pub(crate) fn matmul_grouped<L: GroupedLayout>(
             let mut i = 0;
             while i < n {
                 let rows = (n - i).min(ROW_TILE);
-                let mut write = |group: usize, results: &[[f32; GROUP]]| {
+                let write = |group: usize, results: &[[f32; GROUP]]| {
                     let lanes = GROUP.min(out_features - group * GROUP);
                     for (r, values) in results.iter().enumerate() {
                         // SAFETY: this task alone owns output columns of groups first..last,
@@ -70,10 +87,10 @@ pub(crate) fn matmul_grouped<L: GroupedLayout>(
                 };
                 let groups = pass_start..pass_end;
                 match rows {
-                    4 => layout.run_tiles::<4>(isa, groups, activations, i, &mut write),
-                    3 => layout.run_tiles::<3>(isa, groups, activations, i, &mut write),
-                    2 => layout.run_tiles::<2>(isa, groups, activations, i, &mut write),
-                    _ => layout.run_tiles::<1>(isa, groups, activations, i, &mut write),
+                    4 => run_tiles::<L, 4>(layout, isa, groups, activations, i, write),
+                    3 => run_tiles::<L, 3>(layout, isa, groups, activations, i, write),
+                    2 => run_tiles::<L, 2>(layout, isa, groups, activations, i, write),
+                    _ => run_tiles::<L, 1>(layout, isa, groups, activations, i, write),
                 }
                 i += rows;
             }

@@ -267,52 +267,6 @@ impl Groups {
     ) {
         matmul_grouped(self, isa, pool, activations, n, out);
     }
-
-    /// Runs activation rows `first_row..first_row + R` against each group in `groups` and
-    /// hands every group's results to `write`.
-    fn tiles<const R: usize>(
-        &self,
-        isa: Isa,
-        groups: std::ops::Range<usize>,
-        activations: &QuantizedActivations,
-        first_row: usize,
-        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
-    ) {
-        let xs: [QuantizedRow<'_>; R] = std::array::from_fn(|r| activations.row(first_row + r));
-        for group in groups {
-            let data = self.group(group);
-            let mut out = [[0.0f32; GROUP]; R];
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
-                // the group holds `n_blocks` group-blocks of `kind` and every activation row
-                // `n_blocks * kind.block_elems()` elements.
-                Isa::Avx2 => unsafe {
-                    use super::avx2;
-                    let (kind, n_blocks) = (self.kind, self.n_blocks);
-                    match kind {
-                        GroupKind::Q8Zero => {
-                            avx2::q8_group_tile::<R>(data, n_blocks, &xs, &mut out)
-                        }
-                        GroupKind::Q4Zero | GroupKind::Q4One => {
-                            avx2::q4_group_tile::<R, false>(kind, data, n_blocks, &xs, &mut out)
-                        }
-                        GroupKind::Q5Zero | GroupKind::Q5One => {
-                            avx2::q4_group_tile::<R, true>(kind, data, n_blocks, &xs, &mut out)
-                        }
-                        GroupKind::Iq4Nl => {
-                            avx2::iq4_group_tile::<R, false>(data, n_blocks, &xs, &mut out)
-                        }
-                        GroupKind::Iq4Xs => {
-                            avx2::iq4_group_tile::<R, true>(data, n_blocks, &xs, &mut out)
-                        }
-                    }
-                },
-                Isa::Scalar => group_tile_scalar(self.kind, data, self.n_blocks, &xs, &mut out),
-            }
-            write(group, &out);
-        }
-    }
 }
 
 impl GroupedLayout for Groups {
@@ -320,15 +274,36 @@ impl GroupedLayout for Groups {
         self.out_features
     }
 
-    fn run_tiles<const R: usize>(
+    fn group_tile<const R: usize>(
         &self,
         isa: Isa,
-        groups: std::ops::Range<usize>,
-        activations: &QuantizedActivations,
-        first_row: usize,
-        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
+        group: usize,
+        xs: &[QuantizedRow<'_>; R],
+        out: &mut [[f32; GROUP]; R],
     ) {
-        self.tiles::<R>(isa, groups, activations, first_row, write);
+        let data = self.group(group);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
+            // the group holds `n_blocks` group-blocks of `kind` and every activation row
+            // `n_blocks * kind.block_elems()` elements.
+            Isa::Avx2 => unsafe {
+                use super::avx2;
+                let (kind, n_blocks) = (self.kind, self.n_blocks);
+                match kind {
+                    GroupKind::Q8Zero => avx2::q8_group_tile::<R>(data, n_blocks, xs, out),
+                    GroupKind::Q4Zero | GroupKind::Q4One => {
+                        avx2::q4_group_tile::<R, false>(kind, data, n_blocks, xs, out)
+                    }
+                    GroupKind::Q5Zero | GroupKind::Q5One => {
+                        avx2::q4_group_tile::<R, true>(kind, data, n_blocks, xs, out)
+                    }
+                    GroupKind::Iq4Nl => avx2::iq4_group_tile::<R, false>(data, n_blocks, xs, out),
+                    GroupKind::Iq4Xs => avx2::iq4_group_tile::<R, true>(data, n_blocks, xs, out),
+                }
+            },
+            Isa::Scalar => group_tile_scalar(self.kind, data, self.n_blocks, xs, out),
+        }
     }
 }
 

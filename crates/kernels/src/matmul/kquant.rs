@@ -267,45 +267,31 @@ impl GroupedLayout for KGroups {
         self.out_features
     }
 
-    fn run_tiles<const R: usize>(
+    fn group_tile<const R: usize>(
         &self,
         isa: Isa,
-        groups: std::ops::Range<usize>,
-        activations: &QuantizedActivations,
-        first_row: usize,
-        write: &mut dyn FnMut(usize, &[[f32; GROUP]]),
+        group: usize,
+        xs: &[QuantizedRow<'_>; R],
+        out: &mut [[f32; GROUP]; R],
     ) {
-        let xs: [QuantizedRow<'_>; R] = std::array::from_fn(|r| activations.row(first_row + r));
-        for group in groups {
-            let data = self.group(group);
-            let mut out = [[0.0f32; GROUP]; R];
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
-                // the group holds `n_super` group-blocks of its kind and every activation row
-                // `8 · n_super` quantized blocks.
-                Isa::Avx2 => unsafe {
-                    match self.kind {
-                        KKind::Q4 => super::kquant_avx2::q4_k_tile::<R, false>(
-                            data,
-                            self.n_super,
-                            &xs,
-                            &mut out,
-                        ),
-                        KKind::Q5 => super::kquant_avx2::q4_k_tile::<R, true>(
-                            data,
-                            self.n_super,
-                            &xs,
-                            &mut out,
-                        ),
-                        KKind::Q6 => {
-                            super::kquant_avx2::q6_k_tile::<R>(data, self.n_super, &xs, &mut out)
-                        }
+        let data = self.group(group);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
+            // the group holds `n_super` group-blocks of its kind and every activation row
+            // `8 · n_super` quantized blocks.
+            Isa::Avx2 => unsafe {
+                match self.kind {
+                    KKind::Q4 => {
+                        super::kquant_avx2::q4_k_tile::<R, false>(data, self.n_super, xs, out)
                     }
-                },
-                Isa::Scalar => tile_scalar(self.kind, data, self.n_super, &xs, &mut out),
-            }
-            write(group, &out);
+                    KKind::Q5 => {
+                        super::kquant_avx2::q4_k_tile::<R, true>(data, self.n_super, xs, out)
+                    }
+                    KKind::Q6 => super::kquant_avx2::q6_k_tile::<R>(data, self.n_super, xs, out),
+                }
+            },
+            Isa::Scalar => tile_scalar(self.kind, data, self.n_super, xs, out),
         }
     }
 }
