@@ -63,9 +63,20 @@ pub struct EngineArgs {
     /// Maximum sequences in one step.
     #[arg(long, default_value_t = 64, help_heading = "Scheduler")]
     pub max_num_seqs: usize,
-    /// Token budget of one step (chunked prefill splits longer prompts).
-    #[arg(long, default_value_t = 512, help_heading = "Scheduler")]
-    pub max_num_batched_tokens: usize,
+    /// Token budget of one step (chunked prefill splits longer prompts) [default: 512; without
+    /// chunked prefill max(max-model-len, 2048)].
+    #[arg(long, help_heading = "Scheduler")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Split long prompts over several steps (on by default).
+    #[arg(
+        long,
+        overrides_with = "no_enable_chunked_prefill",
+        help_heading = "Scheduler"
+    )]
+    pub enable_chunked_prefill: bool,
+    /// Schedule each prompt whole (the step budget must then hold max-model-len tokens).
+    #[arg(long, help_heading = "Scheduler")]
+    pub no_enable_chunked_prefill: bool,
     #[arg(long, value_enum, default_value_t = PolicyArg::Fcfs, help_heading = "Scheduler")]
     pub scheduling_policy: PolicyArg,
     /// Compute threads; default: all cores.
@@ -98,6 +109,7 @@ impl EngineArgs {
         config.max_model_len = self.max_model_len;
         config.max_num_seqs = self.max_num_seqs;
         config.max_num_batched_tokens = self.max_num_batched_tokens;
+        config.enable_chunked_prefill = !self.no_enable_chunked_prefill;
         config.enable_prefix_caching = !self.no_enable_prefix_caching;
         config.scheduling_policy = match self.scheduling_policy {
             PolicyArg::Fcfs => SchedulingPolicy::Fcfs,

@@ -80,6 +80,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--root-path", "/llm", Same, "routes are also served under this prefix (behind a path-routing proxy)"),
     row("--disable-fastapi-docs", "", Same, "no `/openapi.json` (tokenmill serves no `/docs` or `/redoc` pages)"),
     row("--return-tokens-as-token-ids", "", Same, "logprob tokens are `token_id:N`"),
+    row("--response-role", "assistant", Same, "the role chat replies report when the request adds a generation prompt"),
     row("--enable-tokenizer-info-endpoint", "", Same, "serves `GET /tokenizer_info` (tokenizer config and chat template, for remote-tokenizer clients)"),
     row("--enable-prompt-tokens-details", "", Same, "`usage.prompt_tokens_details.cached_tokens` (tokenmill always reports it)"),
     row("--max-log-len", "100", Same, "truncates logged prompts"),
@@ -118,7 +119,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--max-num-seqs", "64", Same, "sequences in one step"),
     row("--max-num-batched-tokens", "512", Same, "token budget of one step"),
     row("--scheduling-policy", "fcfs", Same, "`fcfs` or `priority`"),
-    row("--enable-chunked-prefill", "", Same, "always on (long prompts are split at `--max-num-batched-tokens`)"),
+    row("--enable-chunked-prefill", "", Same, "on by default (long prompts are split at `--max-num-batched-tokens`; `--no-enable-chunked-prefill` schedules each prompt whole)"),
     // Parallelism and execution.
     row("--tensor-parallel-size", "1", Restricted, "`1`: one engine per process uses all cores (`--threads`); scale out with replicas (deploy/)"),
     row("--pipeline-parallel-size", "1", Restricted, "`1`, as above"),
@@ -195,8 +196,6 @@ pub struct VllmArgs {
     #[arg(long, help_heading = "vLLM compatibility")]
     pub calculate_kv_scales: bool,
     #[arg(long, help_heading = "vLLM compatibility")]
-    pub enable_chunked_prefill: bool,
-    #[arg(long, help_heading = "vLLM compatibility")]
     pub enforce_eager: bool,
     #[arg(long, help_heading = "vLLM compatibility")]
     pub max_seq_len_to_capture: Option<usize>,
@@ -229,6 +228,14 @@ pub struct VllmArgs {
     /// Logprob tokens as `token_id:N`.
     #[arg(long, help_heading = "vLLM compatibility")]
     pub return_tokens_as_token_ids: bool,
+    /// The role chat replies report when the request adds a generation prompt.
+    #[arg(
+        long,
+        value_name = "ROLE",
+        default_value = "assistant",
+        help_heading = "vLLM compatibility"
+    )]
+    pub response_role: String,
     /// Serve GET /tokenizer_info (tokenizer config and chat template).
     #[arg(long, help_heading = "vLLM compatibility")]
     pub enable_tokenizer_info_endpoint: bool,
@@ -385,6 +392,10 @@ impl VllmArgs {
         server.serve_openapi = !self.disable_fastapi_docs;
         server.enable_tokenizer_info_endpoint = self.enable_tokenizer_info_endpoint;
         server.return_tokens_as_token_ids = self.return_tokens_as_token_ids;
+        if self.response_role.trim().is_empty() {
+            bail!("--response-role must not be empty");
+        }
+        server.response_role = self.response_role.clone();
         server.max_logprobs = self.max_logprobs;
         Ok(())
     }
@@ -696,6 +707,21 @@ mod tests {
         let error = serve_args(&["--config", bad.to_str().unwrap()]).unwrap_err();
         assert!(error.contains("mapping"), "{error}");
         assert!(serve_args(&["--config", "/nonexistent.yaml"]).is_err());
+    }
+
+    #[test]
+    fn chunked_prefill_and_response_role_parse_as_in_vllm() {
+        let parsed =
+            serve_args(&["--no-enable-chunked-prefill", "--response-role", "bot"]).unwrap();
+        assert!(parsed.engine.no_enable_chunked_prefill);
+        assert_eq!(parsed.vllm.response_role, "bot");
+        let last_wins =
+            serve_args(&["--no-enable-chunked-prefill", "--enable-chunked-prefill"]).unwrap();
+        assert!(!last_wins.engine.no_enable_chunked_prefill);
+        assert_eq!(serve_args(&[]).unwrap().vllm.response_role, "assistant");
+        let mut server = ServerConfig::new(vec!["m".into()]);
+        let empty = serve_args(&["--response-role", " "]).unwrap();
+        assert!(empty.vllm.apply_to_server(&mut server).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ fn config(max_num_seqs: usize) -> SchedulerConfig {
         enable_prefix_caching: true,
         policy: SchedulingPolicy::Fcfs,
         long_prefill_token_threshold: None,
+        enable_chunked_prefill: true,
     }
 }
 

@@ -40,6 +40,7 @@ fn config(
         enable_prefix_caching: caching,
         policy,
         long_prefill_token_threshold: None,
+        enable_chunked_prefill: true,
     }
 }
 

@@ -137,6 +137,7 @@ fn scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
                     enable_prefix_caching,
                     policy,
                     long_prefill_token_threshold,
+                    enable_chunked_prefill: true,
                 };
                 let requests = raws
                     .iter()
@@ -181,6 +182,7 @@ fn reference_config(scenario: &Scenario) -> SchedulerConfig {
         num_blocks: (blocks_per_request * scenario.requests.len() + 1) as u32,
         enable_prefix_caching: false,
         long_prefill_token_threshold: None,
+        enable_chunked_prefill: true,
         ..config
     }
 }

@@ -12,6 +12,7 @@ use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig, Scheduling
 use tokenmill_models::{kv_layout, read_model_config, KvCacheStorage};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::config::DEFAULT_MAX_NUM_BATCHED_TOKENS;
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
 use crate::model_runner::{LoadedModel, ModelRunner};
@@ -84,7 +85,13 @@ impl Engine {
             )));
         }
         let scheduler = Scheduler::new(SchedulerConfig {
-            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(
+                if config.enable_chunked_prefill {
+                    DEFAULT_MAX_NUM_BATCHED_TOKENS
+                } else {
+                    max_model_len.max(2048)
+                },
+            ),
             max_num_seqs: config.max_num_seqs,
             max_model_len,
             block_size: config.block_size,
@@ -92,6 +99,7 @@ impl Engine {
             enable_prefix_caching: config.enable_prefix_caching,
             policy: config.scheduling_policy,
             long_prefill_token_threshold: None,
+            enable_chunked_prefill: config.enable_chunked_prefill,
         })?;
         let runner = ModelRunner::new(
             Arc::clone(&loaded),

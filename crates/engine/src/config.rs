@@ -45,7 +45,11 @@ pub struct EngineConfig {
     /// `None` = the model's context length, capped by what the KV pool holds.
     pub max_model_len: Option<usize>,
     pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
+    /// Token budget of one step; `None` = 512 with chunked prefill, else vLLM's
+    /// `max(max_model_len, 2048)` so that a whole prompt fits.
+    pub max_num_batched_tokens: Option<usize>,
+    /// `--enable-chunked-prefill` (default) / `--no-enable-chunked-prefill`.
+    pub enable_chunked_prefill: bool,
     pub enable_prefix_caching: bool,
     pub scheduling_policy: SchedulingPolicy,
     /// The `model_name` label of the engine's metrics (the first served name).
@@ -56,6 +60,9 @@ pub struct EngineConfig {
     /// tracing, no export thread.
     pub otlp_traces_endpoint: Option<String>,
 }
+
+/// Step token budget with chunked prefill when none is given.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 512;
 
 impl EngineConfig {
     /// CPU-tuned defaults for `model`.
@@ -71,7 +78,8 @@ impl EngineConfig {
             block_size: 16,
             max_model_len: None,
             max_num_seqs: 64,
-            max_num_batched_tokens: 512,
+            max_num_batched_tokens: None,
+            enable_chunked_prefill: true,
             enable_prefix_caching: true,
             scheduling_policy: SchedulingPolicy::Fcfs,
             served_model_name: "tokenmill".into(),

@@ -37,7 +37,7 @@ mod stats;
 mod test_support;
 
 pub use client::{Engine, EngineClient, RequestStream};
-pub use config::{EngineConfig, KvCacheSizing};
+pub use config::{EngineConfig, KvCacheSizing, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 pub use error::EngineError;
 pub use executor::{Executor, NewSequence, StepOutput};
 pub use model_runner::{grammar_vocabulary, LoadedModel, ModelRunner};

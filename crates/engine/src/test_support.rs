@@ -25,6 +25,7 @@ pub fn small_scheduler() -> Scheduler {
         enable_prefix_caching: true,
         policy: SchedulingPolicy::Fcfs,
         long_prefill_token_threshold: None,
+        enable_chunked_prefill: true,
     })
     .unwrap()
 }

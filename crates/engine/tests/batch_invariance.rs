@@ -69,7 +69,7 @@ fn check_alone_batched_chunked_preempted(model: &Path) {
     // All together in one continuous batch.
     let mut batched_config = config(1024, 256);
     batched_config.max_num_seqs = NUM_REQUESTS;
-    batched_config.max_num_batched_tokens = 4096;
+    batched_config.max_num_batched_tokens = Some(4096);
     batched_config.enable_prefix_caching = false;
     let engine = Engine::start(&batched_config).unwrap();
     let together = run_all(
@@ -87,7 +87,7 @@ fn check_alone_batched_chunked_preempted(model: &Path) {
     // Heavy chunking: 32 tokens per step.
     let mut chunked_config = config(1024, 256);
     chunked_config.max_num_seqs = NUM_REQUESTS;
-    chunked_config.max_num_batched_tokens = 32;
+    chunked_config.max_num_batched_tokens = Some(32);
     chunked_config.enable_prefix_caching = false;
     let engine = Engine::start(&chunked_config).unwrap();
     let chunked = run_all(
@@ -102,10 +102,31 @@ fn check_alone_batched_chunked_preempted(model: &Path) {
     }
     engine.shutdown();
 
+    // No chunked prefill: every prompt whole in one step (the budget defaults to hold one).
+    let mut unchunked_config = config(1024, 256);
+    unchunked_config.max_num_seqs = NUM_REQUESTS;
+    unchunked_config.enable_chunked_prefill = false;
+    unchunked_config.enable_prefix_caching = false;
+    let engine = Engine::start(&unchunked_config).unwrap();
+    let unchunked = run_all(
+        &engine.client(),
+        prompts
+            .iter()
+            .map(|p| greedy(p.clone(), MAX_TOKENS))
+            .collect(),
+    );
+    for (i, out) in unchunked.iter().enumerate() {
+        assert_eq!(
+            out.token_ids, alone[i],
+            "request {i} differs without chunked prefill"
+        );
+    }
+    engine.shutdown();
+
     // A pool so small that running requests must be preempted and recomputed.
     let mut tiny_config = config(24, 128);
     tiny_config.max_num_seqs = NUM_REQUESTS;
-    tiny_config.max_num_batched_tokens = 256;
+    tiny_config.max_num_batched_tokens = Some(256);
     tiny_config.enable_prefix_caching = false;
     let engine = Engine::start(&tiny_config).unwrap();
     let client = engine.client();

@@ -480,7 +480,9 @@ impl ChatCompletionRequest {
 /// The assistant message of a non-streaming choice.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatResponseMessage {
-    pub role: Role,
+    /// `--response-role` (default `assistant`), or the last message's role without a
+    /// generation prompt, as vLLM reports it.
+    pub role: String,
     #[serde(default)]
     pub content: Option<String>,
     /// Reasoning text split off by `--reasoning-parser`.
@@ -578,7 +580,7 @@ impl ChatCompletionResponse {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub role: Option<Role>,
+    pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

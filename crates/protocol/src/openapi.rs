@@ -321,8 +321,8 @@ fn components() -> Value {
         ],
         &["index", "text", "logprobs", "finish_reason"],
     );
-    let role =
-        json!({"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]});
+    // `assistant` unless `--response-role` names another (vLLM allows any string).
+    let role = json!({"type": "string"});
     let chat_choice = object(
         vec![
             ("index", json!({"type": "integer"})),
@@ -411,7 +411,10 @@ fn components() -> Value {
     };
     let chat_message = object(
         vec![
-            ("role", role),
+            (
+                "role",
+                json!({"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]}),
+            ),
             (
                 "content",
                 nullable(json!({"anyOf": [

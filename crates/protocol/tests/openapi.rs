@@ -224,7 +224,7 @@ fn choice_schemas_match_fully_populated_choices() {
     let chat_choice = ChatChoice {
         index: 0,
         message: ChatResponseMessage {
-            role: Role::Assistant,
+            role: "assistant".into(),
             content: Some(String::new()),
             reasoning: Some(String::new()),
             reasoning_content: Some(String::new()),

@@ -264,7 +264,7 @@ fn chat_response_with_logprobs() {
         vec![ChatChoice {
             index: 0,
             message: ChatResponseMessage {
-                role: Role::Assistant,
+                role: "assistant".into(),
                 content: Some("Hi".into()),
                 reasoning: None,
                 reasoning_content: None,
@@ -324,7 +324,7 @@ fn chat_stream_role_content_and_usage_chunks() {
     };
     let role = delta_chunk(
         ChatDelta {
-            role: Some(Role::Assistant),
+            role: Some("assistant".into()),
             content: Some(String::new()),
             ..ChatDelta::default()
         },
@@ -389,7 +389,7 @@ fn real_openai_responses_parse() {
                      "logprobs": null, "finish_reason": null}]
     }))
     .unwrap();
-    assert_eq!(chunk.choices[0].delta.role, Some(Role::Assistant));
+    assert_eq!(chunk.choices[0].delta.role, Some("assistant".to_string()));
 
     let completion: CompletionResponse = serde_json::from_value(json!({
         "id": "cmpl-uqkvlQyYK7bGYrRHQ0eXlWi7", "object": "text_completion", "created": 1589478378,

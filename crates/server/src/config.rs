@@ -64,6 +64,10 @@ pub struct ServerConfig {
     pub tools: ToolSettings,
     /// `--reasoning-parser`.
     pub reasoning_parser: Option<String>,
+    /// The role chat replies report when the request adds a generation prompt
+    /// (`--response-role`; without one the reply continues the last message, whose role it
+    /// reports, as vLLM does).
+    pub response_role: String,
 }
 
 /// Default of both read timeouts.
@@ -96,6 +100,7 @@ impl ServerConfig {
             max_waiting_requests: None,
             tools: ToolSettings::default(),
             reasoning_parser: None,
+            response_role: "assistant".into(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! vLLM's frontend flags on a real engine: CORS, `--root-path`, `--disable-fastapi-docs`,
-//! `--return-tokens-as-token-ids`, `--max-logprobs`, and `--seed` on the engine.
+//! `--return-tokens-as-token-ids`, `--response-role`, `--max-logprobs`, and `--seed` on the
+//! engine.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] functions
 
@@ -7,7 +8,7 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use common::{TestApp, MODEL_NAME};
+use common::{json_request, sse_events, TestApp, MODEL_NAME};
 use serde_json::{json, Value};
 use tokenmill_server::CorsConfig;
 
@@ -147,6 +148,50 @@ async fn tokens_as_token_ids_name_logprob_tokens_by_id() {
     for token in body["choices"][0]["logprobs"]["tokens"].as_array().unwrap() {
         assert!(token.as_str().unwrap().starts_with("token_id:"), "{token}");
     }
+}
+
+#[tokio::test]
+async fn response_role_names_the_reply_unless_it_continues_the_last_message() {
+    let app = TestApp::with_config(|config| config.response_role = "bot".into());
+    let chat = |extra: Value| {
+        let mut body = json!({
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well"}],
+            "max_tokens": 2,
+        });
+        for (key, value) in extra.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        body
+    };
+    let (status, body) = app
+        .post_json("/v1/chat/completions", &chat(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["message"]["role"], "bot");
+    // Continuing the final message (no generation prompt): the reply is that message's role,
+    // and echo prepends its content, as vLLM does.
+    let (status, body) = app
+        .post_json(
+            "/v1/chat/completions",
+            &chat(json!({"continue_final_message": true, "echo": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.starts_with("Well"), "{content}");
+    let response = app
+        .send(json_request(
+            Method::POST,
+            "/v1/chat/completions",
+            &chat(json!({"stream": true})),
+            None,
+        ))
+        .await;
+    let events = sse_events(response).await;
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "bot");
 }
 
 #[tokio::test]

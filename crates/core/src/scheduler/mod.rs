@@ -32,6 +32,10 @@ pub struct SchedulerConfig {
     pub policy: SchedulingPolicy,
     /// Caps one request's prefill chunk per step, so long prompts do not starve others.
     pub long_prefill_token_threshold: Option<usize>,
+    /// Split prompts longer than the step's remaining budget over several steps
+    /// (`--enable-chunked-prefill`, the default). Off, a prompt is scheduled whole or waits,
+    /// and the budget must hold a whole `max_model_len` sequence, as vLLM requires.
+    pub enable_chunked_prefill: bool,
 }
 
 impl SchedulerConfig {
@@ -59,6 +63,14 @@ impl SchedulerConfig {
         }
         if self.long_prefill_token_threshold == Some(0) {
             return invalid("long_prefill_token_threshold must be at least 1 when set".to_owned());
+        }
+        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
+            return invalid(format!(
+                "max_num_batched_tokens ({}) is smaller than max_model_len ({}); without \
+                 chunked prefill a prompt must fit in one step: raise max_num_batched_tokens \
+                 or lower max_model_len",
+                self.max_num_batched_tokens, self.max_model_len
+            ));
         }
         // Otherwise a request of max_model_len could never be scheduled, even alone.
         let capacity = (self.num_blocks as usize).saturating_mul(self.block_size);
@@ -316,6 +328,9 @@ impl Scheduler {
                 .as_ref()
                 .map_or(0, |hit| hit.num_computed_tokens());
             let num_new_tokens = self.chunk_len(num_tokens - num_cached_tokens, *budget);
+            if num_new_tokens == 0 {
+                break;
+            }
             if self
                 .kv
                 .allocate_slots(
@@ -354,6 +369,10 @@ impl Scheduler {
     /// Tokens a request may take this step: what it has left, capped by the long-prefill
     /// threshold and the remaining budget.
     fn chunk_len(&self, remaining: usize, budget: usize) -> usize {
+        if !self.config.enable_chunked_prefill {
+            // Whole or not at all (0 = wait for a step with room).
+            return if remaining <= budget { remaining } else { 0 };
+        }
         let capped = match self.config.long_prefill_token_threshold {
             Some(threshold) => remaining.min(threshold),
             None => remaining,

@@ -11,6 +11,7 @@ fn config(num_blocks: u32, budget: usize) -> SchedulerConfig {
         enable_prefix_caching: true,
         policy: SchedulingPolicy::Fcfs,
         long_prefill_token_threshold: None,
+        enable_chunked_prefill: true,
     }
 }
 
@@ -149,6 +150,41 @@ fn long_prefill_threshold_caps_chunks() {
     let output = scheduler.schedule();
     let lens: Vec<usize> = output.scheduled.iter().map(|s| s.token_ids.len()).collect();
     assert_eq!(lens, vec![3, 2]);
+}
+
+#[test]
+fn without_chunked_prefill_prompts_are_scheduled_whole_or_wait() {
+    let mut unchunked = config(32, 64);
+    unchunked.enable_chunked_prefill = false;
+    unchunked.max_num_batched_tokens = 63;
+    assert!(
+        matches!(Scheduler::new(unchunked), Err(SchedulerError::InvalidConfig { reason }) if reason.contains("max_model_len"))
+    );
+    unchunked.max_num_batched_tokens = 64;
+    // A threshold only caps chunks; without chunking it does not split a prompt.
+    unchunked.long_prefill_token_threshold = Some(3);
+    let mut scheduler = Scheduler::new(unchunked).unwrap();
+    scheduler.add_request(request(1, 40, 4)).unwrap();
+    scheduler.add_request(request(2, 30, 1)).unwrap();
+    scheduler.add_request(request(3, 20, 1)).unwrap();
+    let (output, _) = step_with(&mut scheduler, 1);
+    let lens: Vec<(RequestId, usize)> = output
+        .scheduled
+        .iter()
+        .map(|s| (s.request_id, s.token_ids.len()))
+        .collect();
+    // 40 fits; 30 does not fit the 24 left and is not split; FCFS keeps 3 behind 2.
+    assert_eq!(lens, vec![(RequestId(1), 40)]);
+    let (output, _) = step_with(&mut scheduler, 1);
+    let lens: Vec<(RequestId, usize)> = output
+        .scheduled
+        .iter()
+        .map(|s| (s.request_id, s.token_ids.len()))
+        .collect();
+    assert_eq!(
+        lens,
+        vec![(RequestId(1), 1), (RequestId(2), 30), (RequestId(3), 20)]
+    );
 }
 
 #[test]

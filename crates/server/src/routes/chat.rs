@@ -9,7 +9,7 @@ use tokenmill_engine::{RequestEvent, RequestStream};
 use tokenmill_protocol::{
     chat_completion_id, prepare_tool_history, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
     ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatResponseMessage, ErrorResponse,
-    FinishReason, Role, StructuredConstraint, StructuredOutputRequest, ToolOutput, Usage,
+    FinishReason, StructuredConstraint, StructuredOutputRequest, ToolOutput, Usage,
     ValidatedSampling,
 };
 
@@ -32,6 +32,9 @@ struct Job {
     prompt_token_ids: Vec<u32>,
     /// With `echo`: the final message's content, prepended to each reply.
     echo_prefix: String,
+    /// The replies' role (`--response-role`, or the last message's without a generation
+    /// prompt).
+    role: String,
     /// How each choice's text is read (reasoning, tool calls).
     reading: OutputReading,
 }
@@ -96,8 +99,12 @@ pub(crate) async fn create(
         ));
     }
     let max_tokens = validated.resolve_max_tokens(prompt_token_ids.len(), limits)?;
+    let role = match messages.last() {
+        Some(last) if !options.add_generation_prompt => last.role.as_str().to_string(),
+        _ => state.config().response_role.clone(),
+    };
     let echo_prefix = match messages.last() {
-        Some(last) if validated.output.echo && last.role == Role::Assistant => {
+        Some(last) if validated.output.echo && last.role.as_str() == role => {
             last.content.clone().unwrap_or_default()
         }
         _ => String::new(),
@@ -124,6 +131,7 @@ pub(crate) async fn create(
         validated,
         prompt_token_ids,
         echo_prefix,
+        role,
         reading,
     };
     if job.validated.output.stream {
@@ -164,7 +172,7 @@ async fn complete(
         choices.push(ChatChoice {
             index,
             message: ChatResponseMessage {
-                role: Role::Assistant,
+                role: job.role.clone(),
                 // Only calls: null, as OpenAI sends (any text, even whitespace, was streamed).
                 content: (parsed.tool_calls.is_empty() || !content.is_empty()).then_some(content),
                 reasoning: parsed.reasoning.clone(),
@@ -214,7 +222,7 @@ fn stream_response(
             let mut first = chunk(vec![ChatChunkChoice {
                 index,
                 delta: ChatDelta {
-                    role: Some(Role::Assistant),
+                    role: Some(job.role.clone()),
                     content: Some(job.echo_prefix.clone()),
                     ..ChatDelta::default()
                 },
