@@ -8,6 +8,8 @@ use tokenmill_core::SchedulingPolicy;
 use tokenmill_engine::{CacheDtype, EngineConfig, KvCacheSizing};
 use tokenmill_models::ResolveOptions;
 
+use crate::structured_args::StructuredOutputsArgs;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PolicyArg {
     Fcfs,
@@ -82,6 +84,8 @@ pub struct EngineArgs {
     /// Compute threads; default: all cores.
     #[arg(long, help_heading = "Compute")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub structured_outputs: StructuredOutputsArgs,
 }
 
 impl EngineArgs {
@@ -111,6 +115,7 @@ impl EngineArgs {
         config.max_num_batched_tokens = self.max_num_batched_tokens;
         config.enable_chunked_prefill = !self.no_enable_chunked_prefill;
         config.enable_prefix_caching = !self.no_enable_prefix_caching;
+        config.json_grammar = self.structured_outputs.config()?.json;
         config.scheduling_policy = match self.scheduling_policy {
             PolicyArg::Fcfs => SchedulingPolicy::Fcfs,
             PolicyArg::Priority => SchedulingPolicy::Priority,

@@ -13,7 +13,8 @@ use tokenmill_engine::{
 };
 use tokenmill_models::StructuredOutput;
 use tokenmill_protocol::{
-    conversation, plan_tools, prepare_tool_history, ToolOutput, ToolPlan, ToolSettings,
+    conversation, plan_tools, prepare_tool_history, GuidedDecodingParams, ToolOutput, ToolPlan,
+    ToolSettings,
 };
 use tokenmill_server::chat_output::OutputReading;
 use tokenmill_text::{ChatMessage, RenderOptions};
@@ -58,7 +59,12 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let tool_settings = args.tools.settings()?;
+    let (tools, reasoning_parser) = args.tools.settings()?;
+    let reasoning_parser = args
+        .engine
+        .structured_outputs
+        .reasoning_parser(reasoning_parser)?;
+    let tool_settings = (tools, reasoning_parser);
     let mut config = args.engine.to_config()?;
     config.log_stats_interval = None;
     let load_started = Instant::now();
@@ -190,6 +196,41 @@ struct BatchLine {
     stop: StopField,
     #[serde(default)]
     ignore_eos: bool,
+    /// Structured outputs, as the API takes them (chat's `response_format`, vLLM's
+    /// `structured_outputs` and the legacy `guided_*` fields).
+    response_format: Option<tokenmill_protocol::ResponseFormat>,
+    structured_outputs: Option<tokenmill_protocol::StructuredOutputsParams>,
+    guided_json: Option<serde_json::Value>,
+    guided_regex: Option<String>,
+    guided_choice: Option<Vec<String>>,
+    guided_grammar: Option<String>,
+    guided_whitespace_pattern: Option<String>,
+    guided_decoding_backend: Option<String>,
+}
+
+impl BatchLine {
+    /// The line's checked structured-output constraint, compiled against the model so a bad
+    /// schema fails before anything runs; `None` without one.
+    fn structured_output(&self, model: &LoadedModel) -> anyhow::Result<Option<StructuredOutput>> {
+        let guided = GuidedDecodingParams {
+            structured_outputs: self.structured_outputs.clone(),
+            guided_json: self.guided_json.clone(),
+            guided_regex: self.guided_regex.clone(),
+            guided_choice: self.guided_choice.clone(),
+            guided_grammar: self.guided_grammar.clone(),
+            guided_whitespace_pattern: self.guided_whitespace_pattern.clone(),
+            guided_decoding_backend: self.guided_decoding_backend.clone(),
+        };
+        let Some(request) = guided.validate(self.response_format.as_ref())? else {
+            return Ok(None);
+        };
+        let output = tokenmill_server::structured_output(&request.constraint);
+        model
+            .grammar
+            .compile(&output)
+            .with_context(|| format!("invalid {}", request.param))?;
+        Ok(Some(output))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -288,7 +329,15 @@ fn run_batch(
             }
         }
         sampling.min_tokens = parsed.min_tokens;
+        sampling.structured_output = parsed.structured_output(model).with_context(location)?;
         if let ToolOutput::Envelope { schema, .. } = &plan.output {
+            if sampling.structured_output.is_some() {
+                bail!(
+                    "{}: a structured output cannot be combined with a forced tool_choice: both \
+                     constrain the output",
+                    location()
+                );
+            }
             sampling.structured_output = Some(StructuredOutput::JsonSchema(schema.clone()));
         }
         if reading.needs_special_tokens() {

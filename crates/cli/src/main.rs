@@ -6,6 +6,7 @@
 mod engine_args;
 mod generate;
 mod serve;
+mod structured_args;
 mod tokenizer;
 mod tool_args;
 mod vllm_flags;

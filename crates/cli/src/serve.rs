@@ -110,6 +110,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         args.engine.model = args.model_positional.take();
     }
     let (tool_settings, reasoning_parser) = args.tools.settings()?;
+    let reasoning_parser = args
+        .engine
+        .structured_outputs
+        .reasoning_parser(reasoning_parser)?;
     let mut config = args.engine.to_config()?;
     args.vllm.apply_to_engine(&mut config);
     let served_model_names = if args.served_model_name.is_empty() {

@@ -92,6 +92,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--disable-access-log-for-endpoints", "/health,/metrics", Same, "no access-log lines for these paths"),
     row("--generation-config", "auto", Same, "default sampling parameters from generation_config.json"),
     row("--max-logprobs", "20", Same, "cap on `logprobs`, `top_logprobs`, `prompt_logprobs`"),
+    row("--structured-outputs-config", "{\"backend\": \"guidance\"}", Restricted, "backend `auto`/`guidance` (llguidance; others refused), `disable_any_whitespace`, `disable_additional_properties`, `reasoning_parser`, `disable_fallback`; also the dotted `--structured-outputs-config.KEY VALUE` form"),
     row("--config", "serve.yaml", Same, "YAML file of flags (keys with `-` or `_`); flags on the command line win"),
     // Model.
     row("--model", "model.gguf", Same, "GGUF file, HF directory or HF repo id (also positional)"),
@@ -465,8 +466,12 @@ pub fn normalize_serve_args(args: Vec<String>) -> anyhow::Result<Vec<String>> {
     }
     let mut file = None;
     let mut rest = Vec::with_capacity(args.len());
+    let mut dotted = DottedJsonFlags::default();
     let mut iter = args[serve_at + 1..].iter();
     while let Some(arg) = iter.next() {
+        if dotted.take(arg, &mut iter)? {
+            continue;
+        }
         if let Some((_, long)) = SHORT_ALIASES.iter().find(|(short, _)| short == arg) {
             rest.push((*long).to_string());
         } else if arg == "--config" {
@@ -481,6 +486,7 @@ pub fn normalize_serve_args(args: Vec<String>) -> anyhow::Result<Vec<String>> {
             rest.push(arg.clone());
         }
     }
+    rest.extend(dotted.into_args());
     let mut expanded = args[..=serve_at].to_vec();
     let Some(file) = file else {
         expanded.extend(rest);
@@ -492,6 +498,94 @@ pub fn normalize_serve_args(args: Vec<String>) -> anyhow::Result<Vec<String>> {
     expanded.extend(from_file);
     expanded.extend(rest);
     Ok(expanded)
+}
+
+/// vLLM's JSON-valued flags, which also take one key per argument:
+/// `--structured-outputs-config.backend guidance` or `...backend=guidance` (the value is read
+/// as JSON when it parses, else as a string; a key with no value is `true`).
+const JSON_FLAGS: &[&str] = &["--structured-outputs-config"];
+
+/// The JSON flags of one command line: the whole-object form and the dotted keys, merged
+/// into one object per flag (dotted keys win).
+type JsonObject = serde_json::Map<String, serde_json::Value>;
+
+#[derive(Default)]
+struct DottedJsonFlags {
+    objects: Vec<(&'static str, JsonObject)>,
+}
+
+impl DottedJsonFlags {
+    fn object(&mut self, flag: &'static str) -> &mut JsonObject {
+        let at = match self.objects.iter().position(|(name, _)| *name == flag) {
+            Some(at) => at,
+            None => {
+                self.objects.push((flag, JsonObject::new()));
+                self.objects.len() - 1
+            }
+        };
+        &mut self.objects[at].1
+    }
+
+    /// Takes `arg` (and its value from `iter`) if it is one of these flags' forms.
+    fn take(&mut self, arg: &str, iter: &mut std::slice::Iter<'_, String>) -> anyhow::Result<bool> {
+        for &flag in JSON_FLAGS {
+            let Some(tail) = arg.strip_prefix(flag) else {
+                continue;
+            };
+            if tail.is_empty() || tail.starts_with('=') {
+                let text = match tail.strip_prefix('=') {
+                    Some(text) => text.to_string(),
+                    None => iter
+                        .next()
+                        .with_context(|| format!("{flag} needs a JSON value"))?
+                        .clone(),
+                };
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{flag} is not JSON: {text}"))?;
+                let serde_json::Value::Object(whole) = value else {
+                    bail!("{flag} must be a JSON object, got {text}");
+                };
+                let object = self.object(flag);
+                for (key, value) in whole {
+                    object.entry(key).or_insert(value);
+                }
+                return Ok(true);
+            }
+            let Some(key_value) = tail.strip_prefix('.') else {
+                continue;
+            };
+            let (key, text) = match key_value.split_once('=') {
+                Some((key, text)) => (key, text.to_string()),
+                None => match iter.as_slice().first() {
+                    Some(next) if !next.starts_with("--") => {
+                        let next = next.clone();
+                        iter.next();
+                        (key_value, next)
+                    }
+                    _ => (key_value, "true".to_string()),
+                },
+            };
+            if key.is_empty() {
+                bail!("{arg}: a key is missing after '{flag}.'");
+            }
+            let value = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+            self.object(flag).insert(key.replace('-', "_"), value);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn into_args(self) -> Vec<String> {
+        self.objects
+            .into_iter()
+            .flat_map(|(flag, object)| {
+                [
+                    flag.to_string(),
+                    serde_json::Value::Object(object).to_string(),
+                ]
+            })
+            .collect()
+    }
 }
 
 /// A YAML mapping of flag names to values as command-line arguments: `true` → `--flag`,
@@ -539,7 +633,7 @@ fn config_flags(text: &str) -> anyhow::Result<Vec<String>> {
 }
 
 /// Flags with a `--no-` form.
-const NEGATABLE: &[&str] = &["enable-prefix-caching"];
+const NEGATABLE: &[&str] = &["enable-prefix-caching", "enable-chunked-prefill"];
 
 fn scalar_text(value: &serde_yaml::Value) -> anyhow::Result<String> {
     Ok(match value {
@@ -722,6 +816,35 @@ mod tests {
         let mut server = ServerConfig::new(vec!["m".into()]);
         let empty = serve_args(&["--response-role", " "]).unwrap();
         assert!(empty.vllm.apply_to_server(&mut server).is_err());
+    }
+
+    #[test]
+    fn json_flags_take_vllm_dotted_keys() {
+        let parsed = serve_args(&[
+            "--structured-outputs-config.backend",
+            "guidance",
+            "--structured-outputs-config.disable_any_whitespace",
+            "--structured-outputs-config",
+            r#"{"backend": "auto", "disable_additional_properties": true}"#,
+            "--structured-outputs-config.disable-fallback=false",
+            "--port",
+            "9001",
+        ])
+        .unwrap();
+        let text = parsed
+            .engine
+            .structured_outputs
+            .structured_outputs_config
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"backend": "guidance", "disable_any_whitespace": true,
+                               "disable_additional_properties": true, "disable_fallback": false})
+        );
+        assert_eq!(parsed.port, 9001);
+        assert!(serve_args(&["--structured-outputs-config", "[1]"]).is_err());
+        assert!(serve_args(&["--structured-outputs-config.", "x"]).is_err());
     }
 
     #[test]

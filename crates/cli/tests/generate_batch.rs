@@ -70,12 +70,23 @@ fn a_200_prompt_batch_completes_in_input_order() {
 /// process output and the results file's path.
 #[allow(clippy::unwrap_used)]
 fn generate_lines(dir: &tempfile::TempDir, lines: &str) -> (std::process::Output, PathBuf) {
+    generate_lines_with(dir, lines, &[])
+}
+
+/// [`generate_lines`] with extra engine flags.
+#[allow(clippy::unwrap_used)]
+fn generate_lines_with(
+    dir: &tempfile::TempDir,
+    lines: &str,
+    flags: &[&str],
+) -> (std::process::Output, PathBuf) {
     let input = dir.path().join("prompts.jsonl");
     let output = dir.path().join("out.jsonl");
     std::fs::write(&input, lines).unwrap();
     let result = Command::new(common::binary())
         .args(["generate", "--model"])
         .arg(model_path())
+        .args(flags)
         .args(["--kv-cache-memory", "64MiB", "--input"])
         .arg(&input)
         .arg("--output")
@@ -182,4 +193,93 @@ fn tools_and_tool_choice_from_a_line_write_tool_calls() {
     );
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--enable-auto-tool-choice"));
+}
+
+#[allow(clippy::unwrap_used)]
+fn written_lines(output: PathBuf) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(output)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn structured_outputs_from_a_line_constrain_its_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = serde_json::json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]},
+        "sizes": {"type": "array", "items": {"enum": ["S", "M"]}, "minItems": 1, "maxItems": 2}},
+        "required": ["color", "sizes"], "additionalProperties": false});
+    let lines = [
+        serde_json::json!({"prompt": "Is the sky blue? Answer:", "guided_choice": ["yes", "no"], "max_tokens": 5}),
+        serde_json::json!({"messages": [{"role": "user", "content": "A shirt as JSON."}], "max_tokens": 60,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "shirt", "schema": schema}}}),
+        serde_json::json!({"prompt": "A number:", "structured_outputs": {"regex": "[0-9]{3}"}, "max_tokens": 8}),
+        serde_json::json!({"prompt": "JSON:", "response_format": {"type": "json_object"}, "max_tokens": 40}),
+    ];
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    for compact in [false, true] {
+        let flags: &[&str] = if compact {
+            &[
+                "--structured-outputs-config",
+                r#"{"disable_any_whitespace": true}"#,
+            ]
+        } else {
+            &[]
+        };
+        let (result, output) = generate_lines_with(&dir, &text, flags);
+        assert!(
+            result.status.success(),
+            "{}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        let written = written_lines(output);
+        let texts: Vec<&str> = written
+            .iter()
+            .map(|l| l["text"].as_str().unwrap())
+            .collect();
+        assert!(["yes", "no"].contains(&texts[0]), "{:?}", texts[0]);
+        assert_eq!(written[0]["finish_reason"], "stop");
+        let shirt: serde_json::Value = serde_json::from_str(texts[1]).unwrap();
+        assert!(
+            ["red", "green"].contains(&shirt["color"].as_str().unwrap()),
+            "{shirt}"
+        );
+        let sizes = shirt["sizes"].as_array().unwrap();
+        assert!((1..=2).contains(&sizes.len()), "{shirt}");
+        assert!(
+            texts[2].len() == 3 && texts[2].bytes().all(|b| b.is_ascii_digit()),
+            "{:?}",
+            texts[2]
+        );
+        if compact {
+            // No whitespace anywhere: the values are enums without spaces.
+            assert!(!texts[1].contains(char::is_whitespace), "{:?}", texts[1]);
+        }
+        if written[3]["finish_reason"] == "stop" {
+            assert!(serde_json::from_str::<serde_json::Value>(texts[3])
+                .unwrap()
+                .is_object());
+        }
+    }
+}
+
+#[test]
+fn a_bad_structured_output_in_a_line_names_the_field_and_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (result, _) = generate_lines(
+        &dir,
+        "{\"prompt\": \"ok\"}\n{\"prompt\": \"x\", \"guided_regex\": \"(\"}\n",
+    );
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("prompts.jsonl:2"), "{stderr}");
+    assert!(stderr.contains("guided_regex"), "{stderr}");
+    let (result, _) = generate_lines(
+        &dir,
+        "{\"prompt\": \"x\", \"guided_choice\": [\"a\"], \"guided_regex\": \"a\"}\n",
+    );
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("Only one kind"), "{stderr}");
 }

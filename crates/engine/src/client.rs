@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokenmill_metrics::{EngineMetrics, MetricsConfig, OtlpConfig, OtlpTraceExporter};
 
 use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig, SchedulingPolicy};
-use tokenmill_models::{kv_layout, read_model_config, KvCacheStorage};
+use tokenmill_models::{kv_layout, read_model_config, JsonGrammarOptions, KvCacheStorage};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::config::DEFAULT_MAX_NUM_BATCHED_TOKENS;
@@ -50,12 +50,16 @@ impl Engine {
     pub fn start(config: &EngineConfig) -> Result<Engine, EngineError> {
         tracing::info!("CPU features: {}", tokenmill_kernels::CpuFeatures::get());
         let available_before_load = crate::config::available_memory_bytes();
-        let loaded = Arc::new(LoadedModel::load(
+        let mut loaded = LoadedModel::load(
             &config.model,
             config.chat_template.as_deref(),
             config.tokenizer.as_deref(),
             config.num_threads,
-        )?);
+        )?;
+        if config.json_grammar != JsonGrammarOptions::default() {
+            loaded.set_json_grammar_options(config.json_grammar)?;
+        }
+        let loaded = Arc::new(loaded);
         let model_config = loaded.config().clone();
         let kv_dtype = config.kv_cache_dtype.storage();
         let bytes_per_block =

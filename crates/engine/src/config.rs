@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokenmill_core::SchedulingPolicy;
-use tokenmill_models::{CacheDtype, ModelSource};
+use tokenmill_models::{CacheDtype, JsonGrammarOptions, ModelSource};
 
 /// How much memory the KV cache gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,6 +59,9 @@ pub struct EngineConfig {
     /// OTLP/HTTP collector for one span per request (`--otlp-traces-endpoint`); `None` = no
     /// tracing, no export thread.
     pub otlp_traces_endpoint: Option<String>,
+    /// How JSON-schema constraints compile (`--structured-outputs-config`'s
+    /// `disable_any_whitespace`, `disable_additional_properties`).
+    pub json_grammar: JsonGrammarOptions,
 }
 
 /// Step token budget with chunked prefill when none is given.
@@ -85,6 +88,7 @@ impl EngineConfig {
             served_model_name: "tokenmill".into(),
             log_stats_interval: Some(Duration::from_secs(10)),
             otlp_traces_endpoint: None,
+            json_grammar: JsonGrammarOptions::default(),
         }
     }
 

@@ -10,8 +10,8 @@ use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 use tokenmill_models::{
     load_gguf_model, load_model, token_logprobs, BatchInput, CausalLm, GrammarCompiler,
-    GrammarVocabulary, History, KvCacheDType, KvCacheStorage, LoadOptions, ModelConfig, ModelError,
-    ModelSource, SampledToken, Sampler, Workspace,
+    GrammarVocabulary, History, JsonGrammarOptions, KvCacheDType, KvCacheStorage, LoadOptions,
+    ModelConfig, ModelError, ModelSource, SampledToken, Sampler, Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -101,6 +101,23 @@ impl LoadedModel {
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+
+    /// `--structured-outputs-config`'s JSON options for every grammar compiled from now on.
+    pub fn set_json_grammar_options(
+        &mut self,
+        options: JsonGrammarOptions,
+    ) -> Result<(), EngineError> {
+        match Arc::get_mut(&mut self.grammar) {
+            Some(compiler) => compiler.set_json_options(options),
+            None => {
+                // Already shared: a compiler of its own (the trie is rebuilt, once).
+                let mut compiler = GrammarCompiler::new(&grammar_vocabulary(&self.tokenizer))?;
+                compiler.set_json_options(options);
+                self.grammar = Arc::new(compiler);
+            }
+        }
+        Ok(())
     }
 
     /// Whether chat requests have a template (the model's or `--chat-template`), rather than

@@ -75,7 +75,8 @@ pub use loader::safetensors_shards_from_index;
 pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
 pub use sampling::{
     argmax, log_sum_exp, token_logprobs, GrammarCompiler, GrammarMatcher, GrammarVocabulary,
-    History, LogitsChain, LogitsProcessor, SampledToken, Sampler, SamplingParams, StructuredOutput,
+    History, JsonGrammarOptions, LogitsChain, LogitsProcessor, SampledToken, Sampler,
+    SamplingParams, StructuredOutput,
 };
 pub use source::{
     default_model_path, ensure_default_model, ensure_default_model_in, extract_wheel_entry,

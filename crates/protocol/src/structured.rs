@@ -98,7 +98,7 @@ fn schema_text(param: &'static str, schema: &Value) -> Result<String, ProtocolEr
 impl GuidedDecodingParams {
     /// The one constraint the request asks for (from these fields or `response_format`), or
     /// none; two kinds at once, an unknown backend or a malformed field is a 400.
-    pub(crate) fn validate(
+    pub fn validate(
         &self,
         response_format: Option<&ResponseFormat>,
     ) -> Result<Option<StructuredOutputRequest>, ProtocolError> {

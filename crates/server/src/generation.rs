@@ -64,19 +64,24 @@ pub(crate) async fn engine_sampling(
     })
 }
 
+/// The engine's form of a checked wire constraint (also used by `generate --input`).
+pub fn structured_output(constraint: &StructuredConstraint) -> StructuredOutput {
+    match constraint {
+        StructuredConstraint::JsonSchema(schema) => StructuredOutput::JsonSchema(schema.clone()),
+        StructuredConstraint::JsonObject => StructuredOutput::JsonObject,
+        StructuredConstraint::Regex(regex) => StructuredOutput::Regex(regex.clone()),
+        StructuredConstraint::Choice(choices) => StructuredOutput::Choice(choices.clone()),
+        StructuredConstraint::Grammar(grammar) => StructuredOutput::Grammar(grammar.clone()),
+    }
+}
+
 /// The engine's form of a checked constraint, compiled once (the compiled grammar is cached,
 /// so the executor's compile in `add_request` is a lookup).
 fn compile_structured_output(
     request: &StructuredOutputRequest,
     model: &LoadedModel,
 ) -> Result<StructuredOutput, ApiError> {
-    let output = match &request.constraint {
-        StructuredConstraint::JsonSchema(schema) => StructuredOutput::JsonSchema(schema.clone()),
-        StructuredConstraint::JsonObject => StructuredOutput::JsonObject,
-        StructuredConstraint::Regex(regex) => StructuredOutput::Regex(regex.clone()),
-        StructuredConstraint::Choice(choices) => StructuredOutput::Choice(choices.clone()),
-        StructuredConstraint::Grammar(grammar) => StructuredOutput::Grammar(grammar.clone()),
-    };
+    let output = structured_output(&request.constraint);
     model
         .grammar
         .compile(&output)

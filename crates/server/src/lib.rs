@@ -26,6 +26,7 @@ mod state;
 pub use config::{ServerConfig, TlsConfig};
 pub use cors::CorsConfig;
 pub use error::ApiError;
+pub use generation::structured_output;
 pub use lifecycle::{bind, serve, serve_on, ServeError};
 pub use routes::router;
 pub use state::AppState;

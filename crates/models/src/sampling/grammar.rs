@@ -39,17 +39,88 @@ pub enum StructuredOutput {
     Grammar(String),
 }
 
+/// JSON-schema compilation options fixed for a server (vLLM's `--structured-outputs-config`),
+/// applied to every JSON schema and JSON object constraint it compiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonGrammarOptions {
+    /// Whitespace allowed between JSON tokens (off with `disable_any_whitespace`: compact
+    /// JSON). A request's own `whitespace_pattern` still wins.
+    pub any_whitespace: bool,
+    /// Every object schema that has `properties` (or `patternProperties`) and does not say
+    /// otherwise gets `additionalProperties: false` (`disable_additional_properties`).
+    pub no_additional_properties: bool,
+}
+
+impl Default for JsonGrammarOptions {
+    fn default() -> Self {
+        JsonGrammarOptions {
+            any_whitespace: true,
+            no_additional_properties: false,
+        }
+    }
+}
+
+impl JsonGrammarOptions {
+    /// `schema` with these options written in: `additionalProperties` where they are
+    /// implied, and llguidance's `x-guidance` compile options (keys the schema already sets
+    /// are kept).
+    fn apply(&self, mut schema: serde_json::Value) -> serde_json::Value {
+        if self.no_additional_properties {
+            close_objects(&mut schema);
+        }
+        if !self.any_whitespace {
+            if let serde_json::Value::Object(object) = &mut schema {
+                let guidance = object
+                    .entry("x-guidance")
+                    .or_insert_with(|| serde_json::json!({}));
+                if let serde_json::Value::Object(guidance) = guidance {
+                    guidance
+                        .entry("whitespace_flexible")
+                        .or_insert(serde_json::Value::Bool(false));
+                }
+            }
+        }
+        schema
+    }
+}
+
+/// vLLM's `disable_additional_properties` walk: every (sub)schema with `properties` or
+/// `patternProperties` and no `additionalProperties` is closed.
+fn close_objects(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(object) => {
+            for child in object.values_mut() {
+                close_objects(child);
+            }
+            let has_properties =
+                object.contains_key("properties") || object.contains_key("patternProperties");
+            if has_properties && !object.contains_key("additionalProperties") {
+                object.insert(
+                    "additionalProperties".into(),
+                    serde_json::Value::Bool(false),
+                );
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
 impl StructuredOutput {
     /// llguidance's form of the constraint; a malformed schema or grammar is an error here or
     /// when the parser is built.
-    fn to_grammar(&self) -> std::result::Result<TopLevelGrammar, String> {
+    fn to_grammar(
+        &self,
+        options: &JsonGrammarOptions,
+    ) -> std::result::Result<TopLevelGrammar, String> {
         Ok(match self {
             StructuredOutput::JsonSchema(schema) => TopLevelGrammar::from_json_schema(
-                serde_json::from_str(schema).map_err(|e| format!("invalid JSON: {e}"))?,
+                options
+                    .apply(serde_json::from_str(schema).map_err(|e| format!("invalid JSON: {e}"))?),
             ),
-            StructuredOutput::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
-            }
+            StructuredOutput::JsonObject => TopLevelGrammar::from_json_schema(
+                options.apply(serde_json::json!({"type": "object"})),
+            ),
             StructuredOutput::Regex(regex) => TopLevelGrammar::from_regex(regex),
             StructuredOutput::Choice(choices) => {
                 if choices.is_empty() {
@@ -120,6 +191,7 @@ impl TokenizerEnv for TrieEnv {
 /// between the server's validation and the executor.
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    json_options: JsonGrammarOptions,
     cache: Mutex<GrammarCache>,
 }
 
@@ -199,8 +271,20 @@ impl GrammarCompiler {
         factory.quiet();
         Ok(GrammarCompiler {
             factory,
+            json_options: JsonGrammarOptions::default(),
             cache: Mutex::new(GrammarCache::default()),
         })
+    }
+
+    /// Compiles JSON constraints with these options from now on (grammars cached under the
+    /// old ones are dropped).
+    pub fn set_json_options(&mut self, options: JsonGrammarOptions) {
+        self.json_options = options;
+        self.cache = Mutex::new(GrammarCache::default());
+    }
+
+    pub fn json_options(&self) -> JsonGrammarOptions {
+        self.json_options
     }
 
     /// A fresh per-request matcher for `output`; an invalid or unsupported schema, regex or
@@ -209,7 +293,9 @@ impl GrammarCompiler {
         if let Some(matcher) = self.lock().get(output) {
             return Ok(GrammarMatcher::new(matcher));
         }
-        let grammar = output.to_grammar().map_err(grammar_error)?;
+        let grammar = output
+            .to_grammar(&self.json_options)
+            .map_err(grammar_error)?;
         let parser = self.factory.create_parser(grammar).map_err(grammar_error)?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
@@ -334,6 +420,53 @@ mod tests {
         assert_eq!(matcher.allowed_tokens().unwrap(), vec![EOS]);
         assert!(matcher.is_finished());
         matcher.accept(EOS).unwrap();
+    }
+
+    #[test]
+    fn disable_any_whitespace_leaves_no_room_between_json_tokens() {
+        let object = StructuredOutput::JsonObject;
+        let mut flexible = compiler().compile(&object).unwrap();
+        flexible.accept(id("{")).unwrap();
+        assert!(flexible.allowed_tokens().unwrap().contains(&id(" ")));
+        let mut compact = compiler();
+        compact.set_json_options(JsonGrammarOptions {
+            any_whitespace: false,
+            ..JsonGrammarOptions::default()
+        });
+        let mut matcher = compact.compile(&object).unwrap();
+        assert!(!matcher.allowed_tokens().unwrap().contains(&id(" ")));
+        matcher.accept(id("{")).unwrap();
+        assert_eq!(matcher.allowed_tokens().unwrap(), ids(&["}", "\"a\""]));
+        // A request's own whitespace pattern still wins over the server's option.
+        let pattern = StructuredOutput::JsonSchema(
+            r#"{"type":"object","x-guidance":{"whitespace_pattern":" "}}"#.into(),
+        );
+        let mut matcher = compact.compile(&pattern).unwrap();
+        matcher.accept(id("{")).unwrap();
+        assert!(matcher.allowed_tokens().unwrap().contains(&id(" ")));
+    }
+
+    #[test]
+    fn disable_additional_properties_closes_every_object_that_lists_properties() {
+        let options = JsonGrammarOptions {
+            no_additional_properties: true,
+            ..JsonGrammarOptions::default()
+        };
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+            "$defs": {"open": {"properties": {}, "additionalProperties": true}},
+            "anyOf": [{"patternProperties": {"^x": {}}}, {"type": "string"}],
+        });
+        let closed = options.apply(schema);
+        assert_eq!(closed["additionalProperties"], false);
+        assert_eq!(closed["properties"]["a"]["additionalProperties"], false);
+        assert_eq!(closed["$defs"]["open"]["additionalProperties"], true);
+        assert_eq!(closed["anyOf"][0]["additionalProperties"], false);
+        assert!(closed["anyOf"][1].get("additionalProperties").is_none());
+        // The open default compiles a schema unchanged.
+        let schema = serde_json::json!({"properties": {}});
+        assert_eq!(JsonGrammarOptions::default().apply(schema.clone()), schema);
     }
 
     #[test]

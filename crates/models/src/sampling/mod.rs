@@ -17,7 +17,9 @@ mod params;
 mod processors;
 mod sampler;
 
-pub use grammar::{GrammarCompiler, GrammarMatcher, GrammarVocabulary, StructuredOutput};
+pub use grammar::{
+    GrammarCompiler, GrammarMatcher, GrammarVocabulary, JsonGrammarOptions, StructuredOutput,
+};
 pub use logprobs::{log_sum_exp, token_logprobs};
 pub use params::SamplingParams;
 pub use processors::{History, LogitsChain, LogitsProcessor};
