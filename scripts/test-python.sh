@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=.cache/venv-tests
-REQUIREMENTS=(openai==3.54.0 pytest==9.2.0 httpx==0.28.1 langchain-openai==1.7.3 langchain-core==1.7.0)
+REQUIREMENTS=(openai==3.54.0 pytest==9.2.0 httpx==0.28.1 langchain-openai==1.7.3 langchain-core==1.7.0 jsonschema==4.25.1)
 # shellcheck source=lib/pinned-venv.sh
 source scripts/lib/pinned-venv.sh
 pinned_venv "$VENV" "${REQUIREMENTS[@]}"

@@ -113,3 +113,75 @@ def test_bad_schema_is_a_400_naming_the_field(client):
             model=MODEL_NAME, prompt="x", max_tokens=8, extra_body={"guided_decoding_backend": "xgrammar"}
         )
     assert "llguidance" in error.value.body["message"]
+
+
+# Schemas exercising what JSON-schema users lean on; every finished output must validate.
+SCHEMAS = {
+    "refs_and_defs": {
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": -5, "maximum": 5},
+                                                            "y": {"type": "integer", "minimum": -5, "maximum": 5}},
+                            "required": ["x", "y"], "additionalProperties": False}},
+        "type": "object",
+        "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
+        "required": ["start", "end"],
+        "additionalProperties": False,
+    },
+    "any_of_and_enums": {
+        "type": "object",
+        "properties": {
+            "value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 99}, {"enum": ["none", "many"]}]},
+            "kind": {"enum": ["a", "b", "c"]},
+        },
+        "required": ["value", "kind"],
+        "additionalProperties": False,
+    },
+    "patterns_and_bounds": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "items": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 2, "maxItems": 3},
+        },
+        "required": ["code", "score", "items"],
+        "additionalProperties": False,
+    },
+    "nested_required": {
+        "type": "object",
+        "properties": {
+            "user": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                     "admin": {"type": "boolean"}},
+                     "required": ["name", "admin"], "additionalProperties": False},
+            "ids": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 9}, "maxItems": 4},
+        },
+        "required": ["user"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_outputs_validate_against_their_schemas(client, name, temperature):
+    import jsonschema
+
+    schema = SCHEMAS[name]
+    response = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": f"Give an example of {name} as JSON."}],
+        max_tokens=200,
+        temperature=temperature,
+        seed=7,
+        response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_langchain_with_structured_output_json_schema(server):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL_NAME, base_url=server.api_url, api_key="unused", max_tokens=200, temperature=0)
+    structured = llm.with_structured_output(Person, method="json_schema")
+    result = structured.invoke("Describe a person called Ada who lives in London.")
+    assert isinstance(result, Person)
