@@ -142,7 +142,12 @@ pub async fn run_benchmark(
     }
     let outcomes = join_all(handles).await?;
     let duration_s = run_start.elapsed().as_secs_f64();
-    bar.finish();
+    // The bar is cleared and its final count written as a line of its own, so the result
+    // block (on stdout) never starts on the bar's line.
+    if !bar.is_hidden() {
+        bar.finish_and_clear();
+        eprintln!("{} requests in {duration_s:.1} s", bar.position());
+    }
     Ok(RunOutcome {
         outcomes,
         duration_s,

@@ -64,6 +64,14 @@ fn an_idle_server_is_healthy() {
     let report = triage(&server, "2s");
     assert_eq!(report["overall"], "ok", "{report:#}");
     assert!(pathologies(&report).is_empty(), "{report:#}");
+    // The window is announced on stderr (not silence), and stdout stays the report alone.
+    let (ok, stdout, stderr) = run_cli(&["triage", "--url", &server.base_url, "--window", "1s"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("triage: watching") && stderr.contains("for 1 s"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("triage: watching"), "{stdout}");
 }
 
 #[test]

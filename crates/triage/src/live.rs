@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 
 use crate::exposition::Scrape;
@@ -38,6 +39,7 @@ pub async fn run(args: TriageArgs) -> Result<TriageReport, TriageError> {
     let scraper = Scraper::new(url, args.api_key.as_deref())?;
     let intervals = args.samples.max(2) - 1;
     let start = Instant::now();
+    let progress = WindowProgress::start(&scraper.url, args.window, intervals + 1, start);
     let before = scraper.scrape().await?;
     let mut samples = Vec::new();
     for index in 1..intervals {
@@ -49,11 +51,60 @@ pub async fn run(args: TriageArgs) -> Result<TriageReport, TriageError> {
     }
     tokio::time::sleep_until(start + args.window).await;
     let after = scraper.scrape().await?;
+    progress.finish();
     // The measured span between the two scrapes, not the requested one: rates use it.
     let elapsed = start.elapsed();
     let mut report = diagnose_checked(&before, &after, &samples, elapsed, &config)?;
     report.target = Some(scraper.url);
     Ok(report)
+}
+
+/// What the user sees while the window runs (on stderr, so the report on stdout stays
+/// clean): a line saying what is watched and for how long, then a bar on a terminal.
+struct WindowProgress {
+    bar: ProgressBar,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl WindowProgress {
+    fn start(url: &str, window: Duration, scrapes: u32, start: Instant) -> WindowProgress {
+        eprintln!(
+            "triage: watching {url} for {:.0} s ({scrapes} scrapes of /metrics)",
+            window.as_secs_f64()
+        );
+        let total = window.as_millis().max(1) as u64;
+        let bar = ProgressBar::new(total);
+        if let Ok(style) = ProgressStyle::with_template("{wide_bar} {msg}") {
+            bar.set_style(style);
+        }
+        let ticker = {
+            let bar = bar.clone();
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(Duration::from_millis(250));
+                loop {
+                    interval.tick().await;
+                    let elapsed = start.elapsed();
+                    bar.set_position((elapsed.as_millis() as u64).min(total));
+                    bar.set_message(format!(
+                        "{:.0}/{:.0} s",
+                        elapsed.as_secs_f64().min(window.as_secs_f64()),
+                        window.as_secs_f64()
+                    ));
+                }
+            })
+        };
+        WindowProgress { bar, ticker }
+    }
+
+    fn finish(self) {}
+}
+
+/// Also on an early return (a failed scrape): the ticker stops and the bar goes.
+impl Drop for WindowProgress {
+    fn drop(&mut self) {
+        self.ticker.abort();
+        self.bar.finish_and_clear();
+    }
 }
 
 /// `diagnose`, refusing input that is not a vLLM-compatible server's metrics or that has no
