@@ -124,6 +124,23 @@ async fn a_short_body_gets_a_408_within_the_timeout() {
     assert!(after < Duration::from_secs(4), "{after:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_body_over_the_limit_gets_a_413_without_waiting_for_it() {
+    let address = start_server().await;
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 99999999999\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (text, _) = read_until_closed(&mut stream).await;
+    // Not the 408 the body timeout would give: refused on the header alone.
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("\"error\""), "an OpenAI error body: {text}");
+}
+
 #[test]
 fn a_busy_port_is_refused_naming_the_address() {
     let first = bind("127.0.0.1", 0).unwrap();

@@ -7,7 +7,7 @@ mod tokenize;
 
 use std::time::Instant;
 
-use axum::body::{to_bytes, Body};
+use axum::body::{to_bytes, Body, HttpBody};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method};
 use axum::middleware::{self, Next};
@@ -159,6 +159,10 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let limit = state.config().max_body_bytes;
     let timeout = state.config().body_read_timeout;
+    // A declared Content-Length over the limit is refused before waiting for the body.
+    if body.size_hint().lower() > limit as u64 {
+        return Err(ApiError::from(ErrorResponse::request_too_large(limit)));
+    }
     // A client that announces a body and never sends it (or drips it) must not hold a
     // connection and a task forever.
     let bytes = tokio::time::timeout(timeout, to_bytes(body, limit))
