@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 use super::activation::QuantizedRow;
 use super::interleaved::{GroupKind, GROUP, NIBBLE_BYTES};
 use super::Tile;
+use crate::dtype::{bf16_to_f32, f16_to_f32};
 use crate::quant::{KVALUES_IQ4NL, QK};
 
 #[inline]
@@ -31,15 +32,99 @@ fn horizontal_sum(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &Tile<'_, R>, out: &mut [f32; R]) {
-    let k = w.len();
+    // SAFETY: 16 f32 from `c < w.len() - 15` lie inside `w` (the caller's contract covers
+    // the activation rows).
+    unsafe {
+        dot_with::<R>(
+            w.len(),
+            |c| {
+                (
+                    _mm256_loadu_ps(w.as_ptr().add(c)),
+                    _mm256_loadu_ps(w.as_ptr().add(c + 8)),
+                )
+            },
+            |j| w[j],
+            xs,
+            out,
+        )
+    }
+}
+
+/// [`dot_f32`] for f16 weight bits, widened 8 at a time by F16C (exact, as [`f16_to_f32`]).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; every row of `xs` holds at least `w.len()` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16<const R: usize>(w: &[u16], xs: &Tile<'_, R>, out: &mut [f32; R]) {
+    // SAFETY: 16 u16 from `c < w.len() - 15` lie inside `w`.
+    unsafe {
+        dot_with::<R>(
+            w.len(),
+            |c| {
+                let p = w.as_ptr().add(c).cast::<__m128i>();
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(p)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+                )
+            },
+            |j| f16_to_f32(w[j]),
+            xs,
+            out,
+        )
+    }
+}
+
+/// [`dot_f32`] for bf16 weight bits, widened 8 at a time by a 16-bit shift (exact).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; every row of `xs` holds at least `w.len()` values.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_bf16<const R: usize>(w: &[u16], xs: &Tile<'_, R>, out: &mut [f32; R]) {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn widen(half: __m128i) -> __m256 {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half)))
+    }
+    // SAFETY: 16 u16 from `c < w.len() - 15` lie inside `w`.
+    unsafe {
+        dot_with::<R>(
+            w.len(),
+            |c| {
+                let p = w.as_ptr().add(c).cast::<__m128i>();
+                (widen(_mm_loadu_si128(p)), widen(_mm_loadu_si128(p.add(1))))
+            },
+            |j| bf16_to_f32(w[j]),
+            xs,
+            out,
+        )
+    }
+}
+
+/// The shared body: `load(c)` gives weights `c..c + 16` as two f32 vectors, `scalar(j)` one
+/// weight of the tail; `scalar::dot_tile` is the twin.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `load(c)` must be sound for `c + 16 <= k`; every row of
+/// `xs` holds at least `k` values.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_with<const R: usize>(
+    k: usize,
+    load: impl Fn(usize) -> (__m256, __m256),
+    scalar: impl Fn(usize) -> f32,
+    xs: &Tile<'_, R>,
+    out: &mut [f32; R],
+) {
+    debug_assert!(xs.iter().all(|x| x.len() >= k));
     let mut acc0 = [_mm256_setzero_ps(); R];
     let mut acc1 = [_mm256_setzero_ps(); R];
     let mut c = 0;
     while c + 16 <= k {
-        // SAFETY: c + 16 <= k = len of `w` and of every row.
+        let (w0, w1) = load(c);
+        // SAFETY: c + 16 <= k <= the length of every activation row.
         unsafe {
-            let w0 = _mm256_loadu_ps(w.as_ptr().add(c));
-            let w1 = _mm256_loadu_ps(w.as_ptr().add(c + 8));
             for r in 0..R {
                 let x0 = _mm256_loadu_ps(xs[r].as_ptr().add(c));
                 let x1 = _mm256_loadu_ps(xs[r].as_ptr().add(c + 8));
@@ -51,8 +136,8 @@ pub(crate) unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &Tile<'_, R>, out: &
     }
     for r in 0..R {
         let mut tail = 0.0f32;
-        for j in c..k {
-            tail += w[j] * xs[r][j];
+        for (j, &x) in xs[r].iter().enumerate().take(k).skip(c) {
+            tail += scalar(j) * x;
         }
         out[r] = horizontal_sum(_mm256_add_ps(acc0[r], acc1[r])) + tail;
     }

@@ -27,7 +27,7 @@ mod scalar;
 mod tests;
 
 use crate::cpu::CpuFeatures;
-use crate::dtype::DType;
+use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::dequantize;
 use crate::KernelError;
@@ -42,8 +42,11 @@ const WEIGHT_ROWS_PER_PASS: usize = 32;
 /// How a matrix's weights are held in memory after repacking.
 #[derive(Debug, Clone)]
 pub(crate) enum Storage {
-    /// F32/F16/BF16 weights widened to f32, `[out][in]`.
+    /// F32 weights, `[out][in]`.
     Float { values: Vec<f32> },
+    /// F16 or BF16 weights kept as their 16-bit patterns, `[out][in]`: half the bytes of
+    /// widened f32, widened exactly inside the dot kernel, so results equal the f32 path's.
+    Half { bits: Vec<u16>, dtype: DType },
     /// Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / IQ4_XS: eight rows interleaved per block
     /// (see `interleaved.rs`).
     Interleaved(interleaved::Groups),
@@ -128,11 +131,18 @@ impl QMatrix {
             });
         }
         let storage = match dtype {
-            DType::F32 | DType::F16 | DType::BF16 => {
+            DType::F32 => {
                 let mut values = vec![0.0f32; out_features * in_features];
                 dequantize(dtype, bytes, &mut values)?;
                 Storage::Float { values }
             }
+            DType::F16 | DType::BF16 => Storage::Half {
+                bits: bytes
+                    .chunks_exact(2)
+                    .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
+                    .collect(),
+                dtype,
+            },
             DType::Q8_0
             | DType::Q4_0
             | DType::Q4_1
@@ -202,6 +212,7 @@ impl QMatrix {
     pub fn storage_bytes(&self) -> usize {
         match &self.storage {
             Storage::Float { values } => values.len() * 4,
+            Storage::Half { bits, .. } => bits.len() * 2,
             Storage::Interleaved(groups) => groups.storage_bytes(),
             Storage::KQuant(groups) => groups.storage_bytes(),
         }
@@ -227,6 +238,12 @@ impl QMatrix {
         let k = self.in_features;
         match &self.storage {
             Storage::Float { values } => dst.copy_from_slice(&values[row * k..(row + 1) * k]),
+            Storage::Half { bits, dtype } => {
+                let widen = half_widener(*dtype);
+                for (value, &b) in dst.iter_mut().zip(&bits[row * k..(row + 1) * k]) {
+                    *value = widen(b);
+                }
+            }
             Storage::Interleaved(groups) => groups.row_to_f32(row, dst),
             Storage::KQuant(groups) => groups.row_to_f32(row, dst)?,
         }
@@ -275,7 +292,16 @@ impl QMatrix {
             scratch.activations.quantize(pool, x, n, self.in_features)?;
         }
         match &self.storage {
-            Storage::Float { values } => self.float_matmul(isa, pool, values, x, n, out),
+            Storage::Float { values } => {
+                self.float_matmul(isa, pool, FloatWeights::F32(values), x, n, out);
+            }
+            Storage::Half { bits, dtype } => {
+                let weights = match dtype {
+                    DType::BF16 => FloatWeights::Bf16(bits),
+                    _ => FloatWeights::F16(bits),
+                };
+                self.float_matmul(isa, pool, weights, x, n, out);
+            }
             Storage::Interleaved(groups) => {
                 groups.matmul(isa, pool, &scratch.activations, n, out);
             }
@@ -290,7 +316,7 @@ impl QMatrix {
         &self,
         isa: Isa,
         pool: &ThreadPool,
-        weights: &[f32],
+        weights: FloatWeights<'_>,
         x: &[f32],
         n: usize,
         out: &mut [f32],
@@ -300,7 +326,7 @@ impl QMatrix {
             std::array::from_fn(|r| &x[(first + r) * in_features..(first + r + 1) * in_features])
         };
         let single = |i: usize| -> Tile<'_, 1> { [&x[i * in_features..(i + 1) * in_features]] };
-        let row = |j: usize| &weights[j * in_features..(j + 1) * in_features];
+        let row = |j: usize| weights.row(j, in_features);
         let out_features = self.out_features;
         let target_tasks = pool.num_threads() * 4;
         let rows_per_task = out_features
@@ -344,21 +370,68 @@ impl QMatrix {
     }
 }
 
-/// Computes `out[j - rows.start][r] = W[j] · tile[r]` for the f32 weight rows in `rows`.
+/// A float matrix's weights as the dot kernels read them.
+#[derive(Clone, Copy)]
+enum FloatWeights<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+    Bf16(&'a [u16]),
+}
+
+impl<'a> FloatWeights<'a> {
+    fn row(self, j: usize, k: usize) -> FloatWeights<'a> {
+        match self {
+            FloatWeights::F32(w) => FloatWeights::F32(&w[j * k..(j + 1) * k]),
+            FloatWeights::F16(w) => FloatWeights::F16(&w[j * k..(j + 1) * k]),
+            FloatWeights::Bf16(w) => FloatWeights::Bf16(&w[j * k..(j + 1) * k]),
+        }
+    }
+}
+
+/// The exact f32 value of one 16-bit weight of `dtype` (F16 or BF16).
+fn half_widener(dtype: DType) -> fn(u16) -> f32 {
+    match dtype {
+        DType::BF16 => bf16_to_f32,
+        _ => f16_to_f32,
+    }
+}
+
+/// Computes `out[j - rows.start][r] = W[j] · tile[r]` for the float weight rows in `rows`.
 fn kernel_pass<'w, const R: usize>(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'w [f32],
+    row: &dyn Fn(usize) -> FloatWeights<'w>,
     rows: std::ops::Range<usize>,
     tile: &Tile<'_, R>,
     out: &mut [[f32; R]],
 ) {
     for (j, results) in rows.zip(out.iter_mut()) {
-        match isa {
+        match (isa, row(j)) {
+            // SAFETY (the three AVX2 arms): `Isa::Avx2` is only constructed after detecting
+            // AVX2, FMA and F16C; weight and activation rows all hold `in_features` values.
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2 and FMA; weight
-            // and activation rows all hold `in_features` values.
-            Isa::Avx2 => unsafe { avx2::dot_f32::<R>(row(j), tile, results) },
-            Isa::Scalar => scalar::dot_tile::<R>(row(j), tile, results),
+            (Isa::Avx2, FloatWeights::F32(w)) => {
+                // SAFETY: as above.
+                unsafe { avx2::dot_f32::<R>(w, tile, results) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, FloatWeights::F16(w)) => {
+                // SAFETY: as above.
+                unsafe { avx2::dot_f16::<R>(w, tile, results) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, FloatWeights::Bf16(w)) => {
+                // SAFETY: as above.
+                unsafe { avx2::dot_bf16::<R>(w, tile, results) }
+            }
+            (Isa::Scalar, FloatWeights::F32(w)) => {
+                scalar::dot_tile::<R>(w.len(), |c| w[c], tile, results);
+            }
+            (Isa::Scalar, FloatWeights::F16(w)) => {
+                scalar::dot_tile::<R>(w.len(), |c| f16_to_f32(w[c]), tile, results);
+            }
+            (Isa::Scalar, FloatWeights::Bf16(w)) => {
+                scalar::dot_tile::<R>(w.len(), |c| bf16_to_f32(w[c]), tile, results);
+            }
         }
     }
 }
