@@ -25,95 +25,80 @@ fn horizontal_sum(v: __m256) -> f32 {
     _mm_cvtss_f32(sum1)
 }
 
-/// `out[r] = w · xs[r]` for f32 rows, two 8-lane accumulators per activation row.
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA; every row of `xs` holds at least `w.len()` values.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_f32<const R: usize>(w: &[f32], xs: &Tile<'_, R>, out: &mut [f32; R]) {
-    // SAFETY: 16 f32 from `c < w.len() - 15` lie inside `w` (the caller's contract covers
-    // the activation rows).
-    unsafe {
-        dot_with::<R>(
-            w.len(),
-            |c| {
-                (
-                    _mm256_loadu_ps(w.as_ptr().add(c)),
-                    _mm256_loadu_ps(w.as_ptr().add(c + 8)),
-                )
-            },
-            |j| w[j],
-            xs,
-            out,
-        )
-    }
-}
+/// How a float weight row is stored: [`dot_float`]'s `KIND`.
+pub(crate) const F32_WEIGHTS: u8 = 0;
+/// f16 bits, widened 8 at a time by F16C (exact, as [`f16_to_f32`]).
+pub(crate) const F16_WEIGHTS: u8 = 1;
+/// bf16 bits, widened 8 at a time by a 16-bit shift (exact).
+pub(crate) const BF16_WEIGHTS: u8 = 2;
 
-/// [`dot_f32`] for f16 weight bits, widened 8 at a time by F16C (exact, as [`f16_to_f32`]).
+/// Weights `c..c + 16` of a `KIND` row as two f32 vectors.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; every row of `xs` holds at least `w.len()` values.
+/// AVX2 and F16C; 16 weights from `c` lie inside the row at `w`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_f16<const R: usize>(w: &[u16], xs: &Tile<'_, R>, out: &mut [f32; R]) {
-    // SAFETY: 16 u16 from `c < w.len() - 15` lie inside `w`.
+unsafe fn load16<const KIND: u8>(w: *const u8, c: usize) -> (__m256, __m256) {
+    // SAFETY: the caller's contract: the 16 weights from `c` are inside the row.
     unsafe {
-        dot_with::<R>(
-            w.len(),
-            |c| {
-                let p = w.as_ptr().add(c).cast::<__m128i>();
+        match KIND {
+            F32_WEIGHTS => {
+                let p = w.cast::<f32>().add(c);
+                (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+            }
+            F16_WEIGHTS => {
+                let p = w.cast::<u16>().add(c).cast::<__m128i>();
                 (
                     _mm256_cvtph_ps(_mm_loadu_si128(p)),
                     _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
                 )
-            },
-            |j| f16_to_f32(w[j]),
-            xs,
-            out,
-        )
+            }
+            _ => {
+                let p = w.cast::<u16>().add(c).cast::<__m128i>();
+                (
+                    widen_bf16(_mm_loadu_si128(p)),
+                    widen_bf16(_mm_loadu_si128(p.add(1))),
+                )
+            }
+        }
     }
 }
 
-/// [`dot_f32`] for bf16 weight bits, widened 8 at a time by a 16-bit shift (exact).
+/// Eight bf16 bit patterns as f32 (a bf16 is the top half of an f32).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn widen_bf16(half: __m128i) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half)))
+}
+
+/// Weight `j` of a `KIND` row, widened exactly.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; every row of `xs` holds at least `w.len()` values.
+/// `j` lies inside the row at `w`.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_bf16<const R: usize>(w: &[u16], xs: &Tile<'_, R>, out: &mut [f32; R]) {
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn widen(half: __m128i) -> __m256 {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half)))
-    }
-    // SAFETY: 16 u16 from `c < w.len() - 15` lie inside `w`.
+unsafe fn weight_at<const KIND: u8>(w: *const u8, j: usize) -> f32 {
+    // SAFETY: the caller's contract.
     unsafe {
-        dot_with::<R>(
-            w.len(),
-            |c| {
-                let p = w.as_ptr().add(c).cast::<__m128i>();
-                (widen(_mm_loadu_si128(p)), widen(_mm_loadu_si128(p.add(1))))
-            },
-            |j| bf16_to_f32(w[j]),
-            xs,
-            out,
-        )
+        match KIND {
+            F32_WEIGHTS => *w.cast::<f32>().add(j),
+            F16_WEIGHTS => f16_to_f32(*w.cast::<u16>().add(j)),
+            _ => bf16_to_f32(*w.cast::<u16>().add(j)),
+        }
     }
 }
 
-/// The shared body: `load(c)` gives weights `c..c + 16` as two f32 vectors, `scalar(j)` one
-/// weight of the tail; `scalar::dot_tile` is the twin.
+/// `out[r] = w · xs[r]` for one float weight row of `k` elements stored as `KIND`: two 8-lane
+/// FMA accumulators per activation row over 16-element steps, then the tail in order;
+/// `scalar::dot_tile` is the twin.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `load(c)` must be sound for `c + 16 <= k`; every row of
-/// `xs` holds at least `k` values.
+/// The CPU must support AVX2, FMA and F16C; `w` points at `k` weights of `KIND`; every row
+/// of `xs` holds at least `k` values.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_with<const R: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_float<const R: usize, const KIND: u8>(
     k: usize,
-    load: impl Fn(usize) -> (__m256, __m256),
-    scalar: impl Fn(usize) -> f32,
+    w: *const u8,
     xs: &Tile<'_, R>,
     out: &mut [f32; R],
 ) {
@@ -122,9 +107,9 @@ unsafe fn dot_with<const R: usize>(
     let mut acc1 = [_mm256_setzero_ps(); R];
     let mut c = 0;
     while c + 16 <= k {
-        let (w0, w1) = load(c);
-        // SAFETY: c + 16 <= k <= the length of every activation row.
+        // SAFETY: c + 16 <= k: inside the weight row and every activation row.
         unsafe {
+            let (w0, w1) = load16::<KIND>(w, c);
             for r in 0..R {
                 let x0 = _mm256_loadu_ps(xs[r].as_ptr().add(c));
                 let x1 = _mm256_loadu_ps(xs[r].as_ptr().add(c + 8));
@@ -137,7 +122,8 @@ unsafe fn dot_with<const R: usize>(
     for r in 0..R {
         let mut tail = 0.0f32;
         for (j, &x) in xs[r].iter().enumerate().take(k).skip(c) {
-            tail += scalar(j) * x;
+            // SAFETY: j < k, inside the weight row.
+            tail += unsafe { weight_at::<KIND>(w, j) } * x;
         }
         out[r] = horizontal_sum(_mm256_add_ps(acc0[r], acc1[r])) + tail;
     }

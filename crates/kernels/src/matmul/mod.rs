@@ -407,21 +407,43 @@ fn kernel_pass<'w, const R: usize>(
     for (j, results) in rows.zip(out.iter_mut()) {
         match (isa, row(j)) {
             // SAFETY (the three AVX2 arms): `Isa::Avx2` is only constructed after detecting
-            // AVX2, FMA and F16C; weight and activation rows all hold `in_features` values.
+            // AVX2, FMA and F16C; each weight row holds `in_features` elements of its type and
+            // every activation row `in_features` values.
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, FloatWeights::F32(w)) => {
                 // SAFETY: as above.
-                unsafe { avx2::dot_f32::<R>(w, tile, results) }
+                unsafe {
+                    avx2::dot_float::<R, { avx2::F32_WEIGHTS }>(
+                        w.len(),
+                        w.as_ptr().cast(),
+                        tile,
+                        results,
+                    );
+                }
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, FloatWeights::F16(w)) => {
                 // SAFETY: as above.
-                unsafe { avx2::dot_f16::<R>(w, tile, results) }
+                unsafe {
+                    avx2::dot_float::<R, { avx2::F16_WEIGHTS }>(
+                        w.len(),
+                        w.as_ptr().cast(),
+                        tile,
+                        results,
+                    );
+                }
             }
             #[cfg(target_arch = "x86_64")]
             (Isa::Avx2, FloatWeights::Bf16(w)) => {
                 // SAFETY: as above.
-                unsafe { avx2::dot_bf16::<R>(w, tile, results) }
+                unsafe {
+                    avx2::dot_float::<R, { avx2::BF16_WEIGHTS }>(
+                        w.len(),
+                        w.as_ptr().cast(),
+                        tile,
+                        results,
+                    );
+                }
             }
             (Isa::Scalar, FloatWeights::F32(w)) => {
                 scalar::dot_tile::<R>(w.len(), |c| w[c], tile, results);
