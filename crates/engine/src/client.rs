@@ -16,6 +16,7 @@ use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
+use crate::spec::SpecDecoder;
 use crate::stats::{CapacityReport, EngineStats};
 use crate::{EngineConfig, EngineError};
 
@@ -42,6 +43,7 @@ struct LoopSettings {
     log_stats_interval: Option<Duration>,
     traces: Option<Arc<OtlpTraceExporter>>,
     seed: Option<u64>,
+    spec: Option<SpecDecoder>,
 }
 
 impl Engine {
@@ -99,14 +101,26 @@ impl Engine {
             config.block_size,
             kv_dtype,
         );
-        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
-            model_name: config.served_model_name.clone(),
-            max_model_len,
-            block_size: config.block_size,
-            num_blocks: num_blocks as usize,
-            enable_prefix_caching: config.enable_prefix_caching,
-            cache_dtype: config.kv_cache_dtype.as_str().into(),
-        }));
+        let metrics = Arc::new(EngineMetrics::with_spec_decode(
+            MetricsConfig {
+                model_name: config.served_model_name.clone(),
+                max_model_len,
+                block_size: config.block_size,
+                num_blocks: num_blocks as usize,
+                enable_prefix_caching: config.enable_prefix_caching,
+                cache_dtype: config.kv_cache_dtype.as_str().into(),
+            },
+            config.speculative.map(|spec| spec.num_speculative_tokens),
+        ));
+        if let Some(spec) = &config.speculative {
+            tracing::info!(
+                "speculative decoding: method {}, up to {} draft tokens, skipped above {} \
+                 running requests",
+                spec.method_name(),
+                spec.num_speculative_tokens,
+                spec.disable_by_batch_size
+            );
+        }
         // Only a configured endpoint starts the export thread; without one nothing is built.
         let traces = match &config.otlp_traces_endpoint {
             Some(endpoint) => {
@@ -128,6 +142,7 @@ impl Engine {
                 log_stats_interval: config.log_stats_interval,
                 traces,
                 seed: config.seed,
+                spec: config.speculative.map(SpecDecoder::new),
             },
         )
     }
@@ -155,6 +170,7 @@ impl Engine {
             log_stats_interval,
             traces,
             seed,
+            spec,
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -170,6 +186,7 @@ impl Engine {
             log_stats_interval,
             traces,
             seed,
+            spec,
         });
         // Mark alive before returning so a health check right after start-up is green.
         shared.alive.store(true, Ordering::SeqCst);

@@ -27,6 +27,13 @@ impl Scheduler {
         }
     }
 
+    /// Prompt length of an unfinished request.
+    pub fn num_prompt_tokens(&self, request_id: RequestId) -> Option<usize> {
+        self.requests
+            .get(&request_id)
+            .map(|state| state.request.prompt_token_ids.len())
+    }
+
     /// Whether the request's next step is a decode (all but its last token computed), the
     /// only kind of step that carries draft tokens; `false` for unknown ids.
     pub fn is_decoding(&self, request_id: RequestId) -> bool {

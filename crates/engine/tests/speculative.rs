@@ -1,0 +1,154 @@
+//! Speculative decoding on the real default model: greedy tokens are identical with and
+//! without each method (`ngram`, `suffix`), for requests run alone, batched, with heavy
+//! chunking and under preemption, and drafts were really accepted (so the comparison is not
+//! vacuous). Prompts repeat a random span, so the model's continuation copies from them, as
+//! input-grounded work (code edits, quotes) does.
+
+mod common;
+
+use common::{config, greedy, run_all, samples, value};
+use tokenmill_engine::spec::SpeculativeConfig;
+use tokenmill_engine::{Engine, EngineConfig, SamplingParams};
+
+const NUM_REQUESTS: usize = 8;
+const MAX_TOKENS: u32 = 20;
+
+/// Prompts of a random span of 8..24 ordinary tokens, repeated two or three times.
+fn repeating_prompts() -> Vec<Vec<u32>> {
+    common::prompts(NUM_REQUESTS, 11)
+        .into_iter()
+        .enumerate()
+        .map(|(i, span)| {
+            let span = &span[..span.len().clamp(8, 24)];
+            span.iter()
+                .copied()
+                .cycle()
+                .take(span.len() * (2 + i % 2))
+                .collect()
+        })
+        .collect()
+}
+
+#[allow(clippy::unwrap_used)]
+/// Each request's tokens, the accepted draft tokens and the preemptions.
+fn run(config: &EngineConfig, prompts: &[Vec<u32>], together: bool) -> (Vec<Vec<u32>>, f64, f64) {
+    let engine = Engine::start(config).unwrap();
+    let client = engine.client();
+    let outputs = if together {
+        run_all(
+            &client,
+            prompts
+                .iter()
+                .map(|p| greedy(p.clone(), MAX_TOKENS))
+                .collect(),
+        )
+    } else {
+        prompts
+            .iter()
+            .flat_map(|p| run_all(&client, vec![greedy(p.clone(), MAX_TOKENS)]))
+            .collect()
+    };
+    common::wait_idle(&client);
+    let scrape = samples(&engine.metrics().encode().unwrap());
+    let accepted = match config.speculative {
+        Some(_) => value(&scrape, "vllm:spec_decode_num_accepted_tokens_total", None),
+        None => 0.0,
+    };
+    let preemptions = value(&scrape, "vllm:num_preemptions_total", None);
+    engine.shutdown();
+    let tokens = outputs.into_iter().map(|o| o.token_ids).collect();
+    (tokens, accepted, preemptions)
+}
+
+#[allow(clippy::unwrap_used)]
+fn check_method(json: &str) {
+    let prompts = repeating_prompts();
+    let base = |num_blocks, max_model_len| {
+        let mut config = config(num_blocks, max_model_len);
+        config.enable_prefix_caching = false;
+        config.served_model_name = "tm-test".into();
+        config.max_num_seqs = NUM_REQUESTS;
+        config
+    };
+    let (reference, _, _) = run(&base(512, 256), &prompts, true);
+    assert!(reference.iter().all(|t| t.len() == MAX_TOKENS as usize));
+    let speculative = SpeculativeConfig::from_json(json).unwrap();
+    let with_spec = |mut config: EngineConfig| {
+        config.speculative = Some(speculative);
+        config
+    };
+    let mut chunked = base(512, 256);
+    chunked.max_num_batched_tokens = 16;
+    // 14 blocks of 16 tokens: fewer than the requests need together.
+    let tiny = base(14, 128);
+    for (name, config, together) in [
+        ("alone", with_spec(base(512, 256)), false),
+        ("batched", with_spec(base(512, 256)), true),
+        ("chunked", with_spec(chunked), true),
+        ("preempted", with_spec(tiny), true),
+    ] {
+        let (outputs, accepted, preemptions) = run(&config, &prompts, together);
+        if name == "preempted" {
+            assert!(preemptions > 0.0, "{json}: nothing was preempted");
+        }
+        for (i, tokens) in outputs.iter().enumerate() {
+            assert_eq!(tokens, &reference[i], "{json} {name}: request {i} differs");
+        }
+        assert!(accepted > 0.0, "{json} {name}: no draft token was accepted");
+    }
+}
+
+#[test]
+fn ngram_greedy_tokens_are_identical_alone_batched_chunked_and_preempted() {
+    check_method(
+        r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4, "disable_by_batch_size": 64}"#,
+    );
+}
+
+#[test]
+fn suffix_greedy_tokens_are_identical_alone_batched_chunked_and_preempted() {
+    check_method(
+        r#"{"method": "suffix", "num_speculative_tokens": 6, "disable_by_batch_size": 64}"#,
+    );
+}
+
+/// Sampled requests verify by rejection sampling: they run to completion with drafts accepted,
+/// and a seeded request repeats itself exactly.
+#[test]
+#[allow(clippy::unwrap_used)]
+fn seeded_sampled_requests_speculate_and_repeat() {
+    let prompts = repeating_prompts();
+    let mut config = config(512, 256);
+    config.served_model_name = "tm-test".into();
+    config.speculative = Some(
+        SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}"#,
+        )
+        .unwrap(),
+    );
+    let engine = Engine::start(&config).unwrap();
+    let client = engine.client();
+    let request = |seed| {
+        let mut request = greedy(prompts[0].clone(), MAX_TOKENS);
+        request.sampling = SamplingParams {
+            temperature: 0.3,
+            top_k: Some(20),
+            seed: Some(seed),
+            logprobs: Some(1),
+            ..SamplingParams::default()
+        };
+        request
+    };
+    let first = run_all(&client, vec![request(5), request(5)]);
+    assert_eq!(first[0].token_ids, first[1].token_ids);
+    assert_eq!(first[0].token_ids.len(), MAX_TOKENS as usize);
+    common::wait_idle(&client);
+    let accepted = value(
+        &samples(&engine.metrics().encode().unwrap()),
+        "vllm:spec_decode_num_accepted_tokens_total",
+        None,
+    );
+    assert!(accepted > 0.0);
+    engine.shutdown();
+}
