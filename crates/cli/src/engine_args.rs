@@ -73,8 +73,9 @@ pub struct EngineArgs {
     #[arg(long, help_heading = "Compute")]
     pub threads: Option<usize>,
     /// Speculative decoding, vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": 4,
-    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}` or `{"method": "suffix",
-    /// "num_speculative_tokens": 8}` (plus `disable_by_batch_size`, and the suffix method's
+    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}`, `{"method": "suffix",
+    /// "num_speculative_tokens": 8}` or `{"method": "draft_model", "model": "draft.gguf",
+    /// "num_speculative_tokens": 3}` (plus `disable_by_batch_size`, and the suffix method's
     /// `suffix_decoding_*` keys); other methods and keys are refused by name.
     #[arg(long, value_name = "JSON", help_heading = "Scheduler")]
     pub speculative_config: Option<String>,

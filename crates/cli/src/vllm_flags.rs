@@ -119,7 +119,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--max-num-batched-tokens", "512", Same, "token budget of one step"),
     row("--scheduling-policy", "fcfs", Same, "`fcfs` or `priority`"),
     row("--enable-chunked-prefill", "", Same, "always on (long prompts are split at `--max-num-batched-tokens`)"),
-    row("--speculative-config", "{\"method\":\"ngram\",\"num_speculative_tokens\":4}", Restricted, "methods `ngram` (`prompt_lookup_min`/`max`) and `suffix` (`suffix_decoding_*`), with `num_speculative_tokens` and `disable_by_batch_size`; `draft_model`, `eagle`, `mtp`, ... and unknown keys are refused by name; greedy output is identical to no speculation, sampled output keeps its distribution (rejection sampling)"),
+    row("--speculative-config", "{\"method\":\"ngram\",\"num_speculative_tokens\":4}", Restricted, "methods `ngram` (`prompt_lookup_min`/`max`), `suffix` (`suffix_decoding_*`) and `draft_model` (`model`: a GGUF or HF directory with the same vocabulary), with `num_speculative_tokens` and `disable_by_batch_size`; `eagle`, `mtp`, `medusa`, ... and unknown keys are refused by name; greedy output is identical to no speculation, sampled output keeps its distribution (rejection sampling)"),
     // Parallelism and execution.
     row("--tensor-parallel-size", "1", Restricted, "`1`: one engine per process uses all cores (`--threads`); scale out with replicas (deploy/)"),
     row("--pipeline-parallel-size", "1", Restricted, "`1`, as above"),

@@ -49,7 +49,7 @@ fn generate(extra: &[&str]) -> Result<Vec<u64>, String> {
 }
 
 #[test]
-fn generate_gives_the_same_greedy_tokens_and_refuses_other_methods() {
+fn generate_gives_the_same_greedy_tokens_and_refuses_unknown_methods() {
     let plain = generate(&[]).unwrap();
     assert_eq!(plain.len(), 32);
     for config in [
@@ -64,11 +64,11 @@ fn generate_gives_the_same_greedy_tokens_and_refuses_other_methods() {
     }
     let refused = generate(&[
         "--speculative-config",
-        r#"{"method": "draft_model", "model": "draft.gguf", "num_speculative_tokens": 3}"#,
+        r#"{"method": "eagle", "model": "eagle-head", "num_speculative_tokens": 3}"#,
     ])
     .unwrap_err();
     assert!(
-        refused.contains("`draft_model`") && refused.contains("ngram, suffix"),
+        refused.contains("`eagle`") && refused.contains("ngram, suffix, draft_model"),
         "{refused}"
     );
 }

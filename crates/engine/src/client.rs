@@ -16,7 +16,7 @@ use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
-use crate::spec::SpecDecoder;
+use crate::spec::{DraftSetup, SpecDecoder};
 use crate::stats::{CapacityReport, EngineStats};
 use crate::{EngineConfig, EngineError};
 
@@ -110,8 +110,23 @@ impl Engine {
                 enable_prefix_caching: config.enable_prefix_caching,
                 cache_dtype: config.kv_cache_dtype.as_str().into(),
             },
-            config.speculative.map(|spec| spec.num_speculative_tokens),
+            config
+                .speculative
+                .as_ref()
+                .map(|spec| spec.num_speculative_tokens),
         ));
+        let spec = match &config.speculative {
+            Some(speculative) => Some(SpecDecoder::new(
+                speculative.clone(),
+                &DraftSetup {
+                    num_blocks: num_blocks as usize,
+                    block_size: config.block_size,
+                    vocab_size: model_config.vocab_size,
+                    num_threads: config.num_threads,
+                },
+            )?),
+            None => None,
+        };
         if let Some(spec) = &config.speculative {
             tracing::info!(
                 "speculative decoding: method {}, up to {} draft tokens, skipped above {} \
@@ -142,7 +157,7 @@ impl Engine {
                 log_stats_interval: config.log_stats_interval,
                 traces,
                 seed: config.seed,
-                spec: config.speculative.map(SpecDecoder::new),
+                spec,
             },
         )
     }

@@ -29,9 +29,16 @@ fn repeating_prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// What a run gave: each request's tokens, the drafted and accepted tokens, the preemptions.
+struct Run {
+    tokens: Vec<Vec<u32>>,
+    drafted: f64,
+    accepted: f64,
+    preemptions: f64,
+}
+
 #[allow(clippy::unwrap_used)]
-/// Each request's tokens, the accepted draft tokens and the preemptions.
-fn run(config: &EngineConfig, prompts: &[Vec<u32>], together: bool) -> (Vec<Vec<u32>>, f64, f64) {
+fn run(config: &EngineConfig, prompts: &[Vec<u32>], together: bool) -> Run {
     let engine = Engine::start(config).unwrap();
     let client = engine.client();
     let outputs = if together {
@@ -50,18 +57,24 @@ fn run(config: &EngineConfig, prompts: &[Vec<u32>], together: bool) -> (Vec<Vec<
     };
     common::wait_idle(&client);
     let scrape = samples(&engine.metrics().encode().unwrap());
-    let accepted = match config.speculative {
-        Some(_) => value(&scrape, "vllm:spec_decode_num_accepted_tokens_total", None),
+    let counter = |name| match config.speculative {
+        Some(_) => value(&scrape, name, None),
         None => 0.0,
     };
-    let preemptions = value(&scrape, "vllm:num_preemptions_total", None);
+    let run = Run {
+        tokens: outputs.into_iter().map(|o| o.token_ids).collect(),
+        drafted: counter("vllm:spec_decode_num_draft_tokens_total"),
+        accepted: counter("vllm:spec_decode_num_accepted_tokens_total"),
+        preemptions: value(&scrape, "vllm:num_preemptions_total", None),
+    };
     engine.shutdown();
-    let tokens = outputs.into_iter().map(|o| o.token_ids).collect();
-    (tokens, accepted, preemptions)
+    run
 }
 
+/// Greedy tokens with `json`'s speculation equal those without it in every setting, drafts
+/// are accepted, and with `all_accepted` every drafted token is.
 #[allow(clippy::unwrap_used)]
-fn check_method(json: &str) {
+fn check_method(json: &str, all_accepted: bool) {
     let prompts = repeating_prompts();
     let base = |num_blocks, max_model_len| {
         let mut config = config(num_blocks, max_model_len);
@@ -70,11 +83,11 @@ fn check_method(json: &str) {
         config.max_num_seqs = NUM_REQUESTS;
         config
     };
-    let (reference, _, _) = run(&base(512, 256), &prompts, true);
+    let reference = run(&base(512, 256), &prompts, true).tokens;
     assert!(reference.iter().all(|t| t.len() == MAX_TOKENS as usize));
     let speculative = SpeculativeConfig::from_json(json).unwrap();
     let with_spec = |mut config: EngineConfig| {
-        config.speculative = Some(speculative);
+        config.speculative = Some(speculative.clone());
         config
     };
     let mut chunked = base(512, 256);
@@ -87,14 +100,20 @@ fn check_method(json: &str) {
         ("chunked", with_spec(chunked), true),
         ("preempted", with_spec(tiny), true),
     ] {
-        let (outputs, accepted, preemptions) = run(&config, &prompts, together);
+        let outcome = run(&config, &prompts, together);
         if name == "preempted" {
-            assert!(preemptions > 0.0, "{json}: nothing was preempted");
+            assert!(outcome.preemptions > 0.0, "{json}: nothing was preempted");
         }
-        for (i, tokens) in outputs.iter().enumerate() {
+        for (i, tokens) in outcome.tokens.iter().enumerate() {
             assert_eq!(tokens, &reference[i], "{json} {name}: request {i} differs");
         }
-        assert!(accepted > 0.0, "{json} {name}: no draft token was accepted");
+        assert!(
+            outcome.accepted > 0.0,
+            "{json} {name}: no draft token was accepted"
+        );
+        if all_accepted {
+            assert_eq!(outcome.accepted, outcome.drafted, "{json} {name}");
+        }
     }
 }
 
@@ -103,6 +122,7 @@ fn ngram_greedy_tokens_are_identical_alone_batched_chunked_and_preempted() {
     check_method(
         r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
             "prompt_lookup_max": 4, "disable_by_batch_size": 64}"#,
+        false,
     );
 }
 
@@ -110,7 +130,20 @@ fn ngram_greedy_tokens_are_identical_alone_batched_chunked_and_preempted() {
 fn suffix_greedy_tokens_are_identical_alone_batched_chunked_and_preempted() {
     check_method(
         r#"{"method": "suffix", "num_speculative_tokens": 6, "disable_by_batch_size": 64}"#,
+        false,
     );
+}
+
+/// The default model as its own draft: the draft's greedy tokens are the target's, so every
+/// draft token is accepted (the draft's cache and forward passes are its own).
+#[test]
+fn the_model_as_its_own_draft_is_always_accepted_and_changes_nothing() {
+    let json = format!(
+        r#"{{"method": "draft_model", "model": {}, "num_speculative_tokens": 3,
+            "disable_by_batch_size": 64}}"#,
+        serde_json::Value::String(common::model_path().display().to_string())
+    );
+    check_method(&json, true);
 }
 
 /// Sampled requests verify by rejection sampling: they run to completion with drafts accepted,

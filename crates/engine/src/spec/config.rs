@@ -1,18 +1,20 @@
 //! `--speculative-config`: vLLM's JSON object, checked into a [`SpeculativeConfig`]. Every key
 //! is either honoured or refused by name; so is every method tokenmill does not implement.
 
+use std::path::PathBuf;
+
 use serde_json::{Map, Value};
 
 use crate::EngineError;
 
 /// The proposers tokenmill implements, as vLLM's `method` spells them.
-pub const SUPPORTED_METHODS: [&str; 2] = ["ngram", "suffix"];
+pub const SUPPORTED_METHODS: [&str; 3] = ["ngram", "suffix", "draft_model"];
 
 /// Longest draft accepted from the flag; a step verifies at most this many tokens per request.
 pub const MAX_SPECULATIVE_TOKENS: usize = 32;
 
 /// Which proposer drafts the tokens.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SpecMethod {
     /// Prompt lookup: the continuation of the latest earlier occurrence of the request's last
     /// `prompt_lookup_min..=prompt_lookup_max` tokens, in its own prompt and output.
@@ -35,10 +37,13 @@ pub enum SpecMethod {
         /// (`suffix_decoding_min_token_prob`).
         min_token_prob: f64,
     },
+    /// A second model with the same vocabulary drafts greedily (`model`: a GGUF file or an
+    /// HF directory).
+    DraftModel { model: PathBuf },
 }
 
 /// Speculative decoding settings (vLLM's `SpeculativeConfig` subset that tokenmill runs).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpecMethod,
     /// Most draft tokens per request and step (`num_speculative_tokens`).
@@ -70,6 +75,7 @@ impl SpeculativeConfig {
         }
         let keys: &[&str] = match method {
             "ngram" => &["prompt_lookup_min", "prompt_lookup_max"],
+            "draft_model" => &["model"],
             _ => &[
                 "suffix_decoding_max_tree_depth",
                 "suffix_decoding_max_cached_requests",
@@ -110,10 +116,21 @@ impl SpeculativeConfig {
             }
             None => default_disable_by_batch_size(num_speculative_tokens),
         };
-        let method = match method {
-            "ngram" => ngram_method(&object)?,
-            _ => suffix_method(&object)?,
-        };
+        let method =
+            match method {
+                "ngram" => ngram_method(&object)?,
+                "draft_model" => match object.get("model") {
+                    Some(Value::String(model)) if !model.is_empty() => SpecMethod::DraftModel {
+                        model: PathBuf::from(model),
+                    },
+                    _ => return Err(invalid(
+                        "method `draft_model` needs `model`: the draft model's GGUF file or HF \
+                         directory"
+                            .into(),
+                    )),
+                },
+                _ => suffix_method(&object)?,
+            };
         Ok(SpeculativeConfig {
             method,
             num_speculative_tokens,
@@ -121,11 +138,12 @@ impl SpeculativeConfig {
         })
     }
 
-    /// `ngram` or `suffix`.
+    /// `ngram`, `suffix` or `draft_model`.
     pub fn method_name(&self) -> &'static str {
         match self.method {
             SpecMethod::Ngram { .. } => "ngram",
             SpecMethod::Suffix { .. } => "suffix",
+            SpecMethod::DraftModel { .. } => "draft_model",
         }
     }
 }
@@ -258,11 +276,24 @@ mod tests {
 
     #[test]
     fn what_is_not_run_is_refused_by_name() {
-        let message =
-            error(r#"{"method": "draft_model", "model": "x.gguf", "num_speculative_tokens": 3}"#);
+        let message = error(r#"{"method": "eagle", "model": "x", "num_speculative_tokens": 3}"#);
         assert!(
-            message.contains("`draft_model`") && message.contains("ngram, suffix"),
+            message.contains("`eagle`") && message.contains("ngram, suffix, draft_model"),
             "{message}"
+        );
+        assert!(
+            error(r#"{"method": "draft_model", "num_speculative_tokens": 3}"#)
+                .contains("needs `model`")
+        );
+        let config = SpeculativeConfig::from_json(
+            r#"{"method": "draft_model", "model": "d.gguf", "num_speculative_tokens": 3}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            config.method,
+            SpecMethod::DraftModel {
+                model: "d.gguf".into()
+            }
         );
         let message = error(
             r#"{"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}"#,

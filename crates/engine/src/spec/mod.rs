@@ -17,6 +17,7 @@
 //! acceptance in vLLM's `vllm:spec_decode_*` counters and the `SpecDecoding metrics` line.
 
 mod config;
+mod draft_model;
 mod ngram;
 mod suffix;
 
@@ -25,10 +26,13 @@ use std::collections::HashMap;
 use tokenmill_core::{RequestId, Scheduler};
 use tokenmill_metrics::{SpecDecodeStats, SpecSkipReason};
 
+use crate::EngineError;
+
 pub use config::{
     default_disable_by_batch_size, SpecMethod, SpeculativeConfig, MAX_SPECULATIVE_TOKENS,
     SUPPORTED_METHODS,
 };
+pub use draft_model::{DraftModelProposer, DraftSetup};
 pub use ngram::NgramProposer;
 pub use suffix::SuffixProposer;
 
@@ -91,20 +95,23 @@ impl std::fmt::Debug for SpecDecoder {
 }
 
 impl SpecDecoder {
-    pub fn new(config: SpeculativeConfig) -> SpecDecoder {
-        let proposer: Box<dyn Proposer> = match config.method {
+    /// Builds the configured proposer; a draft model is loaded here, its cache sized by
+    /// `setup`.
+    pub fn new(config: SpeculativeConfig, setup: &DraftSetup) -> Result<SpecDecoder, EngineError> {
+        let proposer: Box<dyn Proposer> = match &config.method {
             SpecMethod::Ngram {
                 prompt_lookup_min,
                 prompt_lookup_max,
-            } => Box::new(NgramProposer::new(prompt_lookup_min, prompt_lookup_max)),
+            } => Box::new(NgramProposer::new(*prompt_lookup_min, *prompt_lookup_max)),
             SpecMethod::Suffix { .. } => Box::new(SuffixProposer::new(&config)),
+            SpecMethod::DraftModel { model } => Box::new(DraftModelProposer::load(model, setup)?),
         };
-        SpecDecoder {
+        Ok(SpecDecoder {
             config,
             proposer,
             acceptance: HashMap::new(),
             drafts: Vec::new(),
-        }
+        })
     }
 
     pub fn config(&self) -> &SpeculativeConfig {
@@ -204,14 +211,21 @@ mod tests {
     }
 
     fn ngram(disable_by_batch_size: usize) -> SpecDecoder {
-        SpecDecoder::new(SpeculativeConfig {
+        let config = SpeculativeConfig {
             method: SpecMethod::Ngram {
                 prompt_lookup_min: 2,
                 prompt_lookup_max: 3,
             },
             num_speculative_tokens: 3,
             disable_by_batch_size,
-        })
+        };
+        let setup = DraftSetup {
+            num_blocks: 0,
+            block_size: 16,
+            vocab_size: 0,
+            num_threads: None,
+        };
+        SpecDecoder::new(config, &setup).unwrap()
     }
 
     #[test]

@@ -204,7 +204,7 @@ impl SuffixProposer {
                 max_spec_factor,
                 min_token_prob,
             ),
-            SpecMethod::Ngram { .. } => (24, 10_000, 1.0, 0.1),
+            SpecMethod::Ngram { .. } | SpecMethod::DraftModel { .. } => (24, 10_000, 1.0, 0.1),
         };
         // A match of `depth - 1` tokens plus one continuation fits in the trie.
         let depth = depth + 1;
