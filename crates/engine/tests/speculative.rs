@@ -185,3 +185,115 @@ fn seeded_sampled_requests_speculate_and_repeat() {
     assert!(accepted > 0.0);
     engine.shutdown();
 }
+
+/// One request's whole output: tokens, text, logprobs, finish reason.
+#[derive(Debug, Clone, PartialEq)]
+struct Full {
+    tokens: Vec<u32>,
+    text: String,
+    logprobs: Vec<(u32, f32, Vec<(u32, f32)>)>,
+    finish: Option<tokenmill_engine::FinishReason>,
+}
+
+#[allow(clippy::unwrap_used, clippy::panic)]
+fn run_full(config: &EngineConfig, requests: Vec<tokenmill_engine::GenerateRequest>) -> Vec<Full> {
+    let engine = Engine::start(config).unwrap();
+    let client = engine.client();
+    let mut streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| client.add_request(r).unwrap())
+        .collect();
+    let outputs = streams
+        .iter_mut()
+        .map(|stream| {
+            let mut full = Full {
+                tokens: Vec::new(),
+                text: String::new(),
+                logprobs: Vec::new(),
+                finish: None,
+            };
+            while let Some(event) = stream.blocking_recv() {
+                match event {
+                    tokenmill_engine::RequestEvent::Output(o) => {
+                        full.tokens.extend(o.new_token_ids);
+                        full.text.push_str(&o.new_text);
+                        full.logprobs.extend(
+                            o.logprobs
+                                .into_iter()
+                                .map(|l| (l.token_id, l.logprob, l.top)),
+                        );
+                        full.finish = o.finish_reason.or(full.finish);
+                    }
+                    tokenmill_engine::RequestEvent::Error(e) => panic!("request failed: {e}"),
+                }
+            }
+            full
+        })
+        .collect();
+    engine.shutdown();
+    outputs
+}
+
+/// Stop strings are matched on the text of an accepted run token by token, so nothing after
+/// one is emitted (text, token ids or logprobs); logprobs of emitted tokens are those of
+/// plain decoding.
+#[test]
+#[allow(clippy::unwrap_used)]
+fn stop_strings_and_logprobs_inside_accepted_runs_match_plain_decoding() {
+    let prompts = repeating_prompts();
+    let request = |prompt: &Vec<u32>, stop: Option<String>| {
+        let mut request = greedy(prompt.clone(), MAX_TOKENS);
+        request.sampling.logprobs = Some(2);
+        request.stop.stop_strings = stop.into_iter().collect();
+        request
+    };
+    let mut plain = config(512, 256);
+    plain.max_num_seqs = NUM_REQUESTS;
+    let mut speculative = plain.clone();
+    speculative.speculative = Some(
+        SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1,
+                "disable_by_batch_size": 64}"#,
+        )
+        .unwrap(),
+    );
+    let free = run_full(&plain, prompts.iter().map(|p| request(p, None)).collect());
+    // A stop string from the middle of each reference text.
+    let stops: Vec<Option<String>> = free
+        .iter()
+        .map(|full| {
+            let chars: Vec<char> = full.text.chars().collect();
+            let start = chars.len() / 2;
+            let stop: String = chars[start..(start + 3).min(chars.len())].iter().collect();
+            (!stop.trim().is_empty()).then_some(stop)
+        })
+        .collect();
+    let with_stops = |config: &EngineConfig| {
+        run_full(
+            config,
+            prompts
+                .iter()
+                .zip(&stops)
+                .map(|(p, stop)| request(p, stop.clone()))
+                .collect(),
+        )
+    };
+    let expected = with_stops(&plain);
+    let got = with_stops(&speculative);
+    assert_eq!(got, expected);
+    assert_eq!(
+        run_full(
+            &speculative,
+            prompts.iter().map(|p| request(p, None)).collect()
+        ),
+        free
+    );
+    // The stops did cut the outputs short.
+    assert!(expected
+        .iter()
+        .zip(&free)
+        .any(|(cut, whole)| cut.tokens.len() < whole.tokens.len()));
+    assert!(expected
+        .iter()
+        .all(|full| full.logprobs.len() == full.tokens.len()));
+}
