@@ -297,3 +297,43 @@ fn stop_strings_and_logprobs_inside_accepted_runs_match_plain_decoding() {
         .iter()
         .all(|full| full.logprobs.len() == full.tokens.len()));
 }
+
+/// A grammar sees only emitted tokens: drafts are checked against the masked rows one by one,
+/// and the matcher accepts a token only once it is emitted, so a constrained request gives the
+/// tokens of plain decoding, ends where the grammar does, and still accepts drafts.
+#[test]
+#[allow(clippy::unwrap_used)]
+fn structured_outputs_with_speculation_match_plain_decoding() {
+    let mut request = greedy(vec![504, 3575, 282, 1116, 30], 64);
+    request.stop.ignore_eos = false;
+    request.sampling.structured_output = Some(tokenmill_models::StructuredOutput::Regex(
+        "(the cat sat on the mat\\. ){3}".into(),
+    ));
+    let mut plain = config(512, 256);
+    plain.served_model_name = "tm-test".into();
+    let mut speculative = plain.clone();
+    speculative.speculative = Some(
+        SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2}"#,
+        )
+        .unwrap(),
+    );
+    let expected = run_full(&plain, vec![request.clone()]);
+    assert_eq!(expected[0].text, "the cat sat on the mat. ".repeat(3));
+    assert_eq!(
+        expected[0].finish,
+        Some(tokenmill_engine::FinishReason::Stop)
+    );
+    let engine = Engine::start(&speculative).unwrap();
+    let got = run_all(&engine.client(), vec![request]);
+    common::wait_idle(&engine.client());
+    let accepted = value(
+        &samples(&engine.metrics().encode().unwrap()),
+        "vllm:spec_decode_num_accepted_tokens_total",
+        None,
+    );
+    engine.shutdown();
+    assert_eq!(got[0].token_ids, expected[0].tokens);
+    assert_eq!(got[0].text, expected[0].text);
+    assert!(accepted > 0.0, "no draft accepted under the grammar");
+}
