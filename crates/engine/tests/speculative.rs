@@ -191,7 +191,7 @@ fn seeded_sampled_requests_speculate_and_repeat() {
 struct Full {
     tokens: Vec<u32>,
     text: String,
-    logprobs: Vec<(u32, f32, Vec<(u32, f32)>)>,
+    logprobs: Vec<tokenmill_engine::TokenLogprob>,
     finish: Option<tokenmill_engine::FinishReason>,
 }
 
@@ -217,11 +217,7 @@ fn run_full(config: &EngineConfig, requests: Vec<tokenmill_engine::GenerateReque
                     tokenmill_engine::RequestEvent::Output(o) => {
                         full.tokens.extend(o.new_token_ids);
                         full.text.push_str(&o.new_text);
-                        full.logprobs.extend(
-                            o.logprobs
-                                .into_iter()
-                                .map(|l| (l.token_id, l.logprob, l.top)),
-                        );
+                        full.logprobs.extend(o.logprobs);
                         full.finish = o.finish_reason.or(full.finish);
                     }
                     tokenmill_engine::RequestEvent::Error(e) => panic!("request failed: {e}"),
