@@ -333,3 +333,72 @@ fn structured_outputs_with_speculation_match_plain_decoding() {
     assert_eq!(got[0].text, expected[0].text);
     assert!(accepted > 0.0, "no draft accepted under the grammar");
 }
+
+/// The default model with every layer's weights taken from the next layer (the last from the
+/// first): same shapes, vocabulary and tokenizer, finite weights, different predictions.
+#[allow(clippy::unwrap_used)]
+fn scrambled_draft_path() -> std::path::PathBuf {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("draft-scrambled-{}.gguf", std::process::id()));
+    let file = tokenmill_gguf::GgufFile::open(&common::model_path()).unwrap();
+    let mut writer = tokenmill_gguf::GgufWriter::new();
+    for (key, value) in file.metadata() {
+        writer.add_metadata(key, value.clone());
+    }
+    let by_name: std::collections::HashMap<&str, &tokenmill_gguf::TensorInfo> = file
+        .tensors()
+        .iter()
+        .map(|info| (info.name.as_str(), info))
+        .collect();
+    let num_layers = (0..)
+        .take_while(|i| by_name.keys().any(|n| n.starts_with(&format!("blk.{i}."))))
+        .count();
+    for info in file.tensors() {
+        let source = info
+            .name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(layer, tail)| {
+                let next = (layer.parse::<usize>().ok()? + 1) % num_layers;
+                by_name.get(format!("blk.{next}.{tail}").as_str()).copied()
+            })
+            .filter(|other| other.dims == info.dims && other.ggml_type == info.ggml_type)
+            .unwrap_or(info);
+        let data = file.tensor_data(source).unwrap().to_vec();
+        writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
+    }
+    writer.write_to(&path).unwrap();
+    path
+}
+
+/// A draft that mostly guesses wrong: drafts are rejected, and greedy output is still exactly
+/// that of plain decoding.
+#[test]
+#[allow(clippy::unwrap_used)]
+fn a_wrong_draft_model_is_rejected_without_changing_the_output() {
+    let draft = scrambled_draft_path();
+    let prompts = repeating_prompts();
+    let mut plain = config(512, 256);
+    plain.served_model_name = "tm-test".into();
+    plain.max_num_seqs = NUM_REQUESTS;
+    let reference = run(&plain, &prompts, true);
+    let mut speculative = plain.clone();
+    speculative.speculative = Some(
+        SpeculativeConfig::from_json(&format!(
+            r#"{{"method": "draft_model", "model": {}, "num_speculative_tokens": 3,
+                "disable_by_batch_size": 64}}"#,
+            serde_json::Value::String(draft.display().to_string())
+        ))
+        .unwrap(),
+    );
+    let outcome = run(&speculative, &prompts, true);
+    std::fs::remove_file(&draft).unwrap();
+    assert_eq!(outcome.tokens, reference.tokens);
+    assert!(outcome.drafted > 0.0);
+    assert!(
+        outcome.accepted < outcome.drafted,
+        "{} of {} accepted",
+        outcome.accepted,
+        outcome.drafted
+    );
+}
