@@ -21,6 +21,10 @@ pub enum DatasetName {
     /// A JSONL file with a "prompt" per line (and optionally "output_tokens"/"output_len").
     #[value(name = "custom")]
     Custom,
+    /// tokenmill's input-grounded prompts (code edits that re-emit a file, quotes from a
+    /// context), where speculative decoding's n-gram and suffix drafts pay off.
+    #[value(name = "input_grounded")]
+    InputGrounded,
 }
 
 /// The options of `tokenmill bench serve` (vLLM's `vllm bench serve` names and defaults).
@@ -90,6 +94,9 @@ pub struct BenchServeArgs {
     /// Output length for custom requests that do not name their own.
     #[arg(long, default_value_t = 256)]
     pub custom_output_len: usize,
+    /// Output length of input_grounded requests (enough to re-emit the edited file).
+    #[arg(long, default_value_t = 256)]
+    pub input_grounded_output_len: usize,
 
     /// Requests per second ("inf" sends all at once); arrivals are Poisson, or gamma with
     /// --burstiness.
@@ -271,6 +278,7 @@ impl BenchServeArgs {
             self.sharegpt_output_len = Some(output_len);
             self.custom_output_len = output_len;
             self.prefix_repetition_output_len = output_len;
+            self.input_grounded_output_len = output_len;
         }
         if self.max_concurrency == Some(0) {
             return Err(BenchError::InvalidArgument(
@@ -308,7 +316,7 @@ impl BenchServeArgs {
             ));
         }
         match self.dataset_name {
-            DatasetName::Random | DatasetName::PrefixRepetition => {
+            DatasetName::Random | DatasetName::PrefixRepetition | DatasetName::InputGrounded => {
                 if let Some(path) = &self.dataset_path {
                     return Err(BenchError::InvalidArgument(format!(
                         "cannot use the {:?} dataset with --dataset-path {}",

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use tokenmill_core::SchedulingPolicy;
+use tokenmill_engine::spec::SpeculativeConfig;
 use tokenmill_engine::{CacheDtype, EngineConfig, KvCacheSizing};
 use tokenmill_models::ResolveOptions;
 
@@ -86,11 +87,24 @@ pub struct EngineArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub structured_outputs: StructuredOutputsArgs,
+    /// Speculative decoding, vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}`, `{"method": "suffix",
+    /// "num_speculative_tokens": 8}` or `{"method": "draft_model", "model": "draft.gguf",
+    /// "num_speculative_tokens": 3}` (plus `disable_by_batch_size`, and the suffix method's
+    /// `suffix_decoding_*` keys); other methods and keys are refused by name.
+    #[arg(long, value_name = "JSON", help_heading = "Scheduler")]
+    pub speculative_config: Option<String>,
 }
 
 impl EngineArgs {
     /// Resolves the model (fetching the default one if needed) and builds the engine config.
     pub fn to_config(&self) -> anyhow::Result<EngineConfig> {
+        // Checked before the model is resolved (and maybe downloaded), to fail fast.
+        let speculative = self
+            .speculative_config
+            .as_deref()
+            .map(SpeculativeConfig::from_json)
+            .transpose()?;
         let resolve = ResolveOptions {
             download_dir: self.download_dir.clone(),
             revision: self.revision.clone(),
@@ -120,6 +134,7 @@ impl EngineArgs {
             PolicyArg::Fcfs => SchedulingPolicy::Fcfs,
             PolicyArg::Priority => SchedulingPolicy::Priority,
         };
+        config.speculative = speculative;
         Ok(config)
     }
 }

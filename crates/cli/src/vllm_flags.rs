@@ -121,6 +121,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--max-num-batched-tokens", "512", Same, "token budget of one step"),
     row("--scheduling-policy", "fcfs", Same, "`fcfs` or `priority`"),
     row("--enable-chunked-prefill", "", Same, "on by default (long prompts are split at `--max-num-batched-tokens`; `--no-enable-chunked-prefill` schedules each prompt whole)"),
+    row("--speculative-config", "{\"method\":\"ngram\",\"num_speculative_tokens\":4}", Restricted, "methods `ngram` (`prompt_lookup_min`/`max`), `suffix` (`suffix_decoding_*`) and `draft_model` (`model`: a GGUF or HF directory with the same vocabulary), with `num_speculative_tokens` and `disable_by_batch_size`; `eagle`, `mtp`, `medusa`, ... and unknown keys are refused by name; greedy output is identical to no speculation, sampled output keeps its distribution (rejection sampling)"),
     // Parallelism and execution.
     row("--tensor-parallel-size", "1", Restricted, "`1`: one engine per process uses all cores (`--threads`); scale out with replicas (deploy/)"),
     row("--pipeline-parallel-size", "1", Restricted, "`1`, as above"),
@@ -503,7 +504,7 @@ pub fn normalize_serve_args(args: Vec<String>) -> anyhow::Result<Vec<String>> {
 /// vLLM's JSON-valued flags, which also take one key per argument:
 /// `--structured-outputs-config.backend guidance` or `...backend=guidance` (the value is read
 /// as JSON when it parses, else as a string; a key with no value is `true`).
-const JSON_FLAGS: &[&str] = &["--structured-outputs-config"];
+const JSON_FLAGS: &[&str] = &["--structured-outputs-config", "--speculative-config"];
 
 /// The JSON flags of one command line: the whole-object form and the dotted keys, merged
 /// into one object per flag (dotted keys win).

@@ -63,6 +63,16 @@ pub enum SchedulerError {
     MissingSample { request_id: RequestId },
     #[error("a sampled token was returned for request {request_id}, which did not sample")]
     UnexpectedSample { request_id: RequestId },
+    /// A token run that is not the accepted prefix of the request's drafts plus one token.
+    #[error(
+        "request {request_id}: a run of {len} tokens does not match its {num_drafts} draft \
+         tokens (it must be an accepted prefix of them plus one sampled token)"
+    )]
+    InvalidTokenRun {
+        request_id: RequestId,
+        len: usize,
+        num_drafts: usize,
+    },
     #[error(transparent)]
     KvCache(#[from] KvCacheError),
 }

@@ -200,6 +200,22 @@ impl KvCacheManager {
         }
     }
 
+    /// Shrinks the request's table to the blocks covering its first `num_tokens` tokens,
+    /// freeing the rest (tail first), e.g. the lookahead blocks of rejected draft tokens.
+    /// Registered blocks are never dropped: they hold computed tokens only.
+    pub fn truncate(&mut self, request_id: RequestId, num_tokens: usize) {
+        let Some(table) = self.tables.get_mut(&request_id) else {
+            return;
+        };
+        let keep = num_tokens
+            .div_ceil(self.config.block_size)
+            .max(table.num_cached_blocks);
+        if keep < table.block_ids.len() {
+            let tail = table.block_ids.split_off(keep);
+            self.pool.free(tail.into_iter().rev());
+        }
+    }
+
     /// The request's block table, first block first.
     pub fn block_table(&self, request_id: RequestId) -> Option<&[u32]> {
         self.tables

@@ -7,7 +7,7 @@ mod common;
 use proptest::prelude::*;
 use tokenmill_core::{SchedulerConfig, SchedulingPolicy, StopParams};
 
-use common::driver::{run, RequestSpec};
+use common::driver::{run, run_with_drafts, RequestSpec};
 use common::EOS;
 
 /// Raw per-request draws, turned into a valid request once the scenario's limits are known.
@@ -204,6 +204,28 @@ proptest! {
             prop_assert!(result.is_ok(), "{}", result.clone().err().unwrap_or_default());
             let result = result.unwrap_or_else(|_| unreachable!());
             prop_assert_eq!(&result.outcomes, &reference.outcomes, "caching={}", caching);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Speculative decoding: random drafts (mostly right, sometimes wrong) on every decode
+    /// keep every invariant (block accounting and ref counts after accept/reject, no leaks at
+    /// finish, preemption with drafts in flight) and give the outputs of plain decoding.
+    #[test]
+    fn drafts_change_nothing_but_the_step_count(scenario in scenario(true), seed in any::<u64>()) {
+        let plain = run(scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(plain.is_ok(), "{}", plain.clone().err().unwrap_or_default());
+        let plain = plain.unwrap_or_else(|_| unreachable!());
+        let speculative = run_with_drafts(
+            scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS, Some(seed),
+        );
+        prop_assert!(speculative.is_ok(), "{}", speculative.clone().err().unwrap_or_default());
+        let speculative = speculative.unwrap_or_else(|_| unreachable!());
+        if scenario.requests.iter().all(|r| r.abort_at_step.is_none()) {
+            prop_assert_eq!(&speculative.outcomes, &plain.outcomes);
         }
     }
 }

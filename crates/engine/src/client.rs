@@ -17,6 +17,7 @@ use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
+use crate::spec::{DraftSetup, SpecDecoder};
 use crate::stats::{CapacityReport, EngineStats};
 use crate::{EngineConfig, EngineError};
 
@@ -43,6 +44,7 @@ struct LoopSettings {
     log_stats_interval: Option<Duration>,
     traces: Option<Arc<OtlpTraceExporter>>,
     seed: Option<u64>,
+    spec: Option<SpecDecoder>,
 }
 
 impl Engine {
@@ -111,14 +113,41 @@ impl Engine {
             config.block_size,
             kv_dtype,
         );
-        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
-            model_name: config.served_model_name.clone(),
-            max_model_len,
-            block_size: config.block_size,
-            num_blocks: num_blocks as usize,
-            enable_prefix_caching: config.enable_prefix_caching,
-            cache_dtype: config.kv_cache_dtype.as_str().into(),
-        }));
+        let metrics = Arc::new(EngineMetrics::with_spec_decode(
+            MetricsConfig {
+                model_name: config.served_model_name.clone(),
+                max_model_len,
+                block_size: config.block_size,
+                num_blocks: num_blocks as usize,
+                enable_prefix_caching: config.enable_prefix_caching,
+                cache_dtype: config.kv_cache_dtype.as_str().into(),
+            },
+            config
+                .speculative
+                .as_ref()
+                .map(|spec| spec.num_speculative_tokens),
+        ));
+        let spec = match &config.speculative {
+            Some(speculative) => Some(SpecDecoder::new(
+                speculative.clone(),
+                &DraftSetup {
+                    num_blocks: num_blocks as usize,
+                    block_size: config.block_size,
+                    vocab_size: model_config.vocab_size,
+                    num_threads: config.num_threads,
+                },
+            )?),
+            None => None,
+        };
+        if let Some(spec) = &config.speculative {
+            tracing::info!(
+                "speculative decoding: method {}, up to {} draft tokens, skipped above {} \
+                 running requests",
+                spec.method_name(),
+                spec.num_speculative_tokens,
+                spec.disable_by_batch_size
+            );
+        }
         // Only a configured endpoint starts the export thread; without one nothing is built.
         let traces = match &config.otlp_traces_endpoint {
             Some(endpoint) => {
@@ -140,6 +169,7 @@ impl Engine {
                 log_stats_interval: config.log_stats_interval,
                 traces,
                 seed: config.seed,
+                spec,
             },
         )
     }
@@ -167,6 +197,7 @@ impl Engine {
             log_stats_interval,
             traces,
             seed,
+            spec,
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -182,6 +213,7 @@ impl Engine {
             log_stats_interval,
             traces,
             seed,
+            spec,
         });
         // Mark alive before returning so a health check right after start-up is green.
         shared.alive.store(true, Ordering::SeqCst);

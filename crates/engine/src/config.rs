@@ -6,6 +6,8 @@ use std::time::Duration;
 use tokenmill_core::SchedulingPolicy;
 use tokenmill_models::{CacheDtype, JsonGrammarOptions, ModelSource};
 
+use crate::spec::SpeculativeConfig;
+
 /// How much memory the KV cache gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvCacheSizing {
@@ -62,6 +64,8 @@ pub struct EngineConfig {
     /// How JSON-schema constraints compile (`--structured-outputs-config`'s
     /// `disable_any_whitespace`, `disable_additional_properties`).
     pub json_grammar: JsonGrammarOptions,
+    /// `--speculative-config`; `None` = no speculative decoding.
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 /// Step token budget with chunked prefill when none is given.
@@ -89,6 +93,7 @@ impl EngineConfig {
             log_stats_interval: Some(Duration::from_secs(10)),
             otlp_traces_endpoint: None,
             json_grammar: JsonGrammarOptions::default(),
+            speculative: None,
         }
     }
 

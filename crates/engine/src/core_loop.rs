@@ -18,7 +18,7 @@ use tokenmill_core::{
 };
 use tokenmill_metrics::{
     EngineMetrics, FinishedReason, FinishedRequestMetrics, OtlpTraceExporter, RequestSpan,
-    StatsLogger, StepMetrics,
+    SpecDecodingLogger, StatsLogger, StepMetrics,
 };
 use tokenmill_models::SampledToken;
 use tokenmill_text::Tokenizer;
@@ -27,6 +27,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::executor::{Executor, NewSequence, StepOutput};
 use crate::output::OutputProcessor;
 use crate::request::{GenerateRequest, RequestEvent, RequestOutput, StopReason, TokenLogprob};
+use crate::spec::SpecDecoder;
 use crate::stats::EngineStats;
 use crate::EngineError;
 
@@ -102,10 +103,12 @@ impl Active {
     }
 
     /// Detokenizes the update's tokens, stopping at the first token that completes a stop
-    /// string; when the scheduler ended the request instead, releases the held-back text.
+    /// string (tokens after it, e.g. the rest of an accepted speculative run, are dropped:
+    /// `num_tokens` says how many were used); when the scheduler ended the request instead,
+    /// releases the held-back text.
     fn detokenize(&mut self, update: &RequestUpdate) -> Result<Detokenized, EngineError> {
         let mut text = String::new();
-        for &token in &update.new_token_ids {
+        for (index, &token) in update.new_token_ids.iter().enumerate() {
             self.num_output_tokens += 1;
             let processed = self.output.push_token(token)?;
             text.push_str(&processed.text);
@@ -113,6 +116,7 @@ impl Active {
                 let finish = (FinishReason::Stop, Some(StopReason::String(stop)));
                 return Ok(Detokenized {
                     text,
+                    num_tokens: index + 1,
                     finish: Some(finish),
                 });
             }
@@ -124,13 +128,19 @@ impl Active {
             }
             None => None,
         };
-        Ok(Detokenized { text, finish })
+        Ok(Detokenized {
+            text,
+            num_tokens: update.new_token_ids.len(),
+            finish,
+        })
     }
 }
 
 /// One update's text, and what ended the request if it ended this step.
 struct Detokenized {
     text: String,
+    /// Leading tokens of the update the text covers (fewer than all after a stop string).
+    num_tokens: usize,
     finish: Option<(FinishReason, Option<StopReason>)>,
 }
 
@@ -193,6 +203,8 @@ pub(crate) struct LoopParts<E: Executor> {
     pub traces: Option<Arc<OtlpTraceExporter>>,
     /// `--seed`: seeds requests that bring none, from their arrival number.
     pub seed: Option<u64>,
+    /// `--speculative-config`: the proposer and its skip rule; `None` = no speculation.
+    pub spec: Option<SpecDecoder>,
 }
 
 pub(crate) struct EngineLoop<E: Executor> {
@@ -209,6 +221,9 @@ pub(crate) struct EngineLoop<E: Executor> {
     metrics: Arc<EngineMetrics>,
     traces: Option<Arc<OtlpTraceExporter>>,
     stats_logger: Option<StatsLogger>,
+    spec: Option<SpecDecoder>,
+    /// The `SpecDecoding metrics` line, logged with the stats line when speculating.
+    spec_logger: Option<SpecDecodingLogger>,
     /// This iteration's counters and latencies, handed to the metrics once per iteration.
     step_metrics: StepMetrics,
     /// Output events of this step, sent only after the step's metrics are recorded, so a
@@ -252,6 +267,7 @@ impl<E: Executor> EngineLoop<E> {
             log_stats_interval,
             traces,
             seed,
+            spec,
         } = parts;
         let eos_token_ids = tokenizer.eos_token_ids();
         EngineLoop {
@@ -268,6 +284,8 @@ impl<E: Executor> EngineLoop<E> {
             metrics,
             traces,
             stats_logger: log_stats_interval.map(StatsLogger::new),
+            spec_logger: spec.as_ref().map(|_| SpecDecodingLogger::default()),
+            spec,
             step_metrics: StepMetrics::default(),
             outbox: Vec::new(),
             last_counters: Counters::default(),
@@ -478,6 +496,9 @@ impl<E: Executor> EngineLoop<E> {
         self.scheduler
             .finish_requests([request_id], how.scheduler_reason());
         self.executor.remove_request(request_id);
+        if let Some(spec) = self.spec.as_mut() {
+            spec.finish(request_id);
+        }
         let Some(mut active) = self.active.remove(&request_id) else {
             return;
         };
@@ -539,21 +560,43 @@ impl<E: Executor> EngineLoop<E> {
             sampled,
             prompt_logprobs,
         } = self.executor.execute(&scheduled)?;
-        let sampled_ids: Vec<(RequestId, u32)> = sampled
-            .iter()
-            .map(|(id, token)| (*id, token.token_id))
-            .collect();
-        let updates = self
-            .scheduler
-            .update_from_output(&scheduled, &sampled_ids)?;
+        let runs = token_runs(&sampled);
+        self.observe_drafts(&scheduled, &runs);
+        let updates = self.scheduler.update_from_token_runs(&scheduled, &runs)?;
         let now = Instant::now();
         self.gather_prompt_logprobs(prompt_logprobs);
         let mut logprobs = sampled_logprobs(sampled);
         for update in updates {
-            let logprob = logprobs.remove(&update.request_id);
-            self.process_update(update, logprob, now)?;
+            let logprobs = logprobs.remove(&update.request_id).unwrap_or_default();
+            self.process_update(update, logprobs, now)?;
+        }
+        if let Some(spec) = self.spec.as_mut() {
+            spec.propose(&mut self.scheduler, &mut self.step_metrics.spec_decode);
         }
         Ok(scheduled.total_num_scheduled_tokens)
+    }
+
+    /// Counts each verified draft (drafted tokens, the accepted prefix) for the metrics and
+    /// the skip rule. A run's tokens before its last are the accepted drafts.
+    fn observe_drafts(&mut self, scheduled: &SchedulerOutput, runs: &[(RequestId, Vec<u32>)]) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        for request in scheduled
+            .scheduled
+            .iter()
+            .filter(|s| !s.draft_token_ids.is_empty())
+        {
+            let Some((_, run)) = runs.iter().find(|(id, _)| *id == request.request_id) else {
+                continue;
+            };
+            let num_accepted = run.len().saturating_sub(1);
+            let num_drafts = request.draft_token_ids.len();
+            spec.observe(request.request_id, num_drafts, num_accepted);
+            self.step_metrics
+                .spec_decode
+                .observe_draft(num_drafts, num_accepted);
+        }
     }
 
     /// Notes the first time each request is scheduled (queue time) and its prefix-cache hit.
@@ -586,19 +629,26 @@ impl<E: Executor> EngineLoop<E> {
     /// delta on its stream or, when the step ended it, the finish path.
     fn process_update(
         &mut self,
-        update: RequestUpdate,
-        logprob: Option<TokenLogprob>,
+        mut update: RequestUpdate,
+        mut logprobs: Vec<TokenLogprob>,
         now: Instant,
     ) -> Result<(), EngineError> {
         let Some(active) = self.active.get_mut(&update.request_id) else {
             return Ok(());
         };
+        let Detokenized {
+            text,
+            num_tokens,
+            finish,
+        } = active.detokenize(&update)?;
+        // Nothing past a stop string goes out, token ids and logprobs included.
+        update.new_token_ids.truncate(num_tokens);
         active.record_token_times(&mut self.step_metrics, update.new_token_ids.len(), now);
-        let Detokenized { text, finish } = active.detokenize(&update)?;
-        let logprobs = match logprob {
-            Some(logprob) if active.wants_logprobs => vec![logprob],
-            _ => Vec::new(),
-        };
+        if active.wants_logprobs {
+            logprobs.truncate(num_tokens);
+        } else {
+            logprobs.clear();
+        }
         let output = active.delta(update.new_token_ids, text, logprobs);
         match finish {
             None => self
@@ -641,13 +691,20 @@ impl<E: Executor> EngineLoop<E> {
         step.iteration_tokens = step_tokens;
         self.last_counters = counters;
         self.metrics.record_step(step);
+        if let Some(spec_logger) = self.spec_logger.as_mut() {
+            spec_logger.observe(&step.spec_decode);
+        }
         if let Some(logger) = self.stats_logger.as_mut() {
             logger.observe_step(step);
-            if let Some((level, line)) = logger.maybe_log(Instant::now()) {
+            let now = Instant::now();
+            if let Some((level, line)) = logger.maybe_log(now) {
                 if level == tracing::Level::INFO {
                     tracing::info!("{line}");
                 } else {
                     tracing::debug!("{line}");
+                }
+                if let Some(line) = self.spec_logger.as_mut().and_then(|l| l.log_line(now)) {
+                    tracing::info!("{line}");
                 }
             }
         }
@@ -672,6 +729,7 @@ impl<E: Executor> EngineLoop<E> {
         step.generation_tokens = 0;
         step.time_to_first_tokens.clear();
         step.inter_token_latencies.clear();
+        step.spec_decode = Default::default();
     }
 }
 
@@ -696,20 +754,33 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Each sampled token's logprob entry, by request (absent where none was computed).
-fn sampled_logprobs(sampled: Vec<(RequestId, SampledToken)>) -> HashMap<RequestId, TokenLogprob> {
-    sampled
-        .into_iter()
-        .filter_map(|(id, token)| {
-            let logprob = token.logprob?;
-            let entry = TokenLogprob {
+/// Each request's emitted tokens as one run (a request's entries are consecutive).
+fn token_runs(sampled: &[(RequestId, SampledToken)]) -> Vec<(RequestId, Vec<u32>)> {
+    let mut runs: Vec<(RequestId, Vec<u32>)> = Vec::new();
+    for (id, token) in sampled {
+        match runs.last_mut() {
+            Some((last, run)) if last == id => run.push(token.token_id),
+            _ => runs.push((*id, vec![token.token_id])),
+        }
+    }
+    runs
+}
+
+/// Each request's emitted tokens' logprob entries, in order (empty where none were computed).
+fn sampled_logprobs(
+    sampled: Vec<(RequestId, SampledToken)>,
+) -> HashMap<RequestId, Vec<TokenLogprob>> {
+    let mut logprobs: HashMap<RequestId, Vec<TokenLogprob>> = HashMap::new();
+    for (id, token) in sampled {
+        if let Some(logprob) = token.logprob {
+            logprobs.entry(id).or_default().push(TokenLogprob {
                 token_id: token.token_id,
                 logprob,
                 top: token.top_logprobs,
-            };
-            Some((id, entry))
-        })
-        .collect()
+            });
+        }
+    }
+    logprobs
 }
 
 fn metrics_reason(reason: FinishReason) -> FinishedReason {
@@ -837,6 +908,7 @@ mod tests {
             log_stats_interval: None,
             traces: None,
             seed: None,
+            spec: None,
         });
         let (events, mut stream) = unbounded_channel();
         commands_tx

@@ -9,7 +9,9 @@ use crate::EngineError;
 /// What one step produced.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StepOutput {
-    /// The sampled token of every request that sampled this step.
+    /// The emitted tokens of every request that sampled this step, in order: one sampled
+    /// token, or with draft tokens the accepted drafts followed by one token of the target's
+    /// own (a request's entries are consecutive).
     pub sampled: Vec<(RequestId, SampledToken)>,
     /// Prompt-token logprobs computed this step, per request, in prompt order (for requests
     /// that asked for them; the first prompt token has none and is not listed).
@@ -36,6 +38,7 @@ pub trait Executor: Send {
     /// A request finished or was aborted; drop its state.
     fn remove_request(&mut self, request_id: RequestId);
 
-    /// Runs one step over the paged cache and samples for every request with `samples`.
+    /// Runs one step over the paged cache and samples for every request with `samples`,
+    /// verifying its `draft_token_ids` if it has any.
     fn execute(&mut self, output: &SchedulerOutput) -> Result<StepOutput, EngineError>;
 }

@@ -32,6 +32,7 @@ mod model_runner;
 mod offline;
 mod output;
 mod request;
+pub mod spec;
 mod stats;
 #[cfg(test)]
 mod test_support;

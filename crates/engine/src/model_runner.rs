@@ -200,8 +200,11 @@ struct SequenceState {
 /// What one logits row of a step is for.
 #[derive(Debug, Clone, Copy)]
 enum LogitsRow {
-    /// Sample the sequence's next token.
+    /// Sample the sequence's next token; with draft tokens, the first of its verification
+    /// rows (the drafts' rows follow it, one `Verify` each).
     Sample(RequestId),
+    /// The row after a draft token: verifies the next draft, or gives the bonus token.
+    Verify,
     /// The logprob of the prompt token at `position + 1`.
     Prompt(RequestId, usize),
 }
@@ -294,9 +297,16 @@ impl Executor for ModelRunner {
                 }
             }
             if scheduled.samples {
-                let row = query_start + scheduled.token_ids.len() - 1;
-                self.batch.logits_indices.push(row as u32);
+                // Speculative decoding: the row of the last known token and one per draft, so
+                // every draft is checked against the logits of the position before it.
+                let num_drafts = scheduled.draft_token_ids.len();
+                let first = query_start + scheduled.token_ids.len() - 1 - num_drafts;
+                self.batch.logits_indices.push(first as u32);
                 self.rows.push(LogitsRow::Sample(scheduled.request_id));
+                for row in first + 1..=first + num_drafts {
+                    self.batch.logits_indices.push(row as u32);
+                    self.rows.push(LogitsRow::Verify);
+                }
             }
         }
         if self.batch.is_empty() {
@@ -312,7 +322,7 @@ impl Executor for ModelRunner {
 
         let vocab = self.loaded.config().vocab_size;
         let mut step = StepOutput::default();
-        self.sample_rows(vocab, &mut step)?;
+        self.sample_rows(output, vocab, &mut step)?;
         for (row_index, row) in self.rows.iter().enumerate() {
             let LogitsRow::Prompt(request_id, position) = *row else {
                 continue;
@@ -344,17 +354,29 @@ impl Executor for ModelRunner {
 }
 
 impl ModelRunner {
-    /// Samples every `LogitsRow::Sample` row, sequences in parallel on the forward pass's pool
-    /// (each sequence owns its sampler and RNG, so the result does not depend on the split), and
-    /// appends the tokens to `step` in row order.
-    fn sample_rows(&mut self, vocab: usize, step: &mut StepOutput) -> Result<(), EngineError> {
+    /// Samples every `LogitsRow::Sample` row (and verifies the drafts on the `Verify` rows
+    /// after it), sequences in parallel on the forward pass's pool (each sequence owns its
+    /// sampler and RNG, so the result does not depend on the split), and appends each
+    /// request's emitted tokens to `step` in row order.
+    fn sample_rows(
+        &mut self,
+        output: &SchedulerOutput,
+        vocab: usize,
+        step: &mut StepOutput,
+    ) -> Result<(), EngineError> {
+        let drafts: HashMap<RequestId, &[u32]> = output
+            .scheduled
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| (s.request_id, s.draft_token_ids.as_slice()))
+            .collect();
         let sample_rows: HashMap<RequestId, usize> = self
             .rows
             .iter()
             .enumerate()
             .filter_map(|(index, row)| match *row {
                 LogitsRow::Sample(request_id) => Some((request_id, index)),
-                LogitsRow::Prompt(..) => None,
+                LogitsRow::Verify | LogitsRow::Prompt(..) => None,
             })
             .collect();
         if sample_rows.is_empty() {
@@ -379,6 +401,7 @@ impl ModelRunner {
                     Mutex::new(SampleJob {
                         request_id,
                         row_index,
+                        drafts: drafts.get(&request_id).copied().unwrap_or_default(),
                         state,
                         result: None,
                     })
@@ -393,20 +416,16 @@ impl ModelRunner {
         let logits = &self.logits;
         self.loaded.pool.parallel_for(jobs.len(), &|index| {
             let mut job = jobs[index].lock().unwrap_or_else(PoisonError::into_inner);
-            let row = job.row_index;
-            job.result = Some(match logits.get(row * vocab..(row + 1) * vocab) {
-                Some(row_logits) => job.sample(row_logits),
-                None => Err(EngineError::Executor("logits row out of range".into())),
-            });
+            job.result = Some(job.sample(logits, vocab));
         });
         jobs.sort_by_key(|job| job.lock().unwrap_or_else(PoisonError::into_inner).row_index);
         for job in jobs {
             let job = job.into_inner().unwrap_or_else(PoisonError::into_inner);
-            let token = job
+            let tokens = job
                 .result
                 .unwrap_or_else(|| Err(EngineError::Executor("row was not sampled".into())))?;
-            job.state.output_token_ids.push(token.token_id);
-            step.sampled.push((job.request_id, token));
+            step.sampled
+                .extend(tokens.into_iter().map(|token| (job.request_id, token)));
         }
         Ok(())
     }
@@ -416,17 +435,47 @@ impl ModelRunner {
 struct SampleJob<'a> {
     request_id: RequestId,
     row_index: usize,
+    /// Draft tokens to verify on the rows after `row_index`.
+    drafts: &'a [u32],
     state: &'a mut SequenceState,
-    result: Option<Result<SampledToken, EngineError>>,
+    result: Option<Result<Vec<SampledToken>, EngineError>>,
 }
 
 impl SampleJob<'_> {
-    fn sample(&mut self, logits: &[f32]) -> Result<SampledToken, EngineError> {
+    /// The emitted run: each draft position in turn, stopping at the first emitted token
+    /// that is not the draft (rejection, or the greedy argmax differing) or that stops the
+    /// request; after all drafts match, the bonus token of the last row. Each token is
+    /// accepted by the chain and appended to the history before the next row, so every
+    /// position sees the processors' state of exactly the tokens emitted before it.
+    fn sample(&mut self, logits: &[f32], vocab: usize) -> Result<Vec<SampledToken>, EngineError> {
         let state = &mut *self.state;
-        let history = History {
-            prompt: &state.prompt_token_ids,
-            output: &state.output_token_ids,
-        };
-        Ok(state.sampler.sample(logits, &history)?)
+        let mut tokens = Vec::with_capacity(self.drafts.len() + 1);
+        for offset in 0..=self.drafts.len() {
+            let row = self.row_index + offset;
+            let row_logits = logits
+                .get(row * vocab..(row + 1) * vocab)
+                .ok_or_else(|| EngineError::Executor("logits row out of range".into()))?;
+            let history = History {
+                prompt: &state.prompt_token_ids,
+                output: &state.output_token_ids,
+            };
+            let draft = self.drafts.get(offset).copied();
+            let token = match draft {
+                Some(draft) => state.sampler.verify(row_logits, &history, draft)?,
+                None => state.sampler.sample(row_logits, &history)?,
+            };
+            let token_id = token.token_id;
+            state.output_token_ids.push(token_id);
+            tokens.push(token);
+            let stops = state
+                .sampler
+                .params()
+                .all_stop_token_ids
+                .contains(&token_id);
+            if draft != Some(token_id) || stops {
+                break;
+            }
+        }
+        Ok(tokens)
     }
 }

@@ -17,6 +17,7 @@ use crate::buckets::{
 use crate::exposition::openmetrics_to_prometheus_text;
 use crate::histogram::StepHistogram;
 use crate::http::HttpMetrics;
+use crate::spec_decode::{SpecDecodeMetrics, SpecDecodeStats};
 use crate::MetricsError;
 
 /// The engine index label value. tokenmill runs one engine core per server.
@@ -65,6 +66,8 @@ pub struct StepMetrics {
     pub time_to_first_tokens: Vec<f64>,
     /// Seconds between consecutive tokens of a request, for tokens emitted this step.
     pub inter_token_latencies: Vec<f64>,
+    /// Speculative decoding this step (all zero without it).
+    pub spec_decode: SpecDecodeStats,
 }
 
 /// Why a request finished; the `finished_reason` label of `vllm:request_success_total`.
@@ -174,11 +177,20 @@ pub struct EngineMetrics {
     request_prefill_time: StepHistogram,
     request_decode_time: StepHistogram,
     http: HttpMetrics,
+    /// Present when the engine speculates.
+    spec_decode: Option<SpecDecodeMetrics>,
 }
 
 impl EngineMetrics {
     /// Registers every metric; they all read zero until the first record call.
     pub fn new(config: MetricsConfig) -> Self {
+        Self::with_spec_decode(config, None)
+    }
+
+    /// [`Self::new`] plus, for an engine that speculates with up to
+    /// `num_speculative_tokens` drafts, the `vllm:spec_decode_*` counters (vLLM registers them
+    /// only then).
+    pub fn with_spec_decode(config: MetricsConfig, num_speculative_tokens: Option<usize>) -> Self {
         let token_buckets = one_two_five_buckets(config.max_model_len);
         let request_success_family = Family::<FinishedReasonLabels, Counter>::default();
         let request_success = FinishedReason::ALL.map(|reason| {
@@ -219,6 +231,7 @@ impl EngineMetrics {
             request_prefill_time: StepHistogram::new(REQUEST_LATENCY_SECONDS),
             request_decode_time: StepHistogram::new(REQUEST_LATENCY_SECONDS),
             http: HttpMetrics::new(),
+            spec_decode: None,
         };
 
         // HTTP metrics carry no model or engine label (as in vLLM), so they live in the root
@@ -236,6 +249,8 @@ impl EngineMetrics {
             .into_iter(),
         );
         metrics.register_engine_metrics(engine, request_success_family, cache_config_info);
+        metrics.spec_decode =
+            num_speculative_tokens.map(|k| SpecDecodeMetrics::register(engine, k));
         metrics.registry = root;
         metrics
     }
@@ -389,6 +404,9 @@ impl EngineMetrics {
             .observe_all(step.time_to_first_tokens.iter().copied());
         self.inter_token_latency
             .observe_all(step.inter_token_latencies.iter().copied());
+        if let Some(spec_decode) = &self.spec_decode {
+            spec_decode.record(&step.spec_decode);
+        }
     }
 
     /// Records a request that left the engine, for whatever reason.

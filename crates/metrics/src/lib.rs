@@ -63,6 +63,7 @@ mod exposition;
 mod histogram;
 mod http;
 mod otlp;
+mod spec_decode;
 mod stats_logger;
 
 pub use engine_metrics::{
@@ -77,4 +78,5 @@ pub use otlp::{
     export_request_json, OtlpConfig, OtlpExportStats, OtlpTraceExporter, RequestSpan,
     OTLP_TRACES_PATH, REQUEST_SPAN_NAME,
 };
+pub use spec_decode::{SpecDecodeStats, SpecDecodingLogger, SpecSkipReason};
 pub use stats_logger::{StatsLogger, PREFIX_CACHE_WINDOW_STEPS};

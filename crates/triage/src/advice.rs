@@ -16,6 +16,7 @@ const KV_CACHE_DTYPE: &str = "--kv-cache-dtype";
 const MAX_MODEL_LEN: &str = "--max-model-len";
 const ENABLE_PREFIX_CACHING: &str = "--enable-prefix-caching";
 const QUANTIZATION: &str = "--quantization";
+const SPECULATIVE_CONFIG: &str = "--speculative-config";
 
 #[derive(Default)]
 struct Advice {
@@ -197,6 +198,18 @@ pub(crate) fn recommend(
         {
             advice.more_kv_memory(because);
         }
+    }
+
+    if found(Pathology::PoorSpecAcceptance) {
+        advice.add(
+            Some(SPECULATIVE_CONFIG),
+            Direction::Disable,
+            None,
+            format!(
+                "switch speculative decoding off (drop {SPECULATIVE_CONFIG}) for this workload, or keep it only for input-grounded traffic (code edits, quoting from context) where drafts are accepted"
+            ),
+            Pathology::PoorSpecAcceptance.title(),
+        );
     }
 
     // Steps whose findings no pathology covers.

@@ -36,6 +36,9 @@ pub mod names {
     pub const DECODE_TIME: &str = "vllm:request_decode_time_seconds";
     pub const PROMPT_LENGTH: &str = "vllm:request_prompt_tokens";
     pub const OUTPUT_LENGTH: &str = "vllm:request_generation_tokens";
+    pub const SPEC_DRAFTS: &str = "vllm:spec_decode_num_drafts";
+    pub const SPEC_DRAFT_TOKENS: &str = "vllm:spec_decode_num_draft_tokens";
+    pub const SPEC_ACCEPTED_TOKENS: &str = "vllm:spec_decode_num_accepted_tokens";
 }
 
 /// The KV-cache configuration from `vllm:cache_config_info`'s labels.
@@ -97,6 +100,36 @@ pub struct WindowMetrics {
     pub prefix_cache_hits: Option<f64>,
     pub prefix_cache_hit_rate: Option<f64>,
     pub cache_config: Option<CacheConfig>,
+    /// Speculative decoding in the window (absent when the server does not speculate).
+    pub spec_decode: Option<SpecDecodeWindow>,
+}
+
+/// Drafts verified in the window (vLLM's `spec_decode_*` counters).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SpecDecodeWindow {
+    pub drafts: f64,
+    pub draft_tokens: f64,
+    pub accepted_tokens: f64,
+    /// Accepted over drafted tokens; `None` without drafts.
+    pub acceptance_rate: Option<f64>,
+    /// vLLM's mean acceptance length: 1 + accepted tokens per draft.
+    pub mean_acceptance_length: Option<f64>,
+}
+
+impl SpecDecodeWindow {
+    fn between(before: &Scrape, after: &Scrape, filter: &SeriesFilter) -> Option<Self> {
+        let counter = |name| counter_increase(before, after, name, filter);
+        let drafts = counter(names::SPEC_DRAFTS)?;
+        let draft_tokens = counter(names::SPEC_DRAFT_TOKENS)?;
+        let accepted_tokens = counter(names::SPEC_ACCEPTED_TOKENS)?;
+        Some(Self {
+            drafts,
+            draft_tokens,
+            accepted_tokens,
+            acceptance_rate: (draft_tokens > 0.0).then(|| accepted_tokens / draft_tokens),
+            mean_acceptance_length: (drafts > 0.0).then(|| 1.0 + accepted_tokens / drafts),
+        })
+    }
 }
 
 impl WindowMetrics {
@@ -188,6 +221,7 @@ impl WindowMetrics {
             prefix_cache_hits,
             prefix_cache_hit_rate,
             cache_config: cache_config(after, filter),
+            spec_decode: SpecDecodeWindow::between(before, after, filter),
         }
     }
 

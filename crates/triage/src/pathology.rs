@@ -14,6 +14,7 @@ pub(crate) fn detect(metrics: &WindowMetrics, facts: &Facts) -> Vec<PathologyFin
         under_utilisation(metrics, facts),
         block_leak(metrics, facts),
         prefix_cache_misses(metrics, facts),
+        poor_spec_acceptance(metrics),
     ]
     .into_iter()
     .flatten()
@@ -305,6 +306,41 @@ fn prefix_cache_misses(metrics: &WindowMetrics, facts: &Facts) -> Option<Patholo
         Pathology::PrefixCacheMisses,
         severity,
         "prefix caching is on but prompts share almost no cached blocks".to_owned(),
+        evidence,
+    ))
+}
+
+/// Speculative decoding whose drafts are mostly rejected: every verification computes rows
+/// that are thrown away, and the skip rule backs requests off only one at a time, so below
+/// [`SPEC_POOR_ACCEPTANCE`] over at least [`SPEC_MIN_DRAFT_TOKENS`] drafted tokens the workload
+/// is not one speculation helps (open-ended text rather than input-grounded edits or quotes).
+fn poor_spec_acceptance(metrics: &WindowMetrics) -> Option<PathologyFinding> {
+    let spec = metrics.spec_decode?;
+    let rate = spec.acceptance_rate?;
+    if spec.draft_tokens < SPEC_MIN_DRAFT_TOKENS || rate >= SPEC_POOR_ACCEPTANCE {
+        return None;
+    }
+    let mut evidence = vec![
+        Evidence::percent("spec_acceptance_rate", "draft acceptance rate", rate),
+        Evidence::new(
+            "spec_draft_tokens",
+            "drafted",
+            spec.draft_tokens,
+            Unit::Tokens,
+        ),
+    ];
+    if let Some(length) = spec.mean_acceptance_length {
+        evidence.push(Evidence::new(
+            "spec_mean_acceptance_length",
+            "mean acceptance length",
+            length,
+            Unit::Tokens,
+        ));
+    }
+    Some(finding(
+        Pathology::PoorSpecAcceptance,
+        Verdict::Warning,
+        "speculative decoding is on but most draft tokens are rejected".to_owned(),
         evidence,
     ))
 }

@@ -222,6 +222,8 @@ pub enum Pathology {
     UnderUtilisation,
     BlockLeak,
     PrefixCacheMisses,
+    /// Speculative decoding on, most drafts rejected.
+    PoorSpecAcceptance,
 }
 
 impl Pathology {
@@ -233,6 +235,7 @@ impl Pathology {
             Self::UnderUtilisation => "under-utilisation",
             Self::BlockLeak => "KV block leak",
             Self::PrefixCacheMisses => "prefix-cache misses",
+            Self::PoorSpecAcceptance => "poor speculative acceptance",
         }
     }
 }
@@ -254,6 +257,8 @@ pub enum Direction {
     Increase,
     Decrease,
     Enable,
+    /// Switch a feature off.
+    Disable,
     /// Change how clients build prompts (no server flag).
     Restructure,
     /// Add replicas.
@@ -270,6 +275,7 @@ impl fmt::Display for Direction {
             Self::Increase => "raise",
             Self::Decrease => "lower",
             Self::Enable => "enable",
+            Self::Disable => "disable",
             Self::Restructure => "restructure",
             Self::ScaleOut => "scale out",
             Self::ScaleIn => "scale in",

@@ -85,3 +85,13 @@ pub const PREFIX_MIN_PROMPT_BLOCKS: f64 = 2.0;
 /// vllm-compat.md: `request_success` carries `finished_reason` = stop | length | abort.
 /// Half is the point where truncation is the norm, not the exception.
 pub const TRUNCATED_OUTPUT_SHARE: f64 = 0.5;
+
+/// Draft acceptance rate below which speculative decoding is reported as not paying.
+/// vLLM's `SpecDecoding metrics` line reports the same ratio ("Avg Draft acceptance rate").
+/// With n-gram or suffix drafts a verification that accepts under a third of its drafts
+/// averages well under one extra token per step, while every rejected row is computed anyway.
+pub const SPEC_POOR_ACCEPTANCE: f64 = 0.30;
+
+/// Drafted tokens a window needs before its acceptance rate is judged (a few requests'
+/// worth; fewer is noise).
+pub const SPEC_MIN_DRAFT_TOKENS: f64 = 200.0;

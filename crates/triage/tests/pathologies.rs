@@ -684,3 +684,58 @@ fn no_scenario_gets_contradictory_advice() {
         }
     }
 }
+
+/// A window in which the engine verified `drafts` drafts of `draft_tokens` tokens and accepted
+/// `accepted` of them (after a history of good acceptance), under a healthy load.
+fn speculating_window(drafts: u64, draft_tokens: u64, accepted: u64) -> common::WindowDumps {
+    let mut server = server_with_history(RequestShape::chat());
+    server.engine(0).speculate(1_000, 4_000, 3_000);
+    server.set_gauges(gauges(20.0, 0.0, 0.5));
+    let before = server.render();
+    server.complete(40, RequestShape::chat());
+    server.engine(0).speculate(drafts, draft_tokens, accepted);
+    server.set_gauges(gauges(21.0, 0.0, 0.52));
+    let after = server.render();
+    common::WindowDumps {
+        before,
+        samples: Vec::new(),
+        after,
+        elapsed: WINDOW,
+    }
+}
+
+#[test]
+fn rejected_drafts_are_poor_speculative_acceptance_and_speculation_should_go() {
+    let report = speculating_window(500, 2_000, 300).diagnose(&config());
+    let spec = report.metrics.spec_decode.unwrap();
+    assert!((spec.acceptance_rate.unwrap() - 0.15).abs() < 1e-9);
+    assert!((spec.mean_acceptance_length.unwrap() - 1.6).abs() < 1e-9);
+    let finding = report
+        .pathology(Pathology::PoorSpecAcceptance)
+        .expect("poor acceptance detected");
+    assert_eq!(finding.severity, Verdict::Warning);
+    assert!(
+        report.recommendations.iter().any(|rec| {
+            rec.direction == Direction::Disable
+                && rec.flag.as_deref() == Some("--speculative-config")
+        }),
+        "{report}"
+    );
+}
+
+#[test]
+fn accepted_drafts_or_too_few_of_them_raise_nothing() {
+    for (drafts, draft_tokens, accepted) in [(500, 2_000, 1_400), (20, 80, 0)] {
+        let report = speculating_window(drafts, draft_tokens, accepted).diagnose(&config());
+        assert!(
+            report.pathology(Pathology::PoorSpecAcceptance).is_none(),
+            "{report}"
+        );
+    }
+    // A server that does not speculate has no spec_decode window at all.
+    let mut server = server_with_history(RequestShape::chat());
+    let samples = [gauges(20.0, 0.0, 0.5), gauges(21.0, 0.0, 0.52)];
+    let report =
+        play_window(&mut server, WINDOW, &samples, 40, RequestShape::chat(), 0).diagnose(&config());
+    assert!(report.metrics.spec_decode.is_none());
+}

@@ -2,6 +2,7 @@
 //! yields [`RequestInput`]s with a prompt, its token count and the output length to ask for.
 
 mod files;
+mod grounded;
 mod synthetic;
 
 use rand::rngs::StdRng;
@@ -13,6 +14,7 @@ use crate::error::BenchError;
 use crate::tokenize::PromptTokenizer;
 
 pub use files::{load_custom, load_sharegpt};
+pub use grounded::input_grounded;
 pub use synthetic::{prefix_repetition, random_dataset, PrefixRepetitionConfig, RandomConfig};
 
 /// Builds `num_requests` requests for the dataset the options name.
@@ -43,6 +45,15 @@ pub async fn sample_requests(
                 seed: args.seed,
             };
             prefix_repetition(tokenizer, &config).await
+        }
+        DatasetName::InputGrounded => {
+            input_grounded(
+                tokenizer,
+                num_requests,
+                args.input_grounded_output_len,
+                args.seed,
+            )
+            .await
         }
         DatasetName::Sharegpt => {
             let path = required_path(args)?;

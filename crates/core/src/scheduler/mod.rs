@@ -3,6 +3,7 @@
 
 mod output;
 mod queue;
+mod spec;
 #[cfg(test)]
 mod tests;
 
@@ -16,6 +17,7 @@ use crate::request::{FinishReason, Request, RequestId};
 pub use output::{RequestUpdate, ScheduleKind, ScheduledRequest, SchedulerOutput, SchedulerStats};
 pub use queue::SchedulingPolicy;
 use queue::{QueueKey, WaitingQueue};
+use spec::validate_run;
 
 /// Scheduler limits, named as vLLM's flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +103,8 @@ struct RequestState {
     status: RequestStatus,
     block_hashes: BlockHashChain,
     queue_key: Option<QueueKey>,
+    /// Draft tokens proposed for the next decode step (speculative decoding); used once.
+    draft_token_ids: Vec<u32>,
 }
 
 impl RequestState {
@@ -120,9 +124,11 @@ impl RequestState {
 #[derive(Debug, Clone, Copy)]
 struct PlannedRequest {
     request_id: RequestId,
+    /// Including `num_draft_tokens`.
     num_new_tokens: usize,
     kind: ScheduleKind,
     num_cached_tokens: usize,
+    num_draft_tokens: usize,
 }
 
 /// The scheduler: owns the request states, the waiting and running queues and the KV-cache
@@ -226,6 +232,7 @@ impl Scheduler {
                 status: RequestStatus::Waiting,
                 block_hashes,
                 queue_key: Some(queue_key),
+                draft_token_ids: Vec::new(),
             },
         );
         Ok(())
@@ -253,8 +260,9 @@ impl Scheduler {
                 self.running.remove(index);
                 continue;
             };
-            let num_new_tokens =
-                self.chunk_len(state.num_tokens() - state.num_computed_tokens, budget);
+            let remaining = state.num_tokens() - state.num_computed_tokens;
+            let num_draft_tokens = self.num_draft_tokens(state, remaining, budget);
+            let num_new_tokens = self.chunk_len(remaining, budget) + num_draft_tokens;
             if num_new_tokens == 0 {
                 index += 1;
                 continue;
@@ -271,6 +279,7 @@ impl Scheduler {
                         num_new_tokens,
                         kind: ScheduleKind::Continuing,
                         num_cached_tokens: 0,
+                        num_draft_tokens,
                     });
                     budget -= num_new_tokens;
                     index += 1;
@@ -300,6 +309,7 @@ impl Scheduler {
             .iter()
             .filter_map(|plan| self.materialize(plan))
             .collect();
+        self.clear_draft_token_ids();
         let total_num_scheduled_tokens = scheduled.iter().map(|s| s.token_ids.len()).sum();
         self.num_scheduled_tokens_last_step = total_num_scheduled_tokens;
         self.pending_step = Some(self.step);
@@ -361,6 +371,7 @@ impl Scheduler {
                 num_new_tokens,
                 kind,
                 num_cached_tokens,
+                num_draft_tokens: 0,
             });
             *budget -= num_new_tokens;
         }
@@ -405,6 +416,7 @@ impl Scheduler {
         self.kv.free(request_id);
         if let Some(state) = self.requests.get_mut(&request_id) {
             state.num_computed_tokens = 0;
+            state.draft_token_ids.clear();
             state.status = RequestStatus::Preempted;
             state.queue_key = Some(self.waiting.push_front(&state.request));
         }
@@ -414,11 +426,15 @@ impl Scheduler {
     fn materialize(&self, plan: &PlannedRequest) -> Option<ScheduledRequest> {
         let state = self.requests.get(&plan.request_id)?;
         let start = state.num_computed_tokens;
-        let end = start + plan.num_new_tokens;
+        let end = start + plan.num_new_tokens - plan.num_draft_tokens;
+        let draft_token_ids = state.draft_token_ids.get(..plan.num_draft_tokens)?.to_vec();
+        let mut token_ids = state.all_token_ids.get(start..end)?.to_vec();
+        token_ids.extend_from_slice(&draft_token_ids);
         Some(ScheduledRequest {
             request_id: plan.request_id,
             kind: plan.kind,
-            token_ids: state.all_token_ids.get(start..end)?.to_vec(),
+            token_ids,
+            draft_token_ids,
             start_position: start,
             block_table: self
                 .kv
@@ -430,15 +446,33 @@ impl Scheduler {
         })
     }
 
-    /// Applies the executor's results for `output`: advances computed tokens, caches newly
-    /// full blocks, appends sampled tokens and checks stop conditions. Finished requests are
-    /// freed and reported once. `sampled` must hold exactly one token for every request of
-    /// `output` with `samples` set that is still running; tokens for requests finished since
-    /// `schedule` (e.g. aborted) are ignored. On error nothing changed.
+    /// Applies the executor's results for `output` when every sampling request got exactly one
+    /// token (no speculation): [`Self::update_from_token_runs`] with runs of one.
     pub fn update_from_output(
         &mut self,
         output: &SchedulerOutput,
         sampled: &[(RequestId, u32)],
+    ) -> Result<Vec<RequestUpdate>, SchedulerError> {
+        let runs: Vec<(RequestId, Vec<u32>)> = sampled
+            .iter()
+            .map(|&(request_id, token)| (request_id, vec![token]))
+            .collect();
+        self.update_from_token_runs(output, &runs)
+    }
+
+    /// Applies the executor's results for `output`: advances computed tokens, caches newly
+    /// full blocks, appends each request's run of tokens and checks stop conditions after
+    /// every token of it (nothing past a stop is kept). Finished requests are freed and
+    /// reported once. `runs` must hold exactly one run for every request of `output` with
+    /// `samples` set that is still running: the accepted draft tokens (a prefix of its
+    /// `draft_token_ids`) followed by one token the executor sampled, so 1 to `k + 1` tokens.
+    /// Rejected draft positions are rolled back: they do not count as computed and blocks
+    /// past the computed tokens are freed. Runs for requests finished since `schedule` (e.g.
+    /// aborted) are ignored. On error nothing changed.
+    pub fn update_from_token_runs(
+        &mut self,
+        output: &SchedulerOutput,
+        runs: &[(RequestId, Vec<u32>)],
     ) -> Result<Vec<RequestUpdate>, SchedulerError> {
         if self.pending_step != Some(output.step) {
             return Err(SchedulerError::StaleOutput {
@@ -446,17 +480,22 @@ impl Scheduler {
                 expected: self.pending_step,
             });
         }
-        let sampling: HashSet<RequestId> = output
+        let sampling: HashMap<RequestId, &[u32]> = output
             .scheduled
             .iter()
             .filter(|s| s.samples)
-            .map(|s| s.request_id)
+            .map(|s| (s.request_id, s.draft_token_ids.as_slice()))
             .collect();
-        let mut samples: HashMap<RequestId, u32> = HashMap::with_capacity(sampled.len());
-        for &(request_id, token) in sampled {
-            if !sampling.contains(&request_id) || samples.insert(request_id, token).is_some() {
+        let mut samples: HashMap<RequestId, &[u32]> = HashMap::with_capacity(runs.len());
+        for (request_id, run) in runs {
+            let request_id = *request_id;
+            let Some(drafts) = sampling.get(&request_id) else {
+                return Err(SchedulerError::UnexpectedSample { request_id });
+            };
+            if samples.insert(request_id, run).is_some() {
                 return Err(SchedulerError::UnexpectedSample { request_id });
             }
+            validate_run(request_id, run, drafts)?;
         }
         for scheduled in &output.scheduled {
             if scheduled.samples
@@ -480,21 +519,43 @@ impl Scheduler {
             let Some(state) = self.requests.get_mut(&request_id) else {
                 continue;
             };
-            state.num_computed_tokens += scheduled.token_ids.len();
-            self.kv
-                .cache_full_blocks(request_id, &state.block_hashes, state.num_computed_tokens);
-            if !scheduled.samples {
-                continue;
-            }
-            let Some(&token) = samples.get(&request_id) else {
-                continue;
+            let num_drafts = scheduled.draft_token_ids.len();
+            let fed = scheduled.token_ids.len() - num_drafts;
+            let run = match samples.get(&request_id) {
+                Some(run) if scheduled.samples => *run,
+                _ => {
+                    state.num_computed_tokens += fed;
+                    self.kv.cache_full_blocks(
+                        request_id,
+                        &state.block_hashes,
+                        state.num_computed_tokens,
+                    );
+                    continue;
+                }
             };
-            state.all_token_ids.push(token);
+            let mut new_token_ids = Vec::with_capacity(run.len());
+            let mut stop = None;
+            for &token in run {
+                state.all_token_ids.push(token);
+                new_token_ids.push(token);
+                stop = check_stop(state, self.config.max_model_len);
+                if stop.is_some() {
+                    break;
+                }
+            }
             if self.config.enable_prefix_caching {
                 state.block_hashes.extend(&state.all_token_ids);
             }
-            let (finish_reason, stop_token_id) = match check_stop(state, self.config.max_model_len)
-            {
+            // Accepted drafts hold valid KV; the run's last token (and anything cut by a stop)
+            // has none yet.
+            state.num_computed_tokens =
+                (state.num_computed_tokens + fed + run.len() - 1).min(state.num_tokens() - 1);
+            self.kv
+                .cache_full_blocks(request_id, &state.block_hashes, state.num_computed_tokens);
+            if num_drafts > 0 {
+                self.kv.truncate(request_id, state.num_computed_tokens);
+            }
+            let (finish_reason, stop_token_id) = match stop {
                 Some((reason, stop_token)) => (Some(reason), stop_token),
                 None => (None, None),
             };
@@ -503,7 +564,7 @@ impl Scheduler {
             }
             updates.push(RequestUpdate {
                 request_id,
-                new_token_ids: vec![token],
+                new_token_ids,
                 finish_reason,
                 stop_token_id,
                 num_output_tokens: state.num_output_tokens(),

@@ -20,14 +20,20 @@ pub enum ScheduleKind {
 pub struct ScheduledRequest {
     pub request_id: RequestId,
     pub kind: ScheduleKind,
-    /// Tokens to feed this step: a prefill chunk, or the last sampled token for a decode.
+    /// Tokens to feed this step: a prefill chunk, or the last sampled token for a decode
+    /// followed by `draft_token_ids`.
     pub token_ids: Vec<u32>,
+    /// Speculative draft tokens, the tail of `token_ids` (decodes only; empty otherwise).
+    /// The executor verifies them against the logits of the positions before each and returns
+    /// the accepted prefix plus one token of its own.
+    pub draft_token_ids: Vec<u32>,
     /// Position of `token_ids[0]` in the sequence (the tokens computed before this step).
     pub start_position: usize,
     /// The request's full block table; covers `start_position + token_ids.len()` tokens.
     pub block_table: Vec<u32>,
     /// After this step every known token is computed, so the executor must return one sampled
-    /// token for this request (the logits of the last fed token).
+    /// token for this request (the logits of the last fed token before the drafts), plus the
+    /// drafts it accepts.
     pub samples: bool,
     /// Prompt tokens served from the prefix cache on this admission (`New`/`Resumed`; 0 for
     /// `Continuing`). The `New` value is what `usage.prompt_tokens_details.cached_tokens`

@@ -8,7 +8,7 @@ use tokenmill_core::{
     SchedulerStats, SchedulingPolicy, StopParams,
 };
 
-use super::PagedTokenExecutor;
+use super::{next_token, PagedTokenExecutor, VOCAB};
 
 #[derive(Debug, Clone)]
 pub struct RequestSpec {
@@ -51,6 +51,9 @@ struct Driver<'a> {
     outcomes: BTreeMap<u64, Outcome>,
     admitted_once: HashSet<RequestId>,
     preempted_once: HashSet<RequestId>,
+    eos_every: u64,
+    /// Speculative drafts: `Some(state)` of the generator that proposes them.
+    drafts: Option<u64>,
 }
 
 pub fn run(
@@ -58,6 +61,19 @@ pub fn run(
     specs: &[RequestSpec],
     eos_every: u64,
     max_steps: usize,
+) -> Result<RunResult, String> {
+    run_with_drafts(config, specs, eos_every, max_steps, None)
+}
+
+/// [`run`] with speculative decoding: after every step each decoding request gets up to four
+/// draft tokens from a generator seeded with `draft_seed`, each the true continuation with
+/// probability 3/4 and a random token otherwise.
+pub fn run_with_drafts(
+    config: SchedulerConfig,
+    specs: &[RequestSpec],
+    eos_every: u64,
+    max_steps: usize,
+    draft_seed: Option<u64>,
 ) -> Result<RunResult, String> {
     let scheduler = Scheduler::new(config).map_err(|e| e.to_string())?;
     let mut driver = Driver {
@@ -69,6 +85,8 @@ pub fn run(
         outcomes: BTreeMap::new(),
         admitted_once: HashSet::new(),
         preempted_once: HashSet::new(),
+        eos_every,
+        drafts: draft_seed,
     };
     let last_arrival = specs.iter().map(|s| s.arrival_step).max().unwrap_or(0);
     let mut step = 0;
@@ -176,8 +194,8 @@ impl Driver<'_> {
         let sampled = self.executor.execute(&output, &truth)?;
         let updates = self
             .scheduler
-            .update_from_output(&output, &sampled)
-            .map_err(|e| format!("update_from_output: {e}"))?;
+            .update_from_token_runs(&output, &sampled)
+            .map_err(|e| format!("update_from_token_runs: {e}"))?;
         for update in updates {
             let spec = &self.specs[update.request_id.0 as usize];
             let tokens = self
@@ -193,7 +211,45 @@ impl Driver<'_> {
                 self.finish(update.request_id, reason)?;
             }
         }
+        self.propose_drafts();
         self.check_blocks()
+    }
+
+    fn propose_drafts(&mut self) {
+        let Some(mut state) = self.drafts else {
+            return;
+        };
+        let mut next_random = move || {
+            // splitmix64
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        for id in self.scheduler.running_request_ids().to_vec() {
+            if !self.scheduler.is_decoding(id) {
+                continue;
+            }
+            let mut sequence = self
+                .scheduler
+                .request_token_ids(id)
+                .map(<[u32]>::to_vec)
+                .unwrap_or_default();
+            let k = (next_random() % 5) as usize;
+            let mut drafts = Vec::with_capacity(k);
+            for _ in 0..k {
+                let token = if next_random() % 4 == 0 {
+                    (next_random() % u64::from(VOCAB)) as u32
+                } else {
+                    next_token(&sequence, self.eos_every)
+                };
+                drafts.push(token);
+                sequence.push(token);
+            }
+            self.scheduler.set_draft_token_ids(id, &drafts);
+        }
+        self.drafts = Some(next_random());
     }
 
     fn check_output(
@@ -241,7 +297,16 @@ impl Driver<'_> {
                 .get(&id)
                 .ok_or_else(|| format!("scheduled request {id} is not running"))?;
             let start = scheduled.start_position;
-            let end = start + scheduled.token_ids.len();
+            let num_drafts = scheduled.draft_token_ids.len();
+            let end = start + scheduled.token_ids.len() - num_drafts;
+            ensure(
+                scheduled.token_ids[scheduled.token_ids.len() - num_drafts..]
+                    == scheduled.draft_token_ids[..],
+                || format!("request {id}: drafts are not the tail of its tokens"),
+            )?;
+            ensure(num_drafts == 0 || scheduled.samples, || {
+                format!("request {id}: drafts on a step that does not sample")
+            })?;
             ensure(!scheduled.token_ids.is_empty(), || {
                 format!("request {id} scheduled with no tokens")
             })?;
@@ -251,14 +316,14 @@ impl Driver<'_> {
                 })?;
             }
             ensure(
-                end <= tokens.len() && tokens[start..end] == scheduled.token_ids[..],
+                end <= tokens.len() && tokens[start..end] == scheduled.token_ids[..end - start],
                 || format!("request {id} fed wrong tokens"),
             )?;
             ensure(scheduled.samples == (end == tokens.len()), || {
                 format!("request {id}: samples flag wrong")
             })?;
             ensure(
-                scheduled.block_table.len() == end.div_ceil(config.block_size),
+                scheduled.block_table.len() == (end + num_drafts).div_ceil(config.block_size),
                 || format!("request {id}: block table does not match its tokens"),
             )?;
             ensure(

@@ -93,7 +93,7 @@ impl PagedTokenExecutor {
         &mut self,
         output: &SchedulerOutput,
         truth: &HashMap<RequestId, (Vec<u32>, Option<u8>)>,
-    ) -> Result<Vec<(RequestId, u32)>, String> {
+    ) -> Result<Vec<(RequestId, Vec<u32>)>, String> {
         for scheduled in &output.scheduled {
             let (tokens, salt) = truth
                 .get(&scheduled.request_id)
@@ -124,17 +124,30 @@ impl PagedTokenExecutor {
         let mut sampled = Vec::new();
         for scheduled in &output.scheduled {
             let (tokens, salt) = &truth[&scheduled.request_id];
-            let end = scheduled.start_position + scheduled.token_ids.len();
-            let sequence = self.read(&scheduled.block_table, 0..end, *salt)?;
+            let drafts = &scheduled.draft_token_ids;
+            let end = scheduled.start_position + scheduled.token_ids.len() - drafts.len();
+            let mut sequence = self.read(&scheduled.block_table, 0..end, *salt)?;
             if sequence[..] != tokens[..end] {
                 return Err(format!(
                     "request {}: KV holds {sequence:?}, sequence is {tokens:?}",
                     scheduled.request_id
                 ));
             }
-            if scheduled.samples {
-                sampled.push((scheduled.request_id, next_token(&sequence, self.eos_every)));
+            if !scheduled.samples {
+                continue;
             }
+            // Speculative verification: each draft is checked against the "model" reading
+            // the sequence (drafts before it included) back through the block table.
+            let mut run = Vec::new();
+            loop {
+                let token = next_token(&sequence, self.eos_every);
+                run.push(token);
+                if drafts.get(run.len() - 1) != Some(&token) {
+                    break;
+                }
+                sequence = self.read(&scheduled.block_table, 0..end + run.len(), *salt)?;
+            }
+            sampled.push((scheduled.request_id, run));
         }
         Ok(sampled)
     }

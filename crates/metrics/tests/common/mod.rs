@@ -178,6 +178,7 @@ pub fn record_known_workload(metrics: &EngineMetrics) {
         iteration_tokens: 26,
         time_to_first_tokens: vec![0.03, 0.3],
         inter_token_latencies: vec![],
+        ..StepMetrics::default()
     });
     metrics.record_step(&StepMetrics {
         num_running: 3,
@@ -191,6 +192,7 @@ pub fn record_known_workload(metrics: &EngineMetrics) {
         iteration_tokens: 13,
         time_to_first_tokens: vec![3.0],
         inter_token_latencies: vec![0.02, 0.02, 0.3],
+        ..StepMetrics::default()
     });
     // An idle step: gauges drop to zero and nothing is observed.
     metrics.record_step(&StepMetrics::default());

@@ -68,6 +68,32 @@ impl Sampler {
     /// Draws the next token from `logits` (one row of the model's output) and lets the chain
     /// accept it. `history.output` is the output before this token; the caller appends it.
     pub fn sample(&mut self, logits: &[f32], history: &History<'_>) -> Result<SampledToken> {
+        self.sample_or_verify(logits, history, None)
+    }
+
+    /// Speculative decoding: the token to emit at a position where a proposer drafted `draft`
+    /// (a point guess, no draft distribution), with the same chain, history and logprobs as
+    /// [`Self::sample`]. Greedy requests emit the argmax, which matches the draft or not.
+    /// Random requests use rejection sampling: the draft is accepted with probability `p(draft)`
+    /// under the final distribution (after temperature, min-p, top-k, top-p); otherwise a token
+    /// is drawn from `p` with the draft removed. Either way the emitted token is distributed
+    /// exactly as `p`, so speculation changes no request's output distribution. The caller
+    /// stops verifying at the first emitted token that differs from its draft.
+    pub fn verify(
+        &mut self,
+        logits: &[f32],
+        history: &History<'_>,
+        draft: u32,
+    ) -> Result<SampledToken> {
+        self.sample_or_verify(logits, history, Some(draft))
+    }
+
+    fn sample_or_verify(
+        &mut self,
+        logits: &[f32],
+        history: &History<'_>,
+        draft: Option<u32>,
+    ) -> Result<SampledToken> {
         if logits.is_empty() {
             return Err(ModelError::InvalidSamplingParams("empty logits row".into()));
         }
@@ -97,7 +123,13 @@ impl Sampler {
         let token_id = if self.params.is_greedy() {
             argmax(processed)
         } else {
-            draw(processed, &self.params, &mut self.rng, &mut self.candidates)
+            draw(
+                processed,
+                &self.params,
+                &mut self.rng,
+                &mut self.candidates,
+                draft,
+            )
         }
         .ok_or_else(|| {
             ModelError::InvalidSamplingParams(
@@ -120,12 +152,15 @@ impl Sampler {
     }
 }
 
-/// Temperature, min-p, top-k, top-p, then one uniform draw over what is left.
+/// Temperature, min-p, top-k, top-p, then one uniform draw over what is left. With a `draft`
+/// (speculative verification) the draft is first accepted with its probability, and on
+/// rejection the draw is over what is left without it (the residual of a one-hot draft).
 fn draw(
     logits: &[f32],
     params: &SamplingParams,
     rng: &mut StdRng,
     candidates: &mut Vec<(u32, f32)>,
+    draft: Option<u32>,
 ) -> Option<u32> {
     let temperature = params.temperature;
     let max_logit = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -162,16 +197,35 @@ fn draw(
         candidate.1 = weight(candidate.1, max_scaled);
         total += f64::from(candidate.1);
     }
+    if let Some(draft) = draft {
+        let draft_weight = candidates
+            .iter()
+            .find(|candidate| candidate.0 == draft)
+            .map_or(0.0, |candidate| f64::from(candidate.1));
+        if rng.random::<f64>() * total < draft_weight {
+            return Some(draft);
+        }
+        if draft_weight >= total {
+            // Only the draft has mass left (rounding made the draw miss it).
+            return Some(draft);
+        }
+        total -= draft_weight;
+    }
     let target = rng.random::<f64>() * total;
     let mut cumulative = 0.0f64;
+    let mut last = None;
     for candidate in candidates.iter() {
+        if Some(candidate.0) == draft {
+            continue;
+        }
         cumulative += f64::from(candidate.1);
+        last = Some(candidate.0);
         if cumulative > target {
-            return Some(candidate.0);
+            return last;
         }
     }
     // Rounding can leave `target` a hair above the final sum: take the last candidate.
-    candidates.last().map(|candidate| candidate.0)
+    last
 }
 
 /// Most likely first; the lower id first among equal scaled logits (a total order, so every
@@ -495,3 +549,7 @@ mod tests {
         assert!((total - 1.0).abs() < 1e-6);
     }
 }
+
+#[cfg(test)]
+#[path = "verify_tests.rs"]
+mod verify_tests;

@@ -154,6 +154,8 @@ pub struct EngineMetrics {
     prefix_hits: u64,
     success: BTreeMap<&'static str, u64>,
     histograms: BTreeMap<&'static str, Histogram>,
+    /// `(drafts, draft tokens, accepted tokens)` once the engine speculates.
+    spec_decode: Option<(u64, u64, u64)>,
 }
 
 const HISTOGRAMS: &[(&str, &str)] = &[
@@ -246,6 +248,7 @@ impl EngineMetrics {
                 .map(|r| (r, 0))
                 .collect(),
             histograms,
+            spec_decode: None,
         }
     }
 
@@ -316,6 +319,14 @@ impl EngineMetrics {
 
     pub fn preempt(&mut self, count: u64) {
         self.preemptions += count;
+    }
+
+    /// Verifies `drafts` drafts of `draft_tokens` tokens, accepting `accepted` (the
+    /// `vllm:spec_decode_*` counters appear from the first call on, as vLLM registers them
+    /// only with a speculative config).
+    pub fn speculate(&mut self, drafts: u64, draft_tokens: u64, accepted: u64) {
+        let (d, t, a) = self.spec_decode.unwrap_or_default();
+        self.spec_decode = Some((d + drafts, t + draft_tokens, a + accepted));
     }
 
     fn labels(&self) -> String {
@@ -439,6 +450,30 @@ impl MetricsDumpBuilder {
             |e| e.generation_tokens,
         );
         self.render_success(&mut out);
+        if self.engines.iter().any(|e| e.spec_decode.is_some()) {
+            for (name, help, index) in [
+                (
+                    "vllm:spec_decode_num_drafts",
+                    "Number of spec decoding drafts.",
+                    0,
+                ),
+                (
+                    "vllm:spec_decode_num_draft_tokens",
+                    "Number of draft tokens.",
+                    1,
+                ),
+                (
+                    "vllm:spec_decode_num_accepted_tokens",
+                    "Number of accepted tokens.",
+                    2,
+                ),
+            ] {
+                self.render_counter(&mut out, name, help, |e| {
+                    e.spec_decode
+                        .map_or(0, |counts| [counts.0, counts.1, counts.2][index])
+                });
+            }
+        }
         for &(name, help) in HISTOGRAMS {
             self.render_histogram(&mut out, name, help);
         }

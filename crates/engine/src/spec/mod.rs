@@ -1,0 +1,271 @@
+//! Speculative decoding on the engine side: a [`Proposer`] drafts tokens for each decoding
+//! request after every step, the scheduler schedules them as lookahead, the executor verifies
+//! them in the same forward pass (`ModelRunner`, `Sampler::verify`) and the scheduler keeps
+//! the accepted run. Chosen by `--speculative-config` ([`SpeculativeConfig`]).
+//!
+//! **When not to speculate** (checked per step by [`SpecDecoder::propose`]):
+//! 1. *Batch size*: with more running requests than `disable_by_batch_size` (vLLM's key;
+//!    default [`default_disable_by_batch_size`], ⌊64 / (1 + k)⌋ at least 2) no request gets
+//!    drafts: a large batch already reads the weights once for many tokens, so the step is
+//!    compute-bound and draft rows cost about what they might save.
+//! 2. *Low acceptance*: each request keeps an exponential average (weight
+//!    [`ACCEPTANCE_EMA_WEIGHT`]) of its drafts' acceptance rate, starting at 1. Below
+//!    [`MIN_ACCEPTANCE`] the request decodes without drafts for [`BACKOFF_STEPS`] steps,
+//!    then tries again from an average of [`MIN_ACCEPTANCE`] × 2.
+//!
+//! Both skips are counted in `tokenmill:spec_decode_skipped_total{reason}`; drafts and
+//! acceptance in vLLM's `vllm:spec_decode_*` counters and the `SpecDecoding metrics` line.
+
+mod config;
+mod draft_model;
+mod ngram;
+mod suffix;
+
+use std::collections::HashMap;
+
+use tokenmill_core::{RequestId, Scheduler};
+use tokenmill_metrics::{SpecDecodeStats, SpecSkipReason};
+
+use crate::EngineError;
+
+pub use config::{
+    default_disable_by_batch_size, SpecMethod, SpeculativeConfig, MAX_SPECULATIVE_TOKENS,
+    SUPPORTED_METHODS,
+};
+pub use draft_model::{DraftModelProposer, DraftSetup};
+pub use ngram::NgramProposer;
+pub use suffix::SuffixProposer;
+
+/// Weight of the latest verification in a request's acceptance average.
+pub const ACCEPTANCE_EMA_WEIGHT: f64 = 0.3;
+/// Acceptance average below which a request stops drafting for a while.
+pub const MIN_ACCEPTANCE: f64 = 0.1;
+/// Steps a request decodes without drafts after its acceptance fell below [`MIN_ACCEPTANCE`].
+pub const BACKOFF_STEPS: u32 = 16;
+
+/// Drafts tokens for one request from what it has so far.
+pub trait Proposer: Send {
+    /// Writes up to `max_drafts` draft tokens for the request whose prompt plus output is
+    /// `tokens` (the first `num_prompt_tokens` the prompt) into `drafts` (cleared first;
+    /// empty = no proposal).
+    fn propose(
+        &mut self,
+        request_id: RequestId,
+        tokens: &[u32],
+        num_prompt_tokens: usize,
+        max_drafts: usize,
+        drafts: &mut Vec<u32>,
+    );
+
+    /// The request left the engine (a proposer that learns from finished requests keeps
+    /// what it needs of what it saw).
+    fn finish(&mut self, _request_id: RequestId) {}
+}
+
+/// A request's recent acceptance.
+#[derive(Debug, Clone, Copy)]
+struct Acceptance {
+    average: f64,
+    backoff_left: u32,
+}
+
+impl Default for Acceptance {
+    fn default() -> Self {
+        Acceptance {
+            average: 1.0,
+            backoff_left: 0,
+        }
+    }
+}
+
+/// The proposer and the skip rule, owned by the engine loop.
+pub struct SpecDecoder {
+    config: SpeculativeConfig,
+    proposer: Box<dyn Proposer>,
+    acceptance: HashMap<RequestId, Acceptance>,
+    drafts: Vec<u32>,
+}
+
+impl std::fmt::Debug for SpecDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpecDecoder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SpecDecoder {
+    /// Builds the configured proposer; a draft model is loaded here, its cache sized by
+    /// `setup`.
+    pub fn new(config: SpeculativeConfig, setup: &DraftSetup) -> Result<SpecDecoder, EngineError> {
+        let proposer: Box<dyn Proposer> = match &config.method {
+            SpecMethod::Ngram {
+                prompt_lookup_min,
+                prompt_lookup_max,
+            } => Box::new(NgramProposer::new(*prompt_lookup_min, *prompt_lookup_max)),
+            SpecMethod::Suffix { .. } => Box::new(SuffixProposer::new(&config)),
+            SpecMethod::DraftModel { model } => Box::new(DraftModelProposer::load(model, setup)?),
+        };
+        Ok(SpecDecoder {
+            config,
+            proposer,
+            acceptance: HashMap::new(),
+            drafts: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &SpeculativeConfig {
+        &self.config
+    }
+
+    /// Drafts tokens for every decoding request, unless the skip rule says no (see the
+    /// module docs), and hands them to the scheduler for its next step.
+    pub fn propose(&mut self, scheduler: &mut Scheduler, stats: &mut SpecDecodeStats) {
+        let running = scheduler.running_request_ids().to_vec();
+        let batch_too_large = running.len() > self.config.disable_by_batch_size;
+        for request_id in running {
+            if !scheduler.is_decoding(request_id) {
+                continue;
+            }
+            if batch_too_large {
+                stats.observe_skip(SpecSkipReason::BatchSize);
+                continue;
+            }
+            let acceptance = self.acceptance.entry(request_id).or_default();
+            if acceptance.backoff_left > 0 {
+                acceptance.backoff_left -= 1;
+                if acceptance.backoff_left == 0 {
+                    acceptance.average = 2.0 * MIN_ACCEPTANCE;
+                }
+                stats.observe_skip(SpecSkipReason::LowAcceptance);
+                continue;
+            }
+            let (Some(tokens), Some(num_prompt_tokens)) = (
+                scheduler.request_token_ids(request_id),
+                scheduler.num_prompt_tokens(request_id),
+            ) else {
+                continue;
+            };
+            self.proposer.propose(
+                request_id,
+                tokens,
+                num_prompt_tokens,
+                self.config.num_speculative_tokens,
+                &mut self.drafts,
+            );
+            if !self.drafts.is_empty() {
+                scheduler.set_draft_token_ids(request_id, &self.drafts);
+            }
+        }
+    }
+
+    /// Records one verification of a request's drafts.
+    pub fn observe(&mut self, request_id: RequestId, num_drafts: usize, num_accepted: usize) {
+        if num_drafts == 0 {
+            return;
+        }
+        let acceptance = self.acceptance.entry(request_id).or_default();
+        let rate = num_accepted as f64 / num_drafts as f64;
+        acceptance.average =
+            (1.0 - ACCEPTANCE_EMA_WEIGHT) * acceptance.average + ACCEPTANCE_EMA_WEIGHT * rate;
+        if acceptance.average < MIN_ACCEPTANCE {
+            acceptance.backoff_left = BACKOFF_STEPS;
+        }
+    }
+
+    /// The request left the engine.
+    pub fn finish(&mut self, request_id: RequestId) {
+        self.acceptance.remove(&request_id);
+        self.proposer.finish(request_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenmill_core::{Request, SchedulerConfig, SchedulingPolicy};
+
+    fn decoding_scheduler(num_requests: u64) -> Scheduler {
+        let mut scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: 256,
+            max_num_seqs: 16,
+            max_model_len: 64,
+            block_size: 4,
+            num_blocks: 256,
+            enable_prefix_caching: false,
+            policy: SchedulingPolicy::Fcfs,
+            long_prefill_token_threshold: None,
+            enable_chunked_prefill: true,
+        })
+        .unwrap();
+        for id in 0..num_requests {
+            let prompt = vec![1, 2, 3, 4, 1, 2, 3];
+            scheduler
+                .add_request(Request::new(RequestId(id), prompt, 16))
+                .unwrap();
+        }
+        let output = scheduler.schedule();
+        let sampled: Vec<(RequestId, u32)> =
+            output.scheduled.iter().map(|s| (s.request_id, 4)).collect();
+        scheduler.update_from_output(&output, &sampled).unwrap();
+        scheduler
+    }
+
+    fn ngram(disable_by_batch_size: usize) -> SpecDecoder {
+        let config = SpeculativeConfig {
+            method: SpecMethod::Ngram {
+                prompt_lookup_min: 2,
+                prompt_lookup_max: 3,
+            },
+            num_speculative_tokens: 3,
+            disable_by_batch_size,
+        };
+        let setup = DraftSetup {
+            num_blocks: 0,
+            block_size: 16,
+            vocab_size: 0,
+            num_threads: None,
+        };
+        SpecDecoder::new(config, &setup).unwrap()
+    }
+
+    #[test]
+    fn drafts_reach_the_scheduler_unless_the_batch_is_too_large() {
+        let mut scheduler = decoding_scheduler(2);
+        let mut stats = SpecDecodeStats::default();
+        ngram(2).propose(&mut scheduler, &mut stats);
+        let output = scheduler.schedule();
+        // [1 2 3 4 1 2 3 4]: "2 3 4" occurred before, followed by "1 2 3".
+        assert_eq!(output.scheduled[0].draft_token_ids, vec![1, 2, 3]);
+        assert_eq!(stats.num_skipped, [0, 0]);
+
+        let mut scheduler = decoding_scheduler(3);
+        ngram(2).propose(&mut scheduler, &mut stats);
+        assert!(scheduler
+            .schedule()
+            .scheduled
+            .iter()
+            .all(|s| s.draft_token_ids.is_empty()));
+        assert_eq!(stats.num_skipped, [3, 0]);
+    }
+
+    #[test]
+    fn low_acceptance_backs_off_then_retries() {
+        let mut scheduler = decoding_scheduler(1);
+        let mut decoder = ngram(4);
+        let mut stats = SpecDecodeStats::default();
+        for _ in 0..7 {
+            decoder.observe(RequestId(0), 3, 0);
+        }
+        // 0.7^7 = 0.082 < 0.1: backing off.
+        for _ in 0..BACKOFF_STEPS {
+            decoder.propose(&mut scheduler, &mut stats);
+        }
+        assert_eq!(stats.num_skipped, [0, u64::from(BACKOFF_STEPS)]);
+        decoder.propose(&mut scheduler, &mut stats);
+        assert_eq!(
+            scheduler.schedule().scheduled[0].draft_token_ids,
+            vec![1, 2, 3]
+        );
+    }
+}
