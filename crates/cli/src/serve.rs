@@ -111,7 +111,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     let (tool_settings, reasoning_parser) = args.tools.settings()?;
     let mut config = args.engine.to_config()?;
-    args.vllm.apply_to_engine(&mut config);
+    args.vllm.apply_to_engine(&mut config)?;
     let served_model_names = if args.served_model_name.is_empty() {
         vec![args
             .engine

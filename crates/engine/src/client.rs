@@ -14,6 +14,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
+use crate::kv_events::KvEventPublisher;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
 use crate::stats::{CapacityReport, EngineStats};
@@ -42,6 +43,7 @@ struct LoopSettings {
     log_stats_interval: Option<Duration>,
     traces: Option<Arc<OtlpTraceExporter>>,
     seed: Option<u64>,
+    kv_events: Option<KvEventPublisher>,
 }
 
 impl Engine {
@@ -83,7 +85,7 @@ impl Engine {
                 kv_bytes >> 20
             )));
         }
-        let scheduler = Scheduler::new(SchedulerConfig {
+        let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
             max_model_len,
@@ -118,6 +120,15 @@ impl Engine {
             }
             None => None,
         };
+        let kv_events = match &config.kv_events {
+            Some(kv_events) if kv_events.publishes() => {
+                scheduler.enable_kv_events();
+                let publisher = KvEventPublisher::start(kv_events, 0, Arc::clone(&metrics))?;
+                tracing::info!("publishing KV-cache events on {}", kv_events.endpoint);
+                Some(publisher)
+            }
+            _ => None,
+        };
         Self::spawn(
             scheduler,
             runner,
@@ -128,6 +139,7 @@ impl Engine {
                 log_stats_interval: config.log_stats_interval,
                 traces,
                 seed: config.seed,
+                kv_events,
             },
         )
     }
@@ -155,6 +167,7 @@ impl Engine {
             log_stats_interval,
             traces,
             seed,
+            kv_events,
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -170,6 +183,7 @@ impl Engine {
             log_stats_interval,
             traces,
             seed,
+            kv_events,
         });
         // Mark alive before returning so a health check right after start-up is green.
         shared.alive.store(true, Ordering::SeqCst);
