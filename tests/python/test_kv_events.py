@@ -209,7 +209,7 @@ def test_events_rebuild_prefixes_show_evictions_and_replay_without_gaps():
             view.apply(batch)
         assert late_view.blocks == view.blocks
 
-        assert server.metrics().get("tokenmill:kv_events_dropped_total", 0.0) == 0.0
+        assert server.metrics().get("tokenmill_kv_events_dropped_total", 0.0) == 0.0
         early.close(linger=0)
         late.close(linger=0)
     finally:

@@ -173,7 +173,8 @@ pub struct EngineMetrics {
     request_inference_time: StepHistogram,
     request_prefill_time: StepHistogram,
     request_decode_time: StepHistogram,
-    /// KV-cache events dropped before publishing (`tokenmill:kv_events_dropped_total`).
+    /// KV-cache events dropped before publishing (`tokenmill_kv_events_dropped_total`; no
+    /// `:` in the name, which Prometheus reserves for recording rules, as it is not vLLM's).
     kv_events_dropped: Counter,
     http: HttpMetrics,
 }
@@ -296,7 +297,7 @@ impl EngineMetrics {
             self.generation_tokens.clone(),
         );
         engine.register(
-            "tokenmill:kv_events_dropped",
+            "tokenmill_kv_events_dropped",
             "KV-cache events dropped because the publisher fell behind",
             self.kv_events_dropped.clone(),
         );
