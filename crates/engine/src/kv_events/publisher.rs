@@ -1,14 +1,16 @@
 //! The publisher thread: a single-threaded async runtime owning the PUB socket (and the ROUTER
 //! replay socket), fed by the engine loop through a bounded queue it never waits on.
 //!
-//! Every batch gets the next sequence number (from 0) and goes out as vLLM's three frames
+//! Every batch gets the next sequence number (from 0) when the engine hands it over, so a
+//! batch dropped because the queue was full leaves a gap subscribers can see (vLLM's loop
+//! waits instead), and goes out as vLLM's three frames
 //! `[topic, sequence as 8 big-endian bytes, msgpack batch]`; the last `buffer_steps` encoded
 //! batches stay for replay. A replay request `[identity, "", start as 8 big-endian bytes]`
 //! (a DEALER or REQ peer) is answered with `[identity, "", seq, batch]` for every buffered
 //! batch from `start` on, then the end marker `[identity, "", -1 as 8 bytes, ""]`.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +27,7 @@ use crate::EngineError;
 
 /// One engine step's events.
 struct Batch {
+    seq: u64,
     ts: f64,
     events: Vec<KvCacheEvent>,
 }
@@ -33,6 +36,7 @@ struct Batch {
 /// is queued and exit.
 pub(crate) struct KvEventPublisher {
     batches: mpsc::Sender<Batch>,
+    next_seq: AtomicU64,
     metrics: Arc<EngineMetrics>,
 }
 
@@ -93,7 +97,11 @@ impl KvEventPublisher {
                 runtime.block_on(run(settings, receiver, thread_metrics, ready_tx));
             })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(KvEventPublisher { batches, metrics }),
+            Ok(Ok(())) => Ok(KvEventPublisher {
+                batches,
+                next_seq: AtomicU64::new(0),
+                metrics,
+            }),
             Ok(Err(reason)) => Err(invalid(reason)),
             Err(_) => Err(invalid("the publisher thread exited".to_owned())),
         }
@@ -105,7 +113,8 @@ impl KvEventPublisher {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |since| since.as_secs_f64());
-        if self.batches.try_send(Batch { ts, events }).is_err() {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        if self.batches.try_send(Batch { seq, ts, events }).is_err() {
             self.metrics.record_kv_events_dropped(count);
         }
     }
@@ -160,11 +169,11 @@ async fn run(
     };
 
     let mut buffer: VecDeque<(u64, Bytes)> = VecDeque::new();
-    let mut seq: u64 = 0;
     loop {
         tokio::select! {
             batch = batches.recv() => {
                 let Some(batch) = batch else { break };
+                let seq = batch.seq;
                 let payload = match encode_batch(batch.ts, &batch.events, settings.dp_rank) {
                     Ok(payload) => Bytes::from(payload),
                     Err(err) => {
@@ -189,7 +198,6 @@ async fn run(
                     }
                     buffer.push_back((seq, payload));
                 }
-                seq += 1;
             }
             Some(request) = recv_request(&mut requests) => {
                 if let Some(out) = replay_out.as_mut() {
