@@ -115,7 +115,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .structured_outputs
         .reasoning_parser(reasoning_parser)?;
     let mut config = args.engine.to_config()?;
-    args.vllm.apply_to_engine(&mut config);
+    args.vllm.apply_to_engine(&mut config)?;
     let served_model_names = if args.served_model_name.is_empty() {
         vec![args
             .engine

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use tokenmill_engine::kv_events::KvEventsConfig;
 use tokenmill_engine::{EngineConfig, KvCacheSizing};
 use tokenmill_server::{CorsConfig, ServerConfig};
 
@@ -133,6 +134,8 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--distributed-executor-backend", "mp", NoEffect, "one process, one engine"),
     row("--disable-frontend-multiprocessing", "", NoEffect, "the HTTP frontend and the engine thread share one process already"),
     row("--max-parallel-loading-workers", "2", NoEffect, "weights are memory-mapped and repacked by the compute pool"),
+    // KV-cache events.
+    row("--kv-events-config", "{\"enable_kv_cache_events\":true}", Same, "KV-cache events (`BlockStored`/`BlockRemoved`/`AllBlocksCleared`) on ZeroMQ PUB + ROUTER replay, vLLM's keys, defaults and wire format; `tcp://` endpoints only"),
 ];
 
 /// The README's table, generated from [`VLLM_FLAGS`].
@@ -253,6 +256,11 @@ pub struct VllmArgs {
     /// No access-log lines.
     #[arg(long, help_heading = "vLLM compatibility")]
     pub disable_uvicorn_access_log: bool,
+    /// KV-cache events for prefix-aware routers, vLLM's JSON: enable_kv_cache_events,
+    /// publisher (zmq, null), endpoint, replay_endpoint, topic, buffer_steps, hwm,
+    /// max_queue_size.
+    #[arg(long, value_name = "JSON", help_heading = "vLLM compatibility")]
+    pub kv_events_config: Option<String>,
     /// Cap on `logprobs`, `top_logprobs` and `prompt_logprobs`.
     #[arg(long, default_value_t = tokenmill_protocol::DEFAULT_MAX_LOGPROBS, help_heading = "vLLM compatibility")]
     pub max_logprobs: u32,
@@ -328,6 +336,7 @@ impl VllmArgs {
         if let Some(level) = self.uvicorn_log_level.as_deref() {
             access_log_level(level)?;
         }
+        self.kv_events()?;
         for (flag, set) in self.no_effect_flags() {
             if set {
                 warnings.push(no_effect_warning(flag));
@@ -369,10 +378,21 @@ impl VllmArgs {
     }
 
     /// Applies the flags that change the engine.
-    pub fn apply_to_engine(&self, config: &mut EngineConfig) {
+    pub fn apply_to_engine(&self, config: &mut EngineConfig) -> anyhow::Result<()> {
         if let Some(fraction) = self.gpu_memory_utilization {
             config.kv_cache = KvCacheSizing::UtilizationOfAvailable(fraction);
         }
+        config.kv_events = self.kv_events()?;
+        Ok(())
+    }
+
+    /// `--kv-events-config`, parsed and checked.
+    fn kv_events(&self) -> anyhow::Result<Option<KvEventsConfig>> {
+        Ok(self
+            .kv_events_config
+            .as_deref()
+            .map(KvEventsConfig::parse)
+            .transpose()?)
     }
 
     /// Applies the flags that change the HTTP server.
@@ -504,7 +524,11 @@ pub fn normalize_serve_args(args: Vec<String>) -> anyhow::Result<Vec<String>> {
 /// vLLM's JSON-valued flags, which also take one key per argument:
 /// `--structured-outputs-config.backend guidance` or `...backend=guidance` (the value is read
 /// as JSON when it parses, else as a string; a key with no value is `true`).
-const JSON_FLAGS: &[&str] = &["--structured-outputs-config", "--speculative-config"];
+const JSON_FLAGS: &[&str] = &[
+    "--structured-outputs-config",
+    "--speculative-config",
+    "--kv-events-config",
+];
 
 /// The JSON flags of one command line: the whole-object form and the dotted keys, merged
 /// into one object per flag (dotted keys win).
@@ -741,6 +765,10 @@ mod tests {
             (&["--gpu-memory-utilization", "1.5"][..], "(0, 1]"),
             (&["--uvicorn-log-level", "loud"][..], "warning"),
             (&["--load-format", "pt"][..], "safetensors"),
+            (
+                &["--kv-events-config", r#"{"publisher":"kafka"}"#][..],
+                "kafka",
+            ),
         ] {
             let error = serve_args(args)
                 .unwrap()

@@ -74,6 +74,11 @@ impl BlockHashChain {
         }
     }
 
+    /// The keys besides the tokens that every hash of this chain includes.
+    pub fn extra_keys(&self) -> &BlockHashExtraKeys {
+        &self.extra_keys
+    }
+
     /// Hashes every full block of `token_ids` not hashed yet. `token_ids` must be the same
     /// sequence as before, possibly longer.
     pub fn extend(&mut self, token_ids: &[u32]) {

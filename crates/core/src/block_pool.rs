@@ -24,6 +24,10 @@ pub struct BlockPool {
     free_queue: FreeBlockQueue,
     num_cached_free: usize,
     num_evictions: u64,
+    /// Hashes dropped from the cache since the last [`Self::take_removed`]; recorded only
+    /// while `record_removals` is set (KV events).
+    removed: Vec<BlockHash>,
+    record_removals: bool,
 }
 
 impl BlockPool {
@@ -40,6 +44,8 @@ impl BlockPool {
             free_queue: FreeBlockQueue::new_full(num_blocks),
             num_cached_free: 0,
             num_evictions: 0,
+            removed: Vec::new(),
+            record_removals: false,
         })
     }
 
@@ -75,6 +81,26 @@ impl BlockPool {
         self.block_hashes.get(block as usize).copied().flatten()
     }
 
+    /// Starts recording the hashes that leave the cache (see [`Self::take_removed`]).
+    pub fn record_removals(&mut self) {
+        self.record_removals = true;
+    }
+
+    /// The hashes that left the cache since the last call, in the order they left.
+    pub fn take_removed(&mut self) -> Vec<BlockHash> {
+        std::mem::take(&mut self.removed)
+    }
+
+    /// How many hashes the cache holds (blocks in use and cached-free).
+    pub fn num_cached_hashes(&self) -> usize {
+        self.cached_blocks.len()
+    }
+
+    /// Every hash the cache holds, in no particular order.
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.cached_blocks.keys().copied()
+    }
+
     /// The block holding content `hash`, if it is still cached.
     pub fn cached_block(&self, hash: BlockHash) -> Option<u32> {
         self.cached_blocks.get(&hash).copied()
@@ -98,6 +124,9 @@ impl BlockPool {
                 self.cached_blocks.remove(&hash);
                 self.num_cached_free -= 1;
                 self.num_evictions += 1;
+                if self.record_removals {
+                    self.removed.push(hash);
+                }
             }
             self.ref_counts[block as usize] = 1;
             blocks.push(block);
@@ -168,6 +197,9 @@ impl BlockPool {
         for block in free_cached {
             if let Some(hash) = self.block_hashes[block as usize].take() {
                 self.cached_blocks.remove(&hash);
+                if self.record_removals {
+                    self.removed.push(hash);
+                }
                 self.free_queue.remove(block);
                 self.free_queue.push_front(block);
                 dropped += 1;

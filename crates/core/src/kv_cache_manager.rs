@@ -13,12 +13,17 @@
 //!    and computed, so later requests can share them;
 //! 4. end or preemption: [`KvCacheManager::free`] drops the references, tail block first, so
 //!    a request's last blocks are evicted before its (more shareable) first ones.
+//!
+//! With [`KvCacheManager::enable_events`] the manager also logs what the prefix cache gains
+//! (step 3) and loses (evictions in step 1 or 2, [`KvCacheManager::reset_prefix_cache`]) as
+//! [`KvCacheEvent`]s, drained by [`KvCacheManager::drain_events`].
 
 use std::collections::HashMap;
 
-use crate::block_hash::BlockHashChain;
+use crate::block_hash::{BlockHash, BlockHashChain};
 use crate::block_pool::BlockPool;
 use crate::error::KvCacheError;
+use crate::kv_events::KvCacheEvent;
 use crate::request::RequestId;
 
 /// Shape of the KV cache as the manager sees it.
@@ -70,6 +75,8 @@ pub struct KvCacheManager {
     pool: BlockPool,
     tables: HashMap<RequestId, RequestBlocks>,
     prefix_stats: PrefixCacheStats,
+    /// The event log; `None` until [`Self::enable_events`].
+    events: Option<Vec<KvCacheEvent>>,
 }
 
 impl KvCacheManager {
@@ -84,7 +91,33 @@ impl KvCacheManager {
             pool: BlockPool::new(config.num_blocks)?,
             tables: HashMap::new(),
             prefix_stats: PrefixCacheStats::default(),
+            events: None,
         })
+    }
+
+    /// Starts logging [`KvCacheEvent`]s; drain them with [`Self::drain_events`].
+    pub fn enable_events(&mut self) {
+        if self.events.is_none() {
+            self.events = Some(Vec::new());
+            self.pool.record_removals();
+        }
+    }
+
+    /// Moves the events logged since the last call to the end of `out`, oldest first.
+    pub fn drain_events(&mut self, out: &mut Vec<KvCacheEvent>) {
+        if let Some(events) = &mut self.events {
+            out.append(events);
+        }
+    }
+
+    /// Logs the hashes the pool dropped since the last call as one `BlockRemoved`.
+    fn log_removals(&mut self) {
+        if let Some(events) = &mut self.events {
+            let block_hashes = self.pool.take_removed();
+            if !block_hashes.is_empty() {
+                events.push(KvCacheEvent::BlockRemoved { block_hashes });
+            }
+        }
     }
 
     pub fn config(&self) -> KvCacheConfig {
@@ -158,6 +191,7 @@ impl KvCacheManager {
         }
         self.pool.touch(hit_blocks);
         let new_blocks = self.pool.allocate(num_new)?;
+        self.log_removals();
         let table = self.tables.entry(request_id).or_default();
         table.block_ids.extend_from_slice(hit_blocks);
         table.num_cached_blocks += hit_blocks.len();
@@ -170,11 +204,14 @@ impl KvCacheManager {
     }
 
     /// Registers the request's blocks that are full and computed (the first
-    /// `num_computed_tokens` tokens) under their chain hashes. A no-op without prefix caching.
+    /// `num_computed_tokens` tokens) under their chain hashes. `token_ids` is the request's
+    /// sequence (at least those tokens), for the `BlockStored` event. A no-op without prefix
+    /// caching.
     pub fn cache_full_blocks(
         &mut self,
         request_id: RequestId,
         hashes: &BlockHashChain,
+        token_ids: &[u32],
         num_computed_tokens: usize,
     ) {
         if !self.config.enable_prefix_caching {
@@ -183,14 +220,32 @@ impl KvCacheManager {
         let Some(table) = self.tables.get_mut(&request_id) else {
             return;
         };
-        let num_full = (num_computed_tokens / self.config.block_size)
+        let block_size = self.config.block_size;
+        let num_full = (num_computed_tokens / block_size)
             .min(hashes.hashes().len())
-            .min(table.block_ids.len());
-        for index in table.num_cached_blocks..num_full {
+            .min(table.block_ids.len())
+            .min(token_ids.len() / block_size);
+        let first_new = table.num_cached_blocks;
+        for index in first_new..num_full {
             self.pool
                 .cache_block(table.block_ids[index], hashes.hashes()[index]);
         }
         table.num_cached_blocks = table.num_cached_blocks.max(num_full);
+        // A block whose content another block already holds is not registered again, but its
+        // hash is cached all the same, so the event still names it: set semantics hold.
+        if let Some(events) = &mut self.events {
+            if num_full > first_new {
+                events.push(KvCacheEvent::BlockStored {
+                    block_hashes: hashes.hashes()[first_new..num_full].to_vec(),
+                    parent_block_hash: first_new
+                        .checked_sub(1)
+                        .map(|parent| hashes.hashes()[parent]),
+                    token_ids: token_ids[first_new * block_size..num_full * block_size].to_vec(),
+                    block_size,
+                    lora_id: hashes.extra_keys().adapter_id,
+                });
+            }
+        }
     }
 
     /// Releases every block of the request; cached content stays reusable until evicted.
@@ -263,9 +318,24 @@ impl KvCacheManager {
         self.pool.ref_count(block)
     }
 
-    /// Drops all cached content of free blocks. vLLM's `reset_prefix_cache`.
+    /// Drops all cached content of free blocks. vLLM's `reset_prefix_cache`. Logged as
+    /// `AllBlocksCleared` when nothing stays cached, else as the `BlockRemoved` of what went.
     pub fn reset_prefix_cache(&mut self) -> usize {
-        self.pool.reset_prefix_cache()
+        let dropped = self.pool.reset_prefix_cache();
+        if self.pool.num_cached_hashes() == 0 {
+            if let Some(events) = &mut self.events {
+                self.pool.take_removed();
+                events.push(KvCacheEvent::AllBlocksCleared);
+            }
+        } else {
+            self.log_removals();
+        }
+        dropped
+    }
+
+    /// Every block hash the prefix cache holds, in no particular order.
+    pub fn cached_block_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.pool.cached_hashes()
     }
 
     /// Checks that every reference count equals the number of tables holding the block, that
@@ -338,7 +408,7 @@ mod tests {
         let hit = kv.get_computed_blocks(&hashes, tokens.len());
         kv.allocate_slots(RequestId(id), tokens.len(), Some(&hit))
             .unwrap();
-        kv.cache_full_blocks(RequestId(id), &hashes, tokens.len());
+        kv.cache_full_blocks(RequestId(id), &hashes, tokens, tokens.len());
         hit
     }
 
@@ -447,7 +517,7 @@ mod tests {
         let other: Vec<u32> = (50..66).collect();
         let hashes = chain(&other, None);
         kv.allocate_slots(RequestId(3), 16, None).unwrap();
-        kv.cache_full_blocks(RequestId(3), &hashes, 16);
+        kv.cache_full_blocks(RequestId(3), &hashes, &other, 16);
         assert_eq!(kv.num_evictions(), 2);
         let hit = kv.get_computed_blocks(&chain(&prompt, None), prompt.len());
         assert_eq!(hit.num_computed_tokens(), 0);

@@ -10,6 +10,8 @@
 //! - [`KvCacheManager`] over a [`BlockPool`]: ref-counted fixed-size blocks, an LRU free
 //!   queue and automatic prefix caching by chained [`BlockHash`]es. The scheduler sees block
 //!   ids and token counts only.
+//! - [`KvCacheEvent`]: the prefix cache's stored/removed/cleared log, recorded on demand and
+//!   drained by the engine once per step (vLLM's KV events).
 //! - [`capacity`]: blocks from a memory budget and vLLM's start-up capacity lines.
 //!
 //! The engine's loop:
@@ -53,6 +55,7 @@ pub mod capacity;
 mod error;
 mod free_queue;
 mod kv_cache_manager;
+mod kv_events;
 mod request;
 mod scheduler;
 
@@ -60,6 +63,7 @@ pub use block_hash::{hash_block, BlockHash, BlockHashChain, BlockHashExtraKeys};
 pub use block_pool::BlockPool;
 pub use error::{KvCacheError, SchedulerError};
 pub use kv_cache_manager::{ComputedBlocks, KvCacheConfig, KvCacheManager, PrefixCacheStats};
+pub use kv_events::KvCacheEvent;
 pub use request::{FinishReason, Request, RequestId, StopParams};
 pub use scheduler::{
     RequestUpdate, ScheduleKind, ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,

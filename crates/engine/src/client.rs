@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::config::DEFAULT_MAX_NUM_BATCHED_TOKENS;
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
+use crate::kv_events::KvEventPublisher;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
 use crate::spec::{DraftSetup, SpecDecoder};
@@ -45,6 +46,7 @@ struct LoopSettings {
     traces: Option<Arc<OtlpTraceExporter>>,
     seed: Option<u64>,
     spec: Option<SpecDecoder>,
+    kv_events: Option<KvEventPublisher>,
 }
 
 impl Engine {
@@ -90,7 +92,7 @@ impl Engine {
                 kv_bytes >> 20
             )));
         }
-        let scheduler = Scheduler::new(SchedulerConfig {
+        let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(
                 if config.enable_chunked_prefill {
                     DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -159,6 +161,15 @@ impl Engine {
             }
             None => None,
         };
+        let kv_events = match &config.kv_events {
+            Some(kv_events) if kv_events.publishes() => {
+                scheduler.enable_kv_events();
+                let publisher = KvEventPublisher::start(kv_events, 0, Arc::clone(&metrics))?;
+                tracing::info!("publishing KV-cache events on {}", kv_events.endpoint);
+                Some(publisher)
+            }
+            _ => None,
+        };
         Self::spawn(
             scheduler,
             runner,
@@ -170,6 +181,7 @@ impl Engine {
                 traces,
                 seed: config.seed,
                 spec,
+                kv_events,
             },
         )
     }
@@ -198,6 +210,7 @@ impl Engine {
             traces,
             seed,
             spec,
+            kv_events,
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -214,6 +227,7 @@ impl Engine {
             traces,
             seed,
             spec,
+            kv_events,
         });
         // Mark alive before returning so a health check right after start-up is green.
         shared.alive.store(true, Ordering::SeqCst);

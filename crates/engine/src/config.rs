@@ -8,6 +8,8 @@ use tokenmill_models::{CacheDtype, JsonGrammarOptions, ModelSource};
 
 use crate::spec::SpeculativeConfig;
 
+use crate::kv_events::KvEventsConfig;
+
 /// How much memory the KV cache gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvCacheSizing {
@@ -66,6 +68,8 @@ pub struct EngineConfig {
     pub json_grammar: JsonGrammarOptions,
     /// `--speculative-config`; `None` = no speculative decoding.
     pub speculative: Option<SpeculativeConfig>,
+    /// `--kv-events-config`; `None` (or events not published) records no events at all.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 /// Step token budget with chunked prefill when none is given.
@@ -94,6 +98,7 @@ impl EngineConfig {
             otlp_traces_endpoint: None,
             json_grammar: JsonGrammarOptions::default(),
             speculative: None,
+            kv_events: None,
         }
     }
 

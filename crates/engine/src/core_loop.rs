@@ -25,6 +25,7 @@ use tokenmill_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::executor::{Executor, NewSequence, StepOutput};
+use crate::kv_events::KvEventPublisher;
 use crate::output::OutputProcessor;
 use crate::request::{GenerateRequest, RequestEvent, RequestOutput, StopReason, TokenLogprob};
 use crate::spec::SpecDecoder;
@@ -205,6 +206,8 @@ pub(crate) struct LoopParts<E: Executor> {
     pub seed: Option<u64>,
     /// `--speculative-config`: the proposer and its skip rule; `None` = no speculation.
     pub spec: Option<SpecDecoder>,
+    /// KV-cache event publisher; `None` when events are off (the scheduler then logs none).
+    pub kv_events: Option<KvEventPublisher>,
 }
 
 pub(crate) struct EngineLoop<E: Executor> {
@@ -231,6 +234,7 @@ pub(crate) struct EngineLoop<E: Executor> {
     outbox: Vec<(UnboundedSender<RequestEvent>, RequestEvent)>,
     /// Scheduler counters at the previous iteration, to turn totals into deltas.
     last_counters: Counters,
+    kv_events: Option<KvEventPublisher>,
 }
 
 /// Cumulative scheduler counters.
@@ -268,6 +272,7 @@ impl<E: Executor> EngineLoop<E> {
             traces,
             seed,
             spec,
+            kv_events,
         } = parts;
         let eos_token_ids = tokenizer.eos_token_ids();
         EngineLoop {
@@ -289,6 +294,7 @@ impl<E: Executor> EngineLoop<E> {
             step_metrics: StepMetrics::default(),
             outbox: Vec::new(),
             last_counters: Counters::default(),
+            kv_events,
         }
     }
 
@@ -343,6 +349,7 @@ impl<E: Executor> EngineLoop<E> {
         } else {
             self.step()?
         };
+        self.publish_kv_events();
         self.publish_stats(step_tokens);
         self.flush_outbox();
         Ok(true)
@@ -666,6 +673,17 @@ impl<E: Executor> EngineLoop<E> {
         Ok(())
     }
 
+    /// Hands the step's KV-cache events, if any, to the publisher thread (never waits).
+    fn publish_kv_events(&mut self) {
+        if let Some(publisher) = &self.kv_events {
+            let mut events = Vec::new();
+            self.scheduler.drain_kv_events(&mut events);
+            if !events.is_empty() {
+                publisher.publish(events);
+            }
+        }
+    }
+
     /// Publishes the snapshot clients read, feeds the metrics once for this iteration, and
     /// emits the periodic stats line when due.
     fn publish_stats(&mut self, step_tokens: usize) {
@@ -909,6 +927,7 @@ mod tests {
             traces: None,
             seed: None,
             spec: None,
+            kv_events: None,
         });
         let (events, mut stream) = unbounded_channel();
         commands_tx

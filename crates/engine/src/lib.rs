@@ -28,6 +28,7 @@ mod config;
 mod core_loop;
 mod error;
 mod executor;
+pub mod kv_events;
 mod model_runner;
 mod offline;
 mod output;

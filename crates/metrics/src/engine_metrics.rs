@@ -176,6 +176,9 @@ pub struct EngineMetrics {
     request_inference_time: StepHistogram,
     request_prefill_time: StepHistogram,
     request_decode_time: StepHistogram,
+    /// KV-cache events dropped before publishing (`tokenmill_kv_events_dropped_total`; no
+    /// `:` in the name, which Prometheus reserves for recording rules, as it is not vLLM's).
+    kv_events_dropped: Counter,
     http: HttpMetrics,
     /// Present when the engine speculates.
     spec_decode: Option<SpecDecodeMetrics>,
@@ -230,6 +233,7 @@ impl EngineMetrics {
             request_inference_time: StepHistogram::new(REQUEST_LATENCY_SECONDS),
             request_prefill_time: StepHistogram::new(REQUEST_LATENCY_SECONDS),
             request_decode_time: StepHistogram::new(REQUEST_LATENCY_SECONDS),
+            kv_events_dropped: Counter::default(),
             http: HttpMetrics::new(),
             spec_decode: None,
         };
@@ -306,6 +310,11 @@ impl EngineMetrics {
             "vllm:generation_tokens",
             "Number of generation tokens processed",
             self.generation_tokens.clone(),
+        );
+        engine.register(
+            "tokenmill_kv_events_dropped",
+            "KV-cache events dropped because the publisher fell behind",
+            self.kv_events_dropped.clone(),
         );
         engine.register(
             "vllm:request_success",
@@ -431,6 +440,11 @@ impl EngineMetrics {
             self.request_time_per_output_token
                 .observe(time_per_output_token);
         }
+    }
+
+    /// Counts KV-cache events dropped on the way to the publisher socket.
+    pub fn record_kv_events_dropped(&self, count: u64) {
+        self.kv_events_dropped.inc_by(count);
     }
 
     /// Records one served HTTP request. `handler` is the route template, `status` the

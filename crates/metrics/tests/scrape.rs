@@ -428,6 +428,7 @@ fn metric_families_match_the_compatibility_table() {
         ("vllm:request_inference_time_seconds", "histogram"),
         ("vllm:request_prefill_time_seconds", "histogram"),
         ("vllm:request_decode_time_seconds", "histogram"),
+        ("tokenmill_kv_events_dropped_total", "counter"),
         ("http_requests_total", "counter"),
         ("http_request_duration_seconds", "histogram"),
         ("http_request_duration_highr_seconds", "histogram"),

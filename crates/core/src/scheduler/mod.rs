@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use crate::block_hash::{BlockHashChain, BlockHashExtraKeys};
 use crate::error::SchedulerError;
 use crate::kv_cache_manager::{KvCacheConfig, KvCacheManager};
+use crate::kv_events::KvCacheEvent;
 use crate::request::{FinishReason, Request, RequestId};
 
 pub use output::{RequestUpdate, ScheduleKind, ScheduledRequest, SchedulerOutput, SchedulerStats};
@@ -528,6 +529,7 @@ impl Scheduler {
                     self.kv.cache_full_blocks(
                         request_id,
                         &state.block_hashes,
+                        &state.all_token_ids,
                         state.num_computed_tokens,
                     );
                     continue;
@@ -550,8 +552,12 @@ impl Scheduler {
             // has none yet.
             state.num_computed_tokens =
                 (state.num_computed_tokens + fed + run.len() - 1).min(state.num_tokens() - 1);
-            self.kv
-                .cache_full_blocks(request_id, &state.block_hashes, state.num_computed_tokens);
+            self.kv.cache_full_blocks(
+                request_id,
+                &state.block_hashes,
+                &state.all_token_ids,
+                state.num_computed_tokens,
+            );
             if num_drafts > 0 {
                 self.kv.truncate(request_id, state.num_computed_tokens);
             }
@@ -669,6 +675,16 @@ impl Scheduler {
         self.requests
             .get(&request_id)
             .map(|state| state.all_token_ids.as_slice())
+    }
+
+    /// Starts logging the prefix cache's [`KvCacheEvent`]s (vLLM's KV events).
+    pub fn enable_kv_events(&mut self) {
+        self.kv.enable_events();
+    }
+
+    /// Moves the KV events logged since the last call to the end of `out`, oldest first.
+    pub fn drain_kv_events(&mut self, out: &mut Vec<KvCacheEvent>) {
+        self.kv.drain_events(out);
     }
 
     /// Drops cached content of free blocks (vLLM's `/reset_prefix_cache`).
