@@ -114,9 +114,16 @@ impl Tokenizer {
     /// Loads a Hugging Face `tokenizer.json`, with BOS/EOS names and the chat template from
     /// `tokenizer_config.json` when given.
     pub fn from_file(tokenizer_json: &Path, tokenizer_config: Option<&Path>) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|error| {
+        let mut inner = tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|error| {
             TextError::Tokenizer(format!("{}: {error}", tokenizer_json.display()))
         })?;
+        // A tokenizer.json may carry the truncation and padding it was last used with
+        // (all-MiniLM-L6-v2's pads every text to 128 tokens); transformers resets both on
+        // every call, and length limits are the engine's business.
+        inner
+            .with_truncation(None)
+            .map_err(TextError::tokenizer)?
+            .with_padding(None);
         let config = match tokenizer_config {
             Some(path) => read_json(path)?,
             None => Value::Null,
@@ -284,6 +291,19 @@ impl Tokenizer {
                 Ok(out)
             }
         }
+    }
+
+    /// Token ids and token-type ids of a text pair joined as the post-processor says
+    /// (`[CLS] a [SEP] b [SEP]`, types 0 then 1, for BERT): a cross-encoder's input.
+    pub fn encode_pair(&self, first: &str, second: &str) -> Result<(Vec<u32>, Vec<u32>)> {
+        let encoding = self
+            .inner
+            .encode_fast((first, second), true)
+            .map_err(TextError::tokenizer)?;
+        Ok((
+            encoding.get_ids().to_vec(),
+            encoding.get_type_ids().to_vec(),
+        ))
     }
 
     /// Text for `ids`. Incomplete UTF-8 at the end (a character split across tokens) decodes to
