@@ -11,6 +11,9 @@
 //!   (flattened batch over the paged KV cache, then per-request sampling).
 //! - [`OutputProcessor`] — per request: incremental detokenization and stop strings.
 //! - [`generate_batch`] — offline batch generation (vLLM's `LLM.generate`) over the same engine.
+//! - [`PoolingEngine`] / [`PoolingClient`] — the pooling runner (`--runner pooling`): its own
+//!   loop thread over a `PoolingModel`, prefill-only [`PoolingInput`]s packed per step under
+//!   the token budget, no KV cache, one row (embedding or class logits) back per input.
 //!
 //! Usage loop:
 //! ```text
@@ -31,6 +34,7 @@ mod executor;
 mod model_runner;
 mod offline;
 mod output;
+mod pooling;
 mod request;
 mod stats;
 #[cfg(test)]
@@ -43,6 +47,9 @@ pub use executor::{Executor, NewSequence, StepOutput};
 pub use model_runner::{grammar_vocabulary, LoadedModel, ModelRunner};
 pub use offline::{generate_batch, BatchItem, BatchResult};
 pub use output::OutputProcessor;
+pub use pooling::{
+    LoadedPoolingModel, PoolingClient, PoolingEngine, PoolingEngineConfig, PoolingInput,
+};
 pub use request::{
     FinishReason, GenerateRequest, RequestEvent, RequestOutput, StopOptions, StopReason,
     TokenLogprob,
