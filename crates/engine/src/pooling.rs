@@ -22,8 +22,7 @@ use tokenmill_metrics::{
     EngineMetrics, FinishedReason, FinishedRequestMetrics, MetricsConfig, StepMetrics,
 };
 use tokenmill_models::{
-    load_pooling_model, EncoderBatch, EncoderWorkspace, ModelSource, PoolingModel,
-    PoolingModelInfo,
+    load_pooling_model, EncoderBatch, EncoderWorkspace, ModelSource, PoolingModel, PoolingModelInfo,
 };
 use tokenmill_text::Tokenizer;
 use tokio::sync::oneshot;
@@ -356,7 +355,8 @@ impl PoolingLoop {
             }
             let started = Instant::now();
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.model.pool(&self.pool, &batch, &mut workspace, &mut out)
+                self.model
+                    .pool(&self.pool, &batch, &mut workspace, &mut out)
             }));
             let finished = Instant::now();
             let outcome = match result {
@@ -369,7 +369,14 @@ impl PoolingLoop {
                     Err("the pooling engine panicked".to_string())
                 }
             };
-            self.answer(&mut step, &out, outcome, started, finished, batch.num_tokens());
+            self.answer(
+                &mut step,
+                &out,
+                outcome,
+                started,
+                finished,
+                batch.num_tokens(),
+            );
         }
         self.alive.store(false, Ordering::Release);
         // Whatever is still queued gets an error (its receivers see a closed channel).

@@ -76,6 +76,10 @@ pub struct PoolingModelInfo {
     /// (sentence-transformers' `Normalize` module).
     pub method: PoolingMethod,
     pub normalize: bool,
+    /// Matryoshka embeddings (`is_matryoshka` / `matryoshka_dimensions` in `config.json`):
+    /// `None` when the model was not trained for truncation (a `dimensions` request is then
+    /// vLLM's 400); `Some(empty)` when any width up to `output_dim` is allowed.
+    pub matryoshka_dimensions: Option<Vec<usize>>,
 }
 
 /// A flattened batch of whole sequences: token ids, token-type ids (0 for single texts, 1

@@ -3,7 +3,8 @@
 //! `/classify`, plus the checks that need no tokenizer.
 
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::common::random_hex_id;
 use crate::completion::PromptInput;
@@ -24,8 +25,9 @@ pub enum EncodingFormat {
 pub struct EmbeddingRequest {
     #[serde(default)]
     pub model: Option<String>,
+    #[serde(deserialize_with = "input_field")]
     pub input: PromptInput,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "encoding_format_field")]
     pub encoding_format: Option<EncodingFormat>,
     /// Matryoshka truncation: only for models that support it (vLLM's rule); others get a 400.
     #[serde(default)]
@@ -42,6 +44,25 @@ pub struct EmbeddingRequest {
     /// L2-normalize the vector; default: as the model's sentence-transformers modules say.
     #[serde(default)]
     pub normalize: Option<bool>,
+}
+
+/// `input` has `prompt`'s shapes (texts or token ids, one kind per list); errors name `input`.
+fn input_field<'de, D: Deserializer<'de>>(deserializer: D) -> Result<PromptInput, D::Error> {
+    PromptInput::deserialize(deserializer)
+        .map_err(|error| D::Error::custom(error.to_string().replace("`prompt`", "`input`")))
+}
+
+fn encoding_format_field<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<EncodingFormat>, D::Error> {
+    match Option::<String>::deserialize(deserializer)?.as_deref() {
+        None => Ok(None),
+        Some("float") => Ok(Some(EncodingFormat::Float)),
+        Some("base64") => Ok(Some(EncodingFormat::Base64)),
+        Some(other) => Err(D::Error::custom(format!(
+            "`encoding_format` must be \"float\" or \"base64\", got {other:?}"
+        ))),
+    }
 }
 
 /// `text_1` / `text_2` of `/score`: one text or a list.
@@ -84,7 +105,10 @@ impl ScoreRequest {
             ));
         }
         let pairs = if first.len() == 1 {
-            second.iter().map(|b| (first[0].to_string(), b.to_string())).collect()
+            second
+                .iter()
+                .map(|b| (first[0].to_string(), b.to_string()))
+                .collect()
         } else if first.len() == second.len() {
             first
                 .iter()
@@ -128,6 +152,7 @@ pub struct RerankRequest {
 pub struct ClassifyRequest {
     #[serde(default)]
     pub model: Option<String>,
+    #[serde(deserialize_with = "input_field")]
     pub input: PromptInput,
     #[serde(default)]
     pub truncate_prompt_tokens: Option<i64>,
@@ -248,13 +273,21 @@ impl EmbeddingResponse {
             .enumerate()
             .map(|(index, vector)| EmbeddingData {
                 index,
-                object: if pooling_route { "pooling" } else { "embedding" },
+                object: if pooling_route {
+                    "pooling"
+                } else {
+                    "embedding"
+                },
                 embedding: (!pooling_route).then(|| vector.clone()),
                 data: pooling_route.then_some(vector),
             })
             .collect();
         EmbeddingResponse {
-            id: format!("{}-{}", if pooling_route { "pool" } else { "embd" }, random_hex_id()),
+            id: format!(
+                "{}-{}",
+                if pooling_route { "pool" } else { "embd" },
+                random_hex_id()
+            ),
             object: "list",
             created,
             model,
@@ -451,8 +484,13 @@ mod tests {
         else {
             panic!("expected base64");
         };
-        let bytes = base64::engine::general_purpose::STANDARD.decode(text).unwrap();
-        assert_eq!(bytes, [1.0f32.to_le_bytes(), (-2.5f32).to_le_bytes()].concat());
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .unwrap();
+        assert_eq!(
+            bytes,
+            [1.0f32.to_le_bytes(), (-2.5f32).to_le_bytes()].concat()
+        );
     }
 
     #[test]

@@ -43,6 +43,10 @@ struct BertConfig {
     id2label: Option<std::collections::BTreeMap<String, String>>,
     #[serde(default)]
     num_labels: Option<usize>,
+    #[serde(default)]
+    is_matryoshka: Option<bool>,
+    #[serde(default)]
+    matryoshka_dimensions: Option<Vec<usize>>,
 }
 
 fn default_type_vocab_size() -> usize {
@@ -197,6 +201,11 @@ impl BertModel {
             max_model_len,
             method,
             normalize,
+            matryoshka_dimensions: match (&config.matryoshka_dimensions, config.is_matryoshka) {
+                (Some(dimensions), _) => Some(dimensions.clone()),
+                (None, Some(true)) => Some(Vec::new()),
+                _ => None,
+            },
         };
         let store = TensorStore::from_hf_directory(dir)?;
         let reader = WeightReader::new(&store, TensorNaming::HuggingFace, false);
