@@ -8,17 +8,18 @@
 //! - a formula-weight `BertForSequenceClassification` (written here, as the script wrote
 //!   it for transformers): its logits equal transformers' within 1e-4.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use safetensors::tensor::TensorView;
 use serde_json::Value;
 use tokenmill_models::{
     l2_normalize, load_pooling_model, EncoderBatch, EncoderWorkspace, ModelSource, PoolingMethod,
     PoolingModel, PoolingTask, ThreadPool,
 };
 use tokenmill_text::Tokenizer;
+
+#[path = "support/cross_encoder.rs"]
+mod cross_encoder;
 
 #[allow(clippy::unwrap_used)]
 fn fixture(name: &str) -> Value {
@@ -113,12 +114,15 @@ fn minilm_matches_sentence_transformers() {
     assert!(items.len() >= 50);
     let sequences: Vec<Vec<u32>> = items.iter().map(|item| ids(&item["ids"])).collect();
     for (item, expected) in items.iter().zip(&sequences) {
-        // Truncated texts are the engine's business (truncate_prompt_tokens), not the
-        // tokenizer's.
+        let text = item["text"].as_str().unwrap();
         if expected.len() < info.max_model_len {
-            let text = item["text"].as_str().unwrap();
             assert_eq!(&tokenizer.encode(text, true).unwrap(), expected, "{text:?}");
         }
+        // transformers' truncation (`truncate_prompt_tokens`): first tokens, [SEP] kept.
+        let (truncated, _) = tokenizer
+            .encode_for_pooling(text, None, true, Some(info.max_model_len))
+            .unwrap();
+        assert_eq!(&truncated, expected, "{text:?}");
     }
     let pool = ThreadPool::new(2);
     let mut vectors = Vec::new();
@@ -168,68 +172,11 @@ fn minilm_vector_is_the_same_alone_and_in_a_batch_of_64() {
     assert_eq!(alone_last[0], batched[63]);
 }
 
-/// The script's `formula_weight`: a sine of the element index with a per-name phase.
-#[allow(clippy::unwrap_used)]
-fn formula_weight(name: &str, shape: &[usize]) -> Vec<f32> {
-    let count: usize = shape.iter().product();
-    let phase = name.chars().map(|c| c as u64).sum::<u64>() % 97;
-    let last = *shape.last().unwrap() as f64;
-    (0..count)
-        .map(|i| {
-            let v = (i as f64 * 0.731 + phase as f64 * 0.1).sin();
-            let v = if name.ends_with("LayerNorm.weight") {
-                1.0 + 0.1 * v
-            } else if name.ends_with("bias") {
-                0.05 * v
-            } else {
-                v * (1.0 / last.sqrt())
-            };
-            v as f32
-        })
-        .collect()
-}
-
 #[test]
 fn cross_encoder_matches_transformers() {
     let data = fixture("cross_encoder.json");
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("config.json"),
-        serde_json::to_string(&data["config"]).unwrap(),
-    )
-    .unwrap();
-    let shapes: HashMap<String, Vec<usize>> = data["tensors"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(name, shape)| {
-            let shape = shape
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize);
-            (name.clone(), shape.collect())
-        })
-        .collect();
-    let bytes: HashMap<String, Vec<u8>> = shapes
-        .iter()
-        .map(|(name, shape)| {
-            let values = formula_weight(name, shape);
-            (
-                name.clone(),
-                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = shapes
-        .iter()
-        .map(|(name, shape)| {
-            let view =
-                TensorView::new(safetensors::Dtype::F32, shape.clone(), &bytes[name]).unwrap();
-            (name.clone(), view)
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    cross_encoder::write_checkpoint(dir.path());
     let model = load_pooling_model(&ModelSource::HfDirectory(dir.path().to_path_buf())).unwrap();
     assert_eq!(model.info().task, PoolingTask::Classify);
     assert_eq!(model.info().output_dim, 1);
@@ -249,6 +196,15 @@ fn cross_encoder_matches_transformers() {
             &mut out,
         )
         .unwrap();
+    // The written tokenizer joins the pairs' texts back into the fixture's ids and types.
+    let tokenizer = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    for ((first, second, _), item) in cross_encoder::text_pairs().iter().zip(items) {
+        let (ids_got, types_got) = tokenizer
+            .encode_for_pooling(first, Some(second), true, None)
+            .unwrap();
+        assert_eq!(ids_got, ids(&item["ids"]));
+        assert_eq!(types_got, ids(&item["type_ids"]));
+    }
     for (item, &got) in items.iter().zip(&out) {
         let want = item["logits"][0].as_f64().unwrap();
         assert!((got as f64 - want).abs() < 1e-4, "{got} vs {want}");
