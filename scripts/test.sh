@@ -12,6 +12,10 @@ echo "== model: $TOKENMILL_TEST_MODEL"
 export TOKENMILL_GEMMA3_MODEL="${TOKENMILL_GEMMA3_MODEL:-$(scripts/fetch-gemma3.sh)}"
 echo "== gemma3 model: $TOKENMILL_GEMMA3_MODEL"
 
+# all-MiniLM-L6-v2 (BERT encoder, HF directory) for the pooling runner's parity and HTTP tests.
+export TOKENMILL_MINILM_MODEL="${TOKENMILL_MINILM_MODEL:-$(scripts/fetch-minilm.sh)}"
+echo "== minilm model: $TOKENMILL_MINILM_MODEL"
+
 export TOKENMILL_PROMTOOL="${TOKENMILL_PROMTOOL:-$(scripts/install-promtool.sh)}"
 echo "== promtool: $TOKENMILL_PROMTOOL"
 

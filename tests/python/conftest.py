@@ -101,13 +101,16 @@ class Server:
             raise AssertionError(f"server did not exit within {timeout} s:\n{self.log()[-4000:]}")
 
 
-def start_server(*flags: str, verify: object = True, api_key: str | None = None) -> Server:
-    """Starts `tokenmill serve` on the default model with `flags` and waits until healthy."""
+def start_server(
+    *flags: str, verify: object = True, api_key: str | None = None, model: str | None = None
+) -> Server:
+    """Starts `tokenmill serve` on `model` (default: the default model) with `flags` and
+    waits until healthy."""
     log_file = tempfile.NamedTemporaryFile(prefix="tokenmill-serve-", suffix=".log", delete=False)
     command = [
         binary_path(),
         "serve",
-        model_path(),
+        model or model_path(),
         "--port",
         "0",
         "--kv-cache-memory",

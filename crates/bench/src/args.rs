@@ -37,7 +37,9 @@ pub struct BenchServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// API endpoint: /v1/completions or /v1/chat/completions.
+    /// API endpoint: /v1/completions, /v1/chat/completions, or /v1/embeddings (a pooling
+    /// server: one non-streamed request per prompt; E2EL percentiles and request/input-token
+    /// throughput are what it measures).
     #[arg(long, default_value = "/v1/completions")]
     pub endpoint: String,
     /// Model name sent in requests (default: the first id of GET /v1/models).
@@ -163,6 +165,8 @@ pub struct BenchServeArgs {
 pub enum EndpointKind {
     Completions,
     ChatCompletions,
+    /// `/v1/embeddings`: not streamed; the whole response is the request's latency.
+    Embeddings,
 }
 
 /// A metric that can get a percentile section in the report.
@@ -358,9 +362,11 @@ impl BenchServeArgs {
             EndpointKind::ChatCompletions
         } else if endpoint.ends_with("completions") {
             EndpointKind::Completions
+        } else if endpoint.ends_with("embeddings") {
+            EndpointKind::Embeddings
         } else {
             return Err(BenchError::InvalidArgument(format!(
-                "--endpoint {endpoint} must end with completions or chat/completions"
+                "--endpoint {endpoint} must end with completions, chat/completions or embeddings"
             )));
         };
 
@@ -515,6 +521,8 @@ mod tests {
         assert!(parse(&["--percentile-metrics", "ttfb"]).plan().is_err());
         assert!(parse(&["--max-concurrency", "0"]).plan().is_err());
         assert!(parse(&["--dataset-name", "sharegpt"]).plan().is_err());
-        assert!(parse(&["--endpoint", "/v1/embeddings"]).plan().is_err());
+        assert!(parse(&["--endpoint", "/v1/rerank"]).plan().is_err());
+        let plan = parse(&["--endpoint", "/v1/embeddings"]).plan().unwrap();
+        assert_eq!(plan.endpoint_kind, EndpointKind::Embeddings);
     }
 }

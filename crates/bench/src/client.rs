@@ -91,8 +91,19 @@ pub fn request_body(config: &EndpointConfig, input: &RequestInput) -> Value {
             "stream": true,
             "stream_options": {"include_usage": true},
         }),
+        EndpointKind::Embeddings => json!({
+            "model": config.model,
+            "input": input.prompt,
+            "encoding_format": "float",
+        }),
     };
     if let Value::Object(map) = &mut body {
+        if config.kind == EndpointKind::Embeddings {
+            for (key, value) in &config.extra_body {
+                map.insert(key.clone(), value.clone());
+            }
+            return body;
+        }
         if config.ignore_eos {
             map.insert("ignore_eos".into(), Value::Bool(true));
         }
@@ -153,7 +164,7 @@ pub fn interpret_chunk(kind: EndpointKind, event: Option<&str>, data: &str) -> C
     {
         let finished = choice.get("finish_reason").is_some_and(|r| !r.is_null());
         let content = match kind {
-            EndpointKind::Completions => choice.get("text"),
+            EndpointKind::Completions | EndpointKind::Embeddings => choice.get("text"),
             EndpointKind::ChatCompletions => choice.get("delta").and_then(|delta| {
                 delta
                     .get("content")
@@ -218,10 +229,55 @@ pub async fn send_request(
                 format!("HTTP {status}: {}", truncate(text.trim(), 300)),
             )
         }
+        Ok(response) if config.kind == EndpointKind::Embeddings => {
+            read_embeddings(response, sent, input.prompt_len).await
+        }
         Ok(response) => read_stream(config.kind, response, sent, input.prompt_len).await,
     };
     outcome.start_time = start_time;
     outcome
+}
+
+/// An embeddings response: one JSON body; its arrival is both the first and the last byte
+/// that matter, and `usage.prompt_tokens` the input length.
+async fn read_embeddings(
+    response: reqwest::Response,
+    sent: Instant,
+    prompt_len: usize,
+) -> RequestOutcome {
+    let body = response.bytes().await;
+    let latency = sent.elapsed().as_secs_f64();
+    let value: Value = match body.map(|bytes| serde_json::from_slice(&bytes)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(err)) => {
+            return RequestOutcome::failure(prompt_len, format!("unparseable response: {err}"))
+        }
+        Err(err) => {
+            return RequestOutcome::failure(
+                prompt_len,
+                format!("body broken: {}", error_chain(&err)),
+            )
+        }
+    };
+    let vectors = value
+        .get("data")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    if vectors == 0 {
+        return RequestOutcome::failure(prompt_len, "the response holds no embedding".into());
+    }
+    let prompt_tokens = value
+        .pointer("/usage/prompt_tokens")
+        .and_then(Value::as_u64)
+        .map_or(prompt_len, |tokens| tokens as usize);
+    RequestOutcome {
+        success: true,
+        prompt_len: prompt_tokens,
+        ttft: latency,
+        latency,
+        output_tokens: Some(0),
+        ..Default::default()
+    }
 }
 
 async fn read_stream(
@@ -338,6 +394,20 @@ mod tests {
             ignore_eos: true,
             extra_body: serde_json::Map::from_iter([("temperature".to_string(), json!(0.0))]),
         }
+    }
+
+    #[test]
+    fn embeddings_body_is_one_unstreamed_input() {
+        let input = RequestInput {
+            prompt: "hi".into(),
+            prompt_len: 1,
+            output_len: 7,
+        };
+        let body = request_body(&config(EndpointKind::Embeddings), &input);
+        assert_eq!(body["input"], "hi");
+        assert_eq!(body["model"], "m");
+        assert!(body.get("stream").is_none() && body.get("max_tokens").is_none());
+        assert!(body.get("ignore_eos").is_none());
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! Flag parsing only: each subcommand turns its flags into a library crate's typed config and
 //! calls into that crate. Errors are reported with `anyhow` here and nowhere else.
 
+mod embed;
 mod engine_args;
 mod generate;
+mod runner;
 mod serve;
 mod structured_args;
 mod tokenizer;
@@ -42,6 +44,8 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Generate text from a prompt, or run a JSONL file of prompts as an offline batch.
     Generate(Box<generate::GenerateArgs>),
+    /// Embed a JSONL file of texts with an embedding model into a JSONL file of vectors.
+    Embed(Box<embed::EmbedArgs>),
     /// Benchmarks: serving (against any OpenAI-compatible server) and offline model speed.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -72,6 +76,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Generate(args) => generate::run(*args),
+        Command::Embed(args) => embed::run(*args),
         Command::Tokenizer(command) => tokenizer::run(command),
         Command::Bench(BenchCommand::Serve(args)) => {
             async_runtime()?.block_on(tokenmill_bench::run(*args))?;

@@ -11,6 +11,7 @@ use tokenmill_protocol::SamplingDefaults;
 use tokenmill_server::{ServerConfig, TlsConfig};
 
 use crate::engine_args::EngineArgs;
+use crate::runner::RunnerArgs;
 use crate::tool_args::ToolArgs;
 use crate::vllm_flags::{markdown_table, VllmArgs};
 
@@ -28,6 +29,8 @@ pub struct ServeArgs {
     pub vllm: VllmArgs,
     #[command(flatten)]
     pub tools: ToolArgs,
+    #[command(flatten)]
+    pub runner: RunnerArgs,
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,
     #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
@@ -159,6 +162,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.reasoning_parser = reasoning_parser;
     args.vllm.apply_to_server(&mut server)?;
 
+    if args.runner.pooling(&config)? {
+        let engine = args.runner.start_pooling(&config)?;
+        crate::async_runtime()?
+            .block_on(tokenmill_server::serve_pooling_on(listener, engine, server))?;
+        return Ok(());
+    }
     let engine = Engine::start(&config)?;
     for line in engine.capacity().log_lines() {
         tracing::info!("{line}");

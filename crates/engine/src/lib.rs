@@ -11,6 +11,9 @@
 //!   (flattened batch over the paged KV cache, then per-request sampling).
 //! - [`OutputProcessor`] — per request: incremental detokenization and stop strings.
 //! - [`generate_batch`] — offline batch generation (vLLM's `LLM.generate`) over the same engine.
+//! - [`PoolingEngine`] / [`PoolingClient`] — the pooling runner (`--runner pooling`): its own
+//!   loop thread over a `PoolingModel`, prefill-only [`PoolingInput`]s packed per step under
+//!   the token budget, no KV cache, one row (embedding or class logits) back per input.
 //!
 //! Usage loop:
 //! ```text
@@ -32,6 +35,7 @@ pub mod kv_events;
 mod model_runner;
 mod offline;
 mod output;
+mod pooling;
 mod request;
 pub mod spec;
 mod stats;
@@ -45,6 +49,9 @@ pub use executor::{Executor, NewSequence, StepOutput};
 pub use model_runner::{grammar_vocabulary, LoadedModel, ModelRunner};
 pub use offline::{generate_batch, BatchItem, BatchResult};
 pub use output::OutputProcessor;
+pub use pooling::{
+    LoadedPoolingModel, PoolingClient, PoolingEngine, PoolingEngineConfig, PoolingInput,
+};
 pub use request::{
     FinishReason, GenerateRequest, RequestEvent, RequestOutput, StopOptions, StopReason,
     TokenLogprob,

@@ -27,6 +27,9 @@
 //!   by output rows. F16/BF16 weights are widened to f32 at load (2x memory).
 //! - Elementwise: [`rms_norm`], [`silu_mul`], [`gelu_tanh_mul`], [`add_inplace`],
 //!   [`softmax_inplace`].
+//! - Encoders (BERT): [`layer_norm`] (with bias), [`gelu_erf_inplace`] (exact GELU) and
+//!   [`bidirectional_attention`] over whole sequences ([`EncoderSeq`]) straight from the fused
+//!   QKV projection, no KV cache.
 //! - RoPE: [`RopeCache`] (`new(rotary_dim, theta, max_positions, RopeScaling)`, angles in f64
 //!   stored as f32; positions past the table are computed on the fly identically) and
 //!   [`apply_rope`]`(x, n_tokens, n_heads, head_dim, positions, &cache, RopeStyle)`, rotating
@@ -82,6 +85,7 @@ mod attention;
 mod cpu;
 mod dtype;
 mod elementwise;
+mod encoder;
 mod kv_dtype;
 mod matmul;
 mod peak;
@@ -98,6 +102,9 @@ pub use attention::{
 pub use cpu::CpuFeatures;
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
+pub use encoder::{
+    bidirectional_attention, gelu_erf_inplace, layer_norm, EncoderAttentionShape, EncoderSeq,
+};
 pub use kv_dtype::{
     f32_to_bf16_saturating, f32_to_f16_saturating, f32_to_fp8_e4m3, f32_to_fp8_e5m2,
     fp8_e4m3_to_f32, fp8_e5m2_to_f32, KvCacheBuffer, KvCacheDType, KvCacheSlice, KvCacheSliceMut,

@@ -18,6 +18,10 @@
 //!   Mistral, Qwen2 and Qwen3; [`Gemma3Model`] for Gemma 3) and are composed from the shared blocks in `layers/` (linear, norms,
 //!   RoPE, attention, gated MLP); quantized and float checkpoints differ only in the dtype of
 //!   their matrices.
+//! - [`PoolingModel`]: the seam for encoders ([`BertModel`]: embeddings with mean / CLS /
+//!   last pooling from sentence-transformers' modules, and `BertForSequenceClassification`
+//!   cross-encoders); [`load_pooling_model`] loads one, [`is_pooling_model`] tells the CLI
+//!   which runner a checkpoint needs. Whole sequences in an [`EncoderBatch`], no KV cache.
 //! - [`BatchInput`], [`KvCacheStorage`], [`Workspace`]: the inputs and memory of a step. The
 //!   cache is sized from the model's [`CausalLm::kv_layout`] and stores K/V as a
 //!   [`KvCacheDType`] (f32, f16, bf16, fp8), chosen by the `--kv-cache-dtype` value
@@ -61,6 +65,7 @@ mod kv_cache;
 mod layers;
 mod loader;
 mod model;
+mod pooling;
 mod sampling;
 mod source;
 
@@ -68,11 +73,15 @@ pub use batch::BatchInput;
 pub use cache_dtype::{CacheDtype, CacheDtypeError};
 pub use config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
-pub use families::{Gemma3Model, LlamaModel};
+pub use families::{BertModel, Gemma3Model, LlamaModel};
 pub use kv_cache::{KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;
 pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
+pub use pooling::{
+    is_pooling_model, l2_normalize, load_pooling_model, EncoderBatch, EncoderWorkspace,
+    PoolingMethod, PoolingModel, PoolingModelInfo, PoolingTask,
+};
 pub use sampling::{
     argmax, log_sum_exp, token_logprobs, GrammarCompiler, GrammarMatcher, GrammarVocabulary,
     History, JsonGrammarOptions, LogitsChain, LogitsProcessor, SampledToken, Sampler,
@@ -84,5 +93,6 @@ pub use source::{
     ModelSource, ResolveOptions, DEFAULT_MODEL_FILE, DEFAULT_MODEL_WHEEL,
 };
 pub use tokenmill_kernels::AttentionSeq;
+pub use tokenmill_kernels::EncoderSeq;
 pub use tokenmill_kernels::KvCacheDType;
 pub use tokenmill_kernels::ThreadPool;

@@ -16,6 +16,10 @@
 //!   [`OutputOptions`]) out, or a [`ProtocolError`] naming the offending `param` (a 400).
 //! - Structured outputs: `response_format`, `structured_outputs` and the legacy `guided_*`
 //!   fields ([`GuidedDecodingParams`]) checked into one [`StructuredOutputRequest`].
+//! - Pooling routes (`pooling.rs`): [`EmbeddingRequest`] (`/v1/embeddings`, `/pooling`),
+//!   [`ScoreRequest`], [`RerankRequest`], [`ClassifyRequest`] and their responses; vectors
+//!   as floats or base64 ([`WireVector`]); [`truncation_limit`] and [`input_too_long`] are
+//!   vLLM's 400s.
 //! - [`openapi_json`]: the OpenAPI 3.1 document of the served routes.
 //!
 //! # Usage (server side)
@@ -50,6 +54,7 @@ mod completion;
 mod error;
 mod models;
 mod openapi;
+mod pooling;
 mod sampling;
 mod structured;
 mod tools;
@@ -76,6 +81,12 @@ pub use models::{
     TokenizeCompletionRequest, TokenizeInput, TokenizeRequest, TokenizeResponse, VersionResponse,
 };
 pub use openapi::openapi_json;
+pub use pooling::{
+    input_too_long, truncation_limit, ClassifyData, ClassifyRequest, ClassifyResponse,
+    EmbeddingData, EmbeddingRequest, EmbeddingResponse, EncodingFormat, PoolingUsage,
+    RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData,
+    ScoreInput, ScoreRequest, ScoreResponse, WireVector,
+};
 pub use sampling::{
     OutputOptions, SamplingDefaults, SamplingOptions, ValidatedSampling, ValidationLimits,
     COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS,

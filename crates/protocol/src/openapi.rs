@@ -579,8 +579,167 @@ fn ok_json_or_stream(schema: &str, chunk: &str) -> Value {
     }})
 }
 
+/// The pooling routes' schemas (`pooling.rs`), served by `--runner pooling`.
+fn pooling_components() -> Map<String, Value> {
+    let input = json!({"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}}
+    ], "description": "A text, texts, token ids or lists of token ids; none empty, all of one kind."});
+    let texts =
+        json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]});
+    let truncate = integer(
+        "Keep at most this many tokens per input (-1: the model length); \
+                            without it a longer input is a 400.",
+    );
+    let model = string("Served model name; optional when one model is served.");
+    let usage = object(
+        vec![
+            ("prompt_tokens", json!({"type": "integer"})),
+            ("total_tokens", json!({"type": "integer"})),
+            ("completion_tokens", json!({"type": "integer"})),
+        ],
+        &["prompt_tokens", "total_tokens"],
+    );
+    let vector = json!({"anyOf": [{"type": "array", "items": {"type": "number"}},
+        {"type": "string", "description": "base64 of little-endian float32"}]});
+    let list = |item: Value| {
+        object(
+            vec![
+                ("id", json!({"type": "string"})),
+                ("object", json!({"type": "string"})),
+                ("created", json!({"type": "integer"})),
+                ("model", json!({"type": "string"})),
+                ("data", json!({"type": "array", "items": item})),
+                ("usage", usage.clone()),
+            ],
+            &["id", "object", "model", "data", "usage"],
+        )
+    };
+    let schemas = json!({
+        "EmbeddingRequest": object(vec![
+            ("model", model.clone()),
+            ("input", input.clone()),
+            ("encoding_format", nullable(json!({"enum": ["float", "base64"]}))),
+            ("dimensions", integer("Matryoshka models only: truncate the vector to this width.")),
+            ("user", string("Accepted, not used.")),
+            ("truncate_prompt_tokens", truncate.clone()),
+            ("add_special_tokens", boolean("Add [CLS]/[SEP] around text inputs (default true).")),
+            ("normalize", boolean("L2-normalize; default: the model's sentence-transformers config.")),
+        ], &["input"]),
+        "EmbeddingResponse": list(object(vec![
+            ("index", json!({"type": "integer"})),
+            ("object", json!({"type": "string"})),
+            ("embedding", vector.clone()),
+            ("data", vector),
+        ], &["index", "object"])),
+        "ScoreRequest": object(vec![
+            ("model", model.clone()),
+            ("text_1", texts.clone()),
+            ("text_2", texts),
+            ("truncate_prompt_tokens", truncate.clone()),
+        ], &["text_1", "text_2"]),
+        "ScoreResponse": list(object(vec![
+            ("index", json!({"type": "integer"})),
+            ("object", json!({"type": "string"})),
+            ("score", json!({"type": "number"})),
+        ], &["index", "score"])),
+        "RerankRequest": object(vec![
+            ("model", model.clone()),
+            ("query", json!({"type": "string"})),
+            ("documents", json!({"type": "array", "items": {"type": "string"}})),
+            ("top_n", integer("Return the best n (absent or 0: all).")),
+            ("return_documents", boolean("Echo each document (default true).")),
+            ("truncate_prompt_tokens", truncate.clone()),
+        ], &["query", "documents"]),
+        "RerankResponse": object(vec![
+            ("id", json!({"type": "string"})),
+            ("model", json!({"type": "string"})),
+            ("usage", object(vec![("total_tokens", json!({"type": "integer"}))], &["total_tokens"])),
+            ("results", json!({"type": "array", "items": object(vec![
+                ("index", json!({"type": "integer"})),
+                ("document", object(vec![("text", json!({"type": "string"}))], &["text"])),
+                ("relevance_score", json!({"type": "number"})),
+            ], &["index", "relevance_score"])})),
+        ], &["id", "model", "usage", "results"]),
+        "ClassifyRequest": object(vec![
+            ("model", model),
+            ("input", input),
+            ("truncate_prompt_tokens", truncate),
+            ("add_special_tokens", boolean("Add [CLS]/[SEP] around text inputs (default true).")),
+        ], &["input"]),
+        "ClassifyResponse": list(object(vec![
+            ("index", json!({"type": "integer"})),
+            ("label", json!({"type": "string"})),
+            ("probs", json!({"type": "array", "items": {"type": "number"}})),
+            ("num_classes", json!({"type": "integer"})),
+        ], &["index", "label", "probs", "num_classes"])),
+    });
+    match schemas {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+/// The pooling routes (`--runner pooling`; the generate runner answers them with a 400).
+fn pooling_paths() -> Map<String, Value> {
+    let errors = [400, 401, 404, 413, 503];
+    let mut paths = Map::new();
+    let mut add = |path: &str, summary: &str, request: &str, response: &str| {
+        paths.insert(
+            path.to_string(),
+            json!({"post": operation(summary, Some(request), ok_json(response), &errors)}),
+        );
+    };
+    add(
+        "/v1/embeddings",
+        "Embed texts or token ids (pooling models)",
+        "EmbeddingRequest",
+        "EmbeddingResponse",
+    );
+    add(
+        "/pooling",
+        "The model's pooled output (pooling models)",
+        "EmbeddingRequest",
+        "EmbeddingResponse",
+    );
+    add(
+        "/score",
+        "Score text pairs: cosine of embeddings or a cross-encoder",
+        "ScoreRequest",
+        "ScoreResponse",
+    );
+    for path in ["/rerank", "/v1/rerank", "/v2/rerank"] {
+        add(
+            path,
+            "Rank documents against a query",
+            "RerankRequest",
+            "RerankResponse",
+        );
+    }
+    add(
+        "/classify",
+        "Classify texts (sequence-classification models)",
+        "ClassifyRequest",
+        "ClassifyResponse",
+    );
+    paths
+}
+
 /// The OpenAPI 3.1 document for every route tokenmill serves.
 pub fn openapi_json() -> Value {
+    let mut document = generation_document();
+    if let Some(schemas) = document["components"]["schemas"].as_object_mut() {
+        schemas.extend(pooling_components());
+    }
+    if let Some(paths) = document["paths"].as_object_mut() {
+        paths.extend(pooling_paths());
+    }
+    document
+}
+
+/// The generation server's routes and schemas.
+fn generation_document() -> Value {
     let generation_errors = [400, 401, 404, 413, 503];
     json!({
         "openapi": "3.1.0",

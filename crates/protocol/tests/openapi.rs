@@ -289,6 +289,13 @@ fn every_ref_resolves_and_every_route_is_documented() {
         ("/health", "get"),
         ("/version", "get"),
         ("/openapi.json", "get"),
+        ("/v1/embeddings", "post"),
+        ("/pooling", "post"),
+        ("/score", "post"),
+        ("/rerank", "post"),
+        ("/v1/rerank", "post"),
+        ("/v2/rerank", "post"),
+        ("/classify", "post"),
     ] {
         assert!(
             document["paths"][path][method]["responses"]["200"].is_object(),

@@ -13,10 +13,11 @@ use std::time::Duration;
 use axum_server::accept::DefaultAcceptor;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use axum_server::Handle;
-use tokenmill_engine::Engine;
+use tokenmill_engine::{Engine, PoolingEngine};
 
 use crate::config::ServerConfig;
 use crate::first_byte::FirstByteAcceptor;
+use crate::pooling::{pooling_router, PoolingState};
 use crate::routes::router;
 use crate::state::AppState;
 
@@ -90,18 +91,74 @@ pub async fn serve_on(
     let app = router(state.clone());
 
     let handle = Handle::new();
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    tokio::spawn(announce(handle.clone(), scheme));
     tokio::spawn(drain_on_signal(
         state.clone(),
         handle.clone(),
         config.shutdown_timeout,
     ));
 
+    run_app(listener, app, &config, handle).await?;
+    tracing::info!("server stopped; shutting down the engine");
+    engine.shutdown();
+    Ok(())
+}
+
+/// [`serve_on`] for a pooling model (`--runner pooling`): the pooling routes over a
+/// [`PoolingEngine`], the same TLS, timeouts and drain on SIGTERM/SIGINT (new requests get
+/// 503, in-flight ones get up to `shutdown_timeout` to finish).
+pub async fn serve_pooling_on(
+    listener: std::net::TcpListener,
+    engine: PoolingEngine,
+    config: ServerConfig,
+) -> Result<(), ServeError> {
+    let state = PoolingState::new(
+        engine.client(),
+        Arc::clone(engine.model()),
+        config.clone(),
+        Arc::clone(engine.metrics()),
+    );
+    let app = pooling_router(state.clone());
+    let handle = Handle::new();
+    let drain_handle = handle.clone();
+    let timeout = config.shutdown_timeout;
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!(
+            "shutdown requested: draining {} in-flight requests (up to {} s)",
+            state.in_flight(),
+            timeout.as_secs_f64()
+        );
+        state.start_draining();
+        let deadline = tokio::time::Instant::now() + timeout;
+        tokio::select! {
+            () = async {
+                while state.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(DRAIN_POLL).await;
+                }
+            } => {}
+            () = wait_for_signal() => tracing::warn!("second shutdown signal: not waiting for the drain"),
+        }
+        drain_handle.graceful_shutdown(Some(ABORT_GRACE));
+    });
+    run_app(listener, app, &config, handle).await?;
+    tracing::info!("server stopped; shutting down the pooling engine");
+    engine.shutdown();
+    Ok(())
+}
+
+/// Serves `app` on `listener` (TLS when configured) until `handle` shuts it down.
+async fn run_app(
+    listener: std::net::TcpListener,
+    app: axum::Router,
+    config: &ServerConfig,
+    handle: Handle,
+) -> Result<(), ServeError> {
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tokio::spawn(announce(handle.clone(), scheme));
     let service = app.into_make_service();
     match &config.tls {
         Some(tls) => {
@@ -125,8 +182,6 @@ pub async fn serve_on(
             server.handle(handle).serve(service).await?;
         }
     }
-    tracing::info!("server stopped; shutting down the engine");
-    engine.shutdown();
     Ok(())
 }
 

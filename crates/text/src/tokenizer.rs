@@ -114,9 +114,16 @@ impl Tokenizer {
     /// Loads a Hugging Face `tokenizer.json`, with BOS/EOS names and the chat template from
     /// `tokenizer_config.json` when given.
     pub fn from_file(tokenizer_json: &Path, tokenizer_config: Option<&Path>) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|error| {
+        let mut inner = tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|error| {
             TextError::Tokenizer(format!("{}: {error}", tokenizer_json.display()))
         })?;
+        // A tokenizer.json may carry the truncation and padding it was last used with
+        // (all-MiniLM-L6-v2's pads every text to 128 tokens); transformers resets both on
+        // every call, and length limits are the engine's business.
+        inner
+            .with_truncation(None)
+            .map_err(TextError::tokenizer)?
+            .with_padding(None);
         let config = match tokenizer_config {
             Some(path) => read_json(path)?,
             None => Value::Null,
@@ -284,6 +291,51 @@ impl Tokenizer {
                 Ok(out)
             }
         }
+    }
+
+    /// Token ids and token-type ids for a pooling model: one text, or a text pair joined as
+    /// the post-processor says (`[CLS] a [SEP] b [SEP]`, types 0 then 1, for a BERT
+    /// cross-encoder). With `max_len`, the texts are cut first (longest first, from the
+    /// right) so that, special tokens included, at most `max_len` remain: transformers'
+    /// `truncation=True, max_length=max_len`, which vLLM applies for
+    /// `truncate_prompt_tokens`.
+    pub fn encode_for_pooling(
+        &self,
+        first: &str,
+        second: Option<&str>,
+        add_special_tokens: bool,
+        max_len: Option<usize>,
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
+        use tokenizers::utils::truncation::{
+            truncate_encodings, TruncationDirection, TruncationParams, TruncationStrategy,
+        };
+        use tokenizers::PostProcessor;
+        let encode = |text: &str| {
+            self.inner
+                .encode_fast(text, false)
+                .map_err(TextError::tokenizer)
+        };
+        let mut encoding = encode(first)?;
+        let mut pair = second.map(encode).transpose()?;
+        if let Some(max_len) = max_len {
+            let added = match (add_special_tokens, self.inner.get_post_processor()) {
+                (true, Some(processor)) => processor.added_tokens(pair.is_some()),
+                _ => 0,
+            };
+            let params = TruncationParams {
+                direction: TruncationDirection::Right,
+                max_length: max_len.saturating_sub(added).max(1),
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+            };
+            (encoding, pair) =
+                truncate_encodings(encoding, pair, &params).map_err(TextError::tokenizer)?;
+        }
+        let joined = self
+            .inner
+            .post_process(encoding, pair, add_special_tokens)
+            .map_err(TextError::tokenizer)?;
+        Ok((joined.get_ids().to_vec(), joined.get_type_ids().to_vec()))
     }
 
     /// Text for `ids`. Incomplete UTF-8 at the end (a character split across tokens) decodes to

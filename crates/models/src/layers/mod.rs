@@ -17,7 +17,7 @@ pub(crate) use attention::{AttentionBlock, AttentionBuffers, AttentionOptions, A
 pub(crate) use head::EmbeddingAndHead;
 pub(crate) use linear::{embed, Linear, LinearScratch, StackedLinear};
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
-pub(crate) use norm::RmsNorm;
+pub(crate) use norm::{LayerNorm, RmsNorm};
 pub(crate) use rope::Rope;
 
 use tokenmill_kernels::{add_inplace, ThreadPool};

@@ -1,9 +1,9 @@
 //! Normalization layers. RMSNorm with a plain weight is what every family computes; Gemma's
 //! `(1 + w)` form is folded into the weight at load (`WeightReader::with_norm_shift`, for HF
-//! checkpoints; GGUF converters have added the 1 already). LayerNorm would be a sibling type
-//! with a bias.
+//! checkpoints; GGUF converters have added the 1 already). [`LayerNorm`] (mean-centred, with a
+//! bias) is what encoders (BERT) use.
 
-use tokenmill_kernels::rms_norm;
+use tokenmill_kernels::{layer_norm, rms_norm};
 
 use crate::error::Result;
 
@@ -34,6 +34,29 @@ impl RmsNorm {
         };
         rms_norm(x, &self.weight, self.eps, scratch)?;
         x.copy_from_slice(scratch);
+        Ok(())
+    }
+}
+
+/// `out = (x - mean) / sqrt(var + eps) * weight + bias`, row by row over the weight's width.
+#[derive(Debug)]
+pub(crate) struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    eps: f32,
+}
+
+impl LayerNorm {
+    pub fn new(weight: Vec<f32>, bias: Vec<f32>, eps: f32) -> LayerNorm {
+        LayerNorm { weight, bias, eps }
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        (self.weight.len() + self.bias.len()) * std::mem::size_of::<f32>()
+    }
+
+    pub fn forward(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        layer_norm(x, &self.weight, &self.bias, self.eps, out)?;
         Ok(())
     }
 }

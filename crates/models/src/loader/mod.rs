@@ -132,6 +132,31 @@ impl<'a> WeightReader<'a> {
         self.norm(self.naming.global(gguf_name), length, eps)
     }
 
+    /// Whether a tensor is present under its full container name (families that name their
+    /// own tensors, such as BERT's `encoder.layer.N.attention.self.query.weight`).
+    pub fn contains_named(&self, name: &str) -> bool {
+        self.store.contains(name)
+    }
+
+    /// A `[rows, columns]` matrix by its full container name.
+    pub fn matrix_named(&self, name: &str, rows: usize, columns: usize) -> Result<Linear> {
+        load_matrix(self, name, rows, columns)
+    }
+
+    /// Matrices over the same input stacked by rows, by full container names.
+    pub fn stacked_named(
+        &self,
+        parts: &[(String, usize)],
+        columns: usize,
+    ) -> Result<StackedLinear> {
+        load_fused(self, parts, columns)
+    }
+
+    /// A `[length]` vector (a bias, a norm weight) by its full container name, as f32.
+    pub fn vector_named(&self, name: &str, length: usize) -> Result<Vec<f32>> {
+        load_vector(self.store, name, length)
+    }
+
     /// The tensors of transformer block `layer`.
     pub fn layer(&self, layer: usize) -> LayerTensors<'_> {
         LayerTensors {

@@ -49,7 +49,7 @@ pub(crate) async fn version() -> Response {
 
 /// The OpenAPI document; bearer security is declared only when the server has a key, so
 /// generated clients and schemathesis do not send (or expect 401s for) a key nobody checks.
-pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
+pub(crate) async fn openapi<S: crate::routes::HttpState>(State(state): State<S>) -> Response {
     let mut document = openapi_json();
     if state.config().api_key.is_none() {
         without_security(&mut document);
@@ -89,8 +89,8 @@ fn without_security(document: &mut serde_json::Value) {
     }
 }
 
-pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
-    match state.inner.metrics.encode() {
+pub(crate) async fn metrics<S: crate::routes::HttpState>(State(state): State<S>) -> Response {
+    match state.metrics().encode() {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

@@ -1,8 +1,10 @@
 //! The route table and the layers every route passes through (auth, access log, metrics).
+//! The pooling server (`crate::pooling`) has its own table and shares the layers
+//! ([`finish_app`]).
 
 mod chat;
 mod completions;
-mod info;
+pub(crate) mod info;
 mod tokenize;
 
 use std::time::Instant;
@@ -19,8 +21,28 @@ use tokenmill_protocol::{
     parse_json_noting_ignored, ErrorResponse, ProtocolError, ValidatedSampling,
 };
 
+use crate::config::ServerConfig;
 use crate::error::{error_response, ApiError};
 use crate::state::AppState;
+use tokenmill_metrics::EngineMetrics;
+
+/// What the layers every route passes through (auth, access log, metrics) read from a
+/// server's state: the generation server's [`AppState`] and the pooling server's
+/// `PoolingState` alike.
+pub(crate) trait HttpState: Clone + Send + Sync + 'static {
+    fn config(&self) -> &ServerConfig;
+    fn metrics(&self) -> &EngineMetrics;
+}
+
+impl HttpState for AppState {
+    fn config(&self) -> &ServerConfig {
+        AppState::config(self)
+    }
+
+    fn metrics(&self) -> &EngineMetrics {
+        &self.inner.metrics
+    }
+}
 
 /// The whole app, ready for `axum::serve` or in-process `oneshot` tests.
 pub fn router(state: AppState) -> Router {
@@ -33,18 +55,32 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(info::health))
         .route("/ping", get(info::health))
         .route("/version", get(info::version))
-        .route("/metrics", get(info::metrics));
+        .route("/metrics", get(info::metrics::<AppState>));
     if state.config().serve_openapi {
-        routes = routes.route("/openapi.json", get(info::openapi));
+        routes = routes.route("/openapi.json", get(info::openapi::<AppState>));
     }
     if state.config().enable_tokenizer_info_endpoint {
         routes = routes.route("/tokenizer_info", get(tokenize::tokenizer_info));
     }
+    for path in crate::pooling::POOLING_PATHS {
+        routes = routes.route(path, post(crate::pooling::not_a_pooling_model));
+    }
+    finish_app(routes, state)
+}
+
+/// The fallbacks and the layers every route of either server passes through, around `routes`.
+pub(crate) fn finish_app<S: HttpState>(routes: Router<S>, state: S) -> Router {
     let app = routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
-        .layer(middleware::from_fn_with_state(state.clone(), access_log));
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            authenticate::<S>,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            access_log::<S>,
+        ));
     // `--root-path`: a proxy that does not strip its path prefix reaches the same routes.
     let app = match state.config().root_path.as_deref() {
         Some(prefix) => Router::new().nest(prefix, app.clone()).merge(app),
@@ -75,7 +111,11 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
 
 /// Bearer-token check: every route except `/health` (and `/metrics` unless
 /// `--api-key-metrics`) needs the key when one is configured.
-async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn authenticate<S: HttpState>(
+    State(state): State<S>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(expected) = state.config().api_key.as_deref() else {
         return next.run(request).await;
     };
@@ -110,7 +150,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// One access-log line per request (method, path, status, latency, request id) and the HTTP
 /// metrics.
-async fn access_log(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn access_log<S: HttpState>(
+    State(state): State<S>,
+    request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_string();
@@ -144,8 +188,7 @@ async fn access_log(State(state): State<AppState>, request: Request, next: Next)
     // Like vLLM's instrumentator, scrapes and health checks are not counted.
     if path != "/metrics" && path != "/health" && path != "/ping" {
         state
-            .inner
-            .metrics
+            .metrics()
             .record_http(&handler, method.as_str(), status, elapsed);
     }
     response
@@ -153,8 +196,8 @@ async fn access_log(State(state): State<AppState>, request: Request, next: Next)
 
 /// Reads a JSON request body: over the configured limit is a 413; anything but a JSON object
 /// is a 400 (serde would otherwise accept an array as a struct's fields in order).
-pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
-    state: &AppState,
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned, S: HttpState>(
+    state: &S,
     body: Body,
 ) -> Result<T, ApiError> {
     let limit = state.config().max_body_bytes;
@@ -252,7 +295,10 @@ pub(crate) fn check_request_shape(
 }
 
 /// The served model a request names: absent → the primary name; unknown → 404.
-pub(crate) fn check_model(state: &AppState, model: Option<&str>) -> Result<String, ApiError> {
+pub(crate) fn check_model<S: HttpState>(
+    state: &S,
+    model: Option<&str>,
+) -> Result<String, ApiError> {
     let names = &state.config().served_model_names;
     match model {
         None | Some("") => Ok(state.config().primary_model_name().to_string()),

@@ -1,0 +1,343 @@
+//! Encoder kernels: LayerNorm with bias, exact (erf) GELU, and bidirectional attention over
+//! whole sequences. Encoders (BERT) keep no KV cache: every sequence of a step is complete,
+//! so attention reads K and V straight from the step's QKV projection.
+//!
+//! All three are scalar with a fixed operation order (no SIMD twin to keep equal); attention
+//! splits (sequence, head) pairs over the pool, each pair's arithmetic independent of the
+//! others, so a sequence's result does not depend on what it was batched with.
+
+use std::cell::RefCell;
+
+use crate::pool::{SharedMut, ThreadPool};
+use crate::KernelError;
+
+/// `out = (x - mean) / sqrt(var + eps) * weight + bias`, for each row of `weight.len()`
+/// values. Mean and (biased) variance are accumulated in f64 in index order, as PyTorch's
+/// CPU LayerNorm accumulates in a wider type.
+pub fn layer_norm(
+    x: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let dim = weight.len();
+    if dim == 0 || !x.len().is_multiple_of(dim) {
+        return Err(KernelError::InvalidShape(
+            "layer_norm input is not a whole number of rows of weight.len()",
+        ));
+    }
+    for (what, len) in [
+        ("layer_norm bias", bias.len()),
+        ("layer_norm output", out.len()),
+    ] {
+        let expected = if what == "layer_norm bias" {
+            dim
+        } else {
+            x.len()
+        };
+        if len != expected {
+            return Err(KernelError::LengthMismatch {
+                what,
+                expected,
+                actual: len,
+            });
+        }
+    }
+    for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / dim as f64;
+        let variance = row
+            .iter()
+            .map(|&v| {
+                let d = f64::from(v) - mean;
+                d * d
+            })
+            .sum::<f64>()
+            / dim as f64;
+        let inverse = 1.0 / (variance + f64::from(eps)).sqrt();
+        for (((o, &v), &w), &b) in out_row.iter_mut().zip(row).zip(weight).zip(bias) {
+            *o = ((f64::from(v) - mean) * inverse) as f32 * w + b;
+        }
+    }
+    Ok(())
+}
+
+/// `x = gelu(x) = 0.5 x (1 + erf(x / sqrt 2))` in place: BERT's `gelu` (PyTorch's exact
+/// GELU, not the tanh approximation of [`crate::gelu_tanh_mul`]). `erf` is musl's `erff`
+/// (through `libm`), as accurate as the C library PyTorch calls.
+pub fn gelu_erf_inplace(x: &mut [f32]) {
+    const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+    for v in x.iter_mut() {
+        *v = 0.5 * *v * (1.0 + libm::erff(*v * FRAC_1_SQRT_2));
+    }
+}
+
+/// One sequence of an encoder batch: `len` consecutive rows from `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncoderSeq {
+    /// First row of the sequence in the flattened batch.
+    pub start: usize,
+    /// Rows (tokens) in the sequence.
+    pub len: usize,
+}
+
+/// Shapes of [`bidirectional_attention`]: `heads` heads of `head_dim` each; Q, K and V sit
+/// side by side in each row of the fused projection (`[q | k | v]`, `3 * heads * head_dim`).
+#[derive(Debug, Clone, Copy)]
+pub struct EncoderAttentionShape {
+    /// Attention heads (K/V heads equal query heads in encoders).
+    pub heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Multiplies every score (`1 / sqrt(head_dim)` in BERT).
+    pub scale: f32,
+}
+
+thread_local! {
+    /// Per-thread score row, grown to the longest sequence seen and then reused.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Full (non-causal) softmax attention within each sequence: every token attends to every
+/// token of its own sequence. `qkv` is `[n][3 * hidden]`, `out` is `[n][hidden]`; rows no
+/// sequence covers are left as they were.
+pub fn bidirectional_attention(
+    pool: &ThreadPool,
+    qkv: &[f32],
+    seqs: &[EncoderSeq],
+    shape: EncoderAttentionShape,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let hidden = shape.heads * shape.head_dim;
+    if hidden == 0 || !qkv.len().is_multiple_of(3 * hidden) {
+        return Err(KernelError::InvalidShape(
+            "bidirectional_attention qkv is not a whole number of [q | k | v] rows",
+        ));
+    }
+    let n = qkv.len() / (3 * hidden);
+    if out.len() != n * hidden {
+        return Err(KernelError::LengthMismatch {
+            what: "bidirectional_attention output",
+            expected: n * hidden,
+            actual: out.len(),
+        });
+    }
+    for seq in seqs {
+        if seq.start.checked_add(seq.len).is_none_or(|end| end > n) {
+            return Err(KernelError::IndexOutOfRange {
+                what: "encoder sequence end",
+                index: seq.start.saturating_add(seq.len),
+                len: n,
+            });
+        }
+    }
+    // Sequences must not overlap, or two tasks would write the same rows.
+    let mut sorted: Vec<(usize, usize)> = seqs.iter().map(|s| (s.start, s.len)).collect();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(KernelError::InvalidShape(
+            "bidirectional_attention sequences overlap",
+        ));
+    }
+    let shared = SharedMut::new(out);
+    let tasks = seqs.len() * shape.heads;
+    pool.parallel_for(tasks, &|task| {
+        let seq = seqs[task / shape.heads];
+        let head = task % shape.heads;
+        SCORES.with(|scores| {
+            let mut scores = scores.borrow_mut();
+            if scores.len() < seq.len {
+                scores.resize(seq.len, 0.0);
+            }
+            for i in 0..seq.len {
+                let row = seq.start + i;
+                // SAFETY: task (sequence, head) is the only writer of columns
+                // `head * head_dim..+head_dim` of its sequence's rows; sequences were checked
+                // not to overlap and to lie within `out`, which outlives `parallel_for`.
+                let dst = unsafe {
+                    shared.slice_mut(row * hidden + head * shape.head_dim, shape.head_dim)
+                };
+                attend_row(qkv, seq, head, row, shape, &mut scores[..seq.len], dst);
+            }
+        });
+    });
+    Ok(())
+}
+
+/// One query row of one head: scores against every key of the sequence, softmax, weighted
+/// sum of the values, each in index order.
+fn attend_row(
+    qkv: &[f32],
+    seq: EncoderSeq,
+    head: usize,
+    row: usize,
+    shape: EncoderAttentionShape,
+    scores: &mut [f32],
+    dst: &mut [f32],
+) {
+    let hidden = shape.heads * shape.head_dim;
+    let stride = 3 * hidden;
+    let column = head * shape.head_dim;
+    let q = &qkv[row * stride + column..row * stride + column + shape.head_dim];
+    let mut max = f32::NEG_INFINITY;
+    for (j, score) in scores.iter_mut().enumerate() {
+        let key_row = (seq.start + j) * stride + hidden + column;
+        let k = &qkv[key_row..key_row + shape.head_dim];
+        let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+        *score = dot * shape.scale;
+        max = max.max(*score);
+    }
+    let mut sum = 0.0f32;
+    for score in scores.iter_mut() {
+        *score = (*score - max).exp();
+        sum += *score;
+    }
+    let inverse = 1.0 / sum;
+    dst.iter_mut().for_each(|d| *d = 0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let value_row = (seq.start + j) * stride + 2 * hidden + column;
+        let v = &qkv[value_row..value_row + shape.head_dim];
+        for (d, &value) in dst.iter_mut().zip(v) {
+            *d += p * value;
+        }
+    }
+    dst.iter_mut().for_each(|d| *d *= inverse);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (i as f32 * 0.37 + seed as f32 * 1.3).sin() * 1.7)
+            .collect()
+    }
+
+    #[test]
+    fn layer_norm_matches_f64_reference() {
+        let (dim, rows) = (24, 3);
+        let x = values(dim * rows, 1);
+        let weight = values(dim, 2);
+        let bias = values(dim, 3);
+        let mut out = vec![0.0; x.len()];
+        layer_norm(&x, &weight, &bias, 1e-12, &mut out).unwrap();
+        for (row, out_row) in x.chunks(dim).zip(out.chunks(dim)) {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / dim as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / dim as f64;
+            for i in 0..dim {
+                let expected = (row[i] as f64 - mean) / (var + 1e-12).sqrt() * weight[i] as f64
+                    + bias[i] as f64;
+                assert!((out_row[i] as f64 - expected).abs() < 1e-5, "{i}");
+            }
+        }
+        let mut short = vec![0.0; 3];
+        assert!(layer_norm(&x, &weight, &bias[..3], 1e-12, &mut out).is_err());
+        assert!(layer_norm(&x, &weight, &bias, 1e-12, &mut short).is_err());
+    }
+
+    #[test]
+    fn gelu_erf_known_values() {
+        // gelu(x) = x * Phi(x): Phi(1) = 0.841344746, Phi(-1) = 0.158655254, Phi(2) = 0.977249868.
+        let mut x = [0.0f32, 1.0, -1.0, 2.0, -6.0, 10.0];
+        gelu_erf_inplace(&mut x);
+        let expected = [
+            0.0f32,
+            0.841_344_7,
+            -0.158_655_25,
+            1.954_499_7,
+            -5.9e-9,
+            10.0,
+        ];
+        for (got, want) in x.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+    }
+
+    /// Naive f64 attention per (sequence, head), materialized softmax.
+    fn reference(qkv: &[f32], seqs: &[EncoderSeq], heads: usize, head_dim: usize) -> Vec<f64> {
+        let hidden = heads * head_dim;
+        let n = qkv.len() / (3 * hidden);
+        let mut out = vec![0.0f64; n * hidden];
+        let at = |row: usize, part: usize, head: usize, d: usize| {
+            qkv[row * 3 * hidden + part * hidden + head * head_dim + d] as f64
+        };
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        for seq in seqs {
+            for head in 0..heads {
+                for i in seq.start..seq.start + seq.len {
+                    let scores: Vec<f64> = (seq.start..seq.start + seq.len)
+                        .map(|j| {
+                            (0..head_dim)
+                                .map(|d| at(i, 0, head, d) * at(j, 1, head, d))
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for d in 0..head_dim {
+                        out[i * hidden + head * head_dim + d] = (seq.start..seq.start + seq.len)
+                            .zip(&weights)
+                            .map(|(j, w)| w * at(j, 2, head, d))
+                            .sum::<f64>()
+                            / total;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn bidirectional_attention_matches_reference_and_is_batch_invariant() {
+        let (heads, head_dim) = (3, 8);
+        let hidden = heads * head_dim;
+        let seqs = [
+            EncoderSeq { start: 0, len: 5 },
+            EncoderSeq { start: 5, len: 1 },
+            EncoderSeq { start: 6, len: 11 },
+        ];
+        let n = 17;
+        let qkv = values(n * 3 * hidden, 4);
+        let shape = EncoderAttentionShape {
+            heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let pool = ThreadPool::new(3);
+        let mut out = vec![0.0; n * hidden];
+        bidirectional_attention(&pool, &qkv, &seqs, shape, &mut out).unwrap();
+        let expected = reference(&qkv, &seqs, heads, head_dim);
+        for (got, want) in out.iter().zip(&expected) {
+            assert!((*got as f64 - want).abs() < 1e-5, "{got} vs {want}");
+        }
+        // The last sequence alone, at row 0, single-threaded: bitwise the same rows.
+        let alone_qkv = &qkv[6 * 3 * hidden..];
+        let mut alone = vec![0.0; 11 * hidden];
+        let single = ThreadPool::new(1);
+        let seq = [EncoderSeq { start: 0, len: 11 }];
+        bidirectional_attention(&single, alone_qkv, &seq, shape, &mut alone).unwrap();
+        assert_eq!(alone, out[6 * hidden..]);
+    }
+
+    #[test]
+    fn bidirectional_attention_rejects_bad_sequences() {
+        let shape = EncoderAttentionShape {
+            heads: 1,
+            head_dim: 2,
+            scale: 1.0,
+        };
+        let pool = ThreadPool::new(1);
+        let qkv = vec![0.0; 4 * 6];
+        let mut out = vec![0.0; 4 * 2];
+        let past_end = [EncoderSeq { start: 2, len: 3 }];
+        assert!(bidirectional_attention(&pool, &qkv, &past_end, shape, &mut out).is_err());
+        let overlap = [
+            EncoderSeq { start: 0, len: 3 },
+            EncoderSeq { start: 2, len: 2 },
+        ];
+        assert!(bidirectional_attention(&pool, &qkv, &overlap, shape, &mut out).is_err());
+    }
+}

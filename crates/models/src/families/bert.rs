@@ -1,0 +1,537 @@
+//! BERT-style encoders (all-MiniLM, BGE, E5, cross-encoder rerankers): word + absolute
+//! position + token-type embeddings and a LayerNorm, then per layer bidirectional attention
+//! and an exact-GELU MLP, each followed by residual add and LayerNorm (post-norm). Pooled
+//! per sequence into an embedding, or, for `BertForSequenceClassification`, the `[CLS]` row
+//! through the tanh pooler and the classifier into class logits.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use tokenmill_kernels::{
+    add_inplace, bidirectional_attention, gelu_erf_inplace, EncoderAttentionShape, ThreadPool,
+};
+
+use crate::error::{ModelError, Result};
+use crate::layers::{embed, LayerNorm, Linear, LinearScratch, StackedLinear};
+use crate::loader::{TensorNaming, TensorStore, WeightReader};
+use crate::pooling::{
+    pool_rows, read_json, sentence_transformers_max_len, sentence_transformers_pooling,
+    EncoderBatch, EncoderWorkspace, PoolingMethod, PoolingModel, PoolingModelInfo, PoolingTask,
+};
+
+/// The `config.json` fields a BERT encoder needs.
+#[derive(Debug, Clone, Deserialize)]
+struct BertConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    max_position_embeddings: usize,
+    #[serde(default = "default_type_vocab_size")]
+    type_vocab_size: usize,
+    #[serde(default = "default_layer_norm_eps")]
+    layer_norm_eps: f32,
+    #[serde(default = "default_hidden_act")]
+    hidden_act: String,
+    #[serde(default = "default_position_embedding_type")]
+    position_embedding_type: String,
+    /// Classifiers: `id2label` gives the label count (and names); `num_labels` when absent.
+    #[serde(default)]
+    id2label: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    num_labels: Option<usize>,
+    #[serde(default)]
+    is_matryoshka: Option<bool>,
+    #[serde(default)]
+    matryoshka_dimensions: Option<Vec<usize>>,
+}
+
+fn default_type_vocab_size() -> usize {
+    2
+}
+fn default_layer_norm_eps() -> f32 {
+    1e-12
+}
+fn default_hidden_act() -> String {
+    "gelu".into()
+}
+fn default_position_embedding_type() -> String {
+    "absolute".into()
+}
+
+/// A dense layer with a bias: `y = x · Wᵀ + b`.
+#[derive(Debug)]
+struct Dense {
+    linear: Linear,
+    bias: Vec<f32>,
+}
+
+impl Dense {
+    fn load(reader: &WeightReader<'_>, name: &str, rows: usize, columns: usize) -> Result<Dense> {
+        Ok(Dense {
+            linear: reader.matrix_named(&format!("{name}.weight"), rows, columns)?,
+            bias: reader.vector_named(&format!("{name}.bias"), rows)?,
+        })
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.linear.storage_bytes() + self.bias.len() * 4
+    }
+
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut LinearScratch,
+    ) -> Result<()> {
+        self.linear.forward(pool, x, n, out, scratch)?;
+        add_bias(out, &self.bias)
+    }
+}
+
+fn add_bias(out: &mut [f32], bias: &[f32]) -> Result<()> {
+    for row in out.chunks_exact_mut(bias.len()) {
+        add_inplace(row, bias)?;
+    }
+    Ok(())
+}
+
+fn load_layer_norm(
+    reader: &WeightReader<'_>,
+    name: &str,
+    width: usize,
+    eps: f32,
+) -> Result<LayerNorm> {
+    Ok(LayerNorm::new(
+        reader.vector_named(&format!("{name}.weight"), width)?,
+        reader.vector_named(&format!("{name}.bias"), width)?,
+        eps,
+    ))
+}
+
+#[derive(Debug)]
+struct BertLayer {
+    /// Query, key and value stacked (`[q | k | v]`), one matmul.
+    qkv: StackedLinear,
+    qkv_bias: Vec<f32>,
+    attention_output: Dense,
+    attention_norm: LayerNorm,
+    intermediate: Dense,
+    output: Dense,
+    output_norm: LayerNorm,
+}
+
+/// `BertForSequenceClassification`'s head: `tanh(W_p · h_cls + b_p)` then the classifier.
+#[derive(Debug)]
+struct ClassifierHead {
+    pooler: Dense,
+    classifier: Dense,
+}
+
+/// A BERT encoder (see the module docs).
+#[derive(Debug)]
+pub struct BertModel {
+    info: PoolingModelInfo,
+    config: BertConfig,
+    word_embeddings: Linear,
+    position_embeddings: Linear,
+    token_type_embeddings: Linear,
+    embeddings_norm: LayerNorm,
+    layers: Vec<BertLayer>,
+    head: Option<ClassifierHead>,
+}
+
+impl BertModel {
+    /// Loads an HF directory: `config.json`, `model.safetensors` (names with or without the
+    /// `bert.` prefix classification checkpoints use) and, for embedders,
+    /// sentence-transformers' `modules.json` for the pooling method and normalization.
+    pub fn load_hf_directory(dir: &Path) -> Result<BertModel> {
+        let config: BertConfig = read_json(&dir.join("config.json"))?;
+        check_config(&config)?;
+        let classify = config
+            .architectures
+            .iter()
+            .any(|a| a == "BertForSequenceClassification");
+        // vLLM's default for BERT embedders without sentence-transformers modules: CLS,
+        // normalized.
+        let (method, normalize) = if classify {
+            (PoolingMethod::Cls, false)
+        } else {
+            sentence_transformers_pooling(dir, (PoolingMethod::Cls, true))?
+        };
+        let labels = match (&config.id2label, config.num_labels) {
+            (Some(map), _) => {
+                let mut entries: Vec<(usize, String)> = map
+                    .iter()
+                    .filter_map(|(k, v)| k.parse().ok().map(|k| (k, v.clone())))
+                    .collect();
+                entries.sort();
+                entries.into_iter().map(|(_, v)| v).collect()
+            }
+            (None, Some(n)) => (0..n).map(|i| format!("LABEL_{i}")).collect(),
+            (None, None) => vec!["LABEL_0".to_string()],
+        };
+        let max_model_len = sentence_transformers_max_len(dir)
+            .map_or(config.max_position_embeddings, |len| {
+                len.min(config.max_position_embeddings)
+            });
+        let info = PoolingModelInfo {
+            architecture: if classify {
+                "BertForSequenceClassification".into()
+            } else {
+                "BertModel".into()
+            },
+            task: if classify {
+                PoolingTask::Classify
+            } else {
+                PoolingTask::Embed
+            },
+            output_dim: if classify {
+                labels.len()
+            } else {
+                config.hidden_size
+            },
+            labels: if classify { labels } else { Vec::new() },
+            vocab_size: config.vocab_size,
+            max_model_len,
+            method,
+            normalize,
+            matryoshka_dimensions: match (&config.matryoshka_dimensions, config.is_matryoshka) {
+                (Some(dimensions), _) => Some(dimensions.clone()),
+                (None, Some(true)) => Some(Vec::new()),
+                _ => None,
+            },
+        };
+        let store = TensorStore::from_hf_directory(dir)?;
+        let reader = WeightReader::new(&store, TensorNaming::HuggingFace, false);
+        BertModel::from_reader(config, info, &reader)
+    }
+
+    fn from_reader(
+        config: BertConfig,
+        info: PoolingModelInfo,
+        reader: &WeightReader<'_>,
+    ) -> Result<BertModel> {
+        let prefix = if reader.contains_named("bert.embeddings.word_embeddings.weight") {
+            "bert."
+        } else {
+            ""
+        };
+        let (h, eps) = (config.hidden_size, config.layer_norm_eps);
+        let name = |rest: &str| format!("{prefix}{rest}");
+        let word_embeddings = reader.matrix_named(
+            &name("embeddings.word_embeddings.weight"),
+            config.vocab_size,
+            h,
+        )?;
+        let position_embeddings = reader.matrix_named(
+            &name("embeddings.position_embeddings.weight"),
+            config.max_position_embeddings,
+            h,
+        )?;
+        let token_type_embeddings = reader.matrix_named(
+            &name("embeddings.token_type_embeddings.weight"),
+            config.type_vocab_size,
+            h,
+        )?;
+        let embeddings_norm = load_layer_norm(reader, &name("embeddings.LayerNorm"), h, eps)?;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let layer = |rest: &str| name(&format!("encoder.layer.{i}.{rest}"));
+            let parts: Vec<(String, usize)> = ["query", "key", "value"]
+                .iter()
+                .map(|p| (layer(&format!("attention.self.{p}.weight")), h))
+                .collect();
+            let mut qkv_bias = Vec::with_capacity(3 * h);
+            for p in ["query", "key", "value"] {
+                qkv_bias
+                    .extend(reader.vector_named(&layer(&format!("attention.self.{p}.bias")), h)?);
+            }
+            layers.push(BertLayer {
+                qkv: reader.stacked_named(&parts, h)?,
+                qkv_bias,
+                attention_output: Dense::load(reader, &layer("attention.output.dense"), h, h)?,
+                attention_norm: load_layer_norm(
+                    reader,
+                    &layer("attention.output.LayerNorm"),
+                    h,
+                    eps,
+                )?,
+                intermediate: Dense::load(
+                    reader,
+                    &layer("intermediate.dense"),
+                    config.intermediate_size,
+                    h,
+                )?,
+                output: Dense::load(reader, &layer("output.dense"), h, config.intermediate_size)?,
+                output_norm: load_layer_norm(reader, &layer("output.LayerNorm"), h, eps)?,
+            });
+        }
+        let head = match info.task {
+            PoolingTask::Classify => Some(ClassifierHead {
+                pooler: Dense::load(reader, &name("pooler.dense"), h, h)?,
+                classifier: Dense::load(reader, "classifier", info.output_dim, h)?,
+            }),
+            PoolingTask::Embed => None,
+        };
+        Ok(BertModel {
+            info,
+            config,
+            word_embeddings,
+            position_embeddings,
+            token_type_embeddings,
+            embeddings_norm,
+            layers,
+            head,
+        })
+    }
+
+    /// Word + position + token-type embeddings, LayerNorm, into `ws.hidden`.
+    fn embed(&self, batch: &EncoderBatch, ws: &mut EncoderWorkspace) -> Result<()> {
+        let h = self.config.hidden_size;
+        let n = batch.num_tokens();
+        embed(
+            &self.word_embeddings,
+            &batch.token_ids,
+            &mut ws.scratch[..n * h],
+            h,
+        )?;
+        embed(
+            &self.position_embeddings,
+            &batch.positions,
+            &mut ws.projected[..n * h],
+            h,
+        )?;
+        add_inplace(&mut ws.scratch[..n * h], &ws.projected[..n * h])?;
+        embed(
+            &self.token_type_embeddings,
+            &batch.token_type_ids,
+            &mut ws.projected[..n * h],
+            h,
+        )?;
+        add_inplace(&mut ws.scratch[..n * h], &ws.projected[..n * h])?;
+        self.embeddings_norm
+            .forward(&ws.scratch[..n * h], &mut ws.hidden[..n * h])
+    }
+
+    fn layer(
+        &self,
+        layer: &BertLayer,
+        pool: &ThreadPool,
+        batch: &EncoderBatch,
+        ws: &mut EncoderWorkspace,
+    ) -> Result<()> {
+        let h = self.config.hidden_size;
+        let n = batch.num_tokens();
+        let inter = self.config.intermediate_size;
+        let shape = EncoderAttentionShape {
+            heads: self.config.num_attention_heads,
+            head_dim: h / self.config.num_attention_heads,
+            scale: 1.0 / ((h / self.config.num_attention_heads) as f32).sqrt(),
+        };
+        let qkv = &mut ws.qkv[..n * 3 * h];
+        layer
+            .qkv
+            .forward(pool, &ws.hidden[..n * h], n, qkv, &mut ws.linear)?;
+        add_bias(qkv, &layer.qkv_bias)?;
+        bidirectional_attention(pool, qkv, &batch.seqs, shape, &mut ws.attention[..n * h])?;
+        layer.attention_output.forward(
+            pool,
+            &ws.attention[..n * h],
+            n,
+            &mut ws.projected[..n * h],
+            &mut ws.linear,
+        )?;
+        add_inplace(&mut ws.hidden[..n * h], &ws.projected[..n * h])?;
+        layer
+            .attention_norm
+            .forward(&ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
+        std::mem::swap(&mut ws.hidden, &mut ws.scratch);
+        let intermediate = &mut ws.intermediate[..n * inter];
+        layer
+            .intermediate
+            .forward(pool, &ws.hidden[..n * h], n, intermediate, &mut ws.linear)?;
+        gelu_erf_inplace(intermediate);
+        layer.output.forward(
+            pool,
+            intermediate,
+            n,
+            &mut ws.projected[..n * h],
+            &mut ws.linear,
+        )?;
+        add_inplace(&mut ws.hidden[..n * h], &ws.projected[..n * h])?;
+        layer
+            .output_norm
+            .forward(&ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
+        std::mem::swap(&mut ws.hidden, &mut ws.scratch);
+        Ok(())
+    }
+
+    fn validate(&self, batch: &EncoderBatch) -> Result<()> {
+        let n = batch.num_tokens();
+        if batch.token_type_ids.len() != n || batch.positions.len() != n {
+            return Err(ModelError::InvalidBatch(format!(
+                "{n} tokens but {} token types and {} positions",
+                batch.token_type_ids.len(),
+                batch.positions.len()
+            )));
+        }
+        let checks = [
+            ("token id", &batch.token_ids, self.config.vocab_size),
+            (
+                "token type id",
+                &batch.token_type_ids,
+                self.config.type_vocab_size,
+            ),
+            (
+                "position",
+                &batch.positions,
+                self.config.max_position_embeddings,
+            ),
+        ];
+        for (what, values, limit) in checks {
+            if let Some(bad) = values.iter().find(|&&v| v as usize >= limit) {
+                return Err(ModelError::InvalidBatch(format!(
+                    "{what} {bad} is out of range (the model has {limit})"
+                )));
+            }
+        }
+        let covered: usize = batch.seqs.iter().map(|s| s.len).sum();
+        if covered != n || batch.seqs.iter().any(|s| s.len == 0) {
+            return Err(ModelError::InvalidBatch(
+                "encoder sequences must cover the batch's tokens, none empty".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_config(config: &BertConfig) -> Result<()> {
+    let invalid = |key: &str, message: String| ModelError::InvalidMetadata {
+        key: key.into(),
+        message,
+    };
+    if config.hidden_act != "gelu" {
+        return Err(invalid(
+            "hidden_act",
+            format!(
+                "`{}` is not supported (BERT's exact `gelu` is)",
+                config.hidden_act
+            ),
+        ));
+    }
+    if config.position_embedding_type != "absolute" {
+        return Err(invalid(
+            "position_embedding_type",
+            format!(
+                "`{}` is not supported (`absolute` is)",
+                config.position_embedding_type
+            ),
+        ));
+    }
+    if config.num_attention_heads == 0
+        || !config
+            .hidden_size
+            .is_multiple_of(config.num_attention_heads)
+    {
+        return Err(invalid(
+            "num_attention_heads",
+            format!(
+                "{} heads do not divide hidden_size {}",
+                config.num_attention_heads, config.hidden_size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl PoolingModel for BertModel {
+    fn info(&self) -> &PoolingModelInfo {
+        &self.info
+    }
+
+    fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.qkv.storage_bytes()
+                    + l.qkv_bias.len() * 4
+                    + l.attention_output.storage_bytes()
+                    + l.attention_norm.storage_bytes()
+                    + l.intermediate.storage_bytes()
+                    + l.output.storage_bytes()
+                    + l.output_norm.storage_bytes()
+            })
+            .sum();
+        let head = self.head.as_ref().map_or(0, |h| {
+            h.pooler.storage_bytes() + h.classifier.storage_bytes()
+        });
+        self.word_embeddings.storage_bytes()
+            + self.position_embeddings.storage_bytes()
+            + self.token_type_embeddings.storage_bytes()
+            + self.embeddings_norm.storage_bytes()
+            + layers
+            + head
+    }
+
+    fn pool(
+        &self,
+        pool: &ThreadPool,
+        batch: &EncoderBatch,
+        ws: &mut EncoderWorkspace,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.validate(batch)?;
+        let (h, n, seqs) = (
+            self.config.hidden_size,
+            batch.num_tokens(),
+            batch.seqs.len(),
+        );
+        for (buffer, len) in [
+            (&mut ws.hidden, n * h),
+            (&mut ws.qkv, n * 3 * h),
+            (&mut ws.attention, n * h),
+            (&mut ws.projected, n * h),
+            (&mut ws.scratch, n * h),
+            (&mut ws.intermediate, n * self.config.intermediate_size),
+            (&mut ws.pooled, 2 * seqs * h),
+        ] {
+            if buffer.len() < len {
+                buffer.resize(len, 0.0);
+            }
+        }
+        self.embed(batch, ws)?;
+        for layer in &self.layers {
+            self.layer(layer, pool, batch, ws)?;
+        }
+        out.clear();
+        out.resize(seqs * self.info.output_dim, 0.0);
+        match &self.head {
+            None => {
+                for (seq, row) in batch.seqs.iter().zip(out.chunks_exact_mut(h)) {
+                    let rows = &ws.hidden[seq.start * h..(seq.start + seq.len) * h];
+                    pool_rows(self.info.method, rows, h, row);
+                }
+            }
+            Some(head) => {
+                let (cls, pooled) = ws.pooled.split_at_mut(seqs * h);
+                for (seq, row) in batch.seqs.iter().zip(cls.chunks_exact_mut(h)) {
+                    row.copy_from_slice(&ws.hidden[seq.start * h..(seq.start + 1) * h]);
+                }
+                let pooled = &mut pooled[..seqs * h];
+                head.pooler
+                    .forward(pool, cls, seqs, pooled, &mut ws.linear)?;
+                pooled.iter_mut().for_each(|v| *v = v.tanh());
+                head.classifier
+                    .forward(pool, pooled, seqs, out, &mut ws.linear)?;
+            }
+        }
+        Ok(())
+    }
+}

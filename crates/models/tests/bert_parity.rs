@@ -1,0 +1,212 @@
+//! BERT encoders against sentence-transformers and transformers
+//! (`scripts/reference/make_embedding_fixtures.py` wrote the fixtures):
+//!
+//! - all-MiniLM-L6-v2 (real weights, `scripts/fetch-minilm.sh`; skipped when absent): the
+//!   tokenizer's ids equal HF's, every embedding's cosine with sentence-transformers' is
+//!   ≥ 0.9999 and both are unit vectors; a text's vector is bitwise the same alone and
+//!   batched with 63 others of other lengths.
+//! - a formula-weight `BertForSequenceClassification` (written here, as the script wrote
+//!   it for transformers): its logits equal transformers' within 1e-4.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde_json::Value;
+use tokenmill_models::{
+    l2_normalize, load_pooling_model, EncoderBatch, EncoderWorkspace, ModelSource, PoolingMethod,
+    PoolingModel, PoolingTask, ThreadPool,
+};
+use tokenmill_text::Tokenizer;
+
+#[path = "support/cross_encoder.rs"]
+mod cross_encoder;
+
+#[allow(clippy::unwrap_used)]
+fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// all-MiniLM-L6-v2's directory: `$TOKENMILL_MINILM_MODEL`, else the model cache.
+fn minilm_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("TOKENMILL_MINILM_MODEL")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|home| PathBuf::from(home).join(".cache/tokenmill/models/all-MiniLM-L6-v2"))
+        })?;
+    if dir.join("model.safetensors").is_file() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipping: all-MiniLM-L6-v2 not found at {} (scripts/fetch-minilm.sh fetches it)",
+            dir.display()
+        );
+        None
+    }
+}
+
+#[allow(clippy::unwrap_used)]
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[allow(clippy::unwrap_used)]
+fn f16_vector(encoded: &str) -> Vec<f32> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap();
+    bytes
+        .chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+/// Pools `sequences` in one batch; one row per sequence.
+#[allow(clippy::unwrap_used)]
+fn run(model: &dyn PoolingModel, pool: &ThreadPool, sequences: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let mut batch = EncoderBatch::default();
+    for ids in sequences {
+        batch.add_sequence(ids, None).unwrap();
+    }
+    let mut out = Vec::new();
+    model
+        .pool(pool, &batch, &mut EncoderWorkspace::new(), &mut out)
+        .unwrap();
+    out.chunks(model.info().output_dim)
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
+#[test]
+fn minilm_matches_sentence_transformers() {
+    let Some(dir) = minilm_dir() else { return };
+    let data = fixture("minilm_embeddings.json");
+    let model = load_pooling_model(&ModelSource::HfDirectory(dir.clone())).unwrap();
+    let info = model.info();
+    assert_eq!(info.task, PoolingTask::Embed);
+    assert_eq!(info.method, PoolingMethod::Mean);
+    assert!(info.normalize, "modules.json has a Normalize module");
+    assert_eq!(
+        info.max_model_len,
+        data["max_seq_length"].as_u64().unwrap() as usize
+    );
+    assert_eq!(
+        info.output_dim,
+        data["dimension"].as_u64().unwrap() as usize
+    );
+    let tokenizer = Tokenizer::from_hf_dir(&dir).unwrap();
+    let items = data["items"].as_array().unwrap();
+    assert!(items.len() >= 50);
+    let sequences: Vec<Vec<u32>> = items.iter().map(|item| ids(&item["ids"])).collect();
+    for (item, expected) in items.iter().zip(&sequences) {
+        let text = item["text"].as_str().unwrap();
+        if expected.len() < info.max_model_len {
+            assert_eq!(&tokenizer.encode(text, true).unwrap(), expected, "{text:?}");
+        }
+        // transformers' truncation (`truncate_prompt_tokens`): first tokens, [SEP] kept.
+        let (truncated, _) = tokenizer
+            .encode_for_pooling(text, None, true, Some(info.max_model_len))
+            .unwrap();
+        assert_eq!(&truncated, expected, "{text:?}");
+    }
+    let pool = ThreadPool::new(2);
+    let mut vectors = Vec::new();
+    for chunk in sequences.chunks(8) {
+        vectors.extend(run(model.as_ref(), &pool, chunk));
+    }
+    for (item, mut vector) in items.iter().zip(vectors) {
+        l2_normalize(&mut vector);
+        let reference = f16_vector(item["embedding_f16"].as_str().unwrap());
+        let similarity = cosine(&vector, &reference);
+        let text = item["text"].as_str().unwrap();
+        assert!(similarity >= 0.9999, "cosine {similarity} for {text:?}");
+        let norm: f64 = vector
+            .iter()
+            .map(|&x| (x as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let reference_norm = item["norm"].as_f64().unwrap();
+        assert!((norm - 1.0).abs() < 1e-5 && (reference_norm - 1.0).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn minilm_vector_is_the_same_alone_and_in_a_batch_of_64() {
+    let Some(dir) = minilm_dir() else { return };
+    let data = fixture("minilm_embeddings.json");
+    let model = load_pooling_model(&ModelSource::HfDirectory(dir)).unwrap();
+    let items = data["items"].as_array().unwrap();
+    let mut sequences: Vec<Vec<u32>> = items.iter().map(|item| ids(&item["ids"])).collect();
+    while sequences.len() < 64 {
+        // Other lengths again: prefixes of the longer texts, closed by their [SEP].
+        let source = &sequences[sequences.len() % items.len()];
+        let cut = (source.len() / 2).max(2);
+        let mut shorter = source[..cut].to_vec();
+        shorter.push(*source.last().unwrap());
+        sequences.push(shorter);
+    }
+    let target = 3;
+    let batched = run(model.as_ref(), &ThreadPool::new(2), &sequences);
+    let alone = run(
+        model.as_ref(),
+        &ThreadPool::new(1),
+        &sequences[target..=target],
+    );
+    assert_eq!(alone[0], batched[target]);
+    let alone_last = run(model.as_ref(), &ThreadPool::new(2), &sequences[63..]);
+    assert_eq!(alone_last[0], batched[63]);
+}
+
+#[test]
+fn cross_encoder_matches_transformers() {
+    let data = fixture("cross_encoder.json");
+    let dir = tempfile::tempdir().unwrap();
+    cross_encoder::write_checkpoint(dir.path());
+    let model = load_pooling_model(&ModelSource::HfDirectory(dir.path().to_path_buf())).unwrap();
+    assert_eq!(model.info().task, PoolingTask::Classify);
+    assert_eq!(model.info().output_dim, 1);
+    let items = data["items"].as_array().unwrap();
+    let mut batch = EncoderBatch::default();
+    for item in items {
+        batch
+            .add_sequence(&ids(&item["ids"]), Some(&ids(&item["type_ids"])))
+            .unwrap();
+    }
+    let mut out = Vec::new();
+    model
+        .pool(
+            &ThreadPool::new(2),
+            &batch,
+            &mut EncoderWorkspace::new(),
+            &mut out,
+        )
+        .unwrap();
+    // The written tokenizer joins the pairs' texts back into the fixture's ids and types.
+    let tokenizer = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    for ((first, second, _), item) in cross_encoder::text_pairs().iter().zip(items) {
+        let (ids_got, types_got) = tokenizer
+            .encode_for_pooling(first, Some(second), true, None)
+            .unwrap();
+        assert_eq!(ids_got, ids(&item["ids"]));
+        assert_eq!(types_got, ids(&item["type_ids"]));
+    }
+    for (item, &got) in items.iter().zip(&out) {
+        let want = item["logits"][0].as_f64().unwrap();
+        assert!((got as f64 - want).abs() < 1e-4, "{got} vs {want}");
+    }
+}
