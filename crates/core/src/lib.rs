@@ -61,6 +61,6 @@ pub use error::{KvCacheError, SchedulerError};
 pub use kv_cache_manager::{ComputedBlocks, KvCacheConfig, KvCacheManager, PrefixCacheStats};
 pub use request::{FinishReason, Request, RequestId, StopParams};
 pub use scheduler::{
-    RequestUpdate, ScheduleKind, ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,
-    SchedulerStats, SchedulingPolicy,
+    LoraStats, RequestUpdate, ScheduleKind, ScheduledRequest, Scheduler, SchedulerConfig,
+    SchedulerOutput, SchedulerStats, SchedulingPolicy,
 };
