@@ -5,6 +5,7 @@
 
 mod engine_args;
 mod generate;
+mod lora_args;
 mod serve;
 mod tokenizer;
 mod tool_args;

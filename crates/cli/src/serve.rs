@@ -11,6 +11,7 @@ use tokenmill_protocol::SamplingDefaults;
 use tokenmill_server::{ServerConfig, TlsConfig};
 
 use crate::engine_args::EngineArgs;
+use crate::lora_args::LoraArgs;
 use crate::tool_args::ToolArgs;
 use crate::vllm_flags::{markdown_table, VllmArgs};
 
@@ -28,6 +29,8 @@ pub struct ServeArgs {
     pub vllm: VllmArgs,
     #[command(flatten)]
     pub tools: ToolArgs,
+    #[command(flatten)]
+    pub lora: LoraArgs,
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,
     #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
@@ -112,6 +115,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let (tool_settings, reasoning_parser) = args.tools.settings()?;
     let mut config = args.engine.to_config()?;
     args.vllm.apply_to_engine(&mut config);
+    config.lora = args.lora.to_config()?;
     let served_model_names = if args.served_model_name.is_empty() {
         vec![args
             .engine
@@ -154,6 +158,13 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.tools = tool_settings;
     server.reasoning_parser = reasoning_parser;
     args.vllm.apply_to_server(&mut server)?;
+    server.allow_runtime_lora_updating = args.lora.runtime_updating();
+    if server.allow_runtime_lora_updating {
+        tracing::warn!(
+            "runtime LoRA updating is on: /v1/load_lora_adapter and /v1/unload_lora_adapter \
+             are served"
+        );
+    }
 
     let engine = Engine::start(&config)?;
     for line in engine.capacity().log_lines() {

@@ -14,6 +14,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
+use crate::lora::LoraRegistry;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
 use crate::stats::{CapacityReport, EngineStats};
@@ -42,6 +43,7 @@ struct LoopSettings {
     log_stats_interval: Option<Duration>,
     traces: Option<Arc<OtlpTraceExporter>>,
     seed: Option<u64>,
+    lora: Option<Arc<LoraRegistry>>,
 }
 
 impl Engine {
@@ -56,6 +58,14 @@ impl Engine {
             config.num_threads,
         )?);
         let model_config = loaded.config().clone();
+        let lora = match &config.lora {
+            Some(lora_config) => {
+                let registry = LoraRegistry::new(model_config.clone(), lora_config.clone())?;
+                registry.load_modules()?;
+                Some(Arc::new(registry))
+            }
+            None => None,
+        };
         let kv_dtype = config.kv_cache_dtype.storage();
         let bytes_per_block =
             KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
@@ -83,7 +93,7 @@ impl Engine {
                 kv_bytes >> 20
             )));
         }
-        let scheduler = Scheduler::new(SchedulerConfig {
+        let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
             max_model_len,
@@ -93,20 +103,25 @@ impl Engine {
             policy: config.scheduling_policy,
             long_prefill_token_threshold: None,
         })?;
+        scheduler.set_max_loras(config.lora.as_ref().map(|lora| lora.max_loras));
         let runner = ModelRunner::new(
             Arc::clone(&loaded),
             num_blocks as usize,
             config.block_size,
             kv_dtype,
         );
-        let metrics = Arc::new(EngineMetrics::new(MetricsConfig {
+        let mut metrics = EngineMetrics::new(MetricsConfig {
             model_name: config.served_model_name.clone(),
             max_model_len,
             block_size: config.block_size,
             num_blocks: num_blocks as usize,
             enable_prefix_caching: config.enable_prefix_caching,
             cache_dtype: config.kv_cache_dtype.as_str().into(),
-        }));
+        });
+        if let Some(lora) = &config.lora {
+            metrics.enable_lora(lora.max_loras);
+        }
+        let metrics = Arc::new(metrics);
         // Only a configured endpoint starts the export thread; without one nothing is built.
         let traces = match &config.otlp_traces_endpoint {
             Some(endpoint) => {
@@ -128,6 +143,7 @@ impl Engine {
                 log_stats_interval: config.log_stats_interval,
                 traces,
                 seed: config.seed,
+                lora,
             },
         )
     }
@@ -155,6 +171,7 @@ impl Engine {
             log_stats_interval,
             traces,
             seed,
+            lora,
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -183,6 +200,7 @@ impl Engine {
                 next_id: Arc::new(AtomicU64::new(1)),
                 max_model_len: capacity.max_model_len,
                 scheduling_policy,
+                lora,
             },
             loaded,
             capacity,
@@ -235,9 +253,15 @@ pub struct EngineClient {
     next_id: Arc<AtomicU64>,
     max_model_len: usize,
     scheduling_policy: SchedulingPolicy,
+    lora: Option<Arc<LoraRegistry>>,
 }
 
 impl EngineClient {
+    /// The served LoRA adapters; `None` unless LoRA serving is on (`--enable-lora`).
+    pub fn lora(&self) -> Option<&Arc<LoraRegistry>> {
+        self.lora.as_ref()
+    }
+
     /// Submits a request; its outputs arrive on the returned stream. Dropping the stream
     /// aborts the request.
     pub fn add_request(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {

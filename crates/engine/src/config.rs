@@ -6,6 +6,8 @@ use std::time::Duration;
 use tokenmill_core::SchedulingPolicy;
 use tokenmill_models::{CacheDtype, ModelSource};
 
+use crate::lora::LoraConfig;
+
 /// How much memory the KV cache gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvCacheSizing {
@@ -55,6 +57,9 @@ pub struct EngineConfig {
     /// OTLP/HTTP collector for one span per request (`--otlp-traces-endpoint`); `None` = no
     /// tracing, no export thread.
     pub otlp_traces_endpoint: Option<String>,
+    /// `--enable-lora` with its limits and start-up adapters; `None`: requests cannot name
+    /// adapters.
+    pub lora: Option<LoraConfig>,
 }
 
 impl EngineConfig {
@@ -77,6 +82,7 @@ impl EngineConfig {
             served_model_name: "tokenmill".into(),
             log_stats_interval: Some(Duration::from_secs(10)),
             otlp_traces_endpoint: None,
+            lora: None,
         }
     }
 

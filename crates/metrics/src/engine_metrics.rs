@@ -17,6 +17,7 @@ use crate::buckets::{
 use crate::exposition::openmetrics_to_prometheus_text;
 use crate::histogram::StepHistogram;
 use crate::http::HttpMetrics;
+use crate::lora::LoraInfo;
 use crate::MetricsError;
 
 /// The engine index label value. tokenmill runs one engine core per server.
@@ -174,6 +175,8 @@ pub struct EngineMetrics {
     request_prefill_time: StepHistogram,
     request_decode_time: StepHistogram,
     http: HttpMetrics,
+    /// `vllm:lora_requests_info`, registered by [`EngineMetrics::enable_lora`].
+    lora: Option<LoraInfo>,
 }
 
 impl EngineMetrics {
@@ -219,6 +222,7 @@ impl EngineMetrics {
             request_prefill_time: StepHistogram::new(REQUEST_LATENCY_SECONDS),
             request_decode_time: StepHistogram::new(REQUEST_LATENCY_SECONDS),
             http: HttpMetrics::new(),
+            lora: None,
         };
 
         // HTTP metrics carry no model or engine label (as in vLLM), so they live in the root
@@ -366,6 +370,24 @@ impl EngineMetrics {
         ];
         for (name, help, histogram) in histograms {
             engine.register(name, help, histogram.clone());
+        }
+    }
+
+    /// Registers `vllm:lora_requests_info` (LoRA serving on, `--max-loras max_loras`).
+    pub fn enable_lora(&mut self, max_loras: usize) {
+        self.lora = Some(LoraInfo::register(&mut self.registry, max_loras));
+    }
+
+    /// Whether `vllm:lora_requests_info` is registered.
+    pub fn lora_enabled(&self) -> bool {
+        self.lora.is_some()
+    }
+
+    /// Sets the LoRA gauge for this step's running and waiting adapter names (a no-op
+    /// unless [`EngineMetrics::enable_lora`] was called).
+    pub fn record_lora(&self, running: &[String], waiting: &[String]) {
+        if let Some(lora) = &self.lora {
+            lora.record(running, waiting);
         }
     }
 

@@ -76,7 +76,9 @@ pub use families::{Gemma3Model, LlamaModel};
 pub use kv_cache::{KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;
-pub use lora::{LoraAdapter, LoraBatch, LoraError, LoraTarget};
+pub use lora::{
+    write_random_peft_adapter, LoraAdapter, LoraBatch, LoraError, LoraTarget, RandomLoraSpec,
+};
 pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
 pub use sampling::{
     argmax, log_sum_exp, token_logprobs, GrammarCompiler, GrammarMatcher, GrammarVocabulary,

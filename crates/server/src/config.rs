@@ -64,6 +64,9 @@ pub struct ServerConfig {
     pub tools: ToolSettings,
     /// `--reasoning-parser`.
     pub reasoning_parser: Option<String>,
+    /// Serve `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`
+    /// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=true` or `--allow-runtime-lora-updating`).
+    pub allow_runtime_lora_updating: bool,
 }
 
 /// Default of both read timeouts.
@@ -96,6 +99,7 @@ impl ServerConfig {
             max_waiting_requests: None,
             tools: ToolSettings::default(),
             reasoning_parser: None,
+            allow_runtime_lora_updating: false,
         }
     }
 

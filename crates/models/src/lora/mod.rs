@@ -8,6 +8,7 @@
 //! add each adapter's update to its own rows after the base matmul (`layers/lora.rs`).
 
 mod load;
+mod random;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use std::sync::Arc;
 use tokenmill_kernels::QMatrix;
 
 use crate::config::ModelConfig;
+
+pub use random::{write_random_peft_adapter, RandomLoraSpec};
 
 /// The linear layers an adapter may target, in HF's and GGUF's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -3,6 +3,7 @@
 mod chat;
 mod completions;
 mod info;
+mod lora;
 mod tokenize;
 
 use std::time::Instant;
@@ -36,6 +37,11 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(info::metrics));
     if state.config().serve_openapi {
         routes = routes.route("/openapi.json", get(info::openapi));
+    }
+    if state.config().allow_runtime_lora_updating && state.engine().lora().is_some() {
+        routes = routes
+            .route("/v1/load_lora_adapter", post(lora::load))
+            .route("/v1/unload_lora_adapter", post(lora::unload));
     }
     if state.config().enable_tokenizer_info_endpoint {
         routes = routes.route("/tokenizer_info", get(tokenize::tokenizer_info));
@@ -127,6 +133,11 @@ async fn access_log(State(state): State<AppState>, request: Request, next: Next)
         .map(str::to_string);
     let response = next.run(request).await;
     let elapsed = started.elapsed().as_secs_f64();
+    let adapter = response
+        .extensions()
+        .get::<lora::ServedAdapter>()
+        .map(|adapter| format!(" lora={}", adapter.0))
+        .unwrap_or_default();
     let status = response.status().as_u16();
     let quiet = state
         .config()
@@ -136,7 +147,7 @@ async fn access_log(State(state): State<AppState>, request: Request, next: Next)
     if !quiet {
         tracing::info!(
             target: "tokenmill::access",
-            "{method} {path} {status} {:.1}ms request_id={}",
+            "{method} {path} {status} {:.1}ms request_id={}{adapter}",
             elapsed * 1e3,
             request_id.as_deref().unwrap_or("-")
         );
@@ -247,12 +258,14 @@ pub(crate) fn check_request_shape(
     Ok(())
 }
 
-/// The served model a request names: absent → the primary name; unknown → 404.
+/// The served model a request names: absent → the primary name; a served name or a
+/// registered LoRA adapter → itself; unknown → 404.
 pub(crate) fn check_model(state: &AppState, model: Option<&str>) -> Result<String, ApiError> {
     let names = &state.config().served_model_names;
+    let is_adapter = |name: &str| state.engine().lora().is_some_and(|r| r.contains(name));
     match model {
         None | Some("") => Ok(state.config().primary_model_name().to_string()),
-        Some(name) if names.iter().any(|n| n == name) => Ok(name.to_string()),
+        Some(name) if names.iter().any(|n| n == name) || is_adapter(name) => Ok(name.to_string()),
         Some(name) => Err(ApiError::from(ErrorResponse::model_not_found(name))),
     }
 }
