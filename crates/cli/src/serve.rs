@@ -11,6 +11,7 @@ use tokenmill_protocol::SamplingDefaults;
 use tokenmill_server::{ServerConfig, TlsConfig};
 
 use crate::engine_args::EngineArgs;
+use crate::lora_args::LoraArgs;
 use crate::runner::RunnerArgs;
 use crate::tool_args::ToolArgs;
 use crate::vllm_flags::{markdown_table, VllmArgs};
@@ -31,6 +32,8 @@ pub struct ServeArgs {
     pub tools: ToolArgs,
     #[command(flatten)]
     pub runner: RunnerArgs,
+    #[command(flatten)]
+    pub lora: LoraArgs,
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,
     #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
@@ -119,6 +122,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .reasoning_parser(reasoning_parser)?;
     let mut config = args.engine.to_config()?;
     args.vllm.apply_to_engine(&mut config)?;
+    config.lora = args.lora.to_config()?;
     let served_model_names = if args.served_model_name.is_empty() {
         vec![args
             .engine
@@ -161,6 +165,13 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.tools = tool_settings;
     server.reasoning_parser = reasoning_parser;
     args.vllm.apply_to_server(&mut server)?;
+    server.allow_runtime_lora_updating = args.lora.runtime_updating();
+    if server.allow_runtime_lora_updating {
+        tracing::warn!(
+            "runtime LoRA updating is on: /v1/load_lora_adapter and /v1/unload_lora_adapter \
+             are served"
+        );
+    }
 
     if args.runner.pooling(&config)? {
         let engine = args.runner.start_pooling(&config)?;

@@ -123,6 +123,12 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--scheduling-policy", "fcfs", Same, "`fcfs` or `priority`"),
     row("--enable-chunked-prefill", "", Same, "on by default (long prompts are split at `--max-num-batched-tokens`; `--no-enable-chunked-prefill` schedules each prompt whole)"),
     row("--speculative-config", "{\"method\":\"ngram\",\"num_speculative_tokens\":4}", Restricted, "methods `ngram` (`prompt_lookup_min`/`max`), `suffix` (`suffix_decoding_*`) and `draft_model` (`model`: a GGUF or HF directory with the same vocabulary), with `num_speculative_tokens` and `disable_by_batch_size`; `eagle`, `mtp`, `medusa`, ... and unknown keys are refused by name; greedy output is identical to no speculation, sampled output keeps its distribution (rejection sampling)"),
+    // LoRA.
+    row("--enable-lora", "", Same, "serve LoRA adapters (PEFT directories, GGUF LoRA files) chosen per request by `model`"),
+    row("--lora-modules", "sql=/adapters/sql", Same, "start-up adapters: `name=path` or JSON `{\"name\",\"path\",\"base_model_name\"}` (needs `--enable-lora`)"),
+    row("--max-loras", "4", Same, "distinct adapters in one running batch; requests for others wait"),
+    row("--max-lora-rank", "16", Same, "largest adapter rank accepted"),
+    row("--max-cpu-loras", "8", Same, "adapters kept in memory; the least recently used are read again on use"),
     // Parallelism and execution.
     row("--tensor-parallel-size", "1", Restricted, "`1`: one engine per process uses all cores (`--threads`); scale out with replicas (deploy/)"),
     row("--pipeline-parallel-size", "1", Restricted, "`1`, as above"),

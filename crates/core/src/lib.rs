@@ -66,6 +66,6 @@ pub use kv_cache_manager::{ComputedBlocks, KvCacheConfig, KvCacheManager, Prefix
 pub use kv_events::KvCacheEvent;
 pub use request::{FinishReason, Request, RequestId, StopParams};
 pub use scheduler::{
-    RequestUpdate, ScheduleKind, ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,
-    SchedulerStats, SchedulingPolicy,
+    LoraStats, RequestUpdate, ScheduleKind, ScheduledRequest, Scheduler, SchedulerConfig,
+    SchedulerOutput, SchedulerStats, SchedulingPolicy,
 };

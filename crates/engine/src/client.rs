@@ -16,6 +16,7 @@ use crate::config::DEFAULT_MAX_NUM_BATCHED_TOKENS;
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::executor::Executor;
 use crate::kv_events::KvEventPublisher;
+use crate::lora::LoraRegistry;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
 use crate::spec::{DraftSetup, SpecDecoder};
@@ -47,6 +48,7 @@ struct LoopSettings {
     seed: Option<u64>,
     spec: Option<SpecDecoder>,
     kv_events: Option<KvEventPublisher>,
+    lora: Option<Arc<LoraRegistry>>,
 }
 
 impl Engine {
@@ -65,6 +67,14 @@ impl Engine {
         }
         let loaded = Arc::new(loaded);
         let model_config = loaded.config().clone();
+        let lora = match &config.lora {
+            Some(lora_config) => {
+                let registry = LoraRegistry::new(model_config.clone(), lora_config.clone())?;
+                registry.load_modules()?;
+                Some(Arc::new(registry))
+            }
+            None => None,
+        };
         let kv_dtype = config.kv_cache_dtype.storage();
         let bytes_per_block =
             KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
@@ -109,13 +119,14 @@ impl Engine {
             long_prefill_token_threshold: None,
             enable_chunked_prefill: config.enable_chunked_prefill,
         })?;
+        scheduler.set_max_loras(config.lora.as_ref().map(|lora| lora.max_loras));
         let runner = ModelRunner::new(
             Arc::clone(&loaded),
             num_blocks as usize,
             config.block_size,
             kv_dtype,
         );
-        let metrics = Arc::new(EngineMetrics::with_spec_decode(
+        let mut metrics = EngineMetrics::with_spec_decode(
             MetricsConfig {
                 model_name: config.served_model_name.clone(),
                 max_model_len,
@@ -128,7 +139,11 @@ impl Engine {
                 .speculative
                 .as_ref()
                 .map(|spec| spec.num_speculative_tokens),
-        ));
+        );
+        if let Some(lora) = &config.lora {
+            metrics.enable_lora(lora.max_loras);
+        }
+        let metrics = Arc::new(metrics);
         let spec = match &config.speculative {
             Some(speculative) => Some(SpecDecoder::new(
                 speculative.clone(),
@@ -182,6 +197,7 @@ impl Engine {
                 seed: config.seed,
                 spec,
                 kv_events,
+                lora,
             },
         )
     }
@@ -211,6 +227,7 @@ impl Engine {
             seed,
             spec,
             kv_events,
+            lora,
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -241,6 +258,7 @@ impl Engine {
                 next_id: Arc::new(AtomicU64::new(1)),
                 max_model_len: capacity.max_model_len,
                 scheduling_policy,
+                lora,
             },
             loaded,
             capacity,
@@ -293,9 +311,15 @@ pub struct EngineClient {
     next_id: Arc<AtomicU64>,
     max_model_len: usize,
     scheduling_policy: SchedulingPolicy,
+    lora: Option<Arc<LoraRegistry>>,
 }
 
 impl EngineClient {
+    /// The served LoRA adapters; `None` unless LoRA serving is on (`--enable-lora`).
+    pub fn lora(&self) -> Option<&Arc<LoraRegistry>> {
+        self.lora.as_ref()
+    }
+
     /// Submits a request; its outputs arrive on the returned stream. Dropping the stream
     /// aborts the request.
     pub fn add_request(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {

@@ -10,6 +10,8 @@ use crate::spec::SpeculativeConfig;
 
 use crate::kv_events::KvEventsConfig;
 
+use crate::lora::LoraConfig;
+
 /// How much memory the KV cache gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvCacheSizing {
@@ -70,6 +72,9 @@ pub struct EngineConfig {
     pub speculative: Option<SpeculativeConfig>,
     /// `--kv-events-config`; `None` (or events not published) records no events at all.
     pub kv_events: Option<KvEventsConfig>,
+    /// `--enable-lora` with its limits and start-up adapters; `None`: requests cannot name
+    /// adapters.
+    pub lora: Option<LoraConfig>,
 }
 
 /// Step token budget with chunked prefill when none is given.
@@ -99,6 +104,7 @@ impl EngineConfig {
             json_grammar: JsonGrammarOptions::default(),
             speculative: None,
             kv_events: None,
+            lora: None,
         }
     }
 

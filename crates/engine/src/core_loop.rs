@@ -235,6 +235,8 @@ pub(crate) struct EngineLoop<E: Executor> {
     /// Scheduler counters at the previous iteration, to turn totals into deltas.
     last_counters: Counters,
     kv_events: Option<KvEventPublisher>,
+    /// LoRA adapter names by id, for `vllm:lora_requests_info` (ids are never reused).
+    lora_names: HashMap<u32, String>,
 }
 
 /// Cumulative scheduler counters.
@@ -295,6 +297,7 @@ impl<E: Executor> EngineLoop<E> {
             outbox: Vec::new(),
             last_counters: Counters::default(),
             kv_events,
+            lora_names: HashMap::new(),
         }
     }
 
@@ -434,8 +437,11 @@ impl<E: Executor> EngineLoop<E> {
             priority: request.priority,
             arrival_seq: self.arrival_seq,
             cache_salt,
-            adapter_id: None,
+            adapter_id: request.lora.as_ref().map(|lora| lora.id),
         };
+        if let Some(lora) = &request.lora {
+            self.lora_names.insert(lora.id, lora.name.clone());
+        }
         let admitted = self
             .executor
             .add_request(NewSequence {
@@ -443,6 +449,7 @@ impl<E: Executor> EngineLoop<E> {
                 prompt_token_ids: &request.prompt_token_ids,
                 sampling: &request.sampling,
                 prompt_logprobs: request.prompt_logprobs,
+                lora: request.lora.as_ref().map(|lora| &lora.adapter),
             })
             .and_then(|()| {
                 self.scheduler
@@ -711,6 +718,17 @@ impl<E: Executor> EngineLoop<E> {
         self.metrics.record_step(step);
         if let Some(spec_logger) = self.spec_logger.as_mut() {
             spec_logger.observe(&step.spec_decode);
+        }
+        if self.metrics.lora_enabled() {
+            let lora = self.scheduler.lora_stats();
+            let names = |counts: &std::collections::BTreeMap<u32, usize>| -> Vec<String> {
+                counts
+                    .keys()
+                    .filter_map(|id| self.lora_names.get(id).cloned())
+                    .collect()
+            };
+            self.metrics
+                .record_lora(&names(&lora.running), &names(&lora.waiting));
         }
         if let Some(logger) = self.stats_logger.as_mut() {
             logger.observe_step(step);

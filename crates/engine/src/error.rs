@@ -11,6 +11,12 @@ pub enum EngineError {
     Scheduler(#[from] tokenmill_core::SchedulerError),
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Lora(#[from] tokenmill_models::LoraError),
+    #[error("The lora adapter '{0}' has already been loaded.")]
+    LoraAlreadyLoaded(String),
+    #[error("The lora adapter '{0}' cannot be found.")]
+    LoraNotFound(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("the engine is not running (it stopped or crashed)")]

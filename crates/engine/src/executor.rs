@@ -1,7 +1,9 @@
 //! The seam between the engine loop and whatever computes tokens.
 
+use std::sync::Arc;
 use tokenmill_core::{RequestId, SchedulerOutput};
-use tokenmill_models::{SampledToken, SamplingParams};
+
+use tokenmill_models::{LoraAdapter, SampledToken, SamplingParams};
 
 use crate::request::TokenLogprob;
 use crate::EngineError;
@@ -27,6 +29,8 @@ pub struct NewSequence<'a> {
     pub sampling: &'a SamplingParams,
     /// Compute each prompt token's logprob plus this many alternatives.
     pub prompt_logprobs: Option<usize>,
+    /// The LoRA adapter its rows run through (`None`: the base model).
+    pub lora: Option<&'a Arc<LoraAdapter>>,
 }
 
 /// Runs scheduled steps. Implementations keep per-request sampling state (RNG, the

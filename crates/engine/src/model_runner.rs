@@ -11,7 +11,7 @@ use tokenmill_kernels::ThreadPool;
 use tokenmill_models::{
     load_gguf_model, load_model, token_logprobs, BatchInput, CausalLm, GrammarCompiler,
     GrammarVocabulary, History, JsonGrammarOptions, KvCacheDType, KvCacheStorage, LoadOptions,
-    ModelConfig, ModelError, ModelSource, SampledToken, Sampler, Workspace,
+    LoraAdapter, ModelConfig, ModelError, ModelSource, SampledToken, Sampler, Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -195,6 +195,7 @@ struct SequenceState {
     /// Prompt positions below this already had their logprobs reported (a recompute after
     /// preemption must not report them twice).
     prompt_logprobs_done: usize,
+    lora: Option<Arc<LoraAdapter>>,
 }
 
 /// What one logits row of a step is for.
@@ -259,6 +260,7 @@ impl Executor for ModelRunner {
                 output_token_ids: Vec::new(),
                 prompt_logprobs: sequence.prompt_logprobs,
                 prompt_logprobs_done: 0,
+                lora: sequence.lora.cloned(),
             },
         );
         Ok(())
@@ -282,6 +284,9 @@ impl Executor for ModelRunner {
                 false,
             )?;
             if let Some(state) = self.sequences.get(&scheduled.request_id) {
+                if let Some(adapter) = &state.lora {
+                    self.batch.set_last_sequence_adapter(adapter)?;
+                }
                 if state.prompt_logprobs.is_some() {
                     // Row at position p predicts the prompt token at p + 1.
                     let last_predicting = state.prompt_token_ids.len().saturating_sub(1);

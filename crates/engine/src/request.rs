@@ -5,6 +5,8 @@ use std::time::Instant;
 use tokenmill_models::SamplingParams;
 use tokenmill_text::DecodeOptions;
 
+use crate::lora::LoraRequest;
+
 pub use tokenmill_core::FinishReason;
 
 /// Stop conditions of one request, token-level and string-level (`min_tokens` is a sampling
@@ -51,6 +53,8 @@ pub struct GenerateRequest {
     pub prompt_logprobs: Option<usize>,
     /// When the request reached the process (TTFT and queue time are measured from here).
     pub arrival: Instant,
+    /// The LoRA adapter the request runs through (`None`: the base model).
+    pub lora: Option<LoraRequest>,
 }
 
 impl GenerateRequest {
@@ -65,6 +69,7 @@ impl GenerateRequest {
             decode: DecodeOptions::default(),
             prompt_logprobs: None,
             arrival: Instant::now(),
+            lora: None,
         }
     }
 }

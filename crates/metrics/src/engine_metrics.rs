@@ -17,6 +17,7 @@ use crate::buckets::{
 use crate::exposition::openmetrics_to_prometheus_text;
 use crate::histogram::StepHistogram;
 use crate::http::HttpMetrics;
+use crate::lora::LoraInfo;
 use crate::spec_decode::{SpecDecodeMetrics, SpecDecodeStats};
 use crate::MetricsError;
 
@@ -182,6 +183,8 @@ pub struct EngineMetrics {
     http: HttpMetrics,
     /// Present when the engine speculates.
     spec_decode: Option<SpecDecodeMetrics>,
+    /// `vllm:lora_requests_info`, registered by [`EngineMetrics::enable_lora`].
+    lora: Option<LoraInfo>,
 }
 
 impl EngineMetrics {
@@ -236,6 +239,7 @@ impl EngineMetrics {
             kv_events_dropped: Counter::default(),
             http: HttpMetrics::new(),
             spec_decode: None,
+            lora: None,
         };
 
         // HTTP metrics carry no model or engine label (as in vLLM), so they live in the root
@@ -390,6 +394,24 @@ impl EngineMetrics {
         ];
         for (name, help, histogram) in histograms {
             engine.register(name, help, histogram.clone());
+        }
+    }
+
+    /// Registers `vllm:lora_requests_info` (LoRA serving on, `--max-loras max_loras`).
+    pub fn enable_lora(&mut self, max_loras: usize) {
+        self.lora = Some(LoraInfo::register(&mut self.registry, max_loras));
+    }
+
+    /// Whether `vllm:lora_requests_info` is registered.
+    pub fn lora_enabled(&self) -> bool {
+        self.lora.is_some()
+    }
+
+    /// Sets the LoRA gauge for this step's running and waiting adapter names (a no-op
+    /// unless [`EngineMetrics::enable_lora`] was called).
+    pub fn record_lora(&self, running: &[String], waiting: &[String]) {
+        if let Some(lora) = &self.lora {
+            lora.record(running, waiting);
         }
     }
 

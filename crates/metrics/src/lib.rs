@@ -62,6 +62,7 @@ mod error;
 mod exposition;
 mod histogram;
 mod http;
+mod lora;
 mod otlp;
 mod spec_decode;
 mod stats_logger;

@@ -1,8 +1,11 @@
 //! The flattened, variable-length batch a forward step consumes.
 
+use std::sync::Arc;
+
 use tokenmill_kernels::AttentionSeq;
 
 use crate::error::{ModelError, Result};
+use crate::lora::{LoraAdapter, LoraBatch};
 
 /// All tokens scheduled this step, from all sequences, concatenated.
 ///
@@ -21,6 +24,8 @@ pub struct BatchInput {
     /// Block tables of all sequences, concatenated.
     pub block_tables: Vec<u32>,
     pub logits_indices: Vec<u32>,
+    /// The step's LoRA adapters and each token's slot (0: the base model).
+    pub lora: LoraBatch,
 }
 
 impl BatchInput {
@@ -32,6 +37,7 @@ impl BatchInput {
         self.seqs.clear();
         self.block_tables.clear();
         self.logits_indices.clear();
+        self.lora.clear();
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -97,6 +103,25 @@ impl BatchInput {
         });
         self.block_tables
             .extend_from_slice(&block_table[..num_blocks]);
+        self.lora.slots.resize(self.token_ids.len(), 0);
+        Ok(())
+    }
+
+    /// Runs the last added sequence's tokens through `adapter` (its LoRA updates are added
+    /// to those rows only).
+    pub fn set_last_sequence_adapter(&mut self, adapter: &Arc<LoraAdapter>) -> Result<()> {
+        let Some(seq) = self.seqs.last() else {
+            return Err(ModelError::InvalidBatch(
+                "no sequence to attach an adapter to".into(),
+            ));
+        };
+        let range = seq.query_start..seq.query_start + seq.query_len;
+        let slot = self
+            .lora
+            .slot_of(adapter)
+            .ok_or_else(|| ModelError::InvalidBatch("too many LoRA adapters in one step".into()))?;
+        self.lora.slots.resize(self.token_ids.len(), 0);
+        self.lora.slots[range].fill(slot);
         Ok(())
     }
 }

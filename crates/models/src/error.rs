@@ -47,6 +47,8 @@ pub enum ModelError {
     InvalidSamplingParams(String),
     #[error("invalid structured output: {0}")]
     InvalidGrammar(String),
+    #[error(transparent)]
+    Lora(#[from] crate::lora::LoraError),
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
 }

@@ -26,6 +26,9 @@
 //!   cache is sized from the model's [`CausalLm::kv_layout`] and stores K/V as a
 //!   [`KvCacheDType`] (f32, f16, bf16, fp8), chosen by the `--kv-cache-dtype` value
 //!   [`CacheDtype`].
+//! - [`LoraAdapter`]: a PEFT or GGUF LoRA adapter checked against the base model;
+//!   [`BatchInput::set_last_sequence_adapter`] runs a sequence through it, so one step mixes
+//!   base rows and rows of several adapters.
 //! - [`Sampler`] with [`SamplingParams`] → [`SampledToken`]: per-request sampling with vLLM's
 //!   semantics, a per-request seeded RNG and a [`LogitsChain`] of [`LogitsProcessor`]s.
 //!
@@ -64,6 +67,7 @@ mod families;
 mod kv_cache;
 mod layers;
 mod loader;
+mod lora;
 mod model;
 mod pooling;
 mod sampling;
@@ -77,6 +81,9 @@ pub use families::{BertModel, Gemma3Model, LlamaModel};
 pub use kv_cache::{KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;
+pub use lora::{
+    write_random_peft_adapter, LoraAdapter, LoraBatch, LoraError, LoraTarget, RandomLoraSpec,
+};
 pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
 pub use pooling::{
     is_pooling_model, l2_normalize, load_pooling_model, EncoderBatch, EncoderWorkspace,

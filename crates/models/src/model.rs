@@ -164,6 +164,35 @@ pub(crate) fn validate_batch(
             config.vocab_size
         )));
     }
+    let lora = &batch.lora;
+    if !lora.slots.is_empty() && lora.slots.len() != n {
+        return Err(ModelError::InvalidBatch(format!(
+            "{n} tokens but {} LoRA slots",
+            lora.slots.len()
+        )));
+    }
+    if let Some(&slot) = lora
+        .slots
+        .iter()
+        .find(|&&slot| slot as usize > lora.adapters.len())
+    {
+        return Err(ModelError::InvalidBatch(format!(
+            "LoRA slot {slot} but the step has {} adapters",
+            lora.adapters.len()
+        )));
+    }
+    if let Some(adapter) = lora
+        .adapters
+        .iter()
+        .find(|adapter| adapter.num_layers() != config.num_layers)
+    {
+        return Err(ModelError::InvalidBatch(format!(
+            "LoRA adapter {} has {} layers, model has {}",
+            adapter.path().display(),
+            adapter.num_layers(),
+            config.num_layers
+        )));
+    }
     if let Some(&index) = batch
         .logits_indices
         .iter()

@@ -52,6 +52,7 @@ mod chat;
 mod common;
 mod completion;
 mod error;
+mod lora;
 mod models;
 mod openapi;
 mod pooling;
@@ -76,6 +77,7 @@ pub use completion::{
     PromptLogprobs,
 };
 pub use error::{parse_json, parse_json_noting_ignored, ErrorBody, ErrorResponse, ProtocolError};
+pub use lora::{LoadLoraAdapterRequest, UnloadLoraAdapterRequest};
 pub use models::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeChatRequest,
     TokenizeCompletionRequest, TokenizeInput, TokenizeRequest, TokenizeResponse, VersionResponse,

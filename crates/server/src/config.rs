@@ -68,6 +68,9 @@ pub struct ServerConfig {
     /// (`--response-role`; without one the reply continues the last message, whose role it
     /// reports, as vLLM does).
     pub response_role: String,
+    /// Serve `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`
+    /// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=true` or `--allow-runtime-lora-updating`).
+    pub allow_runtime_lora_updating: bool,
 }
 
 /// Default of both read timeouts.
@@ -101,6 +104,7 @@ impl ServerConfig {
             tools: ToolSettings::default(),
             reasoning_parser: None,
             response_role: "assistant".into(),
+            allow_runtime_lora_updating: false,
         }
     }
 

@@ -105,6 +105,7 @@ pub(crate) fn engine_request(
         .seed
         .map(|seed| seed.wrapping_add(u64::from(choice_index)));
     GenerateRequest {
+        lora: None,
         prompt_token_ids,
         sampling: SamplingParams {
             seed,

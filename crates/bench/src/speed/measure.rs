@@ -1,9 +1,12 @@
 //! The timed forward passes: `CausalLm::forward` driven directly over a private paged KV
 //! cache, no scheduler and no engine thread, so the figures are the model's own speed.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use tokenmill_models::{argmax, BatchInput, CausalLm, KvCacheStorage, ThreadPool, Workspace};
+use tokenmill_models::{
+    argmax, BatchInput, CausalLm, KvCacheStorage, LoraAdapter, ThreadPool, Workspace,
+};
 
 use crate::error::BenchError;
 use crate::speed::{Phase, SpeedSettings};
@@ -34,6 +37,22 @@ fn prompt_tokens(len: usize, seed: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Runs the batch's last sequence through `adapter`, if any.
+fn with_adapter(
+    batch: &mut BatchInput,
+    adapter: Option<&Arc<LoraAdapter>>,
+) -> Result<(), BenchError> {
+    if let Some(adapter) = adapter {
+        batch.set_last_sequence_adapter(adapter)?;
+    }
+    Ok(())
+}
+
+/// Sequence `seq`'s adapter when the batch is spread over all of them.
+fn spread(adapters: &[Arc<LoraAdapter>], seq: usize) -> Option<&Arc<LoraAdapter>> {
+    (!adapters.is_empty()).then(|| &adapters[seq % adapters.len()])
+}
+
 fn next_token(logits: &[f32]) -> Result<u32, BenchError> {
     argmax(logits).ok_or_else(|| BenchError::Task("the forward pass returned no logits".into()))
 }
@@ -45,8 +64,11 @@ pub fn measure(
     model: &dyn CausalLm,
     pool: &ThreadPool,
     settings: &SpeedSettings,
+    adapters: &[Arc<LoraAdapter>],
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<PhaseTiming>, BenchError> {
+    // The single stream runs through the first adapter, if any.
+    let single = adapters.first();
     let block_size = settings.block_size;
     let vocab = model.config().vocab_size;
     let mut workspace = Workspace::new();
@@ -68,10 +90,12 @@ pub fn measure(
         let warm = &prompt[..prompt_len.min(16)];
         batch.clear();
         batch.add_sequence(warm, 0, &table, block_size, true)?;
+        with_adapter(&mut batch, single)?;
         model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
         for step in 0..2 {
             batch.clear();
             batch.add_sequence(&[warm[0]], warm.len() + step, &table, block_size, true)?;
+            with_adapter(&mut batch, single)?;
             model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
         }
 
@@ -87,6 +111,7 @@ pub fn measure(
             for _ in 0..runs {
                 batch.clear();
                 batch.add_sequence(&prompt, 0, &table, block_size, true)?;
+                with_adapter(&mut batch, single)?;
                 let started = Instant::now();
                 model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
                 runs_s.push(started.elapsed().as_secs_f64());
@@ -115,7 +140,7 @@ pub fn measure(
             let runs_s = decode_runs(
                 (model, pool),
                 (&mut kv, &mut workspace, &mut batch, &mut logits),
-                (&table, block_size),
+                (&table, block_size, single),
                 after_prompt,
                 prompt_len,
                 decode_len,
@@ -135,7 +160,7 @@ pub fn measure(
             let runs_s = decode_runs(
                 (model, pool),
                 (&mut kv, &mut workspace, &mut batch, &mut logits),
-                (&table, block_size),
+                (&table, block_size, single),
                 prompt[0],
                 0,
                 decode_len,
@@ -172,6 +197,7 @@ pub fn measure(
         for (seq, table) in tables.iter().enumerate() {
             let prompt = prompt_tokens(prompt_len, seq + 1, vocab);
             batch.add_sequence(&prompt, 0, table, block_size, true)?;
+            with_adapter(&mut batch, spread(adapters, seq))?;
         }
         model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
         let first: Vec<u32> = logits
@@ -184,8 +210,9 @@ pub fn measure(
             let started = Instant::now();
             for step in 0..steps {
                 batch.clear();
-                for (table, &token) in tables.iter().zip(&next) {
+                for (seq, (table, &token)) in tables.iter().zip(&next).enumerate() {
                     batch.add_sequence(&[token], prompt_len + step, table, block_size, true)?;
+                    with_adapter(&mut batch, spread(adapters, seq))?;
                 }
                 model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
                 for (slot, row) in next.iter_mut().zip(logits.chunks_exact(vocab)) {
@@ -231,7 +258,7 @@ fn decode_runs(
         &mut BatchInput,
         &mut Vec<f32>,
     ),
-    (table, block_size): (&[u32], usize),
+    (table, block_size, adapter): (&[u32], usize, Option<&Arc<LoraAdapter>>),
     first: u32,
     start: usize,
     len: usize,
@@ -244,6 +271,7 @@ fn decode_runs(
         for step in 0..len {
             batch.clear();
             batch.add_sequence(&[next], start + step, table, block_size, true)?;
+            with_adapter(batch, adapter)?;
             model.forward(pool, batch, kv, workspace, logits)?;
             next = next_token(logits)?;
         }

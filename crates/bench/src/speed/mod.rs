@@ -11,7 +11,10 @@ mod report;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tokenmill_models::{load_model, resolve_model, CacheDtype, LoadOptions, ThreadPool};
+use tokenmill_models::{
+    load_model, resolve_model, write_random_peft_adapter, CacheDtype, LoadOptions, LoraAdapter,
+    LoraTarget, ModelError, RandomLoraSpec, ThreadPool,
+};
 
 use crate::error::BenchError;
 pub use cost::ModelCost;
@@ -96,6 +99,14 @@ pub struct BenchSpeedArgs {
     /// Seconds each peak probe runs.
     #[arg(long, default_value_t = 0.3)]
     pub probe_seconds: f64,
+    /// Random LoRA adapters (all seven projections) to run the figures through: the single
+    /// stream uses the first, the batched figure spreads its sequences over all of them
+    /// (sequence i uses adapter i mod N). 0 = the base model only.
+    #[arg(long, default_value_t = 0)]
+    pub lora_adapters: usize,
+    /// Rank of those adapters.
+    #[arg(long, default_value_t = 16)]
+    pub lora_rank: usize,
 }
 
 /// Checked settings of a run.
@@ -111,6 +122,9 @@ pub struct SpeedSettings {
     pub block_size: usize,
     pub kv_cache_dtype: CacheDtype,
     pub phases: Vec<Phase>,
+    /// `--lora-adapters`, `--lora-rank`.
+    pub lora_adapters: usize,
+    pub lora_rank: usize,
 }
 
 impl SpeedSettings {
@@ -131,6 +145,7 @@ impl BenchSpeedArgs {
             ("--repeats", self.repeats),
             ("--block-size", self.block_size),
             ("--probe-mib", self.probe_mib),
+            ("--lora-rank", self.lora_rank),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(BenchError::InvalidArgument(format!(
@@ -173,6 +188,8 @@ impl BenchSpeedArgs {
             block_size: self.block_size,
             kv_cache_dtype: self.kv_cache_dtype,
             phases,
+            lora_adapters: self.lora_adapters,
+            lora_rank: self.lora_rank,
         })
     }
 }
@@ -203,6 +220,32 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// `settings.lora_adapters` random adapters of `settings.lora_rank` on every projection,
+/// written under `dir` and read back as the server would.
+fn random_adapters(
+    config: &tokenmill_models::ModelConfig,
+    settings: &SpeedSettings,
+    dir: &std::path::Path,
+) -> Result<Vec<std::sync::Arc<LoraAdapter>>, BenchError> {
+    (0..settings.lora_adapters)
+        .map(|index| {
+            let path = dir.join(format!("adapter{index}"));
+            let spec = RandomLoraSpec {
+                rank: settings.lora_rank,
+                alpha: 2.0 * settings.lora_rank as f32,
+                targets: LoraTarget::ALL.to_vec(),
+                seed: index as u64 + 1,
+                a_scale: 0.05,
+                b_scale: 0.05,
+            };
+            write_random_peft_adapter(&path, config, &spec)?;
+            let adapter =
+                LoraAdapter::load(&path, config, settings.lora_rank).map_err(ModelError::from)?;
+            Ok(std::sync::Arc::new(adapter))
+        })
+        .collect()
+}
+
 /// Runs `tokenmill bench speed`: probes the machine, loads the model, measures the selected
 /// figures, prints the table and writes the JSON when asked.
 pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
@@ -224,7 +267,9 @@ pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
         started.elapsed().as_secs_f64(),
         model.weight_bytes() as f64 / 1e6
     );
-    let timings = measure::measure(model.as_ref(), &pool, &settings, |line| {
+    let adapter_dir = tempfile::tempdir().map_err(|source| BenchError::io("tempdir", source))?;
+    let adapters = random_adapters(model.config(), &settings, adapter_dir.path())?;
+    let timings = measure::measure(model.as_ref(), &pool, &settings, &adapters, |line| {
         eprintln!("measuring {line}")
     })?;
     let report = SpeedReport::new(

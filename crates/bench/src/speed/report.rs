@@ -96,6 +96,9 @@ pub struct SettingsRecord {
     pub block_size: usize,
     /// `--kv-cache-dtype` as given (`auto` = f32).
     pub kv_cache_dtype: String,
+    /// Random LoRA adapters the figures ran through (0: the base model) and their rank.
+    pub lora_adapters: usize,
+    pub lora_rank: usize,
 }
 
 fn phases_as_map<S: Serializer>(phases: &[PhaseResult], serializer: S) -> Result<S::Ok, S::Error> {
@@ -211,6 +214,8 @@ impl SpeedReport {
                 repeats: settings.repeats,
                 block_size: settings.block_size,
                 kv_cache_dtype: settings.kv_cache_dtype.as_str().into(),
+                lora_adapters: settings.lora_adapters,
+                lora_rank: settings.lora_rank,
             },
             accounting: FLOP_ACCOUNTING.into(),
             phases,
@@ -245,6 +250,14 @@ pub fn format_report(report: &SpeedReport) -> String {
          in the JSON)",
         report.settings.repeats, report.settings.kv_cache_dtype
     );
+    if report.settings.lora_adapters > 0 {
+        let _ = writeln!(
+            out,
+            "through {} random rank-{} LoRA adapters (single stream: the first; batched: \
+             sequence i uses adapter i mod {}); FLOP and byte figures count the base model only",
+            report.settings.lora_adapters, report.settings.lora_rank, report.settings.lora_adapters
+        );
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,

@@ -1,13 +1,15 @@
 //! vLLM V1's unified scheduler: one token budget per step shared by decodes, prefill chunks and
 //! new admissions, with recompute-style preemption when the KV cache runs out.
 
+#[cfg(test)]
+mod lora_tests;
 mod output;
 mod queue;
 mod spec;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::block_hash::{BlockHashChain, BlockHashExtraKeys};
 use crate::error::SchedulerError;
@@ -146,6 +148,16 @@ pub struct Scheduler {
     pending_step: Option<u64>,
     num_preemptions: u64,
     num_scheduled_tokens_last_step: usize,
+    /// Most distinct LoRA adapters in the running set (`--max-loras`); `None`: no limit.
+    max_loras: Option<usize>,
+}
+
+/// Requests per LoRA adapter id, running and waiting (vLLM's `running_lora_adapters` /
+/// `waiting_lora_adapters`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraStats {
+    pub running: BTreeMap<u32, usize>,
+    pub waiting: BTreeMap<u32, usize>,
 }
 
 impl Scheduler {
@@ -161,7 +173,38 @@ impl Scheduler {
             pending_step: None,
             num_preemptions: 0,
             num_scheduled_tokens_last_step: 0,
+            max_loras: None,
         })
+    }
+
+    /// Admits a waiting request with an adapter only while the running set holds fewer than
+    /// `max_loras` distinct adapters or already holds its adapter; others wait, in order,
+    /// and requests behind them (base or a running adapter) are admitted past them.
+    pub fn set_max_loras(&mut self, max_loras: Option<usize>) {
+        self.max_loras = max_loras;
+    }
+
+    /// Distinct adapters of the running set.
+    fn running_adapters(&self) -> HashSet<u32> {
+        self.running
+            .iter()
+            .filter_map(|id| self.requests.get(id)?.request.adapter_id)
+            .collect()
+    }
+
+    /// Requests per adapter, running and waiting.
+    pub fn lora_stats(&self) -> LoraStats {
+        let mut stats = LoraStats::default();
+        for state in self.requests.values() {
+            if let Some(adapter) = state.request.adapter_id {
+                let counts = match state.status {
+                    RequestStatus::Running => &mut stats.running,
+                    RequestStatus::Waiting | RequestStatus::Preempted => &mut stats.waiting,
+                };
+                *counts.entry(adapter).or_default() += 1;
+            }
+        }
+        stats
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -323,13 +366,27 @@ impl Scheduler {
     }
 
     fn admit_waiting(&mut self, planned: &mut Vec<PlannedRequest>, budget: &mut usize) {
+        let mut adapters = self.running_adapters();
+        // Waiting requests whose adapter would exceed `max_loras`; they keep their place.
+        let mut held: HashSet<RequestId> = HashSet::new();
         while *budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(request_id) = self.waiting.peek() else {
+            let next = match self.max_loras {
+                None => self.waiting.peek(),
+                Some(_) => self.waiting.ids().find(|id| !held.contains(id)),
+            };
+            let Some(request_id) = next else {
                 break;
             };
             let Some(state) = self.requests.get(&request_id) else {
                 break;
             };
+            if let (Some(max), Some(adapter)) = (self.max_loras, state.request.adapter_id) {
+                if !adapters.contains(&adapter) && adapters.len() >= max {
+                    held.insert(request_id);
+                    continue;
+                }
+                adapters.insert(adapter);
+            }
             let num_tokens = state.num_tokens();
             let prefix_hit = self
                 .config

@@ -1,7 +1,7 @@
 use super::*;
 use crate::request::StopParams;
 
-fn config(num_blocks: u32, budget: usize) -> SchedulerConfig {
+pub(super) fn config(num_blocks: u32, budget: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_num_batched_tokens: budget,
         max_num_seqs: 8,
@@ -15,7 +15,7 @@ fn config(num_blocks: u32, budget: usize) -> SchedulerConfig {
     }
 }
 
-fn request(id: u64, prompt_len: usize, max_tokens: u32) -> Request {
+pub(super) fn request(id: u64, prompt_len: usize, max_tokens: u32) -> Request {
     let prompt = (0..prompt_len as u32)
         .map(|t| t + 100 * id as u32)
         .collect();
@@ -23,7 +23,10 @@ fn request(id: u64, prompt_len: usize, max_tokens: u32) -> Request {
 }
 
 /// Samples `token` for every sampling request.
-fn step_with(scheduler: &mut Scheduler, token: u32) -> (SchedulerOutput, Vec<RequestUpdate>) {
+pub(super) fn step_with(
+    scheduler: &mut Scheduler,
+    token: u32,
+) -> (SchedulerOutput, Vec<RequestUpdate>) {
     let output = scheduler.schedule();
     let sampled: Vec<(RequestId, u32)> = output
         .scheduled

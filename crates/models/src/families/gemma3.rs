@@ -159,6 +159,7 @@ impl Gemma3Layer {
         self.ffn_norm.forward(&ws.hidden, &mut ws.normed)?;
         self.mlp.forward(
             step,
+            index,
             &ws.normed,
             &mut ws.mlp,
             &mut ws.linear,

@@ -179,6 +179,7 @@ impl LlamaLayer {
         self.ffn_norm.forward(&ws.hidden, &mut ws.normed)?;
         self.mlp.forward(
             step,
+            index,
             &ws.normed,
             &mut ws.mlp,
             &mut ws.linear,

@@ -4,6 +4,7 @@
 
 use tokenmill_kernels::{MatmulScratch, QMatrix, ThreadPool};
 
+use super::lora::LoraScratch;
 use crate::error::Result;
 
 /// Scratch shared by every linear layer of a step: the kernel's quantized-activation buffer
@@ -12,6 +13,8 @@ use crate::error::Result;
 pub(crate) struct LinearScratch {
     matmul: MatmulScratch,
     part: Vec<f32>,
+    /// The LoRA updates' gathered rows and intermediates.
+    pub lora: LoraScratch,
 }
 
 /// `y = x · Wᵀ` with `W` of shape `[out_features, in_features]` in any [`DType`]

@@ -2,9 +2,10 @@
 
 use tokenmill_kernels::{gelu_tanh_mul, silu_mul};
 
-use super::{Linear, LinearScratch, StackedLinear, Step};
+use super::{Linear, LinearScratch, LoraSite, StackedLinear, Step};
 use crate::error::Result;
 use crate::loader::LayerTensors;
+use crate::lora::LoraTarget;
 
 /// The gate's activation, each a fused `act(gate) * up` kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,10 +65,11 @@ impl GatedMlp {
         self.gate_up.storage_bytes() + self.down.storage_bytes()
     }
 
-    /// `out[n][hidden]` for `x[n][hidden]`.
+    /// `out[n][hidden]` for `x[n][hidden]`, with layer `layer`'s LoRA updates.
     pub fn forward(
         &self,
         step: &Step<'_>,
+        layer: usize,
         x: &[f32],
         buffers: &mut MlpBuffers,
         scratch: &mut LinearScratch,
@@ -76,6 +78,15 @@ impl GatedMlp {
         let (pool, n, intermediate) = (step.pool, step.num_tokens(), self.intermediate);
         self.gate_up
             .forward(pool, x, n, &mut buffers.gate_up, scratch)?;
+        for (target, column) in [(LoraTarget::Gate, 0), (LoraTarget::Up, intermediate)] {
+            let site = LoraSite {
+                layer,
+                target,
+                out_width: 2 * intermediate,
+                column,
+            };
+            scratch.lora.apply(step, site, x, &mut buffers.gate_up)?;
+        }
         for (row, activated) in buffers
             .gate_up
             .chunks_exact_mut(2 * intermediate)
@@ -88,6 +99,14 @@ impl GatedMlp {
             }
             activated.copy_from_slice(gate);
         }
-        self.down.forward(pool, &buffers.activated, n, out, scratch)
+        self.down
+            .forward(pool, &buffers.activated, n, out, scratch)?;
+        let site = LoraSite {
+            layer,
+            target: LoraTarget::Down,
+            out_width: out.len() / n.max(1),
+            column: 0,
+        };
+        scratch.lora.apply(step, site, &buffers.activated, out)
     }
 }

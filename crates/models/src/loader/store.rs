@@ -101,6 +101,19 @@ impl<'f> TensorStore<'f> {
         SafetensorsStore::open(files).map(TensorStore::Safetensors)
     }
 
+    /// Opens one safetensors file (a PEFT adapter's `adapter_model.safetensors`).
+    pub fn from_safetensors_file(path: &Path) -> Result<TensorStore<'f>> {
+        SafetensorsStore::open(vec![path.to_path_buf()]).map(TensorStore::Safetensors)
+    }
+
+    /// Every tensor name in the store.
+    pub fn names(&self) -> Vec<&str> {
+        match self {
+            TensorStore::Gguf { shapes, .. } => shapes.keys().map(String::as_str).collect(),
+            TensorStore::Safetensors(store) => store.tensors.keys().map(String::as_str).collect(),
+        }
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         match self {
             TensorStore::Gguf { shapes, .. } => shapes.contains_key(name),

@@ -48,11 +48,11 @@ impl TinyConfig {
         }
     }
 
-    fn q_dim(&self) -> usize {
+    pub fn q_dim(&self) -> usize {
         self.heads * self.head_dim
     }
 
-    fn kv_dim(&self) -> usize {
+    pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
 }
@@ -82,7 +82,7 @@ pub struct TinyModel {
 }
 
 /// A small deterministic PRNG so the weights need no extra dependency.
-struct SplitMix(u64);
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
     fn next(&mut self) -> f32 {
@@ -94,7 +94,7 @@ impl SplitMix {
         (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
 
-    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
+    pub fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
         (0..len).map(|_| self.next() * scale).collect()
     }
 
@@ -478,7 +478,7 @@ fn rope_rotate_half(x: &mut [f64], head_dim: usize, position: usize, theta: f64)
 
 /// llama.cpp's `permute`: within each head, rows `[x0..x_{d/2}, y0..y_{d/2}]` become
 /// interleaved `[x0, y0, x1, y1, ...]`.
-fn permute_for_gguf(weight: &[f32], heads: usize, head_dim: usize, columns: usize) -> Vec<f32> {
+pub fn permute_for_gguf(weight: &[f32], heads: usize, head_dim: usize, columns: usize) -> Vec<f32> {
     let half = head_dim / 2;
     let mut out = vec![0.0; weight.len()];
     for head in 0..heads {

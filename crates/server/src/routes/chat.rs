@@ -18,8 +18,9 @@ use crate::error::ApiError;
 use crate::generation::{
     chat_logprobs, collect, engine_request, engine_sampling, wire_finish_reason, wire_stop_reason,
 };
+use crate::routes::lora::{resolve_model, served};
 use crate::routes::tokenize::{encode, render_chat, renders_tools};
-use crate::routes::{check_accepting, check_model, check_request_shape, json_response, read_json};
+use crate::routes::{check_accepting, check_request_shape, json_response, read_json};
 use crate::sse;
 use crate::state::{unix_now, AppState, InFlightGuard};
 
@@ -46,7 +47,7 @@ pub(crate) async fn create(
     let arrival = Instant::now();
     check_accepting(&state)?;
     let request: ChatCompletionRequest = read_json(&state, body).await?;
-    let model = check_model(&state, request.model.as_deref())?;
+    let (model, lora) = resolve_model(&state, request.model.as_deref())?;
     let limits = &state.inner.limits;
     let mut validated = request.validate(limits)?;
     check_request_shape(&state, &validated, 1)?;
@@ -114,7 +115,7 @@ pub(crate) async fn create(
     let mut guard = InFlightGuard::new(&state);
     let mut streams = Vec::with_capacity(validated.sampling.n as usize);
     for choice in 0..validated.sampling.n {
-        let engine_req = engine_request(
+        let mut engine_req = engine_request(
             prompt_token_ids.clone(),
             &validated,
             &params,
@@ -122,6 +123,7 @@ pub(crate) async fn create(
             choice,
             arrival,
         );
+        engine_req.lora = lora.clone();
         streams.push((choice, guard.submit(engine_req)?));
     }
     let job = Job {
@@ -135,11 +137,14 @@ pub(crate) async fn create(
         reading,
     };
     if job.validated.output.stream {
-        Ok(stream_response(state, guard, job, streams))
+        Ok(served(
+            stream_response(state, guard, job, streams),
+            lora.as_ref(),
+        ))
     } else {
         let response = complete(&state, job, streams).await?;
         drop(guard);
-        Ok(json_response(&response))
+        Ok(served(json_response(&response), lora.as_ref()))
     }
 }
 

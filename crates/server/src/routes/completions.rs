@@ -16,8 +16,9 @@ use crate::generation::{
     append_completion_logprobs, collect, engine_request, engine_sampling, wire_finish_reason,
     wire_prompt_logprobs, wire_stop_reason, TokenNames,
 };
+use crate::routes::lora::{resolve_model, served};
 use crate::routes::tokenize::encode;
-use crate::routes::{check_accepting, check_model, check_request_shape, json_response, read_json};
+use crate::routes::{check_accepting, check_request_shape, json_response, read_json};
 use crate::sse;
 use crate::state::{unix_now, AppState, InFlightGuard};
 use tokenmill_engine::TokenLogprob;
@@ -37,7 +38,7 @@ pub(crate) async fn create(
     let arrival = Instant::now();
     check_accepting(&state)?;
     let request: CompletionRequest = read_json(&state, body).await?;
-    let model = check_model(&state, request.model.as_deref())?;
+    let (model, lora) = resolve_model(&state, request.model.as_deref())?;
     let limits = &state.inner.limits;
     let validated = request.validate(limits)?;
     let requested = request.prompts(limits)?;
@@ -94,6 +95,7 @@ pub(crate) async fn create(
                 choice,
                 arrival,
             );
+            engine_req.lora = lora.clone();
             // Echoed prompts carry their own logprobs (lm-eval's loglikelihood scoring).
             if validated.output.echo {
                 if let Some(k) = validated.sampling.logprobs {
@@ -113,11 +115,14 @@ pub(crate) async fn create(
         prompts,
     };
     if job.validated.output.stream {
-        Ok(stream_response(state, guard, job, streams))
+        Ok(served(
+            stream_response(state, guard, job, streams),
+            lora.as_ref(),
+        ))
     } else {
         let response = complete(&state, job, streams).await?;
         drop(guard);
-        Ok(json_response(&response))
+        Ok(served(json_response(&response), lora.as_ref()))
     }
 }
 

@@ -26,8 +26,29 @@ pub(crate) async fn models(State(state): State<AppState>) -> Response {
             )
             .with_architecture(architecture)
         })
-        .collect();
-    json_response(&ModelList::new(cards))
+        .collect::<Vec<_>>();
+    json_response(&ModelList::new(with_adapters(&state, cards)))
+}
+
+/// vLLM's adapter cards after the base model's: `root` the adapter's path, `parent` its
+/// base model name (the served name unless `--lora-modules` gave one).
+fn with_adapters(state: &AppState, mut cards: Vec<ModelCard>) -> Vec<ModelCard> {
+    let Some(registry) = state.engine().lora() else {
+        return cards;
+    };
+    let base = state.config().primary_model_name().to_string();
+    for adapter in registry.list() {
+        let mut card = ModelCard::new(
+            adapter.name,
+            adapter.created,
+            adapter.path.display().to_string(),
+            0,
+        );
+        card.max_model_len = None;
+        card.parent = Some(adapter.base_model_name.unwrap_or_else(|| base.clone()));
+        cards.push(card);
+    }
+    cards
 }
 
 /// 200 while the engine runs and the server is not draining; 503 otherwise.

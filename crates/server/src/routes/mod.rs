@@ -5,6 +5,7 @@
 mod chat;
 mod completions;
 pub(crate) mod info;
+mod lora;
 mod tokenize;
 
 use std::time::Instant;
@@ -32,6 +33,10 @@ use tokenmill_metrics::EngineMetrics;
 pub(crate) trait HttpState: Clone + Send + Sync + 'static {
     fn config(&self) -> &ServerConfig;
     fn metrics(&self) -> &EngineMetrics;
+    /// Whether `name` is a loaded LoRA adapter a request may name as its `model`.
+    fn is_lora_adapter(&self, _name: &str) -> bool {
+        false
+    }
 }
 
 impl HttpState for AppState {
@@ -41,6 +46,10 @@ impl HttpState for AppState {
 
     fn metrics(&self) -> &EngineMetrics {
         &self.inner.metrics
+    }
+
+    fn is_lora_adapter(&self, name: &str) -> bool {
+        self.engine().lora().is_some_and(|r| r.contains(name))
     }
 }
 
@@ -58,6 +67,11 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(info::metrics::<AppState>));
     if state.config().serve_openapi {
         routes = routes.route("/openapi.json", get(info::openapi::<AppState>));
+    }
+    if state.config().allow_runtime_lora_updating && state.engine().lora().is_some() {
+        routes = routes
+            .route("/v1/load_lora_adapter", post(lora::load))
+            .route("/v1/unload_lora_adapter", post(lora::unload));
     }
     if state.config().enable_tokenizer_info_endpoint {
         routes = routes.route("/tokenizer_info", get(tokenize::tokenizer_info));
@@ -171,6 +185,11 @@ async fn access_log<S: HttpState>(
         .map(str::to_string);
     let response = next.run(request).await;
     let elapsed = started.elapsed().as_secs_f64();
+    let adapter = response
+        .extensions()
+        .get::<lora::ServedAdapter>()
+        .map(|adapter| format!(" lora={}", adapter.0))
+        .unwrap_or_default();
     let status = response.status().as_u16();
     let quiet = state
         .config()
@@ -180,7 +199,7 @@ async fn access_log<S: HttpState>(
     if !quiet {
         tracing::info!(
             target: "tokenmill::access",
-            "{method} {path} {status} {:.1}ms request_id={}",
+            "{method} {path} {status} {:.1}ms request_id={}{adapter}",
             elapsed * 1e3,
             request_id.as_deref().unwrap_or("-")
         );
@@ -294,15 +313,17 @@ pub(crate) fn check_request_shape(
     Ok(())
 }
 
-/// The served model a request names: absent → the primary name; unknown → 404.
+/// The served model a request names: absent → the primary name; a served name or a
+/// registered LoRA adapter → itself; unknown → 404.
 pub(crate) fn check_model<S: HttpState>(
     state: &S,
     model: Option<&str>,
 ) -> Result<String, ApiError> {
     let names = &state.config().served_model_names;
+    let is_adapter = |name: &str| state.is_lora_adapter(name);
     match model {
         None | Some("") => Ok(state.config().primary_model_name().to_string()),
-        Some(name) if names.iter().any(|n| n == name) => Ok(name.to_string()),
+        Some(name) if names.iter().any(|n| n == name) || is_adapter(name) => Ok(name.to_string()),
         Some(name) => Err(ApiError::from(ErrorResponse::model_not_found(name))),
     }
 }

@@ -1,0 +1,233 @@
+//! LoRA adapters: low-rank updates `x · Aᵀ · Bᵀ · scale` added to a base model's linear
+//! layers, many adapters over one base, chosen per sequence.
+//!
+//! An adapter is read once ([`LoraAdapter::load`]: a PEFT directory or a llama.cpp GGUF LoRA
+//! file), checked against the base model's shapes, and kept as f32 `A` `[rank, in]` and
+//! `B·scale` `[out, rank]` matrices per layer and target. A step names its adapters in
+//! [`BatchInput::lora`](crate::BatchInput) and tags each token with a slot; the linear layers
+//! add each adapter's update to its own rows after the base matmul (`layers/lora.rs`).
+
+mod load;
+mod random;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokenmill_kernels::QMatrix;
+
+use crate::config::ModelConfig;
+
+pub use random::{write_random_peft_adapter, RandomLoraSpec};
+
+/// The linear layers an adapter may target, in HF's and GGUF's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl LoraTarget {
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::Q,
+        LoraTarget::K,
+        LoraTarget::V,
+        LoraTarget::O,
+        LoraTarget::Gate,
+        LoraTarget::Up,
+        LoraTarget::Down,
+    ];
+
+    /// PEFT's module name (`q_proj`).
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            LoraTarget::Q => "q_proj",
+            LoraTarget::K => "k_proj",
+            LoraTarget::V => "v_proj",
+            LoraTarget::O => "o_proj",
+            LoraTarget::Gate => "gate_proj",
+            LoraTarget::Up => "up_proj",
+            LoraTarget::Down => "down_proj",
+        }
+    }
+
+    /// GGUF's tensor short name (`attn_q`).
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            LoraTarget::Q => "attn_q",
+            LoraTarget::K => "attn_k",
+            LoraTarget::V => "attn_v",
+            LoraTarget::O => "attn_output",
+            LoraTarget::Gate => "ffn_gate",
+            LoraTarget::Up => "ffn_up",
+            LoraTarget::Down => "ffn_down",
+        }
+    }
+
+    pub fn from_hf_name(name: &str) -> Option<LoraTarget> {
+        LoraTarget::ALL.into_iter().find(|t| t.hf_name() == name)
+    }
+
+    pub fn from_gguf_name(name: &str) -> Option<LoraTarget> {
+        LoraTarget::ALL.into_iter().find(|t| t.gguf_name() == name)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// `(in_features, out_features)` of the base layer this target adapts.
+    pub fn dims(self, config: &ModelConfig) -> (usize, usize) {
+        let (hidden, q, kv) = (config.hidden_size, config.q_dim(), config.kv_dim());
+        match self {
+            LoraTarget::Q => (hidden, q),
+            LoraTarget::K | LoraTarget::V => (hidden, kv),
+            LoraTarget::O => (q, hidden),
+            LoraTarget::Gate | LoraTarget::Up => (hidden, config.intermediate_size),
+            LoraTarget::Down => (config.intermediate_size, hidden),
+        }
+    }
+}
+
+/// Why an adapter could not be loaded. Each names what the user passed, so the load route
+/// and the start-up error can show it as is.
+#[derive(Debug, thiserror::Error)]
+pub enum LoraError {
+    #[error("LoRA adapter path {0} does not exist")]
+    MissingPath(PathBuf),
+    #[error("{path} is not a LoRA adapter: {message}")]
+    NotAnAdapter { path: PathBuf, message: String },
+    #[error("invalid adapter_config.json in {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("LoRA rank {rank} is greater than --max-lora-rank {max_rank}")]
+    RankTooLarge { rank: usize, max_rank: usize },
+    #[error("LoRA target module `{module}` is not supported by the base model (supported: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")]
+    UnsupportedTarget { module: String },
+    #[error("LoRA tensor `{tensor}` has shape {actual:?}, the base model needs {expected:?}")]
+    ShapeMismatch {
+        tensor: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    #[error("LoRA tensor `{tensor}` names layer {layer}, the base model has {num_layers}")]
+    LayerOutOfRange {
+        tensor: String,
+        layer: usize,
+        num_layers: usize,
+    },
+    #[error("LoRA tensor `{0}` has no partner (every lora_A needs its lora_B)")]
+    Unpaired(String),
+    #[error("corrupt LoRA weights in {path}: {message}")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("LoRA adapter for architecture `{adapter}` does not fit base model `{base}`")]
+    ArchitectureMismatch { adapter: String, base: String },
+}
+
+/// One adapted linear layer: `delta = (x · Aᵀ) · Bᵀ` with the scale folded into `B`.
+#[derive(Debug)]
+pub(crate) struct LoraPair {
+    /// `[rank, in_features]`.
+    pub a: QMatrix,
+    /// `[out_features, rank]`, already multiplied by the adapter's scale.
+    pub b: QMatrix,
+}
+
+/// A loaded adapter: per layer, one optional [`LoraPair`] per [`LoraTarget`].
+#[derive(Debug)]
+pub struct LoraAdapter {
+    path: PathBuf,
+    rank: usize,
+    scale: f32,
+    layers: Vec<[Option<LoraPair>; 7]>,
+}
+
+impl LoraAdapter {
+    /// The path it was read from.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The largest rank among its layers.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// `alpha / rank` (or `alpha / sqrt(rank)` with rsLoRA), folded into every `B`.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The targets adapted in at least one layer, in [`LoraTarget::ALL`] order.
+    pub fn targets(&self) -> Vec<LoraTarget> {
+        LoraTarget::ALL
+            .into_iter()
+            .filter(|t| self.layers.iter().any(|l| l[t.index()].is_some()))
+            .collect()
+    }
+
+    /// Bytes held by its matrices.
+    pub fn storage_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|pair| pair.a.storage_bytes() + pair.b.storage_bytes())
+            .sum()
+    }
+
+    pub(crate) fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub(crate) fn pair(&self, layer: usize, target: LoraTarget) -> Option<&LoraPair> {
+        self.layers.get(layer)?[target.index()].as_ref()
+    }
+}
+
+/// The adapters of one step and each token's slot among them: slot 0 is the base model,
+/// slot `i + 1` is `adapters[i]`. An empty `slots` means every token is base.
+#[derive(Debug, Clone, Default)]
+pub struct LoraBatch {
+    pub adapters: Vec<Arc<LoraAdapter>>,
+    pub slots: Vec<u16>,
+}
+
+impl LoraBatch {
+    pub fn clear(&mut self) {
+        self.adapters.clear();
+        self.slots.clear();
+    }
+
+    /// Whether any token of the step uses an adapter.
+    pub fn is_active(&self) -> bool {
+        !self.adapters.is_empty() && self.slots.iter().any(|&slot| slot != 0)
+    }
+
+    /// The slot of `adapter`, added to the step if new (compared by identity); `None` when
+    /// the step already holds `u16::MAX` adapters.
+    pub fn slot_of(&mut self, adapter: &Arc<LoraAdapter>) -> Option<u16> {
+        if let Some(index) = self.adapters.iter().position(|a| Arc::ptr_eq(a, adapter)) {
+            return u16::try_from(index + 1).ok();
+        }
+        let slot = u16::try_from(self.adapters.len() + 1).ok()?;
+        self.adapters.push(Arc::clone(adapter));
+        Some(slot)
+    }
+}
+
+impl PartialEq for LoraBatch {
+    /// Same adapters (by identity) and the same slots.
+    fn eq(&self, other: &LoraBatch) -> bool {
+        self.slots == other.slots
+            && self.adapters.len() == other.adapters.len()
+            && self
+                .adapters
+                .iter()
+                .zip(&other.adapters)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
