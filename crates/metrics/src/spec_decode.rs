@@ -182,6 +182,9 @@ pub struct SpecDecodingLogger {
 
 impl SpecDecodingLogger {
     pub fn observe(&mut self, stats: &SpecDecodeStats) {
+        // The first interval starts at the first step seen, so the first line's throughputs
+        // have a time base too.
+        self.last_log_time.get_or_insert_with(Instant::now);
         self.interval.add(stats);
     }
 
@@ -252,6 +255,23 @@ mod tests {
              rate: 66.7%"
         );
         assert_eq!(logger.log_line(start + Duration::from_secs(4)), None);
+    }
+
+    #[test]
+    fn the_first_line_has_throughputs_too() {
+        // A logger whose first line follows drafts (no earlier empty line): the interval
+        // starts at the first observed step, not at the line.
+        let mut stats = SpecDecodeStats::default();
+        stats.observe_draft(4, 4);
+        let mut logger = SpecDecodingLogger::default();
+        logger.observe(&stats);
+        let line = logger
+            .log_line(Instant::now() + Duration::from_secs(4))
+            .unwrap();
+        assert!(
+            line.contains("Accepted throughput: 1.00 tokens/s"),
+            "{line}"
+        );
     }
 
     #[test]
