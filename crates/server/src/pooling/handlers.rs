@@ -48,15 +48,13 @@ pub(super) async fn pooling(
         }
         let model = check_model(&state, request.model.as_deref())?;
         let format = request.encoding_format.unwrap_or_default();
-        let truncate = truncation_limit(request.truncate_prompt_tokens, max_len(&state))?;
-        let inputs = prepare(
+        let (rows, tokens) = pool_input(
             &state,
             &request.input,
-            truncate,
-            request.add_special_tokens.unwrap_or(true),
-        )?;
-        let tokens = count_tokens(&inputs);
-        let rows = run(&state, inputs).await?;
+            request.truncate_prompt_tokens,
+            request.add_special_tokens,
+        )
+        .await?;
         let vectors = rows
             .into_iter()
             .map(|row| WireVector::encode(activation(row), format))
@@ -82,15 +80,13 @@ async fn embed_response(
     };
     let format = request.encoding_format.unwrap_or_default();
     let normalize = request.normalize.unwrap_or(info.normalize);
-    let truncate = truncation_limit(request.truncate_prompt_tokens, max_len(state))?;
-    let inputs = prepare(
+    let (rows, tokens) = pool_input(
         state,
         &request.input,
-        truncate,
-        request.add_special_tokens.unwrap_or(true),
-    )?;
-    let tokens = count_tokens(&inputs);
-    let rows = run(state, inputs).await?;
+        request.truncate_prompt_tokens,
+        request.add_special_tokens,
+    )
+    .await?;
     let vectors = rows
         .into_iter()
         .map(|row| WireVector::encode(finish_embedding(row, dimensions, normalize), format))
@@ -287,15 +283,13 @@ pub(super) async fn classify(
     let request: ClassifyRequest = read_json(&state, body).await?;
     require_task(&state, PoolingTask::Classify, "the Classification API")?;
     let model = check_model(&state, request.model.as_deref())?;
-    let truncate = truncation_limit(request.truncate_prompt_tokens, max_len(&state))?;
-    let inputs = prepare(
+    let (rows, tokens) = pool_input(
         &state,
         &request.input,
-        truncate,
-        request.add_special_tokens.unwrap_or(true),
-    )?;
-    let tokens = count_tokens(&inputs);
-    let rows = run(&state, inputs).await?;
+        request.truncate_prompt_tokens,
+        request.add_special_tokens,
+    )
+    .await?;
     let labels = &state.inner.model.info.labels;
     let data = rows
         .into_iter()
@@ -349,6 +343,20 @@ fn max_len(state: &PoolingState) -> usize {
 
 fn count_tokens(inputs: &[PoolingInput]) -> usize {
     inputs.iter().map(|input| input.token_ids.len()).sum()
+}
+
+/// `input` truncated and checked (`prepare`), then pooled: the rows and the prompt tokens they
+/// took (the usage count).
+async fn pool_input(
+    state: &PoolingState,
+    input: &PromptInput,
+    truncate_prompt_tokens: Option<i64>,
+    add_special_tokens: Option<bool>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let truncate = truncation_limit(truncate_prompt_tokens, max_len(state))?;
+    let inputs = prepare(state, input, truncate, add_special_tokens.unwrap_or(true))?;
+    let tokens = count_tokens(&inputs);
+    Ok((run(state, inputs).await?, tokens))
 }
 
 /// The engine's answer, with its errors as HTTP errors (a closed engine is a 503).
