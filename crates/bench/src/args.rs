@@ -25,6 +25,13 @@ pub enum DatasetName {
     /// context), where speculative decoding's n-gram and suffix drafts pay off.
     #[value(name = "input_grounded")]
     InputGrounded,
+    /// Prompts asking for JSON, constrained by a few JSON schemas (vLLM's structured-output
+    /// benchmark's `json`); the share of outputs that validate is reported.
+    #[value(name = "json")]
+    Json,
+    /// As `json`, with a schema of its own for every request: each one a cold grammar compile.
+    #[value(name = "json-unique")]
+    JsonUnique,
 }
 
 /// The options of `tokenmill bench serve` (vLLM's `vllm bench serve` names and defaults).
@@ -99,6 +106,16 @@ pub struct BenchServeArgs {
     /// Output length of input_grounded requests (enough to re-emit the edited file).
     #[arg(long, default_value_t = 256)]
     pub input_grounded_output_len: usize,
+    /// `json` datasets: the share of requests sent with their schema (the others send the same
+    /// prompt unconstrained). vLLM's structured-output benchmark's option.
+    #[arg(long, default_value_t = 1.0)]
+    pub structured_output_ratio: f64,
+    /// `json` datasets: one JSON schema file to use instead of the built-in schemas.
+    #[arg(long)]
+    pub json_schema_path: Option<PathBuf>,
+    /// Output length (max_tokens) of `json` requests: enough to finish the object.
+    #[arg(long, default_value_t = 256)]
+    pub structured_output_len: usize,
 
     /// Requests per second ("inf" sends all at once); arrivals are Poisson, or gamma with
     /// --burstiness.
@@ -283,6 +300,7 @@ impl BenchServeArgs {
             self.custom_output_len = output_len;
             self.prefix_repetition_output_len = output_len;
             self.input_grounded_output_len = output_len;
+            self.structured_output_len = output_len;
         }
         if self.max_concurrency == Some(0) {
             return Err(BenchError::InvalidArgument(
@@ -319,8 +337,27 @@ impl BenchServeArgs {
                 "--random-range-ratio must be in [0, 1)".into(),
             ));
         }
+        let structured = matches!(
+            self.dataset_name,
+            DatasetName::Json | DatasetName::JsonUnique
+        );
+        if !structured && self.json_schema_path.is_some() {
+            return Err(BenchError::InvalidArgument(
+                "--json-schema-path applies to the json and json-unique datasets only".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.structured_output_ratio) {
+            return Err(BenchError::InvalidArgument(format!(
+                "--structured-output-ratio must be in [0, 1], got {}",
+                self.structured_output_ratio
+            )));
+        }
         match self.dataset_name {
-            DatasetName::Random | DatasetName::PrefixRepetition | DatasetName::InputGrounded => {
+            DatasetName::Random
+            | DatasetName::PrefixRepetition
+            | DatasetName::InputGrounded
+            | DatasetName::Json
+            | DatasetName::JsonUnique => {
                 if let Some(path) = &self.dataset_path {
                     return Err(BenchError::InvalidArgument(format!(
                         "cannot use the {:?} dataset with --dataset-path {}",
@@ -363,6 +400,11 @@ impl BenchServeArgs {
         } else if endpoint.ends_with("completions") {
             EndpointKind::Completions
         } else if endpoint.ends_with("embeddings") {
+            if structured {
+                return Err(BenchError::InvalidArgument(
+                    "the json datasets need a generation endpoint, not /v1/embeddings".into(),
+                ));
+            }
             EndpointKind::Embeddings
         } else {
             return Err(BenchError::InvalidArgument(format!(
@@ -524,5 +566,20 @@ mod tests {
         assert!(parse(&["--endpoint", "/v1/rerank"]).plan().is_err());
         let plan = parse(&["--endpoint", "/v1/embeddings"]).plan().unwrap();
         assert_eq!(plan.endpoint_kind, EndpointKind::Embeddings);
+        assert!(
+            parse(&["--dataset-name", "json", "--endpoint", "/v1/embeddings"])
+                .plan()
+                .is_err()
+        );
+        assert!(parse(&["--json-schema-path", "s.json"]).plan().is_err());
+        assert!(
+            parse(&["--dataset-name", "json", "--structured-output-ratio", "2"])
+                .plan()
+                .is_err()
+        );
+        let mut json = parse(&["--dataset-name", "json-unique", "--output-len", "99"]);
+        let plan = json.plan().unwrap();
+        assert!(!plan.ignore_eos);
+        assert_eq!(json.structured_output_len, 99);
     }
 }

@@ -1,6 +1,7 @@
 //! One streamed request against an OpenAI-compatible endpoint, timed the way vLLM's
 //! `endpoint_request_func.py` times it.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -27,6 +28,10 @@ pub struct RequestInput {
     pub prompt: String,
     pub prompt_len: usize,
     pub output_len: usize,
+    /// A JSON schema the output must follow (the `json` and `json-unique` datasets): sent as
+    /// `response_format` on chat and `structured_outputs.json` on completions, and checked
+    /// against the output afterwards.
+    pub json_schema: Option<Arc<Value>>,
 }
 
 /// The measured result of one request. Times are in seconds.
@@ -107,11 +112,32 @@ pub fn request_body(config: &EndpointConfig, input: &RequestInput) -> Value {
         if config.ignore_eos {
             map.insert("ignore_eos".into(), Value::Bool(true));
         }
+        if let Some(schema) = &input.json_schema {
+            let (key, value) = structured_field(config.kind, schema);
+            map.insert(key.into(), value);
+        }
         for (key, value) in &config.extra_body {
             map.insert(key.clone(), value.clone());
         }
     }
     body
+}
+
+/// The request field that constrains the output to `schema`: OpenAI's `response_format` on
+/// chat, vLLM's `structured_outputs` on completions (which has no `response_format`).
+fn structured_field(kind: EndpointKind, schema: &Value) -> (&'static str, Value) {
+    match kind {
+        EndpointKind::ChatCompletions => (
+            "response_format",
+            json!({
+                "type": "json_schema",
+                "json_schema": {"name": "bench", "schema": schema, "strict": true},
+            }),
+        ),
+        EndpointKind::Completions | EndpointKind::Embeddings => {
+            ("structured_outputs", json!({"json": schema}))
+        }
+    }
 }
 
 /// What one parsed stream event means to the measurement.
@@ -402,6 +428,7 @@ mod tests {
             prompt: "hi".into(),
             prompt_len: 1,
             output_len: 7,
+            json_schema: None,
         };
         let body = request_body(&config(EndpointKind::Embeddings), &input);
         assert_eq!(body["input"], "hi");
@@ -416,6 +443,7 @@ mod tests {
             prompt: "hi".into(),
             prompt_len: 1,
             output_len: 7,
+            json_schema: None,
         };
         let body = request_body(&config(EndpointKind::Completions), &input);
         assert_eq!(body["prompt"], "hi");
@@ -427,6 +455,24 @@ mod tests {
         let chat = request_body(&config(EndpointKind::ChatCompletions), &input);
         assert_eq!(chat["messages"][0]["content"], "hi");
         assert_eq!(chat["max_completion_tokens"], 7);
+        assert!(body.get("structured_outputs").is_none() && chat.get("response_format").is_none());
+    }
+
+    #[test]
+    fn a_schema_constrains_each_endpoint_its_own_way() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let input = RequestInput {
+            prompt: "hi".into(),
+            prompt_len: 1,
+            output_len: 7,
+            json_schema: Some(Arc::new(schema.clone())),
+        };
+        let body = request_body(&config(EndpointKind::Completions), &input);
+        assert_eq!(body["structured_outputs"]["json"], schema);
+        let chat = request_body(&config(EndpointKind::ChatCompletions), &input);
+        assert_eq!(chat["response_format"]["type"], "json_schema");
+        assert_eq!(chat["response_format"]["json_schema"]["schema"], schema);
+        assert_eq!(chat["response_format"]["json_schema"]["strict"], true);
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod report;
 mod schedule;
 mod speed;
 mod sse;
+mod structured;
 mod sweep;
 mod tokenize;
 
@@ -46,7 +47,8 @@ pub use client::{
     RequestOutcome,
 };
 pub use dataset::{
-    prefix_repetition, random_dataset, sample_requests, PrefixRepetitionConfig, RandomConfig,
+    builtin_schemas, json_dataset, prefix_repetition, random_dataset, sample_requests,
+    PrefixRepetitionConfig, RandomConfig, StructuredConfig,
 };
 pub use driver::{run_benchmark, RunOutcome, RunSettings};
 pub use error::BenchError;
@@ -64,6 +66,7 @@ pub use speed::{
     PhaseResult, PhaseSelection, PhaseTiming, SpeedReport, SpeedSettings,
 };
 pub use sse::{SseEvent, SseParser};
+pub use structured::StructuredCheck;
 pub use sweep::SweepAxis;
 pub use tokenize::{PromptTokenizer, ServerAccess};
 
@@ -306,10 +309,12 @@ pub async fn run(mut args: BenchServeArgs) -> Result<BenchReport, BenchError> {
             goodput_enabled: !plan.goodput.is_empty(),
             percentile_metrics: &plan.percentile_metrics,
         };
+        let structured = StructuredCheck::of(requests, &run.outcomes);
         let printed = format!(
-            "{}{}",
+            "{}{}{}",
             format_failures(&run.outcomes),
-            format_result_block(&metrics, block_settings)
+            format_result_block(&metrics, block_settings),
+            structured.map(|check| check.format()).unwrap_or_default()
         );
         print!("{printed}");
         let header = ResultHeader {
@@ -322,7 +327,10 @@ pub async fn run(mut args: BenchServeArgs) -> Result<BenchReport, BenchError> {
             burstiness: args.burstiness,
             max_concurrency: point.max_concurrency,
         };
-        let result = result_json(&header, &metrics, &run.outcomes, block_settings);
+        let mut result = result_json(&header, &metrics, &run.outcomes, block_settings);
+        if let (Some(check), Some(map)) = (structured, result.as_object_mut()) {
+            check.insert_into(map);
+        }
         let saved_to = if args.save_result {
             let path = result_path(&args, point, &model_id, &date, axis.is_some());
             sweep::write_json(&path, &result)?;

@@ -110,3 +110,60 @@ fn requests_fail_when_the_server_dies_mid_run() {
         "{stdout}\n{stderr}"
     );
 }
+
+#[test]
+fn the_json_datasets_constrain_every_request_and_every_output_validates() {
+    let server = Server::start(&["--kv-cache-memory", "256MiB"]);
+    for (endpoint, dataset) in [
+        ("/v1/completions", "json"),
+        ("/v1/chat/completions", "json-unique"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ok, stdout, stderr) = run_cli(&[
+            "bench",
+            "serve",
+            "--base-url",
+            &server.base_url,
+            "--endpoint",
+            endpoint,
+            "--model",
+            "tm-test",
+            "--dataset-name",
+            dataset,
+            "--num-prompts",
+            "8",
+            "--max-concurrency",
+            "4",
+            "--temperature",
+            "0",
+            "--save-result",
+            "--result-dir",
+            dir.path().to_str().unwrap(),
+            "--result-filename",
+            "run.json",
+            "--disable-tqdm",
+        ]);
+        assert!(ok, "bench failed:\n{stdout}\n{stderr}");
+        assert_eq!(block_value(&stdout, "Failed requests:"), 0.0, "{stdout}");
+        assert_eq!(
+            block_value(&stdout, "Constrained requests:"),
+            8.0,
+            "{stdout}"
+        );
+        assert_eq!(
+            block_value(&stdout, "Outputs valid against schema:"),
+            8.0,
+            "{stdout}"
+        );
+        let saved: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("run.json")).unwrap())
+                .unwrap();
+        assert_eq!(saved["correct_rate(%)"], 100.0);
+        // Every output is a JSON object (the server constrained it; the bench validated it).
+        for text in saved["generated_texts"].as_array().unwrap() {
+            let value: serde_json::Value =
+                serde_json::from_str(text.as_str().unwrap().trim()).unwrap();
+            assert!(value.is_object(), "{value}");
+        }
+    }
+}

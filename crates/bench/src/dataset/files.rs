@@ -81,6 +81,7 @@ pub async fn load_sharegpt(
             prompt,
             prompt_len,
             output_len,
+            json_schema: None,
         });
     }
     if requests.is_empty() {
@@ -140,6 +141,7 @@ pub async fn load_custom(
             prompt,
             prompt_len,
             output_len,
+            json_schema: None,
         });
     }
     oversample(&mut requests, num_requests, &mut rng);

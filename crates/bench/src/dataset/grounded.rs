@@ -101,6 +101,7 @@ pub async fn input_grounded(
             prompt,
             prompt_len,
             output_len,
+            json_schema: None,
         });
     }
     Ok(requests)

@@ -1,8 +1,10 @@
-//! Benchmark datasets (vLLM's `random`, `sharegpt`, `prefix_repetition`, `custom`): each
+//! Benchmark datasets (vLLM's `random`, `sharegpt`, `prefix_repetition`, `custom`, the
+//! structured-output benchmark's `json`/`json-unique`, tokenmill's `input_grounded`): each
 //! yields [`RequestInput`]s with a prompt, its token count and the output length to ask for.
 
 mod files;
 mod grounded;
+mod structured;
 mod synthetic;
 
 use rand::rngs::StdRng;
@@ -15,6 +17,7 @@ use crate::tokenize::PromptTokenizer;
 
 pub use files::{load_custom, load_sharegpt};
 pub use grounded::input_grounded;
+pub use structured::{builtin_schemas, json_dataset, StructuredConfig};
 pub use synthetic::{prefix_repetition, random_dataset, PrefixRepetitionConfig, RandomConfig};
 
 /// Builds `num_requests` requests for the dataset the options name.
@@ -54,6 +57,17 @@ pub async fn sample_requests(
                 args.seed,
             )
             .await
+        }
+        DatasetName::Json | DatasetName::JsonUnique => {
+            let config = StructuredConfig {
+                num_requests,
+                output_len: args.structured_output_len,
+                ratio: args.structured_output_ratio,
+                unique: args.dataset_name == DatasetName::JsonUnique,
+                schema_path: args.json_schema_path.as_deref(),
+                seed: args.seed,
+            };
+            json_dataset(tokenizer, &config).await
         }
         DatasetName::Sharegpt => {
             let path = required_path(args)?;

@@ -134,6 +134,7 @@ pub async fn random_dataset(
                     prompt: words.join(" "),
                     prompt_len: config.prefix_len + input_lens[index],
                     output_len: output_lens[index],
+                    json_schema: None,
                 }
             })
             .collect());
@@ -159,6 +160,7 @@ pub async fn random_dataset(
                     prompt,
                     prompt_len: tokens.len() + tokenizer.num_special_tokens(),
                     output_len,
+                    json_schema: None,
                 };
                 Ok::<_, BenchError>((request, mismatch))
             }
@@ -196,6 +198,7 @@ pub async fn prefix_repetition(
                     prompt: words.join(" "),
                     prompt_len: config.prefix_len + config.suffix_len,
                     output_len: config.output_len,
+                    json_schema: None,
                 });
             }
         }
@@ -227,6 +230,7 @@ pub async fn prefix_repetition(
                         prompt,
                         prompt_len: combined.len() + tokenizer.num_special_tokens(),
                         output_len: config.output_len,
+                        json_schema: None,
                     };
                     Ok::<_, BenchError>((request, mismatch))
                 }
