@@ -118,7 +118,7 @@ fn bench_masks(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default().sample_size(20);
+    config = Criterion::default().sample_size(20).without_plots();
     targets = bench_masks
 }
 criterion_main!(benches);

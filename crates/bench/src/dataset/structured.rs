@@ -150,15 +150,16 @@ fn read_schema(path: &Path) -> Result<Value, BenchError> {
     Ok(schema)
 }
 
-/// `schema` with one more optional string property named after the request, so that its text
-/// (the server's compile-cache key) is new.
-fn uniquified(schema: &Value, index: usize) -> Value {
+/// `schema` with one more optional string property named after the run's seed and the
+/// request, so that its text (the server's compile-cache key) is new, also across runs with
+/// different seeds against one server.
+fn uniquified(schema: &Value, seed: u64, index: usize) -> Value {
     let mut schema = schema.clone();
     if let Some(object) = schema.as_object_mut() {
         let properties = object.entry("properties").or_insert_with(|| json!({}));
         if let Some(properties) = properties.as_object_mut() {
             properties.insert(
-                format!("note_{index}"),
+                format!("note_{seed}_{index}"),
                 json!({"type": "string", "maxLength": 8,
                        "description": "a per-request optional field that defeats schema caches"}),
             );
@@ -197,7 +198,7 @@ pub async fn json_dataset(
     for index in 0..config.num_requests {
         let base = &schemas[index % schemas.len()];
         let schema = if config.unique {
-            uniquified(base, index)
+            uniquified(base, config.seed, index)
         } else {
             base.clone()
         };
