@@ -197,6 +197,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     for line in engine.capacity().log_lines() {
         tracing::info!("{line}");
     }
+    if config.data_parallel_size > 1 {
+        tracing::info!(
+            "data parallel: {} engines, each with the KV cache above",
+            config.data_parallel_size
+        );
+    }
     crate::async_runtime()?.block_on(tokenmill_server::serve_on(listener, engine, server))?;
     Ok(())
 }

@@ -137,7 +137,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--enforce-eager", "", NoEffect, "there are no CUDA graphs to capture"),
     row("--max-seq-len-to-capture", "8192", NoEffect, "there are no CUDA graphs to capture"),
     row("--disable-custom-all-reduce", "", NoEffect, "there is no multi-GPU all-reduce"),
-    row("--distributed-executor-backend", "mp", NoEffect, "one process, one engine"),
+    row("--distributed-executor-backend", "mp", NoEffect, "one process; data-parallel engines are threads of it"),
     row("--disable-frontend-multiprocessing", "", NoEffect, "the HTTP frontend and the engine thread share one process already"),
     row("--max-parallel-loading-workers", "2", NoEffect, "weights are memory-mapped and repacked by the compute pool"),
     // KV-cache events.

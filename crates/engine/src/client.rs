@@ -183,7 +183,8 @@ impl Engine {
                 if ranks > 1 {
                     tracing::info!("engine {rank}: {threads} compute threads");
                 }
-                Self::start_core(rank, setup, loaded)
+                let threads = own_pools.then_some(threads).or(config.num_threads);
+                Self::start_core(rank, setup, loaded, threads)
             })??;
             cores.push(core);
         }
@@ -198,10 +199,12 @@ impl Engine {
 
     /// Builds data-parallel engine `rank`'s scheduler, runner, metrics, speculation and KV
     /// events over `loaded`, and starts its loop.
+    /// `num_threads` is the engine's own thread count (also its draft model's).
     fn start_core(
         rank: usize,
         setup: &CoreSetup<'_>,
         loaded: Arc<LoadedModel>,
+        num_threads: Option<usize>,
     ) -> Result<Core, EngineError> {
         let CoreSetup {
             config,
@@ -259,7 +262,7 @@ impl Engine {
                     num_blocks: num_blocks as usize,
                     block_size: config.block_size,
                     vocab_size: loaded.config().vocab_size,
-                    num_threads: config.num_threads,
+                    num_threads,
                 },
             )?),
             None => None,
