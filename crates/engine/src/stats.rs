@@ -117,7 +117,7 @@ mod tests {
         assert_eq!(total.generation_tokens, 10);
         assert_eq!(total.num_blocks, 200);
         assert!((total.kv_cache_usage - 0.375).abs() < 1e-12);
-        assert_eq!(EngineStats::combined(&[a.clone()]), a);
+        assert_eq!(EngineStats::combined(std::slice::from_ref(&a)), a);
     }
 
     #[test]
