@@ -44,6 +44,7 @@ pub struct EngineArgs {
     #[arg(long, help_heading = "Model")]
     pub max_model_len: Option<usize>,
     /// KV-cache budget: bytes or a size like 2GiB / 512MiB; default: a quarter of free RAM, at most 4 GiB.
+    /// Per engine: with --data-parallel-size N each engine gets this budget.
     #[arg(long, alias = "kv-cache-memory-bytes", value_parser = parse_size, help_heading = "Cache")]
     pub kv_cache_memory: Option<u64>,
     /// KV-cache element type: auto (the activations' f32), float16 (also fp16, half; a tokenmill
@@ -82,7 +83,7 @@ pub struct EngineArgs {
     pub no_enable_chunked_prefill: bool,
     #[arg(long, value_enum, default_value_t = PolicyArg::Fcfs, help_heading = "Scheduler")]
     pub scheduling_policy: PolicyArg,
-    /// Compute threads; default: all cores.
+    /// Compute threads; default: all cores. With --data-parallel-size N each engine gets 1/N.
     #[arg(long, help_heading = "Compute")]
     pub threads: Option<usize>,
     #[command(flatten)]

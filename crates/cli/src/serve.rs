@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// http://localhost:4318 (`/v1/traces` is appended unless present). Off by default.
     #[arg(long, value_name = "URL", help_heading = "Observability")]
     pub otlp_traces_endpoint: Option<String>,
+    /// With --data-parallel-size N: pin each engine's threads to a CPU set, one set per
+    /// engine, comma separated (e.g. `0-7,8-15`; ranges within a set joined by `+`). Without
+    /// --threads an engine runs one thread per CPU of its set. Pinning that fails only warns.
+    #[arg(long, value_name = "SETS", help_heading = "Compute")]
+    pub cpu_affinity: Option<String>,
     /// Default sampling parameters: `auto` (the model's generation_config.json), `vllm`
     /// (none), or a folder holding a generation_config.json.
     #[arg(long, default_value = "auto", help_heading = "Model")]
@@ -122,6 +127,9 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .reasoning_parser(reasoning_parser)?;
     let mut config = args.engine.to_config()?;
     args.vllm.apply_to_engine(&mut config)?;
+    if let Some(sets) = &args.cpu_affinity {
+        config.cpu_affinity = tokenmill_engine::dp::parse_cpu_affinity(sets)?;
+    }
     config.lora = args.lora.to_config()?;
     let served_model_names = if args.served_model_name.is_empty() {
         vec![args
@@ -174,6 +182,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     }
 
     if args.runner.pooling(&config)? {
+        if config.data_parallel_size > 1 || !config.cpu_affinity.is_empty() {
+            anyhow::bail!(
+                "--data-parallel-size and --cpu-affinity serve generative models only; the \
+                 pooling runner is one engine (run replicas to scale embeddings out)"
+            );
+        }
         let engine = args.runner.start_pooling(&config)?;
         crate::async_runtime()?
             .block_on(tokenmill_server::serve_pooling_on(listener, engine, server))?;
@@ -182,6 +196,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::start(&config)?;
     for line in engine.capacity().log_lines() {
         tracing::info!("{line}");
+    }
+    if config.data_parallel_size > 1 {
+        tracing::info!(
+            "data parallel: {} engines, each with the KV cache above",
+            config.data_parallel_size
+        );
     }
     crate::async_runtime()?.block_on(tokenmill_server::serve_on(listener, engine, server))?;
     Ok(())

@@ -132,12 +132,12 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     // Parallelism and execution.
     row("--tensor-parallel-size", "1", Restricted, "`1`: one engine per process uses all cores (`--threads`); scale out with replicas (deploy/)"),
     row("--pipeline-parallel-size", "1", Restricted, "`1`, as above"),
-    row("--data-parallel-size", "1", Restricted, "`1`: run replicas behind a router (deploy/)"),
+    row("--data-parallel-size", "2", Same, "N engine cores in one process behind one HTTP front end, each with its own scheduler, KV cache (the memory flags are per engine, as per vLLM DP rank) and `--threads`/N threads (`--cpu-affinity 0-7,8-15` pins each); requests go to the least loaded engine, or to the one that served the prompt's prefix if nearly as idle; metrics labelled `engine=\"0\"`..`\"N-1\"`"),
     row("--device", "cpu", Restricted, "`cpu` or `auto`"),
     row("--enforce-eager", "", NoEffect, "there are no CUDA graphs to capture"),
     row("--max-seq-len-to-capture", "8192", NoEffect, "there are no CUDA graphs to capture"),
     row("--disable-custom-all-reduce", "", NoEffect, "there is no multi-GPU all-reduce"),
-    row("--distributed-executor-backend", "mp", NoEffect, "one process, one engine"),
+    row("--distributed-executor-backend", "mp", NoEffect, "one process; data-parallel engines are threads of it"),
     row("--disable-frontend-multiprocessing", "", NoEffect, "the HTTP frontend and the engine thread share one process already"),
     row("--max-parallel-loading-workers", "2", NoEffect, "weights are memory-mapped and repacked by the compute pool"),
     // KV-cache events.
@@ -309,6 +309,9 @@ impl VllmArgs {
                 bail!("--device {device} is not supported: tokenmill runs on the CPU (cpu, auto)");
             }
         }
+        if self.data_parallel_size == Some(0) {
+            bail!("--data-parallel-size must be at least 1");
+        }
         for (flag, value, what) in [
             (
                 "--tensor-parallel-size",
@@ -319,11 +322,6 @@ impl VllmArgs {
                 "--pipeline-parallel-size",
                 self.pipeline_parallel_size,
                 "one engine uses all of this host's cores (--threads)",
-            ),
-            (
-                "--data-parallel-size",
-                self.data_parallel_size,
-                "run replicas behind a router (see deploy/)",
             ),
         ] {
             match value {
@@ -389,6 +387,7 @@ impl VllmArgs {
             config.kv_cache = KvCacheSizing::UtilizationOfAvailable(fraction);
         }
         config.kv_events = self.kv_events()?;
+        config.data_parallel_size = self.data_parallel_size.unwrap_or(1);
         Ok(())
     }
 
@@ -763,7 +762,7 @@ mod tests {
                 "--tensor-parallel-size 1",
             ),
             (&["-tp", "4"][..], "--tensor-parallel-size 1"),
-            (&["-dp", "2"][..], "replicas"),
+            (&["-dp", "0"][..], "--data-parallel-size must be at least 1"),
             (&["--quantization", "awq"][..], "GGUF"),
             (&["-q", "gptq"][..], "GGUF"),
             (&["--dtype", "float64"][..], "bfloat16"),

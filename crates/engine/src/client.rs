@@ -1,19 +1,22 @@
 //! Starting the engine thread and talking to it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokenmill_metrics::{EngineMetrics, MetricsConfig, OtlpConfig, OtlpTraceExporter};
 
-use tokenmill_core::{capacity, RequestId, Scheduler, SchedulerConfig, SchedulingPolicy};
+use tokenmill_core::{
+    capacity, BlockHashExtraKeys, RequestId, Scheduler, SchedulerConfig, SchedulingPolicy,
+};
 use tokenmill_models::{kv_layout, read_model_config, JsonGrammarOptions, KvCacheStorage};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::config::DEFAULT_MAX_NUM_BATCHED_TOKENS;
 use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
+use crate::dp::{self, PrefixBalancer};
 use crate::executor::Executor;
 use crate::kv_events::KvEventPublisher;
 use crate::lora::LoraRegistry;
@@ -23,19 +26,22 @@ use crate::spec::{DraftSetup, SpecDecoder};
 use crate::stats::{CapacityReport, EngineStats};
 use crate::{EngineConfig, EngineError};
 
-/// A running engine: the engine thread plus what clients need (tokenizer, limits).
+/// A running engine: the engine threads (one per data-parallel rank) plus what clients need
+/// (tokenizer, limits).
 pub struct Engine {
     client: EngineClient,
     loaded: Arc<LoadedModel>,
     capacity: CapacityReport,
+    /// Engine 0's registry, with the other ranks' attached (one scrape for all).
     metrics: Arc<EngineMetrics>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("capacity", &self.capacity)
+            .field("data_parallel_size", &self.threads.len())
             .finish_non_exhaustive()
     }
 }
@@ -43,24 +49,57 @@ impl std::fmt::Debug for Engine {
 /// The engine loop's settings besides its parts.
 #[derive(Default)]
 struct LoopSettings {
+    /// Data-parallel rank (`Engine 001: ...`, `engine="1"`).
+    engine_index: usize,
     log_stats_interval: Option<Duration>,
     traces: Option<Arc<OtlpTraceExporter>>,
     seed: Option<u64>,
     spec: Option<SpecDecoder>,
     kv_events: Option<KvEventPublisher>,
-    lora: Option<Arc<LoraRegistry>>,
+}
+
+/// What every data-parallel engine is built from besides its own model handle.
+struct CoreSetup<'a> {
+    config: &'a EngineConfig,
+    num_blocks: u32,
+    max_model_len: usize,
+    traces: Option<Arc<OtlpTraceExporter>>,
+}
+
+/// One started engine core: its client-side handle, thread and metrics.
+struct Core {
+    handle: CoreHandle,
+    thread: JoinHandle<()>,
+    metrics: Arc<EngineMetrics>,
+    scheduling_policy: SchedulingPolicy,
 }
 
 impl Engine {
-    /// Loads the model, sizes the KV pool from the budget, and starts the engine thread.
+    /// Loads the model, sizes the KV pool from the budget, and starts the engine thread, or
+    /// with `data_parallel_size` N, N engine threads over the same weights (see [`crate::dp`]).
     pub fn start(config: &EngineConfig) -> Result<Engine, EngineError> {
         tracing::info!("CPU features: {}", tokenmill_kernels::CpuFeatures::get());
+        let ranks = config.data_parallel_size.max(1);
+        if !config.cpu_affinity.is_empty() && config.cpu_affinity.len() != ranks {
+            return Err(EngineError::Config(format!(
+                "--cpu-affinity names {} CPU sets but there are {ranks} engines \
+                 (--data-parallel-size): give one set per engine",
+                config.cpu_affinity.len()
+            )));
+        }
+        // One pool for the only engine, as before; otherwise each engine builds its own
+        // (pinned where asked), and the load-time pool only serves the load.
+        let own_pools = ranks > 1 || !config.cpu_affinity.is_empty();
         let available_before_load = crate::config::available_memory_bytes();
         let mut loaded = LoadedModel::load(
             &config.model,
             config.chat_template.as_deref(),
             config.tokenizer.as_deref(),
-            config.num_threads,
+            if own_pools {
+                Some(1)
+            } else {
+                config.num_threads
+            },
         )?;
         if config.json_grammar != JsonGrammarOptions::default() {
             loaded.set_json_grammar_options(config.json_grammar)?;
@@ -78,6 +117,7 @@ impl Engine {
         let kv_dtype = config.kv_cache_dtype.storage();
         let bytes_per_block =
             KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
+        // Read once: every engine gets this budget (the flag is per engine, as in vLLM).
         let kv_bytes =
             config.kv_cache_bytes(available_before_load, loaded.model.weight_bytes() as u64);
         let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
@@ -102,6 +142,76 @@ impl Engine {
                 kv_bytes >> 20
             )));
         }
+        if let Some(spec) = &config.speculative {
+            tracing::info!(
+                "speculative decoding: method {}, up to {} draft tokens, skipped above {} \
+                 running requests",
+                spec.method_name(),
+                spec.num_speculative_tokens,
+                spec.disable_by_batch_size
+            );
+        }
+        // Only a configured endpoint starts the export thread; without one nothing is built.
+        let traces = match &config.otlp_traces_endpoint {
+            Some(endpoint) => {
+                let exporter =
+                    OtlpTraceExporter::start(OtlpConfig::new(endpoint, &config.served_model_name))
+                        .map_err(|e| EngineError::Config(e.to_string()))?;
+                tracing::info!("exporting request spans over OTLP/HTTP to {endpoint}");
+                Some(Arc::new(exporter))
+            }
+            None => None,
+        };
+        let setup = CoreSetup {
+            config,
+            num_blocks,
+            max_model_len,
+            traces,
+        };
+        let mut cores = Vec::with_capacity(ranks);
+        for rank in 0..ranks {
+            let cpus = config.cpu_affinity.get(rank).map(Vec::as_slice);
+            let threads = dp::threads_per_engine(config.num_threads, ranks, cpus);
+            let shared_loaded = &loaded;
+            let setup = &setup;
+            let core = dp::on_cpus(rank, cpus, move || {
+                let loaded = if own_pools {
+                    Arc::new(shared_loaded.with_own_pool(threads))
+                } else {
+                    Arc::clone(shared_loaded)
+                };
+                if ranks > 1 {
+                    tracing::info!("engine {rank}: {threads} compute threads");
+                }
+                let threads = own_pools.then_some(threads).or(config.num_threads);
+                Self::start_core(rank, setup, loaded, threads)
+            })??;
+            cores.push(core);
+        }
+        Ok(Self::assemble(
+            cores,
+            loaded,
+            capacity,
+            lora,
+            config.enable_prefix_caching,
+        ))
+    }
+
+    /// Builds data-parallel engine `rank`'s scheduler, runner, metrics, speculation and KV
+    /// events over `loaded`, and starts its loop.
+    /// `num_threads` is the engine's own thread count (also its draft model's).
+    fn start_core(
+        rank: usize,
+        setup: &CoreSetup<'_>,
+        loaded: Arc<LoadedModel>,
+        num_threads: Option<usize>,
+    ) -> Result<Core, EngineError> {
+        let CoreSetup {
+            config,
+            num_blocks,
+            max_model_len,
+            ..
+        } = *setup;
         let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(
                 if config.enable_chunked_prefill {
@@ -124,9 +234,9 @@ impl Engine {
             Arc::clone(&loaded),
             num_blocks as usize,
             config.block_size,
-            kv_dtype,
+            config.kv_cache_dtype.storage(),
         );
-        let mut metrics = EngineMetrics::with_spec_decode(
+        let mut metrics = EngineMetrics::for_engine(
             MetricsConfig {
                 model_name: config.served_model_name.clone(),
                 max_model_len,
@@ -139,6 +249,7 @@ impl Engine {
                 .speculative
                 .as_ref()
                 .map(|spec| spec.num_speculative_tokens),
+            rank,
         );
         if let Some(lora) = &config.lora {
             metrics.enable_lora(lora.max_loras);
@@ -150,54 +261,34 @@ impl Engine {
                 &DraftSetup {
                     num_blocks: num_blocks as usize,
                     block_size: config.block_size,
-                    vocab_size: model_config.vocab_size,
-                    num_threads: config.num_threads,
+                    vocab_size: loaded.config().vocab_size,
+                    num_threads,
                 },
             )?),
-            None => None,
-        };
-        if let Some(spec) = &config.speculative {
-            tracing::info!(
-                "speculative decoding: method {}, up to {} draft tokens, skipped above {} \
-                 running requests",
-                spec.method_name(),
-                spec.num_speculative_tokens,
-                spec.disable_by_batch_size
-            );
-        }
-        // Only a configured endpoint starts the export thread; without one nothing is built.
-        let traces = match &config.otlp_traces_endpoint {
-            Some(endpoint) => {
-                let exporter =
-                    OtlpTraceExporter::start(OtlpConfig::new(endpoint, &config.served_model_name))
-                        .map_err(|e| EngineError::Config(e.to_string()))?;
-                tracing::info!("exporting request spans over OTLP/HTTP to {endpoint}");
-                Some(Arc::new(exporter))
-            }
             None => None,
         };
         let kv_events = match &config.kv_events {
             Some(kv_events) if kv_events.publishes() => {
                 scheduler.enable_kv_events();
-                let publisher = KvEventPublisher::start(kv_events, 0, Arc::clone(&metrics))?;
-                tracing::info!("publishing KV-cache events on {}", kv_events.endpoint);
+                let publisher = KvEventPublisher::start(kv_events, rank, Arc::clone(&metrics))?;
+                tracing::info!("engine {rank}: publishing KV-cache events");
                 Some(publisher)
             }
             _ => None,
         };
-        Self::spawn(
+        Self::spawn_core(
             scheduler,
             runner,
-            loaded,
-            capacity,
+            &loaded,
+            max_model_len,
             metrics,
             LoopSettings {
+                engine_index: rank,
                 log_stats_interval: config.log_stats_interval,
-                traces,
+                traces: setup.traces.clone(),
                 seed: config.seed,
                 spec,
                 kv_events,
-                lora,
             },
         )
     }
@@ -212,22 +303,22 @@ impl Engine {
         ))
     }
 
-    /// Starts the engine thread over any executor.
-    fn spawn<E: Executor + 'static>(
+    /// Starts one engine thread over any executor.
+    fn spawn_core<E: Executor + 'static>(
         scheduler: Scheduler,
         executor: E,
-        loaded: Arc<LoadedModel>,
-        capacity: CapacityReport,
+        loaded: &LoadedModel,
+        max_model_len: usize,
         metrics: Arc<EngineMetrics>,
         settings: LoopSettings,
-    ) -> Result<Engine, EngineError> {
+    ) -> Result<Core, EngineError> {
         let LoopSettings {
+            engine_index,
             log_stats_interval,
             traces,
             seed,
             spec,
             kv_events,
-            lora,
         } = settings;
         let (commands_tx, commands_rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -236,10 +327,11 @@ impl Engine {
             scheduler,
             executor,
             tokenizer: Arc::clone(&loaded.tokenizer),
-            max_model_len: capacity.max_model_len,
+            max_model_len,
             commands: commands_rx,
             shared: Arc::clone(&shared),
             metrics: Arc::clone(&metrics),
+            engine_index,
             log_stats_interval,
             traces,
             seed,
@@ -248,13 +340,59 @@ impl Engine {
         });
         // Mark alive before returning so a health check right after start-up is green.
         shared.alive.store(true, Ordering::SeqCst);
+        let name = if engine_index == 0 {
+            "engine-core".to_string()
+        } else {
+            format!("engine-core-{engine_index}")
+        };
         let thread = std::thread::Builder::new()
-            .name("engine-core".into())
+            .name(name)
             .spawn(move || engine_loop.run())?;
-        Ok(Engine {
-            client: EngineClient {
+        Ok(Core {
+            handle: CoreHandle {
                 commands: commands_tx,
                 shared,
+                in_flight: Arc::new(AtomicUsize::new(0)),
+            },
+            thread,
+            metrics,
+            scheduling_policy,
+        })
+    }
+
+    /// The engine over started cores (rank order), engine 0's metrics scraping them all.
+    fn assemble(
+        cores: Vec<Core>,
+        loaded: Arc<LoadedModel>,
+        capacity: CapacityReport,
+        lora: Option<Arc<LoraRegistry>>,
+        prefix_locality: bool,
+    ) -> Engine {
+        let scheduling_policy = cores
+            .first()
+            .map_or(SchedulingPolicy::Fcfs, |core| core.scheduling_policy);
+        let mut handles = Vec::with_capacity(cores.len());
+        let mut threads = Vec::with_capacity(cores.len());
+        let mut metrics = Vec::with_capacity(cores.len());
+        for core in cores {
+            handles.push(core.handle);
+            threads.push(core.thread);
+            metrics.push(core.metrics);
+        }
+        let front_metrics = metrics.remove(0);
+        if !metrics.is_empty() {
+            front_metrics.attach_engines(metrics);
+        }
+        let balancer = (handles.len() > 1).then(|| {
+            Arc::new(Mutex::new(PrefixBalancer::new(
+                capacity.block_size,
+                prefix_locality,
+            )))
+        });
+        Engine {
+            client: EngineClient {
+                cores: handles.into(),
+                balancer,
                 next_id: Arc::new(AtomicU64::new(1)),
                 max_model_len: capacity.max_model_len,
                 scheduling_policy,
@@ -262,12 +400,13 @@ impl Engine {
             },
             loaded,
             capacity,
-            metrics,
-            thread: Some(thread),
-        })
+            metrics: front_metrics,
+            threads,
+        }
     }
 
-    /// The Prometheus registry the engine feeds (served on `/metrics`).
+    /// The Prometheus registry the engine feeds (served on `/metrics`); with several
+    /// engines, engine 0's, whose scrape includes the others'.
     pub fn metrics(&self) -> &Arc<EngineMetrics> {
         &self.metrics
     }
@@ -280,18 +419,21 @@ impl Engine {
         &self.loaded
     }
 
+    /// The KV capacity of one engine (each data-parallel engine has this much).
     pub fn capacity(&self) -> &CapacityReport {
         &self.capacity
     }
 
-    /// Aborts whatever is in flight and joins the engine thread.
+    /// Aborts whatever is in flight and joins the engine threads.
     pub fn shutdown(mut self) {
         self.stop();
     }
 
     fn stop(&mut self) {
-        let _ = self.client.commands.send(Command::Shutdown);
-        if let Some(thread) = self.thread.take() {
+        for core in self.client.cores.iter() {
+            let _ = core.commands.send(Command::Shutdown);
+        }
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
@@ -303,11 +445,32 @@ impl Drop for Engine {
     }
 }
 
-/// A cheap, cloneable handle to the engine thread.
-#[derive(Debug, Clone)]
-pub struct EngineClient {
+/// One engine thread as clients see it: its command channel, its state after the latest
+/// step, and its requests in flight (the balancer's load).
+#[derive(Debug)]
+struct CoreHandle {
     commands: Sender<Command>,
     shared: Arc<Shared>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// One request counted in its engine's load until dropped (finished or abandoned).
+#[derive(Debug)]
+struct LoadTicket(Arc<AtomicUsize>);
+
+impl Drop for LoadTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A cheap, cloneable handle to the engine threads.
+#[derive(Debug, Clone)]
+pub struct EngineClient {
+    /// One per data-parallel rank, in rank order.
+    cores: Arc<[CoreHandle]>,
+    /// Present with more than one engine.
+    balancer: Option<Arc<Mutex<PrefixBalancer>>>,
     next_id: Arc<AtomicU64>,
     max_model_len: usize,
     scheduling_policy: SchedulingPolicy,
@@ -315,20 +478,28 @@ pub struct EngineClient {
 }
 
 impl EngineClient {
-    /// The served LoRA adapters; `None` unless LoRA serving is on (`--enable-lora`).
+    /// The served LoRA adapters; `None` unless LoRA serving is on (`--enable-lora`). One
+    /// registry serves every engine, so loading or unloading reaches them all.
     pub fn lora(&self) -> Option<&Arc<LoraRegistry>> {
         self.lora.as_ref()
     }
 
-    /// Submits a request; its outputs arrive on the returned stream. Dropping the stream
-    /// aborts the request.
+    /// Submits a request to the engine the balancer picks; its outputs arrive on the
+    /// returned stream. Dropping the stream aborts the request.
     pub fn add_request(&self, request: GenerateRequest) -> Result<RequestStream, EngineError> {
         if !self.is_alive() {
             return Err(EngineError::EngineDead);
         }
-        let request_id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let rank = self.route(&request);
+        let core = self.cores.get(rank).ok_or(EngineError::EngineDead)?;
+        // The rank is the id modulo the engine count, so an abort finds the owner.
+        let ranks = self.cores.len() as u64;
+        let request_id =
+            RequestId(self.next_id.fetch_add(1, Ordering::Relaxed) * ranks + rank as u64);
+        core.in_flight.fetch_add(1, Ordering::Relaxed);
+        let ticket = LoadTicket(Arc::clone(&core.in_flight));
         let (events_tx, events_rx) = unbounded_channel();
-        self.commands
+        core.commands
             .send(Command::Add {
                 request_id,
                 request: Box::new(request),
@@ -338,27 +509,69 @@ impl EngineClient {
         Ok(RequestStream {
             request_id,
             events: events_rx,
-            commands: self.commands.clone(),
+            commands: core.commands.clone(),
             finished: false,
+            ticket: Some(ticket),
         })
     }
 
+    /// The engine for `request`: the only one, or the balancer's choice.
+    fn route(&self, request: &GenerateRequest) -> usize {
+        let Some(balancer) = &self.balancer else {
+            return 0;
+        };
+        let loads: Vec<usize> = self
+            .cores
+            .iter()
+            .map(|core| core.in_flight.load(Ordering::Relaxed))
+            .collect();
+        let extra_keys = BlockHashExtraKeys {
+            cache_salt: request.cache_salt.clone(),
+            adapter_id: request.lora.as_ref().map(|lora| lora.id),
+        };
+        match balancer.lock() {
+            Ok(mut balancer) => balancer.route(&request.prompt_token_ids, extra_keys, &loads),
+            Err(_) => dp::choose_engine(&loads, None, 0),
+        }
+    }
+
+    /// Aborts a request on the engine that owns it.
     pub fn abort(&self, request_id: RequestId) {
-        let _ = self.commands.send(Command::Abort(request_id));
+        let rank = (request_id.0 % self.cores.len() as u64) as usize;
+        if let Some(core) = self.cores.get(rank) {
+            let _ = core.commands.send(Command::Abort(request_id));
+        }
     }
 
-    /// False once the engine thread stopped or crashed.
+    /// False once any engine thread stopped or crashed.
     pub fn is_alive(&self) -> bool {
-        self.shared.alive.load(Ordering::SeqCst)
+        self.cores
+            .iter()
+            .all(|core| core.shared.alive.load(Ordering::SeqCst))
     }
 
-    /// The state after the most recent step.
+    /// The state after the most recent step, summed over the engines.
     pub fn stats(&self) -> EngineStats {
-        self.shared
-            .stats
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
+        EngineStats::combined(&self.engine_stats())
+    }
+
+    /// Each engine's state after its most recent step, in rank order.
+    pub fn engine_stats(&self) -> Vec<EngineStats> {
+        self.cores
+            .iter()
+            .map(|core| {
+                core.shared
+                    .stats
+                    .lock()
+                    .map(|s| s.clone())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// How many engines serve (`--data-parallel-size`).
+    pub fn data_parallel_size(&self) -> usize {
+        self.cores.len()
     }
 
     pub fn max_model_len(&self) -> usize {
@@ -379,6 +592,8 @@ pub struct RequestStream {
     events: UnboundedReceiver<RequestEvent>,
     commands: Sender<Command>,
     finished: bool,
+    /// Counts the request in its engine's load until it finishes.
+    ticket: Option<LoadTicket>,
 }
 
 impl RequestStream {
@@ -413,6 +628,9 @@ impl RequestStream {
             }
             Some(RequestEvent::Error(_)) | None => self.finished = true,
             Some(RequestEvent::Output(_)) => {}
+        }
+        if self.finished {
+            self.ticket = None;
         }
     }
 }
@@ -462,15 +680,16 @@ mod tests {
             max_model_len: 64,
         };
         let metrics = small_metrics();
-        let engine = Engine::spawn(
+        let core = Engine::spawn_core(
             scheduler,
             PanickingExecutor,
-            loaded,
-            capacity,
+            &loaded,
+            capacity.max_model_len,
             metrics,
             LoopSettings::default(),
         )
         .unwrap();
+        let engine = Engine::assemble(vec![core], loaded, capacity, None, true);
         let client = engine.client();
         let mut stream = client
             .add_request(GenerateRequest::new(vec![504, 3575, 282]))

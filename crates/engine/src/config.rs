@@ -75,6 +75,12 @@ pub struct EngineConfig {
     /// `--enable-lora` with its limits and start-up adapters; `None`: requests cannot name
     /// adapters.
     pub lora: Option<LoraConfig>,
+    /// `--data-parallel-size`: engine cores in this process, each with its own scheduler,
+    /// KV cache of the full `kv_cache` budget, and `num_threads / N` threads (see `dp`).
+    pub data_parallel_size: usize,
+    /// `--cpu-affinity`: one CPU set per engine (empty: no pinning); with no `num_threads`,
+    /// an engine runs one thread per CPU of its set.
+    pub cpu_affinity: Vec<Vec<usize>>,
 }
 
 /// Step token budget with chunked prefill when none is given.
@@ -105,6 +111,8 @@ impl EngineConfig {
             speculative: None,
             kv_events: None,
             lora: None,
+            data_parallel_size: 1,
+            cpu_affinity: Vec::new(),
         }
     }
 

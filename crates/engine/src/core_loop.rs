@@ -198,6 +198,8 @@ pub(crate) struct LoopParts<E: Executor> {
     pub commands: Receiver<Command>,
     pub shared: Arc<Shared>,
     pub metrics: Arc<EngineMetrics>,
+    /// Data-parallel rank, named in the stats line.
+    pub engine_index: usize,
     /// `None` turns the periodic stats line off.
     pub log_stats_interval: Option<Duration>,
     /// Request-span exporter; `None` (the default) builds no spans at all.
@@ -270,6 +272,7 @@ impl<E: Executor> EngineLoop<E> {
             commands,
             shared,
             metrics,
+            engine_index,
             log_stats_interval,
             traces,
             seed,
@@ -290,7 +293,8 @@ impl<E: Executor> EngineLoop<E> {
             seed,
             metrics,
             traces,
-            stats_logger: log_stats_interval.map(StatsLogger::new),
+            stats_logger: log_stats_interval
+                .map(|interval| StatsLogger::new(interval).for_engine(engine_index)),
             spec_logger: spec.as_ref().map(|_| SpecDecodingLogger::default()),
             spec,
             step_metrics: StepMetrics::default(),
@@ -941,6 +945,7 @@ mod tests {
             commands,
             shared: Arc::clone(&shared),
             metrics: Arc::clone(&metrics),
+            engine_index: 0,
             log_stats_interval: None,
             traces: None,
             seed: None,

@@ -10,6 +10,8 @@
 //! - [`Executor`] — what the loop calls to run one step; [`ModelRunner`] is the real one
 //!   (flattened batch over the paged KV cache, then per-request sampling).
 //! - [`OutputProcessor`] — per request: incremental detokenization and stop strings.
+//! - [`dp`] — data parallelism: `data_parallel_size` engine loops behind one
+//!   [`EngineClient`], which balances requests by load and prefix locality.
 //! - [`generate_batch`] — offline batch generation (vLLM's `LLM.generate`) over the same engine.
 //! - [`PoolingEngine`] / [`PoolingClient`] — the pooling runner (`--runner pooling`): its own
 //!   loop thread over a `PoolingModel`, prefill-only [`PoolingInput`]s packed per step under
@@ -29,6 +31,7 @@
 mod client;
 mod config;
 mod core_loop;
+pub mod dp;
 mod error;
 mod executor;
 pub mod kv_events;

@@ -23,7 +23,8 @@ use crate::EngineError;
 pub struct LoadedModel {
     /// Where the model was loaded from (its path is the model card's `root`).
     pub source: ModelSource,
-    pub model: Box<dyn CausalLm>,
+    /// Shared by the data-parallel engines ([`LoadedModel::with_own_pool`]).
+    pub model: Arc<dyn CausalLm>,
     /// The threads the forward pass and the per-sequence sampling run on.
     pub pool: ThreadPool,
     pub tokenizer: Arc<Tokenizer>,
@@ -91,7 +92,7 @@ impl LoadedModel {
         let grammar = GrammarCompiler::new(&grammar_vocabulary(&tokenizer))?;
         Ok(LoadedModel {
             source: source.clone(),
-            model,
+            model: Arc::from(model),
             pool: num_threads.map_or_else(ThreadPool::default, ThreadPool::new),
             tokenizer: Arc::new(tokenizer),
             chat_template: Arc::new(template),
@@ -101,6 +102,20 @@ impl LoadedModel {
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+
+    /// The same weights, tokenizer, template and grammar compiler (shared, not copied) with
+    /// a thread pool of its own: one data-parallel engine's view of the model. The pool's
+    /// threads start here, so they inherit the calling thread's CPU affinity.
+    pub fn with_own_pool(&self, num_threads: usize) -> LoadedModel {
+        LoadedModel {
+            source: self.source.clone(),
+            model: Arc::clone(&self.model),
+            pool: ThreadPool::new(num_threads),
+            tokenizer: Arc::clone(&self.tokenizer),
+            chat_template: Arc::clone(&self.chat_template),
+            grammar: Arc::clone(&self.grammar),
+        }
     }
 
     /// `--structured-outputs-config`'s JSON options for every grammar compiled from now on.

@@ -28,6 +28,36 @@ pub struct EngineStats {
     pub num_cached_free_blocks: usize,
 }
 
+impl EngineStats {
+    /// Several data-parallel engines' states as one: counts and counters summed, KV usage
+    /// over all their blocks.
+    pub fn combined(engines: &[EngineStats]) -> EngineStats {
+        let mut total = EngineStats::default();
+        let mut used_blocks = 0.0;
+        for engine in engines {
+            total.num_running += engine.num_running;
+            total.num_waiting += engine.num_waiting;
+            total.prefix_cache_queries += engine.prefix_cache_queries;
+            total.prefix_cache_hits += engine.prefix_cache_hits;
+            total.num_preemptions += engine.num_preemptions;
+            total.num_steps += engine.num_steps;
+            total.prompt_tokens += engine.prompt_tokens;
+            total.generation_tokens += engine.generation_tokens;
+            total.last_step_tokens += engine.last_step_tokens;
+            total.num_blocks += engine.num_blocks;
+            total.num_free_blocks += engine.num_free_blocks;
+            total.num_cached_free_blocks += engine.num_cached_free_blocks;
+            used_blocks += engine.kv_cache_usage * engine.num_blocks as f64;
+        }
+        total.kv_cache_usage = match engines {
+            [only] => only.kv_cache_usage,
+            _ if total.num_blocks > 0 => used_blocks / total.num_blocks as f64,
+            _ => 0.0,
+        };
+        total
+    }
+}
+
 /// The KV capacity the engine started with (vLLM's start-up lines).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CapacityReport {
@@ -64,6 +94,31 @@ impl CapacityReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn combined_stats_sum_counts_and_weigh_kv_usage_by_blocks() {
+        let a = EngineStats {
+            num_running: 2,
+            num_waiting: 1,
+            kv_cache_usage: 0.5,
+            num_blocks: 100,
+            generation_tokens: 7,
+            ..Default::default()
+        };
+        let b = EngineStats {
+            num_running: 1,
+            kv_cache_usage: 0.25,
+            num_blocks: 100,
+            generation_tokens: 3,
+            ..Default::default()
+        };
+        let total = EngineStats::combined(&[a.clone(), b]);
+        assert_eq!((total.num_running, total.num_waiting), (3, 1));
+        assert_eq!(total.generation_tokens, 10);
+        assert_eq!(total.num_blocks, 200);
+        assert!((total.kv_cache_usage - 0.375).abs() < 1e-12);
+        assert_eq!(EngineStats::combined(std::slice::from_ref(&a)), a);
+    }
 
     #[test]
     fn capacity_lines_have_vllm_shape() {

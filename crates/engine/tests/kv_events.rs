@@ -108,6 +108,8 @@ struct StoredBlock {
 struct Subscriber {
     blocks: HashMap<u64, StoredBlock>,
     removed: Vec<u64>,
+    /// The data-parallel rank every batch must name.
+    dp_rank: u64,
 }
 
 #[allow(clippy::unwrap_used, clippy::panic)]
@@ -126,7 +128,7 @@ impl Subscriber {
         let batch = received.batch.as_array().unwrap();
         assert_eq!(batch.len(), 3, "[ts, events, dp_rank]");
         assert!(batch[0].as_f64().unwrap() > 1.0e9, "a Unix timestamp");
-        assert_eq!(batch[2].as_u64(), Some(0), "dp_rank");
+        assert_eq!(batch[2].as_u64(), Some(self.dp_rank), "dp_rank");
         for event in batch[1].as_array().unwrap() {
             let fields = event.as_array().unwrap();
             match fields[0].as_str().unwrap() {
@@ -301,4 +303,76 @@ fn a_router_rebuilds_prefixes_sees_evictions_and_replays_without_gaps() {
         live,
         "both subscribers see the same stream"
     );
+}
+
+/// A port `p` with `p + 1` free as well (rank 1 publishes on the next port).
+#[allow(clippy::unwrap_used)]
+fn free_port_pair(avoid: &[u16]) -> u16 {
+    loop {
+        let port = free_port();
+        let next = port.checked_add(1);
+        let taken = |p: u16| avoid.iter().any(|&a| a == p || a + 1 == p);
+        if let Some(next) = next.filter(|&n| !taken(port) && !taken(n)) {
+            if std::net::TcpListener::bind(("127.0.0.1", next)).is_ok() {
+                return port;
+            }
+        }
+    }
+}
+
+#[test]
+#[allow(clippy::unwrap_used)]
+fn each_data_parallel_rank_publishes_its_own_blocks_on_its_own_port() {
+    let pub_port = free_port_pair(&[]);
+    let replay_port = free_port_pair(&[pub_port]);
+    let mut engine_config = config(32, 128);
+    engine_config.data_parallel_size = 2;
+    engine_config.num_threads = Some(2);
+    engine_config.kv_events = Some(
+        KvEventsConfig::parse(&format!(
+            r#"{{"enable_kv_cache_events": true, "publisher": "zmq",
+                "endpoint": "tcp://*:{pub_port}", "replay_endpoint": "tcp://*:{replay_port}",
+                "topic": "{TOPIC}"}}"#
+        ))
+        .unwrap(),
+    );
+    let engine = Engine::start(&engine_config).unwrap();
+    let client = engine.client();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut sockets = [
+        runtime.block_on(subscribe(pub_port)),
+        runtime.block_on(subscribe(pub_port + 1)),
+    ];
+    // Submitted together: the first prompt runs on engine 0, the second on engine 1.
+    let prompts: Vec<Vec<u32>> = (0..2)
+        .map(|r| (0..40).map(|i| 2000 + r * 300 + i).collect())
+        .collect();
+    let outputs = run_all(
+        &client,
+        prompts.iter().map(|p| greedy(p.clone(), 4)).collect(),
+    );
+    wait_idle(&client);
+    for (rank, socket) in sockets.iter_mut().enumerate() {
+        let received = runtime.block_on(drain(socket));
+        assert!(!received.is_empty(), "rank {rank} published");
+        let mut subscriber = Subscriber {
+            dp_rank: rank as u64,
+            ..Subscriber::default()
+        };
+        for item in &received {
+            subscriber.apply(item);
+        }
+        let sequence = [prompts[rank].clone(), outputs[rank].token_ids.clone()].concat();
+        assert_sequence_known(&subscriber, &sequence);
+        let other = external_hashes(&prompts[1 - rank]);
+        assert!(
+            other
+                .iter()
+                .all(|hash| !subscriber.blocks.contains_key(hash)),
+            "rank {rank} holds none of the other engine's blocks"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,7 +22,8 @@ use crate::lora::LoraInfo;
 use crate::spec_decode::{SpecDecodeMetrics, SpecDecodeStats};
 use crate::MetricsError;
 
-/// The engine index label value. tokenmill runs one engine core per server.
+/// The engine index label value of the first (or only) engine core; with
+/// `--data-parallel-size N` the others are `"1"` to `"N-1"` ([`EngineMetrics::for_engine`]).
 pub const ENGINE_INDEX: &str = "0";
 
 /// What the metrics need to know about the served model and the KV cache.
@@ -185,6 +187,8 @@ pub struct EngineMetrics {
     spec_decode: Option<SpecDecodeMetrics>,
     /// `vllm:lora_requests_info`, registered by [`EngineMetrics::enable_lora`].
     lora: Option<LoraInfo>,
+    /// The other data-parallel engines' registries, merged into this one's scrape.
+    other_engines: OnceLock<Vec<Arc<EngineMetrics>>>,
 }
 
 impl EngineMetrics {
@@ -197,6 +201,16 @@ impl EngineMetrics {
     /// `num_speculative_tokens` drafts, the `vllm:spec_decode_*` counters (vLLM registers them
     /// only then).
     pub fn with_spec_decode(config: MetricsConfig, num_speculative_tokens: Option<usize>) -> Self {
+        Self::for_engine(config, num_speculative_tokens, 0)
+    }
+
+    /// [`Self::with_spec_decode`] for data-parallel engine `engine_index`: its series carry
+    /// `engine="<engine_index>"`, as vLLM labels each DP rank's.
+    pub fn for_engine(
+        config: MetricsConfig,
+        num_speculative_tokens: Option<usize>,
+        engine_index: usize,
+    ) -> Self {
         let token_buckets = one_two_five_buckets(config.max_model_len);
         let request_success_family = Family::<FinishedReasonLabels, Counter>::default();
         let request_success = FinishedReason::ALL.map(|reason| {
@@ -240,6 +254,7 @@ impl EngineMetrics {
             http: HttpMetrics::new(),
             spec_decode: None,
             lora: None,
+            other_engines: OnceLock::new(),
         };
 
         // HTTP metrics carry no model or engine label (as in vLLM), so they live in the root
@@ -252,7 +267,10 @@ impl EngineMetrics {
                     Cow::Borrowed("model_name"),
                     Cow::Owned(config.model_name.clone()),
                 ),
-                (Cow::Borrowed("engine"), Cow::Borrowed(ENGINE_INDEX)),
+                (
+                    Cow::Borrowed("engine"),
+                    Cow::Owned(engine_index.to_string()),
+                ),
             ]
             .into_iter(),
         );
@@ -490,9 +508,30 @@ impl EngineMetrics {
     /// The scrape in OpenMetrics 1.0 text, for a client that negotiates
     /// [`crate::OPENMETRICS_CONTENT_TYPE`].
     pub fn encode_openmetrics(&self) -> Result<String, MetricsError> {
+        let own = self.encode_own()?;
+        match self.other_engines.get() {
+            Some(others) if !others.is_empty() => {
+                let mut texts = vec![own];
+                for other in others {
+                    texts.push(other.encode_own()?);
+                }
+                Ok(crate::merge::merge_openmetrics(&texts))
+            }
+            _ => Ok(own),
+        }
+    }
+
+    /// This registry alone, without the attached engines.
+    fn encode_own(&self) -> Result<String, MetricsError> {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+
+    /// Makes this (engine 0's) scrape include the other data-parallel engines' series, each
+    /// family declared once. Only the first call takes effect; returns whether it did.
+    pub fn attach_engines(&self, others: Vec<Arc<EngineMetrics>>) -> bool {
+        self.other_engines.set(others).is_ok()
     }
 }
 
@@ -523,6 +562,56 @@ mod tests {
     fn engine_metrics_can_be_shared_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<EngineMetrics>();
+    }
+
+    #[test]
+    fn data_parallel_engines_share_one_scrape_with_engine_labels() {
+        let config = MetricsConfig {
+            model_name: "m".to_string(),
+            max_model_len: 128,
+            block_size: 16,
+            num_blocks: 10,
+            enable_prefix_caching: true,
+            cache_dtype: "auto".to_string(),
+        };
+        let engine0 = EngineMetrics::for_engine(config.clone(), None, 0);
+        let engine1 = Arc::new(EngineMetrics::for_engine(config, None, 1));
+        engine0.record_step(&StepMetrics {
+            num_running: 2,
+            ..Default::default()
+        });
+        engine1.record_step(&StepMetrics {
+            num_running: 5,
+            ..Default::default()
+        });
+        engine0.record_http("/v1/completions", "POST", 200, 0.1);
+        assert!(engine0.attach_engines(vec![Arc::clone(&engine1)]));
+        assert!(
+            !engine0.attach_engines(Vec::new()),
+            "only the first call counts"
+        );
+        let scrape = engine0.encode().unwrap();
+        assert_eq!(
+            scrape
+                .matches("# TYPE vllm:num_requests_running gauge")
+                .count(),
+            1,
+            "{scrape}"
+        );
+        assert!(scrape.contains("vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 2"));
+        assert!(scrape.contains("vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 5"));
+        let cache_info = |engine: &str| {
+            scrape.lines().any(|line| {
+                line.starts_with("vllm:cache_config_info{")
+                    && line.contains(&format!("engine=\"{engine}\""))
+            })
+        };
+        assert!(cache_info("0") && cache_info("1"), "{scrape}");
+        let http_series = scrape
+            .lines()
+            .filter(|line| line.starts_with("http_requests_total{"))
+            .count();
+        assert_eq!(http_series, 1, "{scrape}");
     }
 
     #[test]

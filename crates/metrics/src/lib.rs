@@ -9,7 +9,9 @@
 //! # Key types
 //!
 //! - [`EngineMetrics`]: the registry. Every `vllm:*` metric with labels `model_name` and
-//!   `engine="0"`, plus the HTTP metrics of prometheus-fastapi-instrumentator.
+//!   `engine="0"`, plus the HTTP metrics of prometheus-fastapi-instrumentator. With data
+//!   parallelism each engine has its own (`engine="<rank>"`) and engine 0's scrape merges
+//!   the others' in (`attach_engines`), each family declared once.
 //! - [`StepMetrics`] / [`FinishedRequestMetrics`]: what the engine reports, once per step and
 //!   once per finished request. The engine aggregates per step, so recording never takes a
 //!   lock per token.
@@ -63,6 +65,7 @@ mod exposition;
 mod histogram;
 mod http;
 mod lora;
+mod merge;
 mod otlp;
 mod spec_decode;
 mod stats_logger;

@@ -60,6 +60,12 @@ impl StatsLogger {
         }
     }
 
+    /// A logger for data-parallel engine `index` (`Engine 001: ...`).
+    pub fn for_engine(mut self, index: usize) -> Self {
+        self.engine_index = index;
+        self
+    }
+
     /// Starts the first interval at `start` (the engine's start-up) instead of at the first
     /// `maybe_log` call.
     pub fn starting_at(mut self, start: Instant) -> Self {
