@@ -9,7 +9,9 @@ use crate::error::{io_error, ModelError, Result};
 
 /// The architectures this crate runs. The Llama-shaped ones share one implementation
 /// (`families/llama.rs`) whose differences (QKV bias, QK-norm, RoPE layout, sliding window)
-/// are fields of [`ModelConfig`]; Gemma 3 has its own block (`families/gemma3.rs`).
+/// are fields of [`ModelConfig`]; Gemma 3 has its own block (`families/gemma3.rs`). A
+/// mixture-of-experts feed-forward is a field too ([`ModelConfig::moe`]): Mixtral is `Llama`
+/// with experts, Qwen3-MoE is Qwen3 with experts in every layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 2/3 and everything shaped like it (SmolLM2, TinyLlama, ...).
@@ -20,6 +22,8 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 (dense): Llama with a per-head RMSNorm on Q and K (QK-norm), no bias.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, a routed mixture of experts as every layer's FFN.
+    Qwen3Moe,
     /// Gemma 3 (text): pre- and post-norms, QK-norm, GELU-tanh gate, scaled embeddings,
     /// interleaved sliding-window (local) and global layers.
     Gemma3,
@@ -27,12 +31,13 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every supported architecture, in the order error messages list them.
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 6] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Gemma3,
+        Architecture::Qwen3Moe,
     ];
 
     /// Maps a GGUF `general.architecture` or HF `model_type` string (HF calls Gemma 3's text
@@ -43,6 +48,7 @@ impl Architecture {
             "mistral" => Ok(Architecture::Mistral),
             "qwen2" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
+            "qwen3moe" => Ok(Architecture::Qwen3Moe),
             "gemma3" | "gemma3_text" => Ok(Architecture::Gemma3),
             other => Err(ModelError::UnsupportedArchitecture {
                 name: other.to_string(),
@@ -58,6 +64,7 @@ impl Architecture {
             Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Gemma3 => "gemma3",
         }
     }
@@ -69,6 +76,7 @@ impl Architecture {
             Architecture::Mistral => "Mistral",
             Architecture::Qwen2 => "Qwen2",
             Architecture::Qwen3 => "Qwen3",
+            Architecture::Qwen3Moe => "Qwen3-MoE",
             Architecture::Gemma3 => "Gemma 3",
         }
     }
@@ -82,7 +90,10 @@ impl Architecture {
     fn always_neox(self) -> bool {
         matches!(
             self,
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3
+            Architecture::Qwen2
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Gemma3
         )
     }
 }
@@ -153,6 +164,21 @@ pub struct ModelConfig {
     pub query_pre_attn_scalar: Option<f32>,
     /// `Some(c)`: logits become `c * tanh(logits / c)` (Gemma's `final_logit_softcapping`).
     pub final_logit_softcapping: Option<f32>,
+    /// `Some`: every layer's FFN is a routed mixture of experts (Mixtral, Qwen3-MoE).
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts FFN's shape: each token goes through the `experts_used` experts its
+/// router scores highest, weighted by their renormalized softmax probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer (`expert_count`).
+    pub num_experts: usize,
+    /// Experts each token is routed to (`expert_used_count`, the top-k).
+    pub experts_used: usize,
+    /// Width of one expert's gated MLP (`expert_feed_forward_length`; Mixtral's is
+    /// `feed_forward_length`).
+    pub expert_intermediate_size: usize,
 }
 
 impl ModelConfig {
@@ -247,11 +273,28 @@ impl ModelConfig {
         let sliding_window = optional_usize("attention.sliding_window")?.filter(|&w| w > 0);
         let num_layers = required_usize("block_count")?;
         let is_gemma3 = architecture == Architecture::Gemma3;
+        let feed_forward_length = optional_usize("feed_forward_length")?;
+        let moe = match optional_usize("expert_count")?.filter(|&count| count > 0) {
+            None => None,
+            Some(num_experts) => Some(MoeConfig {
+                num_experts,
+                experts_used: required_usize("expert_used_count")?,
+                expert_intermediate_size: match optional_usize("expert_feed_forward_length")? {
+                    Some(width) => width,
+                    None => required_usize("feed_forward_length")?,
+                },
+            }),
+        };
+        let intermediate_size = match (feed_forward_length, moe) {
+            (Some(width), _) => width,
+            (None, Some(moe)) => moe.expert_intermediate_size,
+            (None, None) => required_usize("feed_forward_length")?,
+        };
         let config = ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
-            intermediate_size: required_usize("feed_forward_length")?,
+            intermediate_size,
             num_layers,
             num_heads,
             num_kv_heads,
@@ -275,6 +318,7 @@ impl ModelConfig {
             query_pre_attn_scalar: (is_gemma3 && num_layers == 62)
                 .then(|| (hidden_size / num_heads) as f32),
             final_logit_softcapping: optional_f32("final_logit_softcapping").filter(|&c| c > 0.0),
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -363,6 +407,7 @@ impl ModelConfig {
             },
             query_pre_attn_scalar: raw.query_pre_attn_scalar.map(|v| v as f32),
             final_logit_softcapping: raw.final_logit_softcapping.map(|v| v as f32),
+            moe: None,
         };
         if is_gemma3 && raw.attn_logit_softcapping.is_some() {
             return Err(ModelError::InvalidMetadata {
@@ -417,6 +462,23 @@ impl ModelConfig {
                     self.rotary_dim, self.head_dim
                 ),
             });
+        }
+        if let Some(moe) = self.moe {
+            if moe.experts_used == 0
+                || moe.experts_used > moe.num_experts
+                || moe.expert_intermediate_size == 0
+            {
+                return Err(ModelError::InvalidMetadata {
+                    key: "expert_used_count".into(),
+                    message: format!(
+                        "{} of {} experts per token, each {} wide: need 1 to expert_count \
+                         experts of a positive width",
+                        moe.experts_used, moe.num_experts, moe.expert_intermediate_size
+                    ),
+                });
+            }
+        } else if self.architecture == Architecture::Qwen3Moe {
+            return Err(ModelError::MissingMetadata("qwen3moe.expert_count".into()));
         }
         Ok(())
     }

@@ -206,6 +206,39 @@ impl LayerTensors<'_> {
         load_fused(self.reader, &named, columns)
     }
 
+    /// One stacked matrix per expert from 3-D expert tensors `[experts, rows, columns]`
+    /// (`ffn_gate_exps.weight`): expert `e`'s rows of every part, stacked as [`Self::stacked`]
+    /// stacks 2-D ones. An expert's rows are contiguous whole blocks in every supported type,
+    /// so its matrix is a byte range of the tensor, repacked like any dense weight.
+    pub fn expert_stacks(
+        &self,
+        parts: &[(&str, usize)],
+        columns: usize,
+        experts: usize,
+    ) -> Result<Vec<StackedLinear>> {
+        let mut tensors = Vec::with_capacity(parts.len());
+        for &(short, rows) in parts {
+            let name = self.name(short);
+            let tensor = self.reader.get(&name)?;
+            check_shape(&name, tensor.shape, &[experts, rows, columns])?;
+            tensors.push(tensor);
+        }
+        (0..experts)
+            .map(|expert| {
+                let slices: Vec<(DType, &[u8], usize)> = tensors
+                    .iter()
+                    .zip(parts)
+                    .map(|(tensor, &(_, rows))| {
+                        let per_expert = tensor.bytes.len() / experts;
+                        let bytes = &tensor.bytes[expert * per_expert..(expert + 1) * per_expert];
+                        (tensor.dtype, bytes, rows)
+                    })
+                    .collect();
+                fuse(&slices, columns)
+            })
+            .collect()
+    }
+
     /// A `[length]` vector (a norm weight, a bias), always read as f32.
     pub fn vector(&self, short: &str, length: usize) -> Result<Vec<f32>> {
         load_vector(self.reader.store, &self.name(short), length)
@@ -259,12 +292,23 @@ fn load_fused(
         check_shape(name, tensor.shape, &[*rows, columns])?;
         tensors.push(tensor);
     }
-    let total_rows: usize = parts.iter().map(|(_, rows)| rows).sum();
-    let first_dtype = tensors.first().map(|t| t.dtype).unwrap_or(DType::F32);
-    let matrices = if tensors.iter().all(|t| t.dtype == first_dtype) {
-        let bytes: Vec<u8> = tensors
+    let slices: Vec<(DType, &[u8], usize)> = tensors
+        .iter()
+        .zip(parts)
+        .map(|(tensor, (_, rows))| (tensor.dtype, &*tensor.bytes, *rows))
+        .collect();
+    fuse(&slices, columns)
+}
+
+/// Stacks `(type, GGML bytes, rows)` parts of one input width: one matrix when the types
+/// agree, one per part otherwise.
+fn fuse(parts: &[(DType, &[u8], usize)], columns: usize) -> Result<StackedLinear> {
+    let total_rows: usize = parts.iter().map(|&(_, _, rows)| rows).sum();
+    let first_dtype = parts.first().map_or(DType::F32, |&(dtype, _, _)| dtype);
+    let matrices = if parts.iter().all(|&(dtype, _, _)| dtype == first_dtype) {
+        let bytes: Vec<u8> = parts
             .iter()
-            .flat_map(|t| t.bytes.iter().copied())
+            .flat_map(|&(_, bytes, _)| bytes.iter().copied())
             .collect();
         vec![QMatrix::from_bytes(
             first_dtype,
@@ -274,13 +318,8 @@ fn load_fused(
         )?]
     } else {
         let mut matrices = Vec::with_capacity(parts.len());
-        for (tensor, (_, rows)) in tensors.iter().zip(parts) {
-            matrices.push(QMatrix::from_bytes(
-                tensor.dtype,
-                *rows,
-                columns,
-                &tensor.bytes,
-            )?);
+        for &(dtype, bytes, rows) in parts {
+            matrices.push(QMatrix::from_bytes(dtype, rows, columns, bytes)?);
         }
         matrices
     };
