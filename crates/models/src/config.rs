@@ -192,6 +192,26 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
+    /// The family that runs it, as the start-up log names it: the architecture's, except
+    /// that a `llama` file with experts is Mixtral.
+    pub fn family(&self) -> &'static str {
+        match (self.architecture, self.moe) {
+            (Architecture::Llama, Some(_)) => "Mixtral",
+            (architecture, _) => architecture.family(),
+        }
+    }
+
+    /// `, 8 experts (2 per token)` for a mixture of experts, empty otherwise: the start-up
+    /// line's description of the FFN.
+    pub fn describe_experts(&self) -> String {
+        self.moe.map_or_else(String::new, |moe| {
+            format!(
+                ", {} experts ({} per token)",
+                moe.num_experts, moe.experts_used
+            )
+        })
+    }
+
     /// The sliding window of layer `layer`, `None` for a layer that sees the whole context.
     pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
         let window = self.sliding_window?;

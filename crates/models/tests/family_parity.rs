@@ -526,6 +526,7 @@ fn qwen3moe_matches_llama_cpp() {
     let (_, model) = check_moe_family("family_qwen3moe.json", "qwen3moe_matches_llama_cpp");
     let config = model.config();
     assert_eq!(config.architecture, Architecture::Qwen3Moe);
+    assert_eq!(config.family(), "Qwen3-MoE");
     assert!(config.qk_norm && !config.tie_word_embeddings);
     let moe = MoeConfig {
         num_experts: 8,
@@ -542,6 +543,8 @@ fn mixtral_matches_llama_cpp() {
     let (_, model) = check_moe_family("family_mixtral.json", "mixtral_matches_llama_cpp");
     let config = model.config();
     assert_eq!(config.architecture, Architecture::Llama);
+    assert_eq!(config.family(), "Mixtral");
+    assert_eq!(config.describe_experts(), ", 8 experts (2 per token)");
     assert!(!config.qk_norm && config.tie_word_embeddings);
     let moe = MoeConfig {
         num_experts: 8,
@@ -554,95 +557,100 @@ fn mixtral_matches_llama_cpp() {
 /// The MoE block's output for a row must not depend on the rows routed to the same experts:
 /// a sequence's logits are bitwise the same alone in one prefill, in one step with the other
 /// prompts (whose tokens pick other experts, so each expert's group changes size), and
-/// prefilled in two chunks; greedy ids likewise alone, batched, and chunked.
+/// prefilled in two chunks; greedy ids likewise alone, batched, and chunked. On F32 weights
+/// and on Q8_0 (int8 activations).
 #[test]
 fn moe_is_batch_and_chunk_invariant() {
     for (name, test) in [
         ("family_qwen3moe.json", "moe_invariance_qwen3moe"),
         ("family_mixtral.json", "moe_invariance_mixtral"),
     ] {
-        let (fixture, model) = load_family(name, test);
+        let (fixture, f32_model) = load_family(name, test);
+        let q8_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{test}-q8_0.gguf"));
+        let q8 = fixture.q8_0.as_ref().unwrap();
+        write_gguf_typed(&fixture, &q8_path, &q8.tensor_types);
+        let q8_model = load_model(&ModelSource::Gguf(q8_path), &LoadOptions::default()).unwrap();
         let prompts: Vec<Vec<u32>> = fixture.cases.iter().map(|c| c.prompt_ids.clone()).collect();
-        let block_size = 16;
-        let blocks_per_seq = 4;
-        let last_logits = |sequences: &[(usize, usize)], kv: &mut KvCacheStorage| {
-            // (prompt index, first position of this step's tokens)
+        assert_moe_invariance(name, f32_model.as_ref(), &prompts);
+        assert_moe_invariance(&format!("{name} Q8_0"), q8_model.as_ref(), &prompts);
+    }
+}
+
+fn assert_moe_invariance(name: &str, model: &dyn CausalLm, prompts: &[Vec<u32>]) {
+    let block_size = 16;
+    let blocks_per_seq = 4;
+    let last_logits = |sequences: &[(usize, usize)], kv: &mut KvCacheStorage| {
+        // (prompt index, first position of this step's tokens)
+        let mut batch = BatchInput::default();
+        for &(index, start) in sequences {
+            let table: Vec<u32> = (0..blocks_per_seq)
+                .map(|b| (index * blocks_per_seq + b) as u32)
+                .collect();
+            batch
+                .add_sequence(&prompts[index][start..], start, &table, block_size, true)
+                .unwrap();
+        }
+        let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
+        model
+            .forward(
+                &common::test_pool(),
+                &batch,
+                kv,
+                &mut workspace,
+                &mut logits,
+            )
+            .unwrap();
+        logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    let vocab = model.config().vocab_size;
+    let new_cache = || {
+        KvCacheStorage::with_dtype(
+            model.kv_layout(),
+            blocks_per_seq * prompts.len(),
+            block_size,
+            KvCacheDType::F32,
+        )
+    };
+    let all: Vec<(usize, usize)> = (0..prompts.len()).map(|i| (i, 0)).collect();
+    let together = last_logits(&all, &mut new_cache());
+    for index in 0..prompts.len() {
+        let alone = last_logits(&[(index, 0)], &mut new_cache());
+        let row = &together[index * vocab..(index + 1) * vocab];
+        assert!(alone == row, "{name}: prompt {index} alone vs batched");
+        let split = prompts[index].len() / 2;
+        if split > 0 {
+            // The first chunk fills the cache; the second's last row gives the logits.
+            let mut kv = new_cache();
             let mut batch = BatchInput::default();
-            for &(index, start) in sequences {
-                let table: Vec<u32> = (0..blocks_per_seq)
-                    .map(|b| (index * blocks_per_seq + b) as u32)
-                    .collect();
-                batch
-                    .add_sequence(&prompts[index][start..], start, &table, block_size, true)
-                    .unwrap();
-            }
+            let table: Vec<u32> = (0..blocks_per_seq)
+                .map(|b| (index * blocks_per_seq + b) as u32)
+                .collect();
+            batch
+                .add_sequence(&prompts[index][..split], 0, &table, block_size, false)
+                .unwrap();
             let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
             model
                 .forward(
                     &common::test_pool(),
                     &batch,
-                    kv,
+                    &mut kv,
                     &mut workspace,
                     &mut logits,
                 )
                 .unwrap();
-            logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
-        };
-        let vocab = model.config().vocab_size;
-        let new_cache = || {
-            KvCacheStorage::with_dtype(
-                model.kv_layout(),
-                blocks_per_seq * prompts.len(),
-                block_size,
-                KvCacheDType::F32,
-            )
-        };
-        let all: Vec<(usize, usize)> = (0..prompts.len()).map(|i| (i, 0)).collect();
-        let together = last_logits(&all, &mut new_cache());
-        for index in 0..prompts.len() {
-            let alone = last_logits(&[(index, 0)], &mut new_cache());
-            let row = &together[index * vocab..(index + 1) * vocab];
-            assert!(alone == row, "{name}: prompt {index} alone vs batched");
-            let split = prompts[index].len() / 2;
-            if split > 0 {
-                // The first chunk fills the cache; the second's last row gives the logits.
-                let mut kv = new_cache();
-                let mut batch = BatchInput::default();
-                let table: Vec<u32> = (0..blocks_per_seq)
-                    .map(|b| (index * blocks_per_seq + b) as u32)
-                    .collect();
-                batch
-                    .add_sequence(&prompts[index][..split], 0, &table, block_size, false)
-                    .unwrap();
-                let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
-                model
-                    .forward(
-                        &common::test_pool(),
-                        &batch,
-                        &mut kv,
-                        &mut workspace,
-                        &mut logits,
-                    )
-                    .unwrap();
-                let chunked = last_logits(&[(index, split)], &mut kv);
-                assert!(chunked == row, "{name}: prompt {index} chunked");
-            }
+            let chunked = last_logits(&[(index, split)], &mut kv);
+            assert!(chunked == row, "{name}: prompt {index} chunked");
         }
-        let batched = common::greedy_generate(model.as_ref(), &prompts, 12, 7, 16);
-        for (index, prompt) in prompts.iter().enumerate() {
-            for (chunk, block) in [(usize::MAX, 16), (1, 4), (5, 32)] {
-                let alone = common::greedy_generate(
-                    model.as_ref(),
-                    std::slice::from_ref(prompt),
-                    12,
-                    chunk,
-                    block,
-                );
-                assert_eq!(
-                    alone[0], batched[index],
-                    "{name}: prompt {index} chunk {chunk}"
-                );
-            }
+    }
+    let batched = common::greedy_generate(model, prompts, 12, 7, 16);
+    for (index, prompt) in prompts.iter().enumerate() {
+        for (chunk, block) in [(usize::MAX, 16), (1, 4), (5, 32)] {
+            let alone =
+                common::greedy_generate(model, std::slice::from_ref(prompt), 12, chunk, block);
+            assert_eq!(
+                alone[0], batched[index],
+                "{name}: prompt {index} chunk {chunk}"
+            );
         }
     }
 }
