@@ -50,6 +50,9 @@ impl Architecture {
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen3moe" => Ok(Architecture::Qwen3Moe),
             "gemma3" | "gemma3_text" => Ok(Architecture::Gemma3),
+            // HF's names: Qwen3-MoE, and Mixtral, which GGUF files call `llama`.
+            "qwen3_moe" => Ok(Architecture::Qwen3Moe),
+            "mixtral" => Ok(Architecture::Llama),
             other => Err(ModelError::UnsupportedArchitecture {
                 name: other.to_string(),
                 supported: Architecture::supported_list(),
@@ -417,7 +420,10 @@ impl ModelConfig {
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(is_gemma3),
             attention_bias: architecture == Architecture::Qwen2
                 || raw.attention_bias.unwrap_or(false),
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
             sliding_window,
             sliding_window_pattern,
             rope_local_theta: if is_gemma3 {
@@ -427,7 +433,7 @@ impl ModelConfig {
             },
             query_pre_attn_scalar: raw.query_pre_attn_scalar.map(|v| v as f32),
             final_logit_softcapping: raw.final_logit_softcapping.map(|v| v as f32),
-            moe: None,
+            moe: hf_moe(&raw)?,
         };
         if is_gemma3 && raw.attn_logit_softcapping.is_some() {
             return Err(ModelError::InvalidMetadata {
@@ -548,6 +554,43 @@ struct HfConfig {
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
     hidden_activation: Option<String>,
+    /// Mixture of experts: Qwen3-MoE's `num_experts`, Mixtral's `num_local_experts`.
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+}
+
+/// The mixture of experts an HF config describes, if any. Configurations the block does not
+/// implement are refused by name: weights left unnormalized (`norm_topk_prob: false`) and
+/// dense layers between the sparse ones.
+fn hf_moe(raw: &HfConfig) -> Result<Option<MoeConfig>> {
+    let Some(num_experts) = raw.num_experts.or(raw.num_local_experts).filter(|&n| n > 0) else {
+        return Ok(None);
+    };
+    if raw.norm_topk_prob == Some(false) {
+        return Err(ModelError::InvalidMetadata {
+            key: "norm_topk_prob".into(),
+            message: "unnormalized top-k expert weights are not supported".into(),
+        });
+    }
+    let dense_layers = raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty());
+    if raw.decoder_sparse_step.is_some_and(|step| step != 1) || dense_layers {
+        return Err(ModelError::InvalidMetadata {
+            key: "decoder_sparse_step".into(),
+            message: "dense layers between the expert layers are not supported".into(),
+        });
+    }
+    Ok(Some(MoeConfig {
+        num_experts,
+        experts_used: raw
+            .num_experts_per_tok
+            .ok_or_else(|| ModelError::MissingMetadata("num_experts_per_tok".into()))?,
+        expert_intermediate_size: raw.moe_intermediate_size.unwrap_or(raw.intermediate_size),
+    }))
 }
 
 /// Gemma 3's period of global layers from `layer_types` (which must follow one) or
@@ -767,6 +810,53 @@ mod tests {
         assert!(ModelConfig::from_hf_config_json(&odd).is_err());
         let gelu = GEMMA3_270M.replace("gelu_pytorch_tanh", "relu");
         assert!(ModelConfig::from_hf_config_json(&gelu).is_err());
+    }
+
+    #[test]
+    fn hf_mixture_of_experts_configs() {
+        let qwen = r#"{"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+            "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128}"#;
+        let config = ModelConfig::from_hf_config_json(qwen).unwrap();
+        assert_eq!(config.architecture, Architecture::Qwen3Moe);
+        assert!(config.qk_norm);
+        let moe = MoeConfig {
+            num_experts: 128,
+            experts_used: 8,
+            expert_intermediate_size: 768,
+        };
+        assert_eq!(config.moe, Some(moe));
+        let mixtral = r#"{"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8}"#;
+        let config = ModelConfig::from_hf_config_json(mixtral).unwrap();
+        assert_eq!(
+            (config.architecture, config.family()),
+            (Architecture::Llama, "Mixtral")
+        );
+        assert_eq!(config.moe.map(|m| m.expert_intermediate_size), Some(14336));
+        for (from, to, key) in [
+            (
+                "\"norm_topk_prob\": true",
+                "\"norm_topk_prob\": false",
+                "norm_topk_prob",
+            ),
+            (
+                "\"mlp_only_layers\": []",
+                "\"mlp_only_layers\": [0]",
+                "decoder_sparse_step",
+            ),
+            (
+                "\"num_experts_per_tok\": 8",
+                "\"num_experts_per_tok\": 129",
+                "expert_used_count",
+            ),
+        ] {
+            let error = ModelConfig::from_hf_config_json(&qwen.replace(from, to)).unwrap_err();
+            assert!(error.to_string().contains(key), "{error}");
+        }
     }
 
     #[test]

@@ -24,11 +24,21 @@ use tokenmill_gguf::{GgmlType, GgufWriter, MetadataValue};
 use tokenmill_kernels::{quantize_row_q8_0, DType};
 use tokenmill_models::{
     load_model, Architecture, BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LoadOptions,
-    ModelSource, MoeConfig, Workspace,
+    ModelSource, MoeConfig,
+    RopeStyle::{Neox, Normal},
+    Workspace,
 };
 
-/// The HF name of a GGUF tensor name, per HF's Qwen3 / Gemma 3 modeling code.
-fn hf_name(gguf: &str, gemma3: bool) -> String {
+/// The HF name of a GGUF tensor name, per HF's Qwen3 / Gemma 3 / Qwen3-MoE / Mixtral
+/// modeling code (`arch` is the fixture's: Mixtral's is `llama`). Expert tensors are split
+/// per expert by the caller, which gives `expert`.
+fn hf_name(gguf: &str, arch: &str, expert: usize) -> String {
+    let gemma3 = arch == "gemma3";
+    let moe = if arch == "llama" {
+        "block_sparse_moe"
+    } else {
+        "mlp"
+    };
     match gguf {
         "token_embd.weight" => return "model.embed_tokens.weight".into(),
         "output_norm.weight" => return "model.norm.weight".into(),
@@ -52,16 +62,31 @@ fn hf_name(gguf: &str, gemma3: bool) -> String {
         "ffn_gate.weight" => "mlp.gate_proj.weight",
         "ffn_up.weight" => "mlp.up_proj.weight",
         "ffn_down.weight" => "mlp.down_proj.weight",
-        other => panic!("no HF name for {other}"),
+        "ffn_gate_inp.weight" => return format!("model.layers.{layer}.{moe}.gate.weight"),
+        exps => {
+            let projection = match (exps, arch) {
+                ("ffn_gate_exps.weight", "llama") => "w1",
+                ("ffn_up_exps.weight", "llama") => "w3",
+                ("ffn_down_exps.weight", "llama") => "w2",
+                ("ffn_gate_exps.weight", _) => "gate_proj",
+                ("ffn_up_exps.weight", _) => "up_proj",
+                ("ffn_down_exps.weight", _) => "down_proj",
+                (other, _) => panic!("no HF name for {other}"),
+            };
+            return format!("model.layers.{layer}.{moe}.experts.{expert}.{projection}.weight");
+        }
     };
     format!("model.layers.{layer}.{hf}")
 }
 
-/// The fixture's model as an HF directory (`config.json` + one F32 safetensors file). Both
-/// families rotate half-split pairs in GGUF too, so Q/K rows are the same; Gemma's norms are
-/// stored as `w - 1` (HF computes `x * (1 + w)`), exact for weights in [0.5, 2].
+/// The fixture's model as an HF directory (`config.json` + one F32 safetensors file). Qwen
+/// and Gemma rotate half-split pairs in GGUF too, so Q/K rows are the same; Mixtral's GGUF
+/// (`llama`) rows are llama.cpp's permutation of HF's, undone here. Gemma's norms are stored
+/// as `w - 1` (HF computes `x * (1 + w)`), exact for weights in [0.5, 2]. Expert tensors
+/// become one 2-D tensor per expert.
 fn write_hf_directory(fixture: &Fixture, dir: &Path) {
     let gemma3 = fixture.arch == "gemma3";
+    let mixtral = fixture.arch == "llama";
     let meta = |key: &str| {
         fixture
             .meta
@@ -70,9 +95,16 @@ fn write_hf_directory(fixture: &Fixture, dir: &Path) {
             .map(|(_, _, value)| value.clone())
     };
     let vocab = fixture.tensors[0].shape[0];
+    let (class, model_type) = match fixture.arch.as_str() {
+        "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
+        "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
+        "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        "llama" => ("MixtralForCausalLM", "mixtral"),
+        other => panic!("no HF class for {other}"),
+    };
     let mut config = serde_json::json!({
-        "architectures": [if gemma3 { "Gemma3ForCausalLM" } else { "Qwen3ForCausalLM" }],
-        "model_type": if gemma3 { "gemma3_text" } else { "qwen3" },
+        "architectures": [class],
+        "model_type": model_type,
         "vocab_size": vocab,
         "hidden_size": meta("embedding_length"),
         "intermediate_size": meta("feed_forward_length"),
@@ -83,8 +115,25 @@ fn write_hf_directory(fixture: &Fixture, dir: &Path) {
         "rms_norm_eps": meta("attention.layer_norm_rms_epsilon"),
         "rope_theta": meta("rope.freq_base"),
         "max_position_embeddings": meta("context_length"),
-        "tie_word_embeddings": gemma3,
+        "tie_word_embeddings": !fixture.tensors.iter().any(|t| t.name == "output.weight"),
     });
+    if let Some(experts) = meta("expert_count") {
+        let (count_key, width) = if mixtral {
+            ("num_local_experts", meta("feed_forward_length"))
+        } else {
+            ("num_experts", meta("expert_feed_forward_length"))
+        };
+        let extra = serde_json::json!({
+            count_key: experts,
+            "num_experts_per_tok": meta("expert_used_count"),
+            "moe_intermediate_size": width,
+            "norm_topk_prob": true,
+        });
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+    }
     if gemma3 {
         let extra = serde_json::json!({
             "sliding_window": meta("attention.sliding_window"),
@@ -100,25 +149,56 @@ fn write_hf_directory(fixture: &Fixture, dir: &Path) {
             .extend(extra.as_object().unwrap().clone());
     }
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = fixture
-        .tensors
-        .iter()
-        .map(|tensor| {
-            let count = tensor.shape.iter().product::<u64>() as usize;
-            let mut values =
-                formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
-            if gemma3 && tensor.name.ends_with("norm.weight") {
-                values.iter_mut().for_each(|v| *v -= 1.0);
+    let heads = meta("attention.head_count").unwrap().as_u64().unwrap() as usize;
+    let kv_heads = meta("attention.head_count_kv").unwrap().as_u64().unwrap() as usize;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for tensor in &fixture.tensors {
+        let count = tensor.shape.iter().product::<u64>() as usize;
+        let mut values = formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
+        if gemma3 && tensor.name.ends_with("norm.weight") {
+            values.iter_mut().for_each(|v| *v -= 1.0);
+        }
+        let shape: Vec<usize> = tensor.shape.iter().map(|&d| d as usize).collect();
+        if mixtral && tensor.name.ends_with("attn_q.weight") {
+            values = unpermute_from_gguf(&values, heads, shape[1]);
+        }
+        if mixtral && tensor.name.ends_with("attn_k.weight") {
+            values = unpermute_from_gguf(&values, kv_heads, shape[1]);
+        }
+        if let [experts, rows, columns] = shape[..] {
+            for (expert, part) in values.chunks_exact(rows * columns).enumerate() {
+                let name = hf_name(&tensor.name, &fixture.arch, expert);
+                tensors.push((name, vec![rows, columns], part.to_vec()));
             }
-            let shape = tensor.shape.iter().map(|&d| d as usize).collect();
-            (hf_name(&tensor.name, gemma3), shape, values)
-        })
-        .collect();
+            assert_eq!(values.len(), experts * rows * columns);
+        } else {
+            tensors.push((hf_name(&tensor.name, &fixture.arch, 0), shape, values));
+        }
+    }
     let borrowed: Vec<(String, Vec<usize>, &[f32])> = tensors
         .iter()
         .map(|(name, shape, values)| (name.clone(), shape.clone(), values.as_slice()))
         .collect();
     common::tiny::write_safetensors(&dir.join("model.safetensors"), &borrowed, "F32");
+}
+
+/// HF's Q/K rows from llama.cpp's Llama permutation (each head's rotation pairs interleaved):
+/// GGUF row `(h, i, j)` of a `[heads, head_dim / 2, 2]` split is HF row `(h, j, i)`.
+fn unpermute_from_gguf(gguf: &[f32], heads: usize, columns: usize) -> Vec<f32> {
+    let rows = gguf.len() / columns;
+    let half = rows / heads / 2;
+    let mut hf = vec![0.0; gguf.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let from = (h * half + i) * 2 + j;
+                let to = (h * 2 + j) * half + i;
+                hf[to * columns..(to + 1) * columns]
+                    .copy_from_slice(&gguf[from * columns..(from + 1) * columns]);
+            }
+        }
+    }
+    hf
 }
 
 #[derive(Deserialize)]
@@ -419,12 +499,16 @@ fn gemma3_greedy_is_batch_and_chunk_invariant() {
 }
 
 /// The same weights as an HF checkpoint load to the same model: identical config and KV
-/// layout, bitwise-identical logits (Gemma's `1 + (w - 1)` is exact).
+/// layout, bitwise-identical logits (Gemma's `1 + (w - 1)` is exact). Mixtral's GGUF rotates
+/// adjacent pairs of permuted Q/K rows where HF rotates halves: the same arithmetic per pair,
+/// but a head's dimensions are summed in another order, so its logits agree to rounding.
 #[test]
 fn hf_checkpoints_match_their_gguf() {
     for (name, test) in [
         ("family_qwen3.json", "hf_qwen3"),
         ("family_gemma3.json", "hf_gemma3"),
+        ("family_qwen3moe.json", "hf_qwen3moe"),
+        ("family_mixtral.json", "hf_mixtral"),
     ] {
         let (fixture, gguf) = load_family(name, test);
         let dir = tempfile::tempdir().unwrap();
@@ -435,6 +519,10 @@ fn hf_checkpoints_match_their_gguf() {
         // What differs by container: HF checkpoints name the scale, GGUF files imply it.
         ours.query_pre_attn_scalar = None;
         theirs.query_pre_attn_scalar = None;
+        if fixture.arch == "llama" {
+            assert_eq!((ours.rope_style, theirs.rope_style), (Normal, Neox));
+            ours.rope_style = Neox;
+        }
         assert_eq!(ours, theirs, "{name}");
         assert_eq!(
             gguf.config().attention_scale(),
@@ -454,8 +542,17 @@ fn hf_checkpoints_match_their_gguf() {
                 logits,
             );
         }
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(bits(&a) == bits(&b), "{name}: HF and GGUF logits differ");
+        if fixture.arch == "llama" {
+            let widest = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(widest <= MOE_MAX_DIFFERENCE, "{name}: {widest}");
+        } else {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&a) == bits(&b), "{name}: HF and GGUF logits differ");
+        }
     }
 }
 

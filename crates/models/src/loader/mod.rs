@@ -64,6 +64,7 @@ impl TensorNaming {
                     "ffn_gate.weight" => "mlp.gate_proj.weight",
                     "ffn_up.weight" => "mlp.up_proj.weight",
                     "ffn_down.weight" => "mlp.down_proj.weight",
+                    "ffn_gate_inp.weight" => "mlp.gate.weight",
                     other => other,
                 };
                 format!("model.layers.{layer}.{hf_name}")
@@ -189,7 +190,35 @@ pub(crate) struct LayerTensors<'a> {
 
 impl LayerTensors<'_> {
     fn name(&self, short: &str) -> String {
-        self.reader.naming.layer(self.layer, short)
+        let name = self.reader.naming.layer(self.layer, short);
+        // HF Mixtral calls the MoE block `block_sparse_moe` where Qwen3-MoE says `mlp`.
+        if short == "ffn_gate_inp.weight"
+            && self.reader.naming != TensorNaming::Gguf
+            && !self.reader.store.contains(&name)
+        {
+            return format!("model.layers.{}.block_sparse_moe.gate.weight", self.layer);
+        }
+        name
+    }
+
+    /// HF checkpoints store experts as 2-D tensors, one per expert and projection:
+    /// Qwen3-MoE's `mlp.experts.E.gate_proj.weight`, Mixtral's
+    /// `block_sparse_moe.experts.E.w1.weight` (`w3` up, `w2` down).
+    fn hf_expert_name(&self, short: &str, expert: usize) -> Result<String> {
+        let (qwen, mixtral) = match short {
+            "ffn_gate_exps.weight" => ("gate_proj", "w1"),
+            "ffn_up_exps.weight" => ("up_proj", "w3"),
+            "ffn_down_exps.weight" => ("down_proj", "w2"),
+            other => return Err(ModelError::MissingTensor(self.name(other))),
+        };
+        let layer = self.layer;
+        let name = format!("model.layers.{layer}.mlp.experts.{expert}.{qwen}.weight");
+        if self.reader.store.contains(&name) {
+            return Ok(name);
+        }
+        Ok(format!(
+            "model.layers.{layer}.block_sparse_moe.experts.{expert}.{mixtral}.weight"
+        ))
     }
 
     /// A `[rows, columns]` matrix.
@@ -209,13 +238,25 @@ impl LayerTensors<'_> {
     /// One stacked matrix per expert from 3-D expert tensors `[experts, rows, columns]`
     /// (`ffn_gate_exps.weight`): expert `e`'s rows of every part, stacked as [`Self::stacked`]
     /// stacks 2-D ones. An expert's rows are contiguous whole blocks in every supported type,
-    /// so its matrix is a byte range of the tensor, repacked like any dense weight.
+    /// so its matrix is a byte range of the tensor, repacked like any dense weight. HF
+    /// checkpoints hold one 2-D tensor per expert instead ([`Self::hf_expert_name`]).
     pub fn expert_stacks(
         &self,
         parts: &[(&str, usize)],
         columns: usize,
         experts: usize,
     ) -> Result<Vec<StackedLinear>> {
+        if self.reader.naming != TensorNaming::Gguf {
+            return (0..experts)
+                .map(|expert| {
+                    let named = parts
+                        .iter()
+                        .map(|&(short, rows)| Ok((self.hf_expert_name(short, expert)?, rows)))
+                        .collect::<Result<Vec<_>>>()?;
+                    load_fused(self.reader, &named, columns)
+                })
+                .collect();
+        }
         let mut tensors = Vec::with_capacity(parts.len());
         for &(short, rows) in parts {
             let name = self.name(short);
