@@ -153,6 +153,11 @@ impl MoeBlock {
         refuse_mlp_adapters(step, layer)?;
         let (n, hidden) = (step.num_tokens(), self.hidden);
         let experts = self.moe.num_experts;
+        if x.len() != n * hidden || out.len() != n * hidden || buffers.probs.len() < n * experts {
+            return Err(ModelError::InvalidBatch(format!(
+                "MoE block of layer {layer}: buffers not prepared for {n} tokens"
+            )));
+        }
         let probs = &mut buffers.probs[..n * experts];
         self.router.forward(step.pool, x, n, probs, scratch)?;
         let routes = &mut buffers.routes[..n * self.moe.experts_used];
