@@ -114,6 +114,20 @@ mod tests {
     }
 
     #[test]
+    fn a_mixture_of_experts_counts_the_router_and_the_experts_a_token_uses() {
+        let mut config = smollm2();
+        config.moe = Some(tokenmill_models::MoeConfig {
+            num_experts: 128,
+            experts_used: 8,
+            expert_intermediate_size: 768,
+        });
+        let cost = ModelCost::from_config(&config);
+        let attention = 576 * 576 + 2 * 576 * 192 + 576 * 576;
+        let ffn = 128 * 576 + 8 * 3 * 576 * 768;
+        assert_eq!(cost.layer_params, 30 * (attention + ffn));
+    }
+
+    #[test]
     fn attention_counts_every_causal_pair() {
         let cost = ModelCost::from_config(&smollm2());
         let per_pair = cost.attention_flops_per_pair as f64;
