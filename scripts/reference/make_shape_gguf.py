@@ -5,7 +5,9 @@ llama-bench), so a large model's kernels can be timed without downloading it.
 Tensor names, shapes and `llama.*` metadata are those of the real model (Llama-3.2-1B: hidden
 2048, 16 layers, 32 query / 8 KV heads of 64, FFN 8192, vocab 128256, tied embeddings;
 Llama-3.2-3B; Llama-3.1-8B with its own output matrix; their llama3 RoPE scaling is left out,
-which changes no kernel's cost). Weights are normal with std 0.02, norms are 1; tensors are
+which changes no kernel's cost; `qwen3-30b-a3b-l4` is four of Qwen3-30B-A3B's 48 `qwen3moe`
+layers: head_dim 128 with QK-norm, 128 experts of 768, eight per token, so a token's cost is the
+real model's per layer). Weights are normal with std 0.02, norms are 1; tensors are
 generated and written one at a time, so memory stays at about one tensor. The tokenizer is the default model's (SmolLM2's GPT-2 BPE with its chat
 template), its token list padded with unused `<|reserved_N|>` tokens up to the vocabulary size
 (or the vocabulary is that size when `--vocab` is smaller than SmolLM2's 49152), so both
@@ -76,6 +78,23 @@ SHAPES = {
         "rms_eps": 1e-5,
         "tied": False,
     },
+    "qwen3-30b-a3b-l4": {
+        "arch": "qwen3moe",
+        "hidden": 2048,
+        "layers": 4,
+        "heads": 32,
+        "kv_heads": 4,
+        "head_dim": 128,
+        "ffn": 6144,
+        "experts": 128,
+        "experts_used": 8,
+        "expert_ffn": 768,
+        "vocab": 151936,
+        "context": 40960,
+        "rope_base": 1000000.0,
+        "rms_eps": 1e-6,
+        "tied": False,
+    },
 }
 
 # Written here; anything else is a llama-quantize type name made from the F16 file.
@@ -131,17 +150,27 @@ def copy_tokenizer(writer: gguf.GGUFWriter, donor_path: str, vocab: int) -> None
 def tensors(shape: dict, vocab: int):
     """(name, numpy shape) of every tensor, in llama.cpp's converter's order."""
     hidden, ffn = shape["hidden"], shape["ffn"]
-    head_dim = hidden // shape["heads"]
-    kv = shape["kv_heads"] * head_dim
+    head_dim = shape.get("head_dim", hidden // shape["heads"])
+    q, kv = shape["heads"] * head_dim, shape["kv_heads"] * head_dim
     yield "token_embd.weight", (vocab, hidden)
     for layer in range(shape["layers"]):
         block = f"blk.{layer}"
         yield f"{block}.attn_norm.weight", (hidden,)
-        yield f"{block}.attn_q.weight", (hidden, hidden)
+        yield f"{block}.attn_q.weight", (q, hidden)
         yield f"{block}.attn_k.weight", (kv, hidden)
         yield f"{block}.attn_v.weight", (kv, hidden)
-        yield f"{block}.attn_output.weight", (hidden, hidden)
+        yield f"{block}.attn_output.weight", (hidden, q)
+        if shape.get("arch") == "qwen3moe":
+            yield f"{block}.attn_q_norm.weight", (head_dim,)
+            yield f"{block}.attn_k_norm.weight", (head_dim,)
         yield f"{block}.ffn_norm.weight", (hidden,)
+        if "experts" in shape:
+            experts, width = shape["experts"], shape["expert_ffn"]
+            yield f"{block}.ffn_gate_inp.weight", (experts, hidden)
+            yield f"{block}.ffn_gate_exps.weight", (experts, width, hidden)
+            yield f"{block}.ffn_up_exps.weight", (experts, width, hidden)
+            yield f"{block}.ffn_down_exps.weight", (experts, hidden, width)
+            continue
         yield f"{block}.ffn_gate.weight", (ffn, hidden)
         yield f"{block}.ffn_up.weight", (ffn, hidden)
         yield f"{block}.ffn_down.weight", (hidden, ffn)
@@ -150,9 +179,15 @@ def tensors(shape: dict, vocab: int):
         yield "output.weight", (vocab, hidden)
 
 
+def keeps_f32(tensor_name: str, dims) -> bool:
+    """Norms and MoE routers stay F32, as llama.cpp's converter and quantizer keep them."""
+    return len(dims) == 1 or tensor_name.endswith("ffn_gate_inp.weight")
+
+
 def write_direct(path: str, name: str, shape: dict, vocab: int, type_name: str, args) -> None:
     qtype, file_type = DIRECT_TYPES[type_name]
-    writer = gguf.GGUFWriter(path + ".tmp", "llama")
+    head_dim = shape.get("head_dim", shape["hidden"] // shape["heads"])
+    writer = gguf.GGUFWriter(path + ".tmp", shape.get("arch", "llama"))
     writer.add_name(f"random {name} shape")
     writer.add_block_count(shape["layers"])
     writer.add_context_length(shape["context"])
@@ -162,7 +197,14 @@ def write_direct(path: str, name: str, shape: dict, vocab: int, type_name: str, 
     writer.add_head_count_kv(shape["kv_heads"])
     writer.add_rope_freq_base(shape["rope_base"])
     writer.add_layer_norm_rms_eps(shape["rms_eps"])
-    writer.add_rope_dimension_count(shape["hidden"] // shape["heads"])
+    writer.add_rope_dimension_count(head_dim)
+    if "head_dim" in shape:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if "experts" in shape:
+        writer.add_expert_count(shape["experts"])
+        writer.add_expert_used_count(shape["experts_used"])
+        writer.add_expert_feed_forward_length(shape["expert_ffn"])
     writer.add_vocab_size(vocab)
     writer.add_file_type(int(file_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -171,10 +213,11 @@ def write_direct(path: str, name: str, shape: dict, vocab: int, type_name: str, 
     # a time: an 8B F16 file never sits in memory whole.
     layout = list(tensors(shape, vocab))
     for tensor_name, dims in layout:
-        if len(dims) == 1:
-            writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32), 4 * dims[0])
+        count = int(np.prod(dims))
+        if keeps_f32(tensor_name, dims):
+            writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32), 4 * count)
         elif qtype == gguf.GGMLQuantizationType.F16:
-            writer.add_tensor_info(tensor_name, dims, np.dtype(np.float16), 2 * dims[0] * dims[1])
+            writer.add_tensor_info(tensor_name, dims, np.dtype(np.float16), 2 * count)
         else:
             byte_shape = gguf.quants.quant_shape_to_byte_shape(dims, qtype)
             nbytes = int(np.prod(byte_shape))
@@ -183,12 +226,14 @@ def write_direct(path: str, name: str, shape: dict, vocab: int, type_name: str, 
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(args.seed)
-    for _, dims in layout:
+    for tensor_name, dims in layout:
         if len(dims) == 1:
             writer.write_tensor_data(np.ones(dims, dtype=np.float32))
             continue
         values = rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
-        if qtype == gguf.GGMLQuantizationType.F16:
+        if keeps_f32(tensor_name, dims):
+            writer.write_tensor_data(values)
+        elif qtype == gguf.GGMLQuantizationType.F16:
             writer.write_tensor_data(values.astype(np.float16))
         else:
             writer.write_tensor_data(gguf.quants.quantize(values, qtype))

@@ -82,10 +82,11 @@ impl LoadedModel {
             (None, None) => ChatTemplate::new(NO_CHAT_TEMPLATE)?,
         };
         tracing::info!(
-            "model family: {} (architecture {}), {} layers{}",
-            model.config().architecture.family(),
+            "model family: {} (architecture {}), {} layers{}{}",
+            model.config().family(),
             model.config().architecture.name(),
             model.config().num_layers,
+            model.config().describe_experts(),
             describe_windows(model.kv_layout()),
         );
         tokenizer.register_chat_template_end_tokens(template.source());

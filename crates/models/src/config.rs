@@ -9,7 +9,9 @@ use crate::error::{io_error, ModelError, Result};
 
 /// The architectures this crate runs. The Llama-shaped ones share one implementation
 /// (`families/llama.rs`) whose differences (QKV bias, QK-norm, RoPE layout, sliding window)
-/// are fields of [`ModelConfig`]; Gemma 3 has its own block (`families/gemma3.rs`).
+/// are fields of [`ModelConfig`]; Gemma 3 has its own block (`families/gemma3.rs`). A
+/// mixture-of-experts feed-forward is a field too ([`ModelConfig::moe`]): Mixtral is `Llama`
+/// with experts, Qwen3-MoE is Qwen3 with experts in every layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 2/3 and everything shaped like it (SmolLM2, TinyLlama, ...).
@@ -20,6 +22,8 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3 (dense): Llama with a per-head RMSNorm on Q and K (QK-norm), no bias.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, a routed mixture of experts as every layer's FFN.
+    Qwen3Moe,
     /// Gemma 3 (text): pre- and post-norms, QK-norm, GELU-tanh gate, scaled embeddings,
     /// interleaved sliding-window (local) and global layers.
     Gemma3,
@@ -27,12 +31,13 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every supported architecture, in the order error messages list them.
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 6] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Gemma3,
+        Architecture::Qwen3Moe,
     ];
 
     /// Maps a GGUF `general.architecture` or HF `model_type` string (HF calls Gemma 3's text
@@ -43,7 +48,11 @@ impl Architecture {
             "mistral" => Ok(Architecture::Mistral),
             "qwen2" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
+            "qwen3moe" => Ok(Architecture::Qwen3Moe),
             "gemma3" | "gemma3_text" => Ok(Architecture::Gemma3),
+            // HF's names: Qwen3-MoE, and Mixtral, which GGUF files call `llama`.
+            "qwen3_moe" => Ok(Architecture::Qwen3Moe),
+            "mixtral" => Ok(Architecture::Llama),
             other => Err(ModelError::UnsupportedArchitecture {
                 name: other.to_string(),
                 supported: Architecture::supported_list(),
@@ -58,6 +67,7 @@ impl Architecture {
             Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Gemma3 => "gemma3",
         }
     }
@@ -69,6 +79,7 @@ impl Architecture {
             Architecture::Mistral => "Mistral",
             Architecture::Qwen2 => "Qwen2",
             Architecture::Qwen3 => "Qwen3",
+            Architecture::Qwen3Moe => "Qwen3-MoE",
             Architecture::Gemma3 => "Gemma 3",
         }
     }
@@ -82,7 +93,10 @@ impl Architecture {
     fn always_neox(self) -> bool {
         matches!(
             self,
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3
+            Architecture::Qwen2
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Gemma3
         )
     }
 }
@@ -153,6 +167,21 @@ pub struct ModelConfig {
     pub query_pre_attn_scalar: Option<f32>,
     /// `Some(c)`: logits become `c * tanh(logits / c)` (Gemma's `final_logit_softcapping`).
     pub final_logit_softcapping: Option<f32>,
+    /// `Some`: every layer's FFN is a routed mixture of experts (Mixtral, Qwen3-MoE).
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts FFN's shape: each token goes through the `experts_used` experts its
+/// router scores highest, weighted by their renormalized softmax probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer (`expert_count`).
+    pub num_experts: usize,
+    /// Experts each token is routed to (`expert_used_count`, the top-k).
+    pub experts_used: usize,
+    /// Width of one expert's gated MLP (`expert_feed_forward_length`; Mixtral's is
+    /// `feed_forward_length`).
+    pub expert_intermediate_size: usize,
 }
 
 impl ModelConfig {
@@ -164,6 +193,26 @@ impl ModelConfig {
     /// Width of one token's key (or value) vector across all KV heads.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The family that runs it, as the start-up log names it: the architecture's, except
+    /// that a `llama` file with experts is Mixtral.
+    pub fn family(&self) -> &'static str {
+        match (self.architecture, self.moe) {
+            (Architecture::Llama, Some(_)) => "Mixtral",
+            (architecture, _) => architecture.family(),
+        }
+    }
+
+    /// `, 8 experts (2 per token)` for a mixture of experts, empty otherwise: the start-up
+    /// line's description of the FFN.
+    pub fn describe_experts(&self) -> String {
+        self.moe.map_or_else(String::new, |moe| {
+            format!(
+                ", {} experts ({} per token)",
+                moe.num_experts, moe.experts_used
+            )
+        })
     }
 
     /// The sliding window of layer `layer`, `None` for a layer that sees the whole context.
@@ -247,11 +296,28 @@ impl ModelConfig {
         let sliding_window = optional_usize("attention.sliding_window")?.filter(|&w| w > 0);
         let num_layers = required_usize("block_count")?;
         let is_gemma3 = architecture == Architecture::Gemma3;
+        let feed_forward_length = optional_usize("feed_forward_length")?;
+        let moe = match optional_usize("expert_count")?.filter(|&count| count > 0) {
+            None => None,
+            Some(num_experts) => Some(MoeConfig {
+                num_experts,
+                experts_used: required_usize("expert_used_count")?,
+                expert_intermediate_size: match optional_usize("expert_feed_forward_length")? {
+                    Some(width) => width,
+                    None => required_usize("feed_forward_length")?,
+                },
+            }),
+        };
+        let intermediate_size = match (feed_forward_length, moe) {
+            (Some(width), _) => width,
+            (None, Some(moe)) => moe.expert_intermediate_size,
+            (None, None) => required_usize("feed_forward_length")?,
+        };
         let config = ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
-            intermediate_size: required_usize("feed_forward_length")?,
+            intermediate_size,
             num_layers,
             num_heads,
             num_kv_heads,
@@ -275,6 +341,7 @@ impl ModelConfig {
             query_pre_attn_scalar: (is_gemma3 && num_layers == 62)
                 .then(|| (hidden_size / num_heads) as f32),
             final_logit_softcapping: optional_f32("final_logit_softcapping").filter(|&c| c > 0.0),
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -353,7 +420,10 @@ impl ModelConfig {
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(is_gemma3),
             attention_bias: architecture == Architecture::Qwen2
                 || raw.attention_bias.unwrap_or(false),
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
             sliding_window,
             sliding_window_pattern,
             rope_local_theta: if is_gemma3 {
@@ -363,6 +433,7 @@ impl ModelConfig {
             },
             query_pre_attn_scalar: raw.query_pre_attn_scalar.map(|v| v as f32),
             final_logit_softcapping: raw.final_logit_softcapping.map(|v| v as f32),
+            moe: hf_moe(&raw)?,
         };
         if is_gemma3 && raw.attn_logit_softcapping.is_some() {
             return Err(ModelError::InvalidMetadata {
@@ -418,6 +489,23 @@ impl ModelConfig {
                 ),
             });
         }
+        if let Some(moe) = self.moe {
+            if moe.experts_used == 0
+                || moe.experts_used > moe.num_experts
+                || moe.expert_intermediate_size == 0
+            {
+                return Err(ModelError::InvalidMetadata {
+                    key: "expert_used_count".into(),
+                    message: format!(
+                        "{} of {} experts per token, each {} wide: need 1 to expert_count \
+                         experts of a positive width",
+                        moe.experts_used, moe.num_experts, moe.expert_intermediate_size
+                    ),
+                });
+            }
+        } else if self.architecture == Architecture::Qwen3Moe {
+            return Err(ModelError::MissingMetadata("qwen3moe.expert_count".into()));
+        }
         Ok(())
     }
 }
@@ -466,6 +554,43 @@ struct HfConfig {
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
     hidden_activation: Option<String>,
+    /// Mixture of experts: Qwen3-MoE's `num_experts`, Mixtral's `num_local_experts`.
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+}
+
+/// The mixture of experts an HF config describes, if any. Configurations the block does not
+/// implement are refused by name: weights left unnormalized (`norm_topk_prob: false`) and
+/// dense layers between the sparse ones.
+fn hf_moe(raw: &HfConfig) -> Result<Option<MoeConfig>> {
+    let Some(num_experts) = raw.num_experts.or(raw.num_local_experts).filter(|&n| n > 0) else {
+        return Ok(None);
+    };
+    if raw.norm_topk_prob == Some(false) {
+        return Err(ModelError::InvalidMetadata {
+            key: "norm_topk_prob".into(),
+            message: "unnormalized top-k expert weights are not supported".into(),
+        });
+    }
+    let dense_layers = raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty());
+    if raw.decoder_sparse_step.is_some_and(|step| step != 1) || dense_layers {
+        return Err(ModelError::InvalidMetadata {
+            key: "decoder_sparse_step".into(),
+            message: "dense layers between the expert layers are not supported".into(),
+        });
+    }
+    Ok(Some(MoeConfig {
+        num_experts,
+        experts_used: raw
+            .num_experts_per_tok
+            .ok_or_else(|| ModelError::MissingMetadata("num_experts_per_tok".into()))?,
+        expert_intermediate_size: raw.moe_intermediate_size.unwrap_or(raw.intermediate_size),
+    }))
 }
 
 /// Gemma 3's period of global layers from `layer_types` (which must follow one) or
@@ -685,6 +810,53 @@ mod tests {
         assert!(ModelConfig::from_hf_config_json(&odd).is_err());
         let gelu = GEMMA3_270M.replace("gelu_pytorch_tanh", "relu");
         assert!(ModelConfig::from_hf_config_json(&gelu).is_err());
+    }
+
+    #[test]
+    fn hf_mixture_of_experts_configs() {
+        let qwen = r#"{"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+            "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128}"#;
+        let config = ModelConfig::from_hf_config_json(qwen).unwrap();
+        assert_eq!(config.architecture, Architecture::Qwen3Moe);
+        assert!(config.qk_norm);
+        let moe = MoeConfig {
+            num_experts: 128,
+            experts_used: 8,
+            expert_intermediate_size: 768,
+        };
+        assert_eq!(config.moe, Some(moe));
+        let mixtral = r#"{"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8}"#;
+        let config = ModelConfig::from_hf_config_json(mixtral).unwrap();
+        assert_eq!(
+            (config.architecture, config.family()),
+            (Architecture::Llama, "Mixtral")
+        );
+        assert_eq!(config.moe.map(|m| m.expert_intermediate_size), Some(14336));
+        for (from, to, key) in [
+            (
+                "\"norm_topk_prob\": true",
+                "\"norm_topk_prob\": false",
+                "norm_topk_prob",
+            ),
+            (
+                "\"mlp_only_layers\": []",
+                "\"mlp_only_layers\": [0]",
+                "decoder_sparse_step",
+            ),
+            (
+                "\"num_experts_per_tok\": 8",
+                "\"num_experts_per_tok\": 129",
+                "expert_used_count",
+            ),
+        ] {
+            let error = ModelConfig::from_hf_config_json(&qwen.replace(from, to)).unwrap_err();
+            assert!(error.to_string().contains(key), "{error}");
+        }
     }
 
     #[test]

@@ -75,7 +75,7 @@ mod source;
 
 pub use batch::BatchInput;
 pub use cache_dtype::{CacheDtype, CacheDtypeError};
-pub use config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
+pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
 pub use families::{BertModel, Gemma3Model, LlamaModel};
 pub use kv_cache::{KvCacheStorage, LayerKvLayout};

@@ -81,7 +81,10 @@ pub fn load_model(source: &ModelSource, options: &LoadOptions) -> Result<Box<dyn
                 Architecture::Llama
                 | Architecture::Mistral
                 | Architecture::Qwen2
-                | Architecture::Qwen3 => Ok(Box::new(LlamaModel::load_hf_directory(dir, options)?)),
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe => {
+                    Ok(Box::new(LlamaModel::load_hf_directory(dir, options)?))
+                }
                 Architecture::Gemma3 => Ok(Box::new(Gemma3Model::load_hf_directory(dir, options)?)),
             }
         }
@@ -91,9 +94,11 @@ pub fn load_model(source: &ModelSource, options: &LoadOptions) -> Result<Box<dyn
 /// Loads a model from an open GGUF file, so its tokenizer can be read from the same file.
 pub fn load_gguf_model(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn CausalLm>> {
     match Architecture::from_name(gguf_architecture(file)?)? {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
-            Ok(Box::new(LlamaModel::from_gguf(file, options)?))
-        }
+        Architecture::Llama
+        | Architecture::Mistral
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe => Ok(Box::new(LlamaModel::from_gguf(file, options)?)),
         Architecture::Gemma3 => Ok(Box::new(Gemma3Model::from_gguf(file, options)?)),
     }
 }
@@ -117,6 +122,7 @@ pub fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
         | Architecture::Mistral
         | Architecture::Qwen2
         | Architecture::Qwen3
+        | Architecture::Qwen3Moe
         | Architecture::Gemma3 => families::llama_kv_layout(config),
     }
 }

@@ -1,27 +1,44 @@
-//! Parity with llama.cpp for the Qwen3 and Gemma 3 families on small random-weight GGUFs.
+//! Parity with llama.cpp for the Qwen3, Gemma 3 and mixture-of-experts (Qwen3-MoE, Mixtral)
+//! families on small random-weight GGUFs.
 //!
 //! `fixtures/family_{qwen3,gemma3}.json` were written by
-//! `scripts/reference/make_family_fixtures.py` (llama-cpp-python 0.3.16, f32 KV cache). Each
+//! `scripts/reference/make_family_fixtures.py`, `family_{qwen3moe,mixtral}.json` by
+//! `scripts/reference/make_moe_fixtures.py` (llama-cpp-python 0.3.16, f32 KV cache). Each
 //! holds the model's spec (metadata; per tensor its name, shape, scale and offset) and, for
 //! three id prompts (5, 23 and 40 tokens; Gemma 3's window is 16), 16 greedy ids and the top-8
 //! logits at every step. The weights come from a formula both sides compute bit for bit, so
 //! this test rebuilds the same F32 GGUF with tokenmill's own writer: no Python, llama.cpp or
-//! stored model file is needed to run it.
+//! stored model file is needed to run it. The MoE fixtures also hold llama.cpp's run of the
+//! file `llama-quantize` made Q8_0, with the type it gave each tensor; the test quantizes the
+//! same tensors with tokenmill's port of GGML's reference Q8_0 quantizer.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use tokenmill_gguf::{GgufWriter, MetadataValue};
+use tokenmill_gguf::{GgmlType, GgufWriter, MetadataValue};
+use tokenmill_kernels::{quantize_row_q8_0, DType};
 use tokenmill_models::{
-    load_model, Architecture, CausalLm, KvCacheDType, LoadOptions, ModelSource, Workspace,
+    load_model, Architecture, BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LoadOptions,
+    ModelSource, MoeConfig,
+    RopeStyle::{Neox, Normal},
+    Workspace,
 };
 
-/// The HF name of a GGUF tensor name, per HF's Qwen3 / Gemma 3 modeling code.
-fn hf_name(gguf: &str, gemma3: bool) -> String {
+/// The HF name of a GGUF tensor name, per HF's Qwen3 / Gemma 3 / Qwen3-MoE / Mixtral
+/// modeling code (`arch` is the fixture's: Mixtral's is `llama`). Expert tensors are split
+/// per expert by the caller, which gives `expert`.
+fn hf_name(gguf: &str, arch: &str, expert: usize) -> String {
+    let gemma3 = arch == "gemma3";
+    let moe = if arch == "llama" {
+        "block_sparse_moe"
+    } else {
+        "mlp"
+    };
     match gguf {
         "token_embd.weight" => return "model.embed_tokens.weight".into(),
         "output_norm.weight" => return "model.norm.weight".into(),
@@ -45,16 +62,31 @@ fn hf_name(gguf: &str, gemma3: bool) -> String {
         "ffn_gate.weight" => "mlp.gate_proj.weight",
         "ffn_up.weight" => "mlp.up_proj.weight",
         "ffn_down.weight" => "mlp.down_proj.weight",
-        other => panic!("no HF name for {other}"),
+        "ffn_gate_inp.weight" => return format!("model.layers.{layer}.{moe}.gate.weight"),
+        exps => {
+            let projection = match (exps, arch) {
+                ("ffn_gate_exps.weight", "llama") => "w1",
+                ("ffn_up_exps.weight", "llama") => "w3",
+                ("ffn_down_exps.weight", "llama") => "w2",
+                ("ffn_gate_exps.weight", _) => "gate_proj",
+                ("ffn_up_exps.weight", _) => "up_proj",
+                ("ffn_down_exps.weight", _) => "down_proj",
+                (other, _) => panic!("no HF name for {other}"),
+            };
+            return format!("model.layers.{layer}.{moe}.experts.{expert}.{projection}.weight");
+        }
     };
     format!("model.layers.{layer}.{hf}")
 }
 
-/// The fixture's model as an HF directory (`config.json` + one F32 safetensors file). Both
-/// families rotate half-split pairs in GGUF too, so Q/K rows are the same; Gemma's norms are
-/// stored as `w - 1` (HF computes `x * (1 + w)`), exact for weights in [0.5, 2].
+/// The fixture's model as an HF directory (`config.json` + one F32 safetensors file). Qwen
+/// and Gemma rotate half-split pairs in GGUF too, so Q/K rows are the same; Mixtral's GGUF
+/// (`llama`) rows are llama.cpp's permutation of HF's, undone here. Gemma's norms are stored
+/// as `w - 1` (HF computes `x * (1 + w)`), exact for weights in [0.5, 2]. Expert tensors
+/// become one 2-D tensor per expert.
 fn write_hf_directory(fixture: &Fixture, dir: &Path) {
     let gemma3 = fixture.arch == "gemma3";
+    let mixtral = fixture.arch == "llama";
     let meta = |key: &str| {
         fixture
             .meta
@@ -63,9 +95,16 @@ fn write_hf_directory(fixture: &Fixture, dir: &Path) {
             .map(|(_, _, value)| value.clone())
     };
     let vocab = fixture.tensors[0].shape[0];
+    let (class, model_type) = match fixture.arch.as_str() {
+        "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
+        "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
+        "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        "llama" => ("MixtralForCausalLM", "mixtral"),
+        other => panic!("no HF class for {other}"),
+    };
     let mut config = serde_json::json!({
-        "architectures": [if gemma3 { "Gemma3ForCausalLM" } else { "Qwen3ForCausalLM" }],
-        "model_type": if gemma3 { "gemma3_text" } else { "qwen3" },
+        "architectures": [class],
+        "model_type": model_type,
         "vocab_size": vocab,
         "hidden_size": meta("embedding_length"),
         "intermediate_size": meta("feed_forward_length"),
@@ -76,8 +115,25 @@ fn write_hf_directory(fixture: &Fixture, dir: &Path) {
         "rms_norm_eps": meta("attention.layer_norm_rms_epsilon"),
         "rope_theta": meta("rope.freq_base"),
         "max_position_embeddings": meta("context_length"),
-        "tie_word_embeddings": gemma3,
+        "tie_word_embeddings": !fixture.tensors.iter().any(|t| t.name == "output.weight"),
     });
+    if let Some(experts) = meta("expert_count") {
+        let (count_key, width) = if mixtral {
+            ("num_local_experts", meta("feed_forward_length"))
+        } else {
+            ("num_experts", meta("expert_feed_forward_length"))
+        };
+        let extra = serde_json::json!({
+            count_key: experts,
+            "num_experts_per_tok": meta("expert_used_count"),
+            "moe_intermediate_size": width,
+            "norm_topk_prob": true,
+        });
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+    }
     if gemma3 {
         let extra = serde_json::json!({
             "sliding_window": meta("attention.sliding_window"),
@@ -93,25 +149,56 @@ fn write_hf_directory(fixture: &Fixture, dir: &Path) {
             .extend(extra.as_object().unwrap().clone());
     }
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = fixture
-        .tensors
-        .iter()
-        .map(|tensor| {
-            let count = tensor.shape.iter().product::<u64>() as usize;
-            let mut values =
-                formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
-            if gemma3 && tensor.name.ends_with("norm.weight") {
-                values.iter_mut().for_each(|v| *v -= 1.0);
+    let heads = meta("attention.head_count").unwrap().as_u64().unwrap() as usize;
+    let kv_heads = meta("attention.head_count_kv").unwrap().as_u64().unwrap() as usize;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for tensor in &fixture.tensors {
+        let count = tensor.shape.iter().product::<u64>() as usize;
+        let mut values = formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
+        if gemma3 && tensor.name.ends_with("norm.weight") {
+            values.iter_mut().for_each(|v| *v -= 1.0);
+        }
+        let shape: Vec<usize> = tensor.shape.iter().map(|&d| d as usize).collect();
+        if mixtral && tensor.name.ends_with("attn_q.weight") {
+            values = unpermute_from_gguf(&values, heads, shape[1]);
+        }
+        if mixtral && tensor.name.ends_with("attn_k.weight") {
+            values = unpermute_from_gguf(&values, kv_heads, shape[1]);
+        }
+        if let [experts, rows, columns] = shape[..] {
+            for (expert, part) in values.chunks_exact(rows * columns).enumerate() {
+                let name = hf_name(&tensor.name, &fixture.arch, expert);
+                tensors.push((name, vec![rows, columns], part.to_vec()));
             }
-            let shape = tensor.shape.iter().map(|&d| d as usize).collect();
-            (hf_name(&tensor.name, gemma3), shape, values)
-        })
-        .collect();
+            assert_eq!(values.len(), experts * rows * columns);
+        } else {
+            tensors.push((hf_name(&tensor.name, &fixture.arch, 0), shape, values));
+        }
+    }
     let borrowed: Vec<(String, Vec<usize>, &[f32])> = tensors
         .iter()
         .map(|(name, shape, values)| (name.clone(), shape.clone(), values.as_slice()))
         .collect();
     common::tiny::write_safetensors(&dir.join("model.safetensors"), &borrowed, "F32");
+}
+
+/// HF's Q/K rows from llama.cpp's Llama permutation (each head's rotation pairs interleaved):
+/// GGUF row `(h, i, j)` of a `[heads, head_dim / 2, 2]` split is HF row `(h, j, i)`.
+fn unpermute_from_gguf(gguf: &[f32], heads: usize, columns: usize) -> Vec<f32> {
+    let rows = gguf.len() / columns;
+    let half = rows / heads / 2;
+    let mut hf = vec![0.0; gguf.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let from = (h * half + i) * 2 + j;
+                let to = (h * 2 + j) * half + i;
+                hf[to * columns..(to + 1) * columns]
+                    .copy_from_slice(&gguf[from * columns..(from + 1) * columns]);
+            }
+        }
+    }
+    hf
 }
 
 #[derive(Deserialize)]
@@ -120,6 +207,16 @@ pub struct Fixture {
     /// `(key without the architecture prefix, type, value)`.
     pub meta: Vec<(String, String, serde_json::Value)>,
     pub tensors: Vec<TensorSpec>,
+    pub cases: Vec<Case>,
+    /// MoE fixtures: llama.cpp on the file `llama-quantize` made Q8_0.
+    #[serde(default)]
+    pub q8_0: Option<QuantizedRun>,
+}
+
+#[derive(Deserialize)]
+pub struct QuantizedRun {
+    /// GGML type name per tensor (`Q8_0` or `F32`).
+    pub tensor_types: HashMap<String, String>,
     pub cases: Vec<Case>,
 }
 
@@ -148,6 +245,11 @@ pub struct Case {
 /// layers (measured max 9e-4).
 const QWEN3_MAX_DIFFERENCE: f32 = 1e-4;
 const GEMMA3_MAX_DIFFERENCE: f32 = 1e-2;
+/// The MoE families, F32 and Q8_0 alike: exact f32 arithmetic on F32 weights; on Q8_0 both
+/// engines quantize activations to the same Q8_0 blocks (scales rounded to f16) and take exact
+/// integer block dots. The same experts are chosen (router margins far above rounding), so the
+/// logits differ by summation order only (measured max 6e-6 on F32, 1e-6 on Q8_0).
+const MOE_MAX_DIFFERENCE: f32 = 1e-4;
 
 /// Steps where llama.cpp's best token leads its runner-up by more than this must pick the
 /// same token (far above both tolerances' effect on a margin).
@@ -183,6 +285,12 @@ fn fnv1a(name: &str) -> u64 {
 /// Writes the fixture's model as an F32 GGUF (no tokenizer: the vocabulary size comes from
 /// `token_embd.weight`).
 pub fn write_gguf(fixture: &Fixture, path: &Path) {
+    write_gguf_typed(fixture, path, &HashMap::new());
+}
+
+/// [`write_gguf`] with the tensors `types` names as `Q8_0` quantized (GGML's reference
+/// quantizer); the others F32.
+fn write_gguf_typed(fixture: &Fixture, path: &Path, types: &HashMap<String, String>) {
     let mut writer = GgufWriter::new();
     writer.add_metadata(
         "general.architecture",
@@ -201,7 +309,24 @@ pub fn write_gguf(fixture: &Fixture, path: &Path) {
         let count = tensor.shape.iter().product::<u64>() as usize;
         let values = formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
         let dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
-        writer.add_f32_tensor(&tensor.name, &dims, &values);
+        match types.get(&tensor.name).map(String::as_str) {
+            None | Some("F32") => {
+                writer.add_f32_tensor(&tensor.name, &dims, &values);
+            }
+            Some("Q8_0") => {
+                let row = dims[0] as usize;
+                let row_bytes = DType::Q8_0.row_bytes(row).unwrap();
+                let mut bytes = vec![0u8; count / row * row_bytes];
+                for (src, dst) in values
+                    .chunks_exact(row)
+                    .zip(bytes.chunks_exact_mut(row_bytes))
+                {
+                    quantize_row_q8_0(src, dst).unwrap();
+                }
+                writer.add_tensor(&tensor.name, &dims, GgmlType::Q8_0, bytes);
+            }
+            Some(other) => panic!("{}: type {other}", tensor.name),
+        }
     }
     writer.write_to(path).unwrap();
 }
@@ -218,11 +343,11 @@ fn load_family(name: &str, test: &str) -> (Fixture, Box<dyn CausalLm>) {
 
 /// Teacher-forces every case along llama.cpp's greedy path and compares the top logits and
 /// the decisive greedy picks; returns the largest difference seen.
-fn check_logits(model: &dyn CausalLm, fixture: &Fixture, tolerance: f32) -> f32 {
+fn check_logits(model: &dyn CausalLm, cases: &[Case], tolerance: f32) -> f32 {
     let vocab = model.config().vocab_size;
     let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
     let mut worst = 0.0f32;
-    for (index, case) in fixture.cases.iter().enumerate() {
+    for (index, case) in cases.iter().enumerate() {
         common::teacher_forced_logits(
             model,
             &case.prompt_ids,
@@ -253,11 +378,11 @@ fn check_logits(model: &dyn CausalLm, fixture: &Fixture, tolerance: f32) -> f32 
 
 /// Greedy generation through the chunked, batched path must follow llama.cpp's greedy ids up
 /// to the first step whose margin is not decisive.
-fn check_greedy(model: &dyn CausalLm, fixture: &Fixture) {
-    let prompts: Vec<Vec<u32>> = fixture.cases.iter().map(|c| c.prompt_ids.clone()).collect();
-    let new = fixture.cases[0].greedy_ids.len();
+fn check_greedy(model: &dyn CausalLm, cases: &[Case]) {
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_ids.clone()).collect();
+    let new = cases[0].greedy_ids.len();
     let generated = common::greedy_generate(model, &prompts, new, 7, 16);
-    for (index, (case, ours)) in fixture.cases.iter().zip(&generated).enumerate() {
+    for (index, (case, ours)) in cases.iter().zip(&generated).enumerate() {
         let decisive = case
             .top_logits
             .iter()
@@ -281,9 +406,9 @@ fn qwen3_matches_llama_cpp() {
         (config.head_dim, config.hidden_size / config.num_heads),
         (32, 16)
     );
-    let worst = check_logits(model.as_ref(), &fixture, QWEN3_MAX_DIFFERENCE);
+    let worst = check_logits(model.as_ref(), &fixture.cases, QWEN3_MAX_DIFFERENCE);
     eprintln!("qwen3: largest top-8 logit difference {worst}");
-    check_greedy(model.as_ref(), &fixture);
+    check_greedy(model.as_ref(), &fixture.cases);
 }
 
 #[test]
@@ -306,9 +431,9 @@ fn gemma3_matches_llama_cpp() {
         ]
     );
     assert!(fixture.cases.iter().any(|c| c.prompt_ids.len() > 16));
-    let worst = check_logits(model.as_ref(), &fixture, GEMMA3_MAX_DIFFERENCE);
+    let worst = check_logits(model.as_ref(), &fixture.cases, GEMMA3_MAX_DIFFERENCE);
     eprintln!("gemma3: largest top-8 logit difference {worst}");
-    check_greedy(model.as_ref(), &fixture);
+    check_greedy(model.as_ref(), &fixture.cases);
 }
 
 /// The window is what the fixture measures: the same weights attending to the whole context
@@ -374,12 +499,16 @@ fn gemma3_greedy_is_batch_and_chunk_invariant() {
 }
 
 /// The same weights as an HF checkpoint load to the same model: identical config and KV
-/// layout, bitwise-identical logits (Gemma's `1 + (w - 1)` is exact).
+/// layout, bitwise-identical logits (Gemma's `1 + (w - 1)` is exact). Mixtral's GGUF rotates
+/// adjacent pairs of permuted Q/K rows where HF rotates halves: the same arithmetic per pair,
+/// but a head's dimensions are summed in another order, so its logits agree to rounding.
 #[test]
 fn hf_checkpoints_match_their_gguf() {
     for (name, test) in [
         ("family_qwen3.json", "hf_qwen3"),
         ("family_gemma3.json", "hf_gemma3"),
+        ("family_qwen3moe.json", "hf_qwen3moe"),
+        ("family_mixtral.json", "hf_mixtral"),
     ] {
         let (fixture, gguf) = load_family(name, test);
         let dir = tempfile::tempdir().unwrap();
@@ -390,6 +519,10 @@ fn hf_checkpoints_match_their_gguf() {
         // What differs by container: HF checkpoints name the scale, GGUF files imply it.
         ours.query_pre_attn_scalar = None;
         theirs.query_pre_attn_scalar = None;
+        if fixture.arch == "llama" {
+            assert_eq!((ours.rope_style, theirs.rope_style), (Normal, Neox));
+            ours.rope_style = Neox;
+        }
         assert_eq!(ours, theirs, "{name}");
         assert_eq!(
             gguf.config().attention_scale(),
@@ -409,8 +542,17 @@ fn hf_checkpoints_match_their_gguf() {
                 logits,
             );
         }
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(bits(&a) == bits(&b), "{name}: HF and GGUF logits differ");
+        if fixture.arch == "llama" {
+            let widest = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(widest <= MOE_MAX_DIFFERENCE, "{name}: {widest}");
+        } else {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&a) == bits(&b), "{name}: HF and GGUF logits differ");
+        }
     }
 }
 
@@ -451,4 +593,200 @@ fn gemma3_final_logit_softcapping_caps_the_logits() {
         assert_eq!(capped.to_bits(), (cap * (plain / cap).tanh()).to_bits());
         assert!(capped.abs() <= cap);
     }
+}
+
+/// The fixture's MoE model in F32 and as llama-quantize's Q8_0 mix, both checked against
+/// llama.cpp; returns the F32 model.
+fn check_moe_family(name: &str, test: &str) -> (Fixture, Box<dyn CausalLm>) {
+    let (fixture, model) = load_family(name, test);
+    let worst = check_logits(model.as_ref(), &fixture.cases, MOE_MAX_DIFFERENCE);
+    eprintln!("{name}: largest top-8 logit difference {worst}");
+    check_greedy(model.as_ref(), &fixture.cases);
+    // Every step of these fixtures is decisive: the F32 ids are llama.cpp's, all of them.
+    let prompts: Vec<Vec<u32>> = fixture.cases.iter().map(|c| c.prompt_ids.clone()).collect();
+    let generated = common::greedy_generate(model.as_ref(), &prompts, 16, 7, 16);
+    for (case, ours) in fixture.cases.iter().zip(&generated) {
+        assert_eq!(ours, &case.greedy_ids, "{name}");
+    }
+    let q8 = fixture.q8_0.as_ref().unwrap();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{test}-q8_0.gguf"));
+    write_gguf_typed(&fixture, &path, &q8.tensor_types);
+    let quantized = load_model(&ModelSource::Gguf(path), &LoadOptions::default()).unwrap();
+    let worst = check_logits(quantized.as_ref(), &q8.cases, MOE_MAX_DIFFERENCE);
+    eprintln!("{name} Q8_0: largest top-8 logit difference {worst}");
+    check_greedy(quantized.as_ref(), &q8.cases);
+    (fixture, model)
+}
+
+#[test]
+fn qwen3moe_matches_llama_cpp() {
+    let (_, model) = check_moe_family("family_qwen3moe.json", "qwen3moe_matches_llama_cpp");
+    let config = model.config();
+    assert_eq!(config.architecture, Architecture::Qwen3Moe);
+    assert_eq!(config.family(), "Qwen3-MoE");
+    assert!(config.qk_norm && !config.tie_word_embeddings);
+    let moe = MoeConfig {
+        num_experts: 8,
+        experts_used: 2,
+        expert_intermediate_size: 64,
+    };
+    assert_eq!(config.moe, Some(moe));
+    // A decode token reads the router and two of the eight experts of each layer.
+    assert!(model.decode_weight_bytes() < model.weight_bytes());
+}
+
+#[test]
+fn mixtral_matches_llama_cpp() {
+    let (_, model) = check_moe_family("family_mixtral.json", "mixtral_matches_llama_cpp");
+    let config = model.config();
+    assert_eq!(config.architecture, Architecture::Llama);
+    assert_eq!(config.family(), "Mixtral");
+    assert_eq!(config.describe_experts(), ", 8 experts (2 per token)");
+    assert!(!config.qk_norm && config.tie_word_embeddings);
+    let moe = MoeConfig {
+        num_experts: 8,
+        experts_used: 2,
+        expert_intermediate_size: 96,
+    };
+    assert_eq!(config.moe, Some(moe));
+}
+
+/// The MoE block's output for a row must not depend on the rows routed to the same experts:
+/// a sequence's logits are bitwise the same alone in one prefill, in one step with the other
+/// prompts (whose tokens pick other experts, so each expert's group changes size), and
+/// prefilled in two chunks; greedy ids likewise alone, batched, and chunked. On F32 weights
+/// and on Q8_0 (int8 activations).
+#[test]
+fn moe_is_batch_and_chunk_invariant() {
+    for (name, test) in [
+        ("family_qwen3moe.json", "moe_invariance_qwen3moe"),
+        ("family_mixtral.json", "moe_invariance_mixtral"),
+    ] {
+        let (fixture, f32_model) = load_family(name, test);
+        let q8_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{test}-q8_0.gguf"));
+        let q8 = fixture.q8_0.as_ref().unwrap();
+        write_gguf_typed(&fixture, &q8_path, &q8.tensor_types);
+        let q8_model = load_model(&ModelSource::Gguf(q8_path), &LoadOptions::default()).unwrap();
+        let prompts: Vec<Vec<u32>> = fixture.cases.iter().map(|c| c.prompt_ids.clone()).collect();
+        assert_moe_invariance(name, f32_model.as_ref(), &prompts);
+        assert_moe_invariance(&format!("{name} Q8_0"), q8_model.as_ref(), &prompts);
+    }
+}
+
+fn assert_moe_invariance(name: &str, model: &dyn CausalLm, prompts: &[Vec<u32>]) {
+    let block_size = 16;
+    let blocks_per_seq = 4;
+    let last_logits = |sequences: &[(usize, usize)], kv: &mut KvCacheStorage| {
+        // (prompt index, first position of this step's tokens)
+        let mut batch = BatchInput::default();
+        for &(index, start) in sequences {
+            let table: Vec<u32> = (0..blocks_per_seq)
+                .map(|b| (index * blocks_per_seq + b) as u32)
+                .collect();
+            batch
+                .add_sequence(&prompts[index][start..], start, &table, block_size, true)
+                .unwrap();
+        }
+        let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
+        model
+            .forward(
+                &common::test_pool(),
+                &batch,
+                kv,
+                &mut workspace,
+                &mut logits,
+            )
+            .unwrap();
+        logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    let vocab = model.config().vocab_size;
+    let new_cache = || {
+        KvCacheStorage::with_dtype(
+            model.kv_layout(),
+            blocks_per_seq * prompts.len(),
+            block_size,
+            KvCacheDType::F32,
+        )
+    };
+    let all: Vec<(usize, usize)> = (0..prompts.len()).map(|i| (i, 0)).collect();
+    let together = last_logits(&all, &mut new_cache());
+    for index in 0..prompts.len() {
+        let alone = last_logits(&[(index, 0)], &mut new_cache());
+        let row = &together[index * vocab..(index + 1) * vocab];
+        assert!(alone == row, "{name}: prompt {index} alone vs batched");
+        let split = prompts[index].len() / 2;
+        if split > 0 {
+            // The first chunk fills the cache; the second's last row gives the logits.
+            let mut kv = new_cache();
+            let mut batch = BatchInput::default();
+            let table: Vec<u32> = (0..blocks_per_seq)
+                .map(|b| (index * blocks_per_seq + b) as u32)
+                .collect();
+            batch
+                .add_sequence(&prompts[index][..split], 0, &table, block_size, false)
+                .unwrap();
+            let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
+            model
+                .forward(
+                    &common::test_pool(),
+                    &batch,
+                    &mut kv,
+                    &mut workspace,
+                    &mut logits,
+                )
+                .unwrap();
+            let chunked = last_logits(&[(index, split)], &mut kv);
+            assert!(chunked == row, "{name}: prompt {index} chunked");
+        }
+    }
+    let batched = common::greedy_generate(model, prompts, 12, 7, 16);
+    for (index, prompt) in prompts.iter().enumerate() {
+        for (chunk, block) in [(usize::MAX, 16), (1, 4), (5, 32)] {
+            let alone =
+                common::greedy_generate(model, std::slice::from_ref(prompt), 12, chunk, block);
+            assert_eq!(
+                alone[0], batched[index],
+                "{name}: prompt {index} chunk {chunk}"
+            );
+        }
+    }
+}
+
+/// The routing is what the fixture measures: one expert per token instead of two gives other
+/// logits.
+#[test]
+fn qwen3moe_with_one_expert_per_token_differs_from_llama_cpp() {
+    let mut fixture: Fixture = common::load_fixture("family_qwen3moe.json");
+    for (key, _, value) in &mut fixture.meta {
+        if key == "expert_used_count" {
+            *value = serde_json::json!(1);
+        }
+    }
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("qwen3moe-top1.gguf");
+    write_gguf(&fixture, &path);
+    let model = load_model(&ModelSource::Gguf(path), &LoadOptions::default()).unwrap();
+    assert_eq!(model.config().moe.map(|moe| moe.experts_used), Some(1));
+    let case = &fixture.cases[1];
+    let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
+    common::teacher_forced_logits(
+        model.as_ref(),
+        &case.prompt_ids,
+        &case.greedy_ids,
+        KvCacheDType::F32,
+        &mut workspace,
+        &mut logits,
+    );
+    let vocab = model.config().vocab_size;
+    let widest = case
+        .top_logits
+        .iter()
+        .enumerate()
+        .flat_map(|(step, top)| {
+            let row = &logits[step * vocab..(step + 1) * vocab];
+            top.iter()
+                .map(move |&(token, expected)| (row[token as usize] - expected).abs())
+        })
+        .fold(0.0f32, f32::max);
+    eprintln!("qwen3moe with top-1 routing: largest difference {widest}");
+    assert!(widest > 100.0 * MOE_MAX_DIFFERENCE, "{widest}");
 }

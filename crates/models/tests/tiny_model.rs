@@ -308,7 +308,7 @@ fn unsupported_architecture_is_named() {
     assert!(
         error
             .to_string()
-            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3)"),
+            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3, qwen3moe)"),
         "{error}"
     );
 }

@@ -13,7 +13,8 @@ use tokenmill_models::ModelConfig;
 /// What one token costs in a given model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ModelCost {
-    /// Matmul parameters every token goes through: all layers' q, k, v, o, gate, up, down.
+    /// Matmul parameters every token goes through: all layers' q, k, v, o, gate, up, down
+    /// (for a mixture of experts: the router and the experts a token uses).
     pub layer_params: u64,
     /// Parameters of the output projection (`vocab × hidden`), for rows with logits.
     pub lm_head_params: u64,
@@ -25,11 +26,18 @@ impl ModelCost {
     pub fn from_config(config: &ModelConfig) -> ModelCost {
         let hidden = config.hidden_size as u64;
         let (q_dim, kv_dim) = (config.q_dim() as u64, config.kv_dim() as u64);
-        let intermediate = config.intermediate_size as u64;
+        // A mixture of experts runs the router and `experts_used` experts per token.
+        let ffn = match config.moe {
+            Some(moe) => {
+                moe.num_experts as u64 * hidden
+                    + 3 * hidden * moe.expert_intermediate_size as u64 * moe.experts_used as u64
+            }
+            None => 3 * hidden * config.intermediate_size as u64, // gate, up, down
+        };
         let per_layer = hidden * q_dim // q
             + 2 * hidden * kv_dim      // k, v
             + q_dim * hidden           // o
-            + 3 * hidden * intermediate; // gate, up, down
+            + ffn;
         ModelCost {
             layer_params: per_layer * config.num_layers as u64,
             lm_head_params: config.vocab_size as u64 * hidden,
@@ -81,6 +89,7 @@ mod tests {
             rope_local_theta: None,
             query_pre_attn_scalar: None,
             final_logit_softcapping: None,
+            moe: None,
         }
     }
 
@@ -102,6 +111,20 @@ mod tests {
             cost.matmul_flops(512, 1),
             2.0 * (512.0 * 106_168_320.0 + 28_311_552.0)
         );
+    }
+
+    #[test]
+    fn a_mixture_of_experts_counts_the_router_and_the_experts_a_token_uses() {
+        let mut config = smollm2();
+        config.moe = Some(tokenmill_models::MoeConfig {
+            num_experts: 128,
+            experts_used: 8,
+            expert_intermediate_size: 768,
+        });
+        let cost = ModelCost::from_config(&config);
+        let attention = 576 * 576 + 2 * 576 * 192 + 576 * 576;
+        let ffn = 128 * 576 + 8 * 3 * 576 * 768;
+        assert_eq!(cost.layer_params, 30 * (attention + ffn));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The Llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral (with its sliding window), Qwen2
-//! (Llama with a QKV bias) and Qwen3 (Llama with QK-norm and its own head_dim). Pre-norm
-//! blocks: `x += attn(rms(x)); x += mlp(rms(x))`, SiLU-gated MLP, one RoPE table. The
-//! variants differ only in [`ModelConfig`] fields the shared attention block reads
-//! ([`AttentionOptions`]), so they are one implementation rather than copies.
+//! (Llama with a QKV bias), Qwen3 (Llama with QK-norm and its own head_dim), and their
+//! mixture-of-experts forms, Mixtral (Llama with experts) and Qwen3-MoE. Pre-norm blocks:
+//! `x += attn(rms(x)); x += ffn(rms(x))`, the FFN a SiLU-gated MLP or a routed mixture of
+//! SiLU-gated experts ([`FeedForward`]), one RoPE table. The variants differ only in
+//! [`ModelConfig`] fields the shared blocks read ([`AttentionOptions`], `ModelConfig::moe`),
+//! so they are one implementation rather than copies.
 
 use std::path::Path;
 
@@ -14,8 +16,8 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::{
-    Activation, AttentionBlock, AttentionOptions, AttentionShape, EmbeddingAndHead, GatedMlp,
-    RmsNorm, Rope, Step, Workspace,
+    AttentionBlock, AttentionOptions, AttentionShape, EmbeddingAndHead, FeedForward, RmsNorm, Rope,
+    Step, Workspace,
 };
 use crate::loader::{llama3_scaling_from_rope_freqs, TensorNaming, TensorStore, WeightReader};
 use crate::model::{validate_batch, CausalLm, LoadOptions};
@@ -39,7 +41,7 @@ struct LlamaLayer {
     attn_norm: RmsNorm,
     attention: AttentionBlock,
     ffn_norm: RmsNorm,
-    mlp: GatedMlp,
+    ffn: FeedForward,
 }
 
 impl LlamaModel {
@@ -114,7 +116,7 @@ impl LlamaModel {
         let config = &self.config;
         workspace.prepare_residual(n, rows, config.hidden_size);
         workspace.attention.prepare(n, attention_shape(config));
-        workspace.mlp.prepare(n, config.intermediate_size);
+        FeedForward::prepare(config, n, &mut workspace.mlp, &mut workspace.moe);
     }
 }
 
@@ -147,12 +149,17 @@ impl LlamaLayer {
                 AttentionOptions::for_layer(config, layer),
             )?,
             ffn_norm: tensors.rms_norm("ffn_norm.weight", hidden, eps)?,
-            mlp: GatedMlp::load(&tensors, hidden, config.intermediate_size, Activation::Silu)?,
+            ffn: FeedForward::load(&tensors, config)?,
         })
     }
 
     fn storage_bytes(&self) -> usize {
-        self.attention.storage_bytes() + self.mlp.storage_bytes()
+        self.attention.storage_bytes() + self.ffn.storage_bytes()
+    }
+
+    /// Bytes one decode token reads (a mixture of experts reads only its chosen experts).
+    fn decode_bytes(&self) -> usize {
+        self.attention.storage_bytes() + self.ffn.decode_bytes()
     }
 
     /// `x += attn(norm(x)); x += mlp(norm(x))` on the workspace's residual stream.
@@ -177,11 +184,12 @@ impl LlamaLayer {
         )?;
         ws.add_residual()?;
         self.ffn_norm.forward(&ws.hidden, &mut ws.normed)?;
-        self.mlp.forward(
+        self.ffn.forward(
             step,
             index,
             &ws.normed,
             &mut ws.mlp,
+            &mut ws.moe,
             &mut ws.linear,
             &mut ws.projected,
         )?;
@@ -204,7 +212,7 @@ impl CausalLm for LlamaModel {
     }
 
     fn decode_weight_bytes(&self) -> usize {
-        let layers: usize = self.layers.iter().map(LlamaLayer::storage_bytes).sum();
+        let layers: usize = self.layers.iter().map(LlamaLayer::decode_bytes).sum();
         layers + self.ends.decode_bytes()
     }
 

@@ -11,6 +11,7 @@ mod head;
 mod linear;
 mod lora;
 mod mlp;
+mod moe;
 mod norm;
 mod rope;
 
@@ -19,6 +20,7 @@ pub(crate) use head::EmbeddingAndHead;
 pub(crate) use linear::{embed, Linear, LinearScratch, StackedLinear};
 pub(crate) use lora::LoraSite;
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
+pub(crate) use moe::{FeedForward, MoeBuffers};
 pub(crate) use norm::{LayerNorm, RmsNorm};
 pub(crate) use rope::Rope;
 
@@ -58,6 +60,7 @@ pub struct Workspace {
     pub(crate) selected_normed: Vec<f32>,
     pub(crate) attention: AttentionBuffers,
     pub(crate) mlp: MlpBuffers,
+    pub(crate) moe: MoeBuffers,
     pub(crate) linear: LinearScratch,
 }
 

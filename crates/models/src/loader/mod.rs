@@ -64,6 +64,7 @@ impl TensorNaming {
                     "ffn_gate.weight" => "mlp.gate_proj.weight",
                     "ffn_up.weight" => "mlp.up_proj.weight",
                     "ffn_down.weight" => "mlp.down_proj.weight",
+                    "ffn_gate_inp.weight" => "mlp.gate.weight",
                     other => other,
                 };
                 format!("model.layers.{layer}.{hf_name}")
@@ -189,7 +190,35 @@ pub(crate) struct LayerTensors<'a> {
 
 impl LayerTensors<'_> {
     fn name(&self, short: &str) -> String {
-        self.reader.naming.layer(self.layer, short)
+        let name = self.reader.naming.layer(self.layer, short);
+        // HF Mixtral calls the MoE block `block_sparse_moe` where Qwen3-MoE says `mlp`.
+        if short == "ffn_gate_inp.weight"
+            && self.reader.naming != TensorNaming::Gguf
+            && !self.reader.store.contains(&name)
+        {
+            return format!("model.layers.{}.block_sparse_moe.gate.weight", self.layer);
+        }
+        name
+    }
+
+    /// HF checkpoints store experts as 2-D tensors, one per expert and projection:
+    /// Qwen3-MoE's `mlp.experts.E.gate_proj.weight`, Mixtral's
+    /// `block_sparse_moe.experts.E.w1.weight` (`w3` up, `w2` down).
+    fn hf_expert_name(&self, short: &str, expert: usize) -> Result<String> {
+        let (qwen, mixtral) = match short {
+            "ffn_gate_exps.weight" => ("gate_proj", "w1"),
+            "ffn_up_exps.weight" => ("up_proj", "w3"),
+            "ffn_down_exps.weight" => ("down_proj", "w2"),
+            other => return Err(ModelError::MissingTensor(self.name(other))),
+        };
+        let layer = self.layer;
+        let name = format!("model.layers.{layer}.mlp.experts.{expert}.{qwen}.weight");
+        if self.reader.store.contains(&name) {
+            return Ok(name);
+        }
+        Ok(format!(
+            "model.layers.{layer}.block_sparse_moe.experts.{expert}.{mixtral}.weight"
+        ))
     }
 
     /// A `[rows, columns]` matrix.
@@ -204,6 +233,51 @@ impl LayerTensors<'_> {
             .map(|&(short, rows)| (self.name(short), rows))
             .collect();
         load_fused(self.reader, &named, columns)
+    }
+
+    /// One stacked matrix per expert from 3-D expert tensors `[experts, rows, columns]`
+    /// (`ffn_gate_exps.weight`): expert `e`'s rows of every part, stacked as [`Self::stacked`]
+    /// stacks 2-D ones. An expert's rows are contiguous whole blocks in every supported type,
+    /// so its matrix is a byte range of the tensor, repacked like any dense weight. HF
+    /// checkpoints hold one 2-D tensor per expert instead ([`Self::hf_expert_name`]).
+    pub fn expert_stacks(
+        &self,
+        parts: &[(&str, usize)],
+        columns: usize,
+        experts: usize,
+    ) -> Result<Vec<StackedLinear>> {
+        if self.reader.naming != TensorNaming::Gguf {
+            return (0..experts)
+                .map(|expert| {
+                    let named = parts
+                        .iter()
+                        .map(|&(short, rows)| Ok((self.hf_expert_name(short, expert)?, rows)))
+                        .collect::<Result<Vec<_>>>()?;
+                    load_fused(self.reader, &named, columns)
+                })
+                .collect();
+        }
+        let mut tensors = Vec::with_capacity(parts.len());
+        for &(short, rows) in parts {
+            let name = self.name(short);
+            let tensor = self.reader.get(&name)?;
+            check_shape(&name, tensor.shape, &[experts, rows, columns])?;
+            tensors.push(tensor);
+        }
+        (0..experts)
+            .map(|expert| {
+                let slices: Vec<(DType, &[u8], usize)> = tensors
+                    .iter()
+                    .zip(parts)
+                    .map(|(tensor, &(_, rows))| {
+                        let per_expert = tensor.bytes.len() / experts;
+                        let bytes = &tensor.bytes[expert * per_expert..(expert + 1) * per_expert];
+                        (tensor.dtype, bytes, rows)
+                    })
+                    .collect();
+                fuse(&slices, columns)
+            })
+            .collect()
     }
 
     /// A `[length]` vector (a norm weight, a bias), always read as f32.
@@ -259,12 +333,23 @@ fn load_fused(
         check_shape(name, tensor.shape, &[*rows, columns])?;
         tensors.push(tensor);
     }
-    let total_rows: usize = parts.iter().map(|(_, rows)| rows).sum();
-    let first_dtype = tensors.first().map(|t| t.dtype).unwrap_or(DType::F32);
-    let matrices = if tensors.iter().all(|t| t.dtype == first_dtype) {
-        let bytes: Vec<u8> = tensors
+    let slices: Vec<(DType, &[u8], usize)> = tensors
+        .iter()
+        .zip(parts)
+        .map(|(tensor, (_, rows))| (tensor.dtype, &*tensor.bytes, *rows))
+        .collect();
+    fuse(&slices, columns)
+}
+
+/// Stacks `(type, GGML bytes, rows)` parts of one input width: one matrix when the types
+/// agree, one per part otherwise.
+fn fuse(parts: &[(DType, &[u8], usize)], columns: usize) -> Result<StackedLinear> {
+    let total_rows: usize = parts.iter().map(|&(_, _, rows)| rows).sum();
+    let first_dtype = parts.first().map_or(DType::F32, |&(dtype, _, _)| dtype);
+    let matrices = if parts.iter().all(|&(dtype, _, _)| dtype == first_dtype) {
+        let bytes: Vec<u8> = parts
             .iter()
-            .flat_map(|t| t.bytes.iter().copied())
+            .flat_map(|&(_, bytes, _)| bytes.iter().copied())
             .collect();
         vec![QMatrix::from_bytes(
             first_dtype,
@@ -274,13 +359,8 @@ fn load_fused(
         )?]
     } else {
         let mut matrices = Vec::with_capacity(parts.len());
-        for (tensor, (_, rows)) in tensors.iter().zip(parts) {
-            matrices.push(QMatrix::from_bytes(
-                tensor.dtype,
-                *rows,
-                columns,
-                &tensor.bytes,
-            )?);
+        for &(dtype, bytes, rows) in parts {
+            matrices.push(QMatrix::from_bytes(dtype, rows, columns, bytes)?);
         }
         matrices
     };
