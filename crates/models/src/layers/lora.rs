@@ -1,9 +1,10 @@
 //! The LoRA update of a linear layer: after the base matmul over the whole batch, each
 //! adapter's rows are gathered, multiplied by its stacked `A` (one product for all targets
 //! that read the same input), scaled, multiplied by each target's `B`, and added to their
-//! outputs. The products are the 16-bit float kernel, whose per-row arithmetic depends neither
-//! on how many rows it gets nor on the thread count, so a row's result depends only on its
-//! own input and its own adapter.
+//! outputs. `x · Aᵀ` is the 16-bit float matmul, `· B` the kernels' untransposed axpy
+//! (`QMatrix::add_untransposed`); neither's per-row arithmetic depends on how many rows it
+//! gets or on the thread count, so a row's result depends only on its own input and its own
+//! adapter.
 //!
 //! Threading: the products are small (rank 16), so a pool round trip per product would cost
 //! more than it saves. Several adapters in a step run as one parallel task each, every task
@@ -91,7 +92,7 @@ impl LoraScratch {
                 && stack
                     .parts
                     .iter()
-                    .all(|part| part.column + part.b.out_features() <= out_width);
+                    .all(|part| part.column + part.b.in_features() <= out_width);
             if !fits {
                 return Err(ModelError::InvalidBatch(format!(
                     "LoRA {group:?} update of layer {layer} does not fit the layer's shape"
@@ -150,7 +151,8 @@ impl LoraScratch {
 }
 
 impl SlotScratch {
-    /// `delta = scale · (x[rows] · Aᵀ)[ranks] · Bᵀ` for every part of `stack`.
+    /// `delta = scale · (x[rows] · Aᵀ)[ranks] · Bᵀ` for every part of `stack` (`x · Aᵀ` on
+    /// `pool`, the `B` axpys on this thread).
     fn compute(
         &mut self,
         pool: &ThreadPool,
@@ -172,12 +174,12 @@ impl SlotScratch {
             .a
             .matmul(pool, &self.x, m, &mut self.low_rank, &mut self.matmul)?;
         self.low_rank.iter_mut().for_each(|value| *value *= scale);
-        let total: usize = stack.parts.iter().map(|p| m * p.b.out_features()).sum();
+        let total: usize = stack.parts.iter().map(|p| m * p.b.in_features()).sum();
         self.delta.clear();
         self.delta.resize(total, 0.0);
         let mut offset = 0;
         for part in &stack.parts {
-            let size = m * part.b.out_features();
+            let size = m * part.b.in_features();
             let delta = &mut self.delta[offset..offset + size];
             offset += size;
             let input = if part.ranks.len() == stacked_rank {
@@ -189,7 +191,7 @@ impl SlotScratch {
                 }
                 &self.part_x
             };
-            part.b.matmul(pool, input, m, delta, &mut self.matmul)?;
+            part.b.add_untransposed(input, m, delta)?;
         }
         Ok(())
     }
@@ -198,7 +200,7 @@ impl SlotScratch {
     fn add_to(&self, stack: &LoraStack, out: &mut [f32], out_width: usize) {
         let mut offset = 0;
         for part in &stack.parts {
-            let width = part.b.out_features();
+            let width = part.b.in_features();
             let size = self.rows.len() * width;
             let deltas = self.delta[offset..offset + size].chunks_exact(width);
             offset += size;

@@ -402,7 +402,7 @@ fn stack_group(
             parts.push(LoraPart {
                 target,
                 ranks: start..start + r,
-                b: half_matrix(output, r, &b)?,
+                b: half_matrix(r, output, &transpose(&b, output, r))?,
                 column,
             });
         }
@@ -416,6 +416,13 @@ fn stack_group(
         a: half_matrix(stacked_rank, in_features, &a_rows)?,
         parts,
     }))
+}
+
+/// `values` `[rows][columns]` as `[columns][rows]`.
+fn transpose(values: &[f32], rows: usize, columns: usize) -> Vec<f32> {
+    (0..columns)
+        .flat_map(|c| (0..rows).map(move |r| values[r * columns + c]))
+        .collect()
 }
 
 /// A 16-bit matrix of `values`: F16 (rounded to nearest), or BF16 if a value is beyond F16's

@@ -165,7 +165,8 @@ pub(crate) struct LoraPart {
     pub target: LoraTarget,
     /// Its rows of [`LoraStack::a`], i.e. its columns of the low-rank intermediate.
     pub ranks: Range<usize>,
-    /// `[out_features, rank]`.
+    /// `Bᵀ`, `[rank, out_features]`: a row's product is then `rank` axpys over the outputs
+    /// (`QMatrix::add_untransposed`) rather than `out_features` dots of length `rank`.
     pub b: QMatrix,
     /// Where its output starts in the group's fused output row.
     pub column: usize,
