@@ -77,7 +77,7 @@ impl LoraScratch {
             return Ok(());
         }
         let n = step.num_tokens();
-        let out_width = if n == 0 { 0 } else { out.len() / n };
+        let out_width = out.len().checked_div(n).unwrap_or(0);
         while self.slots.len() < lora.adapters.len() {
             self.slots.push(Mutex::default());
         }

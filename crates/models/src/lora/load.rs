@@ -314,6 +314,9 @@ fn check_shape(tensor: &str, actual: &[usize], expected: [usize; 2]) -> Result<(
     Ok(())
 }
 
+/// One target's checked `A` `[r, in]` and `B` `[out, r]` (f32 as read) and `r`.
+type CheckedPair = (Vec<f32>, Vec<f32>, usize);
+
 /// Checks every pair against the base shapes and builds the adapter.
 fn assemble(
     path: &Path,
@@ -333,8 +336,7 @@ fn assemble(
         path: path.to_path_buf(),
         message,
     };
-    // Per layer and target: checked `A` `[r, in]` and `B` `[out, r]`, f32 as read.
-    let mut checked: Vec<[Option<(Vec<f32>, Vec<f32>, usize)>; 7]> =
+    let mut checked: Vec<[Option<CheckedPair>; 7]> =
         (0..config.num_layers).map(|_| Default::default()).collect();
     let mut max_rank = 0;
     for (site, pair) in raw {
@@ -386,7 +388,7 @@ fn assemble(
 /// `None` when the adapter targets none of the group's layers there.
 fn stack_group(
     group: LoraGroup,
-    targets: &mut [Option<(Vec<f32>, Vec<f32>, usize)>; 7],
+    targets: &mut [Option<CheckedPair>; 7],
     config: &ModelConfig,
 ) -> Result<Option<LoraStack>, tokenmill_kernels::KernelError> {
     let mut a_rows = Vec::new();
