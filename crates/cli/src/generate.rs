@@ -8,8 +8,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
 use tokenmill_engine::{
-    generate_batch, BatchItem, Engine, GenerateRequest, LoadedModel, RequestEvent, SamplingParams,
-    StopOptions,
+    generate_batch, BatchItem, Engine, EngineClient, GenerateRequest, LoadedModel, RequestEvent,
+    SamplingParams, StopOptions,
 };
 use tokenmill_models::StructuredOutput;
 use tokenmill_protocol::{
@@ -20,6 +20,7 @@ use tokenmill_server::chat_output::OutputReading;
 use tokenmill_text::{ChatMessage, RenderOptions};
 
 use crate::engine_args::EngineArgs;
+use crate::lora_args::LoraArgs;
 use crate::tool_args::ToolArgs;
 
 #[derive(Debug, Args)]
@@ -28,14 +29,18 @@ pub struct GenerateArgs {
     pub engine: EngineArgs,
     #[command(flatten)]
     pub tools: ToolArgs,
+    /// Adapters a `--input` line picks with its `model` field.
+    #[command(flatten)]
+    pub lora: LoraArgs,
     /// The prompt to complete.
     #[arg(long, required_unless_present = "input", conflicts_with = "input")]
     pub prompt: Option<String>,
     /// Treat the prompt as a user message and apply the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// JSONL file of prompts ({"prompt": ...} or {"messages": [...]}, plus sampling fields and
-    /// tools/tool_choice/parallel_tool_calls; an unknown field is an error).
+    /// JSONL file of prompts ({"prompt": ...} or {"messages": [...]}, plus sampling fields,
+    /// tools/tool_choice/parallel_tool_calls and `model`, a --lora-modules adapter name; an
+    /// unknown field is an error).
     #[arg(long, requires = "output")]
     pub input: Option<PathBuf>,
     /// Where the batch's results go, one JSON line per input line, in input order.
@@ -67,6 +72,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let tool_settings = (tools, reasoning_parser);
     let mut config = args.engine.to_config()?;
     config.log_stats_interval = None;
+    config.lora = args.lora.to_config()?;
+    if args.lora.allow_runtime_lora_updating {
+        bail!("--allow-runtime-lora-updating applies to `serve` only");
+    }
+    if config.lora.is_some() && args.input.is_none() {
+        bail!("--enable-lora applies to --input batches, whose lines pick an adapter by `model`");
+    }
     let load_started = Instant::now();
     let engine = Engine::start(&config)?;
     let load_time = load_started.elapsed();
@@ -175,6 +187,8 @@ fn run_single(engine: &Engine, args: &GenerateArgs, prompt: &str) -> anyhow::Res
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BatchLine {
+    /// A `--lora-modules` adapter name; absent: the base model.
+    model: Option<String>,
     prompt: Option<String>,
     /// Chat messages as the API takes them (tool calls and tool results included).
     messages: Option<Vec<tokenmill_protocol::ChatMessage>>,
@@ -266,6 +280,24 @@ fn batch_prompt(
     Ok(model.tokenizer.encode(&rendered, false)?)
 }
 
+/// The adapter a line's `model` names (`None`: the base model); an unknown name is an error,
+/// as the server's 404 is.
+fn line_adapter(
+    engine: &EngineClient,
+    model: Option<&str>,
+) -> anyhow::Result<Option<tokenmill_engine::LoraRequest>> {
+    let Some(name) = model else {
+        return Ok(None);
+    };
+    let Some(registry) = engine.lora() else {
+        bail!("`model` names a LoRA adapter ({name}), but --enable-lora is not given");
+    };
+    match registry.get(name)? {
+        Some(lora) => Ok(Some(lora)),
+        None => bail!("`model`: no LoRA adapter `{name}` (give it with --lora-modules)"),
+    }
+}
+
 fn run_batch(
     engine: &Engine,
     args: &GenerateArgs,
@@ -274,6 +306,7 @@ fn run_batch(
     output: &PathBuf,
 ) -> anyhow::Result<()> {
     let model = engine.model();
+    let client = engine.client();
     let renders_tools = model.chat_template.renders_tools();
     let mut readings = Vec::new();
     let file =
@@ -304,6 +337,7 @@ fn run_batch(
             batch_prompt(model, &parsed, &plan, renders_tools).with_context(location)?;
         let reading = OutputReading::new(&plan, reasoning_parser.as_deref(), true);
         let mut request = GenerateRequest::new(prompt_ids);
+        request.lora = line_adapter(&client, parsed.model.as_deref()).with_context(location)?;
         let mut sampling = sampling_from_args(args);
         if let Some(t) = parsed.temperature {
             sampling.temperature = t;
@@ -358,7 +392,7 @@ fn run_batch(
         items.push(BatchItem { request });
     }
     let started = Instant::now();
-    let results = generate_batch(&engine.client(), items, true)?;
+    let results = generate_batch(&client, items, true)?;
     let elapsed = started.elapsed().as_secs_f64();
     let mut writer = BufWriter::new(
         std::fs::File::create(output)

@@ -283,3 +283,52 @@ fn a_bad_structured_output_in_a_line_names_the_field_and_the_line() {
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(stderr.contains("Only one kind"), "{stderr}");
 }
+
+#[test]
+fn a_lines_model_picks_its_lora_adapter() {
+    use tokenmill_models::{
+        read_model_config, write_random_peft_adapter, LoraTarget, ModelSource, RandomLoraSpec,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = read_model_config(&ModelSource::from_path(model_path())).unwrap();
+    let adapter = dir.path().join("loud");
+    let spec = RandomLoraSpec {
+        rank: 8,
+        alpha: 16.0,
+        targets: vec![LoraTarget::Q, LoraTarget::V, LoraTarget::Down],
+        seed: 7,
+        a_scale: 0.25,
+        b_scale: 0.25,
+    };
+    write_random_peft_adapter(&adapter, &config, &spec).unwrap();
+    let module = format!("loud={}", adapter.display());
+    let flags = ["--enable-lora", "--lora-modules", module.as_str()];
+    let prompt =
+        "\"prompt\": \"The capital of France is\", \"max_tokens\": 8, \"ignore_eos\": true";
+    let lines = format!("{{{prompt}}}\n{{{prompt}, \"model\": \"loud\"}}\n{{{prompt}}}\n");
+    let (result, output) = generate_lines_with(&dir, &lines, &flags);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let lines = written_lines(output);
+    // Greedy: the two base lines agree, the adapter's line differs.
+    assert_eq!(lines[0]["token_ids"], lines[2]["token_ids"]);
+    assert_ne!(
+        lines[0]["token_ids"], lines[1]["token_ids"],
+        "the adapter had no effect"
+    );
+
+    let (result, _) =
+        generate_lines_with(&dir, "{\"prompt\": \"x\", \"model\": \"quiet\"}\n", &flags);
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        stderr.contains("prompts.jsonl:1") && stderr.contains("quiet"),
+        "{stderr}"
+    );
+    let (result, _) = generate_lines(&dir, "{\"prompt\": \"x\", \"model\": \"loud\"}\n");
+    assert!(!result.status.success());
+    assert!(String::from_utf8_lossy(&result.stderr).contains("--enable-lora"));
+}

@@ -44,10 +44,12 @@ struct Fixture {
     cases: Vec<Case>,
 }
 
-/// f32 weights on both sides: the difference is summation order over 30 layers (PyTorch's
-/// blocked GEMMs against our row kernels). Measured: max 3.4e-5, mean 8.8e-6 over 480
-/// entries, 96 of 96 greedy ids identical.
-const F32_MAX_LOGIT_DIFFERENCE: f32 = 2e-4;
+/// f32 base weights on both sides, but tokenmill holds adapters in F16 (as vLLM runs them in
+/// the model's dtype) while the fixture's adapters are f32: rounding every `A` and `B` entry
+/// to 11 significant bits moves each update by ~2^-12 relative, over 30 layers. Measured:
+/// max 5.3e-3, mean 7.5e-4 over 480 entries, 96 of 96 greedy ids identical (with f32
+/// adapters it was max 3.4e-5, the summation order of PyTorch's GEMMs against our rows).
+const F32_MAX_LOGIT_DIFFERENCE: f32 = 6e-3;
 /// Q4_1 weights with int8 activations against f32 transformers: the base model's own
 /// distance from exact arithmetic (`parity_llama_cpp.rs` allows 2.0 / 0.25 against
 /// llama.cpp). Measured: max 0.70, mean 0.18, 94 of 96 greedy ids identical.

@@ -213,3 +213,30 @@ async fn adapters_load_and_unload_at_runtime_and_bad_ones_change_nothing() {
     assert_eq!(status, StatusCode::OK);
     app.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_lists_the_runtime_routes_only_when_they_are_served() {
+    for runtime in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let app = app(dir.path(), runtime);
+        let request = json_request(Method::GET, "/openapi.json", &json!({}), Some(KEY));
+        let (status, text) = text_of(app.send(request).await).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let spec: Value = serde_json::from_str(&text).unwrap();
+        for (path, required) in [
+            ("/v1/load_lora_adapter", json!(["lora_name", "lora_path"])),
+            ("/v1/unload_lora_adapter", json!(["lora_name"])),
+        ] {
+            let operation = &spec["paths"][path]["post"];
+            assert_eq!(operation.is_object(), runtime, "{path}, runtime {runtime}");
+            if runtime {
+                let schema = &operation["requestBody"]["content"]["application/json"]["schema"];
+                assert_eq!(schema["required"], required, "{path}");
+                assert!(
+                    operation["responses"]["401"].is_object(),
+                    "{path}: behind the key"
+                );
+            }
+        }
+    }
+}

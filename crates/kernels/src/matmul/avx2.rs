@@ -64,6 +64,23 @@ unsafe fn load16<const KIND: u8>(w: *const u8, c: usize) -> (__m256, __m256) {
     }
 }
 
+/// Weights `c..c + 8` of a `KIND` row as one f32 vector.
+///
+/// # Safety
+/// AVX2 and F16C; 8 weights from `c` lie inside the row at `w`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load8<const KIND: u8>(w: *const u8, c: usize) -> __m256 {
+    // SAFETY: the caller's contract: the 8 weights from `c` are inside the row.
+    unsafe {
+        match KIND {
+            F32_WEIGHTS => _mm256_loadu_ps(w.cast::<f32>().add(c)),
+            F16_WEIGHTS => _mm256_cvtph_ps(_mm_loadu_si128(w.cast::<u16>().add(c).cast())),
+            _ => widen_bf16(_mm_loadu_si128(w.cast::<u16>().add(c).cast())),
+        }
+    }
+}
+
 /// Eight bf16 bit patterns as f32 (a bf16 is the top half of an f32).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -76,7 +93,7 @@ fn widen_bf16(half: __m128i) -> __m256 {
 /// # Safety
 /// `j` lies inside the row at `w`.
 #[inline]
-unsafe fn weight_at<const KIND: u8>(w: *const u8, j: usize) -> f32 {
+pub(crate) unsafe fn weight_at<const KIND: u8>(w: *const u8, j: usize) -> f32 {
     // SAFETY: the caller's contract.
     unsafe {
         match KIND {

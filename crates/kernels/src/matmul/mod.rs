@@ -25,6 +25,7 @@ mod kquant_avx2;
 mod scalar;
 #[cfg(test)]
 mod tests;
+mod untransposed;
 
 use crate::cpu::CpuFeatures;
 use crate::dtype::{bf16_to_f32, f16_to_f32, DType};

@@ -562,3 +562,78 @@ fn float_twins_are_bitwise_equal_and_16_bit_weights_equal_their_widened_f32() {
         }
     }
 }
+
+#[test]
+fn untransposed_adds_are_twins_and_match_a_reference_row_by_row() {
+    // `out += x · W` (W as stored): SIMD equals the scalar twin bit for bit, a row's result
+    // does not depend on the rows beside it, and 16-bit weights equal their widened f32.
+    let mut rng = Rng::new(31);
+    let simd = Isa::detect();
+    if simd == Isa::Scalar {
+        eprintln!("untransposed twins: SIMD path skipped, this CPU runs the scalar kernel only");
+    }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (k, columns) in [(1usize, 5usize), (16, 8), (16, 67), (3, 1536)] {
+            let bytes: Vec<u8> = match dtype {
+                DType::F32 => rng
+                    .vec(k * columns, -2.0, 2.0)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                _ => random_half_bytes(&mut rng, dtype, k * columns),
+            };
+            let matrix = QMatrix::from_bytes(dtype, k, columns, &bytes).unwrap();
+            let mut widened = vec![0.0f32; k * columns];
+            dequantize(dtype, &bytes, &mut widened).unwrap();
+            let as_f32 = QMatrix::from_f32(k, columns, &widened).unwrap();
+            let n = 3;
+            let x = rng.vec(n * k, -1e-3, 1e-3);
+            let start = rng.vec(n * columns, -1.0, 1.0);
+            let mut outputs = Vec::new();
+            for (isa, m) in [(Isa::Scalar, &matrix), (simd, &matrix), (simd, &as_f32)] {
+                let mut out = start.clone();
+                m.add_untransposed_with_isa(isa, &x, n, &mut out).unwrap();
+                outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            }
+            let what = format!("{dtype} k={k} columns={columns}");
+            assert_eq!(outputs[0], outputs[1], "{what}: scalar vs SIMD");
+            assert_eq!(outputs[1], outputs[2], "{what}: 16-bit vs widened");
+            for i in 0..n {
+                let mut alone = start[i * columns..(i + 1) * columns].to_vec();
+                matrix
+                    .add_untransposed_with_isa(simd, &x[i * k..(i + 1) * k], 1, &mut alone)
+                    .unwrap();
+                let bits: Vec<u32> = alone.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(
+                    bits,
+                    outputs[1][i * columns..(i + 1) * columns],
+                    "{what}: row {i}"
+                );
+                for (c, &value) in alone.iter().enumerate() {
+                    let terms: Vec<f64> = (0..k)
+                        .map(|j| f64::from(x[i * k + j]) * f64::from(widened[j * columns + c]))
+                        .collect();
+                    let base = f64::from(start[i * columns + c]);
+                    let exact = base + terms.iter().sum::<f64>();
+                    // k + 1 f32 roundings, each within 2^-24 of the running magnitude.
+                    let magnitude = base.abs() + terms.iter().map(|t| t.abs()).sum::<f64>();
+                    let bound = (k as f64 + 1.0) * magnitude * 2f64.powi(-23);
+                    assert!(
+                        (f64::from(value) - exact).abs() <= bound,
+                        "{what}: ({i}, {c})"
+                    );
+                }
+            }
+        }
+    }
+    let quantized = QMatrix::from_bytes(DType::Q8_0, 1, 32, &[0u8; 34]).unwrap();
+    assert!(matches!(
+        quantized.add_untransposed(&[1.0], 1, &mut [0.0; 32]),
+        Err(KernelError::UnsupportedDType { .. })
+    ));
+    let matrix = QMatrix::from_f32(2, 3, &[0.0; 6]).unwrap();
+    assert!(matches!(
+        matrix.add_untransposed(&[1.0], 1, &mut [0.0; 3]),
+        Err(KernelError::LengthMismatch { .. })
+    ));
+}

@@ -4,11 +4,11 @@
 
 use tokenmill_kernels::{add_inplace, paged_attention, write_kv, AttentionParams};
 
-use super::{Linear, LinearScratch, LoraSite, RmsNorm, Rope, StackedLinear, Step};
+use super::{Linear, LinearScratch, RmsNorm, Rope, StackedLinear, Step};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::loader::LayerTensors;
-use crate::lora::LoraTarget;
+use crate::lora::LoraGroup;
 
 /// Heads of one attention block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,20 +174,9 @@ impl AttentionBlock {
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
         let b = buffers;
         self.qkv.forward(pool, x, n, &mut b.qkv, scratch)?;
-        let qkv_width = q_dim + 2 * kv_dim;
-        for (target, column) in [
-            (LoraTarget::Q, 0),
-            (LoraTarget::K, q_dim),
-            (LoraTarget::V, q_dim + kv_dim),
-        ] {
-            let site = LoraSite {
-                layer,
-                target,
-                out_width: qkv_width,
-                column,
-            };
-            scratch.lora.apply(step, site, x, &mut b.qkv)?;
-        }
+        scratch
+            .lora
+            .apply(step, layer, LoraGroup::Qkv, x, &mut b.qkv)?;
         for (token, row) in b.qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
             let (q, rest) = row.split_at(q_dim);
             let (k, v) = rest.split_at(kv_dim);
@@ -252,12 +241,6 @@ impl AttentionBlock {
             &mut b.out,
         )?;
         self.output.forward(pool, &b.out, n, out, scratch)?;
-        let site = LoraSite {
-            layer,
-            target: LoraTarget::O,
-            out_width: out.len() / n.max(1),
-            column: 0,
-        };
-        scratch.lora.apply(step, site, &b.out, out)
+        scratch.lora.apply(step, layer, LoraGroup::O, &b.out, out)
     }
 }

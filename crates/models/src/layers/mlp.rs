@@ -2,10 +2,10 @@
 
 use tokenmill_kernels::{gelu_tanh_mul, silu_mul};
 
-use super::{Linear, LinearScratch, LoraSite, StackedLinear, Step};
+use super::{Linear, LinearScratch, StackedLinear, Step};
 use crate::error::Result;
 use crate::loader::LayerTensors;
-use crate::lora::LoraTarget;
+use crate::lora::LoraGroup;
 
 /// The gate's activation, each a fused `act(gate) * up` kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,15 +78,9 @@ impl GatedMlp {
         let (pool, n, intermediate) = (step.pool, step.num_tokens(), self.intermediate);
         self.gate_up
             .forward(pool, x, n, &mut buffers.gate_up, scratch)?;
-        for (target, column) in [(LoraTarget::Gate, 0), (LoraTarget::Up, intermediate)] {
-            let site = LoraSite {
-                layer,
-                target,
-                out_width: 2 * intermediate,
-                column,
-            };
-            scratch.lora.apply(step, site, x, &mut buffers.gate_up)?;
-        }
+        scratch
+            .lora
+            .apply(step, layer, LoraGroup::GateUp, x, &mut buffers.gate_up)?;
         for (row, activated) in buffers
             .gate_up
             .chunks_exact_mut(2 * intermediate)
@@ -101,12 +95,8 @@ impl GatedMlp {
         }
         self.down
             .forward(pool, &buffers.activated, n, out, scratch)?;
-        let site = LoraSite {
-            layer,
-            target: LoraTarget::Down,
-            out_width: out.len() / n.max(1),
-            column: 0,
-        };
-        scratch.lora.apply(step, site, &buffers.activated, out)
+        scratch
+            .lora
+            .apply(step, layer, LoraGroup::Down, &buffers.activated, out)
     }
 }

@@ -18,7 +18,6 @@ mod rope;
 pub(crate) use attention::{AttentionBlock, AttentionBuffers, AttentionOptions, AttentionShape};
 pub(crate) use head::EmbeddingAndHead;
 pub(crate) use linear::{embed, Linear, LinearScratch, StackedLinear};
-pub(crate) use lora::LoraSite;
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
 pub(crate) use moe::{FeedForward, MoeBuffers};
 pub(crate) use norm::{LayerNorm, RmsNorm};

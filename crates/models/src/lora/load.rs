@@ -1,5 +1,5 @@
 //! Reading adapters: PEFT directories (`adapter_config.json` + `adapter_model.safetensors`)
-//! and llama.cpp GGUF LoRA files (`general.type = adapter`), into per-layer [`LoraPair`]s
+//! and llama.cpp GGUF LoRA files (`general.type = adapter`), into per-layer [`LoraStack`]s
 //! checked against the base model's shapes.
 
 use std::collections::HashMap;
@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use tokenmill_gguf::GgufFile;
-use tokenmill_kernels::{dequantize, QMatrix};
+use tokenmill_kernels::{dequantize, f32_to_bf16, f32_to_f16, DType, QMatrix};
 
-use super::{LoraAdapter, LoraError, LoraPair, LoraTarget};
+use super::{LoraAdapter, LoraError, LoraGroup, LoraPart, LoraStack, LoraTarget};
 use crate::config::{ModelConfig, RopeStyle};
 use crate::loader::TensorStore;
 
@@ -314,6 +314,9 @@ fn check_shape(tensor: &str, actual: &[usize], expected: [usize; 2]) -> Result<(
     Ok(())
 }
 
+/// One target's checked `A` `[r, in]` and `B` `[out, r]` (f32 as read) and `r`.
+type CheckedPair = (Vec<f32>, Vec<f32>, usize);
+
 /// Checks every pair against the base shapes and builds the adapter.
 fn assemble(
     path: &Path,
@@ -333,7 +336,7 @@ fn assemble(
         path: path.to_path_buf(),
         message,
     };
-    let mut layers: Vec<[Option<LoraPair>; 7]> =
+    let mut checked: Vec<[Option<CheckedPair>; 7]> =
         (0..config.num_layers).map(|_| Default::default()).collect();
     let mut max_rank = 0;
     for (site, pair) in raw {
@@ -359,20 +362,89 @@ fn assemble(
                 b = permute_rows(&b, heads, config.head_dim, r);
             }
         }
-        b.iter_mut().for_each(|value| *value *= scale);
         max_rank = max_rank.max(r);
-        let pair = LoraPair {
-            a: QMatrix::from_f32(r, in_features, &a).map_err(|e| corrupt(e.to_string()))?,
-            b: QMatrix::from_f32(out_features, r, &b).map_err(|e| corrupt(e.to_string()))?,
-        };
-        layers[site.layer][site.target as usize] = Some(pair);
+        checked[site.layer][site.target as usize] = Some((a, b, r));
     }
+    let layers = checked
+        .into_iter()
+        .map(|mut targets| {
+            let mut stacks: [Option<LoraStack>; 4] = Default::default();
+            for (slot, group) in stacks.iter_mut().zip(LoraGroup::ALL) {
+                *slot =
+                    stack_group(group, &mut targets, config).map_err(|e| corrupt(e.to_string()))?;
+            }
+            Ok(stacks)
+        })
+        .collect::<Result<Vec<_>, LoraError>>()?;
     Ok(LoraAdapter {
         path: PathBuf::from(path),
         rank: max_rank,
         scale,
         layers,
     })
+}
+
+/// The [`LoraStack`] of `group` from the checked pairs of one layer (taken out of `targets`);
+/// `None` when the adapter targets none of the group's layers there.
+fn stack_group(
+    group: LoraGroup,
+    targets: &mut [Option<CheckedPair>; 7],
+    config: &ModelConfig,
+) -> Result<Option<LoraStack>, tokenmill_kernels::KernelError> {
+    let mut a_rows = Vec::new();
+    let mut parts = Vec::new();
+    let mut column = 0;
+    let mut in_features = 0;
+    for &target in group.targets() {
+        let (input, output) = target.dims(config);
+        in_features = input;
+        if let Some((a, b, r)) = targets[target as usize].take() {
+            let start = a_rows.len() / input.max(1);
+            a_rows.extend_from_slice(&a);
+            parts.push(LoraPart {
+                target,
+                ranks: start..start + r,
+                b: half_matrix(r, output, &transpose(&b, output, r))?,
+                column,
+            });
+        }
+        column += output;
+    }
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    let stacked_rank = a_rows.len() / in_features.max(1);
+    Ok(Some(LoraStack {
+        a: half_matrix(stacked_rank, in_features, &a_rows)?,
+        parts,
+    }))
+}
+
+/// `values` `[rows][columns]` as `[columns][rows]`.
+fn transpose(values: &[f32], rows: usize, columns: usize) -> Vec<f32> {
+    (0..columns)
+        .flat_map(|c| (0..rows).map(move |r| values[r * columns + c]))
+        .collect()
+}
+
+/// A 16-bit matrix of `values`: F16 (rounded to nearest), or BF16 if a value is beyond F16's
+/// range, which would otherwise become infinite (see [`LoraStack`]).
+fn half_matrix(
+    rows: usize,
+    columns: usize,
+    values: &[f32],
+) -> Result<QMatrix, tokenmill_kernels::KernelError> {
+    let fits_f16 = values.iter().all(|v| v.abs() <= 65504.0);
+    let (dtype, convert): (DType, fn(f32) -> u16) = if fits_f16 {
+        (DType::F16, f32_to_f16)
+    } else {
+        (DType::BF16, f32_to_bf16)
+    };
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| convert(v).to_le_bytes())
+        .collect();
+    QMatrix::from_bytes(dtype, rows, columns, &bytes)
 }
 
 /// llama.cpp's Q/K row permutation: within each head, HF's row `j * head_dim/2 + i` (two

@@ -2,14 +2,16 @@
 //! layers, many adapters over one base, chosen per sequence.
 //!
 //! An adapter is read once ([`LoraAdapter::load`]: a PEFT directory or a llama.cpp GGUF LoRA
-//! file), checked against the base model's shapes, and kept as f32 `A` `[rank, in]` and
-//! `B·scale` `[out, rank]` matrices per layer and target. A step names its adapters in
-//! [`BatchInput::lora`](crate::BatchInput) and tags each token with a slot; the linear layers
-//! add each adapter's update to its own rows after the base matmul (`layers/lora.rs`).
+//! file), checked against the base model's shapes, and kept per layer as one [`LoraStack`] per
+//! [`LoraGroup`] (the targets that read the same input share one stacked `A`) in 16-bit
+//! floats. A step names its adapters in [`BatchInput::lora`](crate::BatchInput) and tags each
+//! token with a slot; the linear layers add each adapter's update to its own rows after the
+//! base matmul (`layers/lora.rs`).
 
 mod load;
 mod random;
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -76,10 +78,6 @@ impl LoraTarget {
         LoraTarget::ALL.into_iter().find(|t| t.gguf_name() == name)
     }
 
-    fn index(self) -> usize {
-        self as usize
-    }
-
     /// `(in_features, out_features)` of the base layer this target adapts.
     pub fn dims(self, config: &ModelConfig) -> (usize, usize) {
         let (hidden, q, kv) = (config.hidden_size, config.q_dim(), config.kv_dim());
@@ -127,22 +125,87 @@ pub enum LoraError {
     ArchitectureMismatch { adapter: String, base: String },
 }
 
-/// One adapted linear layer: `delta = (x · Aᵀ) · Bᵀ` with the scale folded into `B`.
-#[derive(Debug)]
-pub(crate) struct LoraPair {
-    /// `[rank, in_features]`.
-    pub a: QMatrix,
-    /// `[out_features, rank]`, already multiplied by the adapter's scale.
-    pub b: QMatrix,
+/// Targets whose base layers read the same input (`[q | k | v]` and `[gate | up]` are one
+/// fused matmul each), so one `x · Aᵀ` with their `A`s stacked serves all of them: one pass
+/// over `x` and one kernel call instead of three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoraGroup {
+    Qkv,
+    O,
+    GateUp,
+    Down,
 }
 
-/// A loaded adapter: per layer, one optional [`LoraPair`] per [`LoraTarget`].
+impl LoraGroup {
+    pub const ALL: [LoraGroup; 4] = [
+        LoraGroup::Qkv,
+        LoraGroup::O,
+        LoraGroup::GateUp,
+        LoraGroup::Down,
+    ];
+
+    /// Its targets, in the order their outputs sit side by side in the fused output row.
+    pub fn targets(self) -> &'static [LoraTarget] {
+        match self {
+            LoraGroup::Qkv => &[LoraTarget::Q, LoraTarget::K, LoraTarget::V],
+            LoraGroup::O => &[LoraTarget::O],
+            LoraGroup::GateUp => &[LoraTarget::Gate, LoraTarget::Up],
+            LoraGroup::Down => &[LoraTarget::Down],
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One target's half of the update: its rows of the stacked `A` and its `B`.
+#[derive(Debug)]
+pub(crate) struct LoraPart {
+    pub target: LoraTarget,
+    /// Its rows of [`LoraStack::a`], i.e. its columns of the low-rank intermediate.
+    pub ranks: Range<usize>,
+    /// `Bᵀ`, `[rank, out_features]`: a row's product is then `rank` axpys over the outputs
+    /// (`QMatrix::add_untransposed`) rather than `out_features` dots of length `rank`.
+    pub b: QMatrix,
+    /// Where its output starts in the group's fused output row.
+    pub column: usize,
+}
+
+/// The adapted targets of one [`LoraGroup`] in one layer:
+/// `delta[column..] = scale · (x · Aᵀ)[ranks] · Bᵀ` per part.
+///
+/// `A` and `B` are held in F16 (BF16 for a matrix with a value beyond F16's range), read by
+/// the kernels' 16-bit float path: decode is memory-bound and rank 16 on all seven targets in
+/// f32 adds a third of a Q4 base model's bytes per step. vLLM likewise runs adapters in the
+/// model's dtype. A BF16 file converts exactly (F16 has three more mantissa bits) unless a
+/// value leaves F16's range; F32 files round once, to nearest. The scale is applied to the
+/// f32 intermediate rather than folded into `B`, so `B` is not rounded twice.
+#[derive(Debug)]
+pub(crate) struct LoraStack {
+    /// `[Σ rank, in_features]`: the parts' `A`s, stacked in part order.
+    pub a: QMatrix,
+    pub parts: Vec<LoraPart>,
+}
+
+impl LoraStack {
+    fn storage_bytes(&self) -> usize {
+        self.a.storage_bytes()
+            + self
+                .parts
+                .iter()
+                .map(|p| p.b.storage_bytes())
+                .sum::<usize>()
+    }
+}
+
+/// A loaded adapter: per layer, one optional [`LoraStack`] per [`LoraGroup`].
 #[derive(Debug)]
 pub struct LoraAdapter {
     path: PathBuf,
     rank: usize,
     scale: f32,
-    layers: Vec<[Option<LoraPair>; 7]>,
+    layers: Vec<[Option<LoraStack>; 4]>,
 }
 
 impl LoraAdapter {
@@ -156,7 +219,7 @@ impl LoraAdapter {
         self.rank
     }
 
-    /// `alpha / rank` (or `alpha / sqrt(rank)` with rsLoRA), folded into every `B`.
+    /// `alpha / rank` (or `alpha / sqrt(rank)` with rsLoRA), applied to every `x · Aᵀ`.
     pub fn scale(&self) -> f32 {
         self.scale
     }
@@ -165,7 +228,13 @@ impl LoraAdapter {
     pub fn targets(&self) -> Vec<LoraTarget> {
         LoraTarget::ALL
             .into_iter()
-            .filter(|t| self.layers.iter().any(|l| l[t.index()].is_some()))
+            .filter(|&t| {
+                self.layers
+                    .iter()
+                    .flatten()
+                    .flatten()
+                    .any(|stack| stack.parts.iter().any(|part| part.target == t))
+            })
             .collect()
     }
 
@@ -175,7 +244,7 @@ impl LoraAdapter {
             .iter()
             .flatten()
             .flatten()
-            .map(|pair| pair.a.storage_bytes() + pair.b.storage_bytes())
+            .map(LoraStack::storage_bytes)
             .sum()
     }
 
@@ -183,8 +252,8 @@ impl LoraAdapter {
         self.layers.len()
     }
 
-    pub(crate) fn pair(&self, layer: usize, target: LoraTarget) -> Option<&LoraPair> {
-        self.layers.get(layer)?[target.index()].as_ref()
+    pub(crate) fn stack(&self, layer: usize, group: LoraGroup) -> Option<&LoraStack> {
+        self.layers.get(layer)?[group.index()].as_ref()
     }
 }
 

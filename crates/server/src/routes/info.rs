@@ -72,6 +72,7 @@ pub(crate) async fn version() -> Response {
 /// generated clients and schemathesis do not send (or expect 401s for) a key nobody checks.
 pub(crate) async fn openapi<S: crate::routes::HttpState>(State(state): State<S>) -> Response {
     let mut document = openapi_json();
+    state.extend_openapi(&mut document);
     if state.config().api_key.is_none() {
         without_security(&mut document);
     }

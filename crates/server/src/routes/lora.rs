@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
 use tokenmill_engine::{EngineError, LoraRegistry, LoraRequest};
 use tokenmill_protocol::{ErrorResponse, LoadLoraAdapterRequest, UnloadLoraAdapterRequest};
 
@@ -95,4 +96,47 @@ pub(crate) async fn unload(
     let name = request.validate()?;
     registry(&state)?.unload(name).map_err(registry_error)?;
     Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
+}
+
+/// The runtime routes' entries in `/openapi.json` (only when they are served): vLLM's request
+/// bodies, a plain-text success message, OpenAI-shaped errors.
+pub(crate) fn extend_openapi(document: &mut Value) {
+    let error = |description: &str| {
+        json!({"description": description,
+               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}})
+    };
+    let route = |summary: &str, properties: Value, required: &[&str], not_found: bool| {
+        let mut responses = json!({
+            "200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            "400": error("Invalid request (missing field, unreadable or mismatched adapter, name taken)."),
+            "401": error("Missing or wrong API key."),
+        });
+        if not_found {
+            responses["404"] = error("No adapter of that name is loaded.");
+        }
+        json!({"post": {
+            "summary": summary,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                "type": "object", "required": required, "properties": properties}}}},
+            "responses": responses,
+        }})
+    };
+    let name =
+        json!({"type": "string", "description": "The adapter's served name, a request's `model`."});
+    let load = route(
+        "Load a LoRA adapter (PEFT directory or GGUF LoRA file) and serve it under a name",
+        json!({"lora_name": name, "lora_path": {"type": "string", "description": "A path on the server."}}),
+        &["lora_name", "lora_path"],
+        false,
+    );
+    let unload = route(
+        "Unload a LoRA adapter; requests already using it finish first",
+        json!({"lora_name": name}),
+        &["lora_name"],
+        true,
+    );
+    if let Some(paths) = document["paths"].as_object_mut() {
+        paths.insert("/v1/load_lora_adapter".into(), load);
+        paths.insert("/v1/unload_lora_adapter".into(), unload);
+    }
 }

@@ -37,6 +37,8 @@ pub(crate) trait HttpState: Clone + Send + Sync + 'static {
     fn is_lora_adapter(&self, _name: &str) -> bool {
         false
     }
+    /// Adds the routes this state serves beyond the shared document to `/openapi.json`.
+    fn extend_openapi(&self, _document: &mut serde_json::Value) {}
 }
 
 impl HttpState for AppState {
@@ -51,6 +53,17 @@ impl HttpState for AppState {
     fn is_lora_adapter(&self, name: &str) -> bool {
         self.engine().lora().is_some_and(|r| r.contains(name))
     }
+
+    fn extend_openapi(&self, document: &mut serde_json::Value) {
+        if serves_runtime_lora(self) {
+            lora::extend_openapi(document);
+        }
+    }
+}
+
+/// Whether `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served.
+fn serves_runtime_lora(state: &AppState) -> bool {
+    state.config().allow_runtime_lora_updating && state.engine().lora().is_some()
 }
 
 /// The whole app, ready for `axum::serve` or in-process `oneshot` tests.
@@ -68,7 +81,7 @@ pub fn router(state: AppState) -> Router {
     if state.config().serve_openapi {
         routes = routes.route("/openapi.json", get(info::openapi::<AppState>));
     }
-    if state.config().allow_runtime_lora_updating && state.engine().lora().is_some() {
+    if serves_runtime_lora(&state) {
         routes = routes
             .route("/v1/load_lora_adapter", post(lora::load))
             .route("/v1/unload_lora_adapter", post(lora::unload));
