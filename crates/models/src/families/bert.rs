@@ -8,7 +8,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 use tokenmill_kernels::{
-    add_inplace, bidirectional_attention, gelu_erf_inplace, EncoderAttentionShape, ThreadPool,
+    add_inplace, bidirectional_attention, gelu_erf_inplace, EncoderAttentionShape, PanelMatrix,
+    ThreadPool,
 };
 
 use crate::error::{ModelError, Result};
@@ -62,23 +63,59 @@ fn default_position_embedding_type() -> String {
     "absolute".into()
 }
 
-/// A dense layer with a bias: `y = x · Wᵀ + b`.
+/// A dense layer's weight: float weights (F32/F16/BF16) packed for the encoder GEMM, which
+/// also adds the bias; quantized ones (GGUF) keep their `QMatrix` kernel.
+#[derive(Debug)]
+enum DenseWeight {
+    Panel(PanelMatrix),
+    Quantized(StackedLinear),
+}
+
+/// A dense layer with a bias: `y = x · Wᵀ + b`; several parts over the same input
+/// (`[q | k | v]`) are stacked by rows into one layer.
 #[derive(Debug)]
 struct Dense {
-    linear: Linear,
+    weight: DenseWeight,
     bias: Vec<f32>,
 }
 
 impl Dense {
     fn load(reader: &WeightReader<'_>, name: &str, rows: usize, columns: usize) -> Result<Dense> {
-        Ok(Dense {
-            linear: reader.matrix_named(&format!("{name}.weight"), rows, columns)?,
-            bias: reader.vector_named(&format!("{name}.bias"), rows)?,
-        })
+        Dense::load_stacked(reader, &[name.to_string()], rows, columns)
+    }
+
+    /// `names` (without `.weight` / `.bias`), each `rows` outputs, stacked in order.
+    fn load_stacked(
+        reader: &WeightReader<'_>,
+        names: &[String],
+        rows: usize,
+        columns: usize,
+    ) -> Result<Dense> {
+        let parts: Vec<(String, usize)> = names
+            .iter()
+            .map(|name| (format!("{name}.weight"), rows))
+            .collect();
+        let weight = match reader.float_rows_named(&parts, columns)? {
+            Some(values) => DenseWeight::Panel(PanelMatrix::from_rows(
+                names.len() * rows,
+                columns,
+                &values,
+            )?),
+            None => DenseWeight::Quantized(reader.stacked_named(&parts, columns)?),
+        };
+        let mut bias = Vec::with_capacity(names.len() * rows);
+        for name in names {
+            bias.extend(reader.vector_named(&format!("{name}.bias"), rows)?);
+        }
+        Ok(Dense { weight, bias })
     }
 
     fn storage_bytes(&self) -> usize {
-        self.linear.storage_bytes() + self.bias.len() * 4
+        let weight = match &self.weight {
+            DenseWeight::Panel(matrix) => matrix.storage_bytes(),
+            DenseWeight::Quantized(linear) => linear.storage_bytes(),
+        };
+        weight + self.bias.len() * 4
     }
 
     fn forward(
@@ -89,8 +126,13 @@ impl Dense {
         out: &mut [f32],
         scratch: &mut LinearScratch,
     ) -> Result<()> {
-        self.linear.forward(pool, x, n, out, scratch)?;
-        add_bias(out, &self.bias)
+        match &self.weight {
+            DenseWeight::Panel(matrix) => Ok(matrix.matmul(pool, x, n, Some(&self.bias), out)?),
+            DenseWeight::Quantized(linear) => {
+                linear.forward(pool, x, n, out, scratch)?;
+                add_bias(out, &self.bias)
+            }
+        }
     }
 }
 
@@ -117,8 +159,7 @@ fn load_layer_norm(
 #[derive(Debug)]
 struct BertLayer {
     /// Query, key and value stacked (`[q | k | v]`), one matmul.
-    qkv: StackedLinear,
-    qkv_bias: Vec<f32>,
+    qkv: Dense,
     attention_output: Dense,
     attention_norm: LayerNorm,
     intermediate: Dense,
@@ -243,18 +284,12 @@ impl BertModel {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let layer = |rest: &str| name(&format!("encoder.layer.{i}.{rest}"));
-            let parts: Vec<(String, usize)> = ["query", "key", "value"]
+            let qkv: Vec<String> = ["query", "key", "value"]
                 .iter()
-                .map(|p| (layer(&format!("attention.self.{p}.weight")), h))
+                .map(|p| layer(&format!("attention.self.{p}")))
                 .collect();
-            let mut qkv_bias = Vec::with_capacity(3 * h);
-            for p in ["query", "key", "value"] {
-                qkv_bias
-                    .extend(reader.vector_named(&layer(&format!("attention.self.{p}.bias")), h)?);
-            }
             layers.push(BertLayer {
-                qkv: reader.stacked_named(&parts, h)?,
-                qkv_bias,
+                qkv: Dense::load_stacked(reader, &qkv, h, h)?,
                 attention_output: Dense::load(reader, &layer("attention.output.dense"), h, h)?,
                 attention_norm: load_layer_norm(
                     reader,
@@ -338,7 +373,6 @@ impl BertModel {
         layer
             .qkv
             .forward(pool, &ws.hidden[..n * h], n, qkv, &mut ws.linear)?;
-        add_bias(qkv, &layer.qkv_bias)?;
         bidirectional_attention(pool, qkv, &batch.seqs, shape, &mut ws.attention[..n * h])?;
         layer.attention_output.forward(
             pool,
@@ -461,7 +495,6 @@ impl PoolingModel for BertModel {
             .iter()
             .map(|l| {
                 l.qkv.storage_bytes()
-                    + l.qkv_bias.len() * 4
                     + l.attention_output.storage_bytes()
                     + l.attention_norm.storage_bytes()
                     + l.intermediate.storage_bytes()
