@@ -254,8 +254,8 @@ mod avx2 {
         let kp = keys_t.as_ptr();
         let sp = scores.as_mut_ptr();
         let mut j = 0;
-        // SAFETY (both loops): row `d < q.len()` of `keys_t` has `stride >= whole` values, so
-        // lanes `j..j + 8 * G` (all below `whole`) are inside it and inside `scores`.
+        // SAFETY: (both loops) row `d < q.len()` of `keys_t` has `stride >= whole` values,
+        // so lanes `j..j + 8 * G` (all below `whole`) are inside it and inside `scores`.
         unsafe {
             while j + 32 <= whole {
                 let mut acc = [_mm256_setzero_ps(); 4];
