@@ -140,12 +140,10 @@ impl PoolingEngine {
         let tokenizer = match (&config.tokenizer, &config.model) {
             (Some(path), _) => load_tokenizer(path)?,
             (None, ModelSource::HfDirectory(dir)) => Tokenizer::from_hf_dir(dir)?,
-            (None, ModelSource::Gguf(path)) => {
-                return Err(EngineError::Config(format!(
-                    "{}: the pooling runner reads tokenizers from HF directories only",
-                    path.display()
-                )))
-            }
+            (None, ModelSource::Gguf(path)) => Tokenizer::from_gguf(
+                &tokenmill_gguf::GgufFile::open(path)
+                    .map_err(tokenmill_models::ModelError::from)?,
+            )?,
         };
         let max_model_len = config
             .max_model_len

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::{
     add_inplace, bidirectional_attention, gelu_erf_inplace, EncoderAttentionShape, PanelMatrix,
     ThreadPool,
@@ -250,13 +251,89 @@ impl BertModel {
         };
         let store = TensorStore::from_hf_directory(dir)?;
         let reader = WeightReader::new(&store, TensorNaming::HuggingFace, false);
-        BertModel::from_reader(config, info, &reader)
+        BertModel::from_reader(config, info, &reader, false)
+    }
+
+    /// Loads a GGUF of llama.cpp's `bert` architecture (its converter's tensor names and
+    /// `bert.*` keys; `bert.pooling_type` gives the method). Embedders only: llama.cpp's
+    /// classifier heads (`cls.*`) are refused. Vectors are normalized, as llama.cpp's are.
+    pub fn load_gguf(path: &Path) -> Result<BertModel> {
+        let file = GgufFile::open(path)?;
+        let store = TensorStore::from_gguf(&file);
+        let key = |k: &str| format!("bert.{k}");
+        let int = |k: &str| {
+            file.get_u64(&key(k))
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::MissingMetadata(key(k)))
+        };
+        let rows = |name: &str| -> Result<usize> {
+            Ok(store.get(name)?.shape.first().copied().unwrap_or(0))
+        };
+        if store.contains("cls.output.weight") || store.contains("cls.weight") {
+            return Err(ModelError::InvalidMetadata {
+                key: "general.architecture".into(),
+                message: "GGUF BERT classifiers are not supported (embedders are; HF \
+                          directories for BertForSequenceClassification)"
+                    .into(),
+            });
+        }
+        let config = BertConfig {
+            architectures: Vec::new(),
+            vocab_size: rows("token_embd.weight")?,
+            hidden_size: int("embedding_length")?,
+            num_hidden_layers: int("block_count")?,
+            num_attention_heads: int("attention.head_count")?,
+            intermediate_size: int("feed_forward_length")?,
+            max_position_embeddings: rows("position_embd.weight")?,
+            type_vocab_size: rows("token_types.weight")?,
+            layer_norm_eps: file
+                .get_f64(&key("attention.layer_norm_epsilon"))
+                .map_or(default_layer_norm_eps(), |eps| eps as f32),
+            hidden_act: default_hidden_act(),
+            position_embedding_type: default_position_embedding_type(),
+            id2label: None,
+            num_labels: None,
+            is_matryoshka: None,
+            matryoshka_dimensions: None,
+        };
+        check_config(&config)?;
+        // llama.cpp's LLAMA_POOLING_TYPE_*: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
+        let method = match file.get_u64(&key("pooling_type")) {
+            Some(1) => PoolingMethod::Mean,
+            None | Some(0 | 2) => PoolingMethod::Cls,
+            Some(3) => PoolingMethod::Last,
+            Some(other) => {
+                return Err(ModelError::InvalidMetadata {
+                    key: key("pooling_type"),
+                    message: format!("pooling type {other} is not supported (1-3 are)"),
+                })
+            }
+        };
+        let max_model_len = file
+            .get_u64(&key("context_length"))
+            .map_or(config.max_position_embeddings, |len| {
+                (len as usize).min(config.max_position_embeddings)
+            });
+        let info = PoolingModelInfo {
+            architecture: "BertModel".into(),
+            task: PoolingTask::Embed,
+            output_dim: config.hidden_size,
+            labels: Vec::new(),
+            vocab_size: config.vocab_size,
+            max_model_len,
+            method,
+            normalize: true,
+            matryoshka_dimensions: None,
+        };
+        let reader = WeightReader::new(&store, TensorNaming::Gguf, false);
+        BertModel::from_reader(config, info, &reader, true)
     }
 
     fn from_reader(
         config: BertConfig,
         info: PoolingModelInfo,
         reader: &WeightReader<'_>,
+        gguf: bool,
     ) -> Result<BertModel> {
         let prefix = if reader.contains_named("bert.embeddings.word_embeddings.weight") {
             "bert."
@@ -264,7 +341,7 @@ impl BertModel {
             ""
         };
         let (h, eps) = (config.hidden_size, config.layer_norm_eps);
-        let name = |rest: &str| format!("{prefix}{rest}");
+        let name = |rest: &str| tensor_name(gguf, prefix, rest);
         let word_embeddings = reader.matrix_named(
             &name("embeddings.word_embeddings.weight"),
             config.vocab_size,
@@ -443,6 +520,45 @@ impl BertModel {
         }
         Ok(())
     }
+}
+
+/// A tensor's name in its container from its HF name without the `bert.` prefix (whole, or
+/// a stem `.weight` / `.bias` will be appended to): HF's own, or llama.cpp's GGUF name.
+fn tensor_name(gguf: bool, prefix: &str, key: &str) -> String {
+    const MODEL: [(&str, &str); 4] = [
+        ("embeddings.word_embeddings", "token_embd"),
+        ("embeddings.position_embeddings", "position_embd"),
+        ("embeddings.token_type_embeddings", "token_types"),
+        ("embeddings.LayerNorm", "token_embd_norm"),
+    ];
+    const LAYER: [(&str, &str); 8] = [
+        ("attention.self.query", "attn_q"),
+        ("attention.self.key", "attn_k"),
+        ("attention.self.value", "attn_v"),
+        ("attention.output.dense", "attn_output"),
+        ("attention.output.LayerNorm", "attn_output_norm"),
+        ("intermediate.dense", "ffn_up"),
+        ("output.dense", "ffn_down"),
+        ("output.LayerNorm", "layer_output_norm"),
+    ];
+    if !gguf {
+        return format!("{prefix}{key}");
+    }
+    if let Some((index, part)) = key
+        .strip_prefix("encoder.layer.")
+        .and_then(|rest| rest.split_once('.'))
+    {
+        if let Some((gguf_name, suffix)) = LAYER
+            .iter()
+            .find_map(|(hf, name)| part.strip_prefix(hf).map(|suffix| (name, suffix)))
+        {
+            return format!("blk.{index}.{gguf_name}{suffix}");
+        }
+    }
+    MODEL
+        .iter()
+        .find_map(|(hf, name)| key.strip_prefix(hf).map(|suffix| format!("{name}{suffix}")))
+        .unwrap_or_else(|| key.to_string())
 }
 
 fn check_config(config: &BertConfig) -> Result<()> {
