@@ -6,21 +6,24 @@ on the same deterministic corpus of mixed-length sentences. Also checks the thre
 
 Run with the torch venv (sentence-transformers, fastembed), on a quiet machine:
 
-    /work/cache/torchvenv/bin/python bench/compare_embeddings.py --threads 4 \
+    /work/cache/torchvenv/bin/python bench/compare_embeddings.py --threads 2 \
         [--model ~/.cache/tokenmill/models/all-MiniLM-L6-v2] [--sentences 1000] \
-        [--binary target/release/tokenmill] [--skip fastembed] [--json out.json]
+        [--binary target/release/tokenmill] [--skip fastembed] [--rounds 3] [--json out.json]
 
-fastembed loads its ONNX export of sentence-transformers/all-MiniLM-L6-v2 from its own
-cache (`--fastembed-cache`; it downloads there when online). Each engine embeds the corpus
-once to warm up, then `--repeats` times timed; the best run counts. Results go to stdout
-(one line per engine) and, with --json, to a file in the bench/RESULTS.md style.
+fastembed loads an ONNX export of the same weights from `--fastembed-model-dir`, written by
+bench/export_minilm_onnx.py (fastembed's own download, Qdrant's export, needs Hugging Face).
+Each engine embeds the corpus once to warm up; then `--rounds` rounds time every engine once
+each, in turn, so a change in machine load hits all of them alike; the best round counts and
+the load average is printed with each. Results go to stdout and, with --json, to a file.
 """
 
 import argparse
+import atexit
 import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,45 +52,43 @@ def corpus(n, seed=17):
     return sentences
 
 
-def timed(run, repeats):
-    run()  # warm-up
-    best = math.inf
-    vectors = None
-    for _ in range(repeats):
+def timed(embed):
+    """A warmed-up runner returning (seconds, vectors) per call."""
+    embed()
+
+    def run():
         started = time.perf_counter()
-        vectors = run()
-        best = min(best, time.perf_counter() - started)
-    return best, vectors
+        vectors = embed()
+        return time.perf_counter() - started, vectors
+
+    return run
 
 
 def tokenmill(args, sentences):
-    with tempfile.TemporaryDirectory() as tmp:
-        source = os.path.join(tmp, "in.jsonl")
-        target = os.path.join(tmp, "out.jsonl")
-        with open(source, "w") as f:
-            for s in sentences:
-                f.write(json.dumps({"text": s}) + "\n")
+    tmp = tempfile.mkdtemp(prefix="embed-bench-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    source = os.path.join(tmp, "in.jsonl")
+    target = os.path.join(tmp, "out.jsonl")
+    with open(source, "w") as f:
+        for s in sentences:
+            f.write(json.dumps({"text": s}) + "\n")
 
-        def run():
-            # Model load is inside the process; the binary reports its own embedding time
-            # ("embedded N texts ... in S s"), which is what is compared.
-            done = subprocess.run(
-                [args.binary, "embed", "--model", args.model, "--threads", str(args.threads),
-                 "--input", source, "--output", target, "--truncate-prompt-tokens", "-1"],
-                check=True, capture_output=True, text=True,
-            )
-            line = [l for l in done.stderr.splitlines() if l.startswith("embedded ")][-1]
-            seconds = float(line.split(" in ")[1].split(" s")[0])
-            with open(target) as f:
-                vectors = [json.loads(l)["embedding"] for l in f]
-            return seconds, vectors
+    def run():
+        # Model load is inside the process; the binary reports its own embedding time
+        # ("embedded N texts ... in S s"), which is what is compared.
+        done = subprocess.run(
+            [args.binary, "embed", "--model", args.model, "--threads", str(args.threads),
+             "--input", source, "--output", target, "--truncate-prompt-tokens", "-1"],
+            check=True, capture_output=True, text=True,
+        )
+        line = [l for l in done.stderr.splitlines() if l.startswith("embedded ")][-1]
+        seconds = float(line.split(" in ")[1].split(" s")[0])
+        with open(target) as f:
+            vectors = [json.loads(l)["embedding"] for l in f]
+        return seconds, vectors
 
-        run()
-        best, vectors = math.inf, None
-        for _ in range(args.repeats):
-            seconds, vectors = run()
-            best = min(best, seconds)
-        return best, vectors
+    run()
+    return run
 
 
 def sentence_transformers(args, sentences):
@@ -96,16 +97,18 @@ def sentence_transformers(args, sentences):
 
     torch.set_num_threads(args.threads)
     model = SentenceTransformer(args.model, device="cpu")
-    return timed(lambda: model.encode(sentences, batch_size=32).tolist(), args.repeats)
+    return timed(lambda: model.encode(sentences, batch_size=32).tolist())
 
 
 def fastembed(args, sentences):
     from fastembed import TextEmbedding
 
     model = TextEmbedding(
-        "sentence-transformers/all-MiniLM-L6-v2", threads=args.threads, cache_dir=args.fastembed_cache
+        "sentence-transformers/all-MiniLM-L6-v2",
+        threads=args.threads,
+        specific_model_path=args.fastembed_model_dir,
     )
-    return timed(lambda: [v.tolist() for v in model.embed(sentences, batch_size=32)], args.repeats)
+    return timed(lambda: [v.tolist() for v in model.embed(sentences, batch_size=32)])
 
 
 def cosine(a, b):
@@ -119,21 +122,32 @@ def main():
     parser.add_argument("--binary", default="target/release/tokenmill")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--sentences", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[], choices=["tokenmill", "sentence-transformers", "fastembed"])
-    parser.add_argument("--fastembed-cache", default=os.path.expanduser("~/.cache/tokenmill/fastembed"))
+    parser.add_argument(
+        "--fastembed-model-dir", default=os.path.expanduser("~/.cache/tokenmill/fastembed/all-MiniLM-L6-v2")
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     sentences = corpus(args.sentences)
     engines = [("tokenmill", tokenmill), ("sentence-transformers", sentence_transformers), ("fastembed", fastembed)]
-    results, vectors = {}, {}
-    for name, run in engines:
-        if name in args.skip:
-            continue
-        seconds, vecs = run(args, sentences)
-        results[name] = {"seconds": seconds, "sentences_per_s": len(sentences) / seconds}
-        vectors[name] = vecs
-        print(f"{name:>22}: {len(sentences) / seconds:8.1f} sentences/s ({seconds:.3f} s, {args.threads} threads)")
+    runners = {name: setup(args, sentences) for name, setup in engines if name not in args.skip}
+    times, vectors = {name: [] for name in runners}, {}
+    for round_ in range(args.rounds):
+        for name, run in runners.items():
+            seconds, vectors[name] = run()
+            times[name].append(seconds)
+            load = os.getloadavg()[0]
+            print(f"round {round_ + 1} {name:>22}: {len(sentences) / seconds:8.1f} sentences/s "
+                  f"({seconds:.3f} s, {args.threads} threads, load average {load:.2f})")
+    results = {}
+    for name, seconds in times.items():
+        best = min(seconds)
+        results[name] = {"seconds": best, "sentences_per_s": len(sentences) / best, "rounds": seconds}
+        print(f"{name:>22}: {len(sentences) / best:8.1f} sentences/s (best of {len(seconds)})")
+    peers = [results[n]["sentences_per_s"] for n in results if n != "tokenmill"]
+    if "tokenmill" in results and peers:
+        print(f"tokenmill / fastest peer: {results['tokenmill']['sentences_per_s'] / max(peers):.2f}x")
     if "tokenmill" in vectors:
         for name, vecs in vectors.items():
             if name != "tokenmill":

@@ -123,8 +123,13 @@ pub struct PoolingClient {
     alive: Arc<AtomicBool>,
     /// Inputs submitted and not yet answered.
     pending: Arc<AtomicUsize>,
+    /// Set by [`PoolingClient::abort_queued`]; the loop clears it once it has.
+    abort: Arc<AtomicBool>,
     max_model_len: usize,
 }
+
+/// The error of an input aborted by [`PoolingClient::abort_queued`].
+pub const ABORTED: &str = "aborted: the server shut down before this input ran";
 
 impl PoolingEngine {
     /// Loads the model and tokenizer and starts the loop thread.
@@ -135,12 +140,10 @@ impl PoolingEngine {
         let tokenizer = match (&config.tokenizer, &config.model) {
             (Some(path), _) => load_tokenizer(path)?,
             (None, ModelSource::HfDirectory(dir)) => Tokenizer::from_hf_dir(dir)?,
-            (None, ModelSource::Gguf(path)) => {
-                return Err(EngineError::Config(format!(
-                    "{}: the pooling runner reads tokenizers from HF directories only",
-                    path.display()
-                )))
-            }
+            (None, ModelSource::Gguf(path)) => Tokenizer::from_gguf(
+                &tokenmill_gguf::GgufFile::open(path)
+                    .map_err(tokenmill_models::ModelError::from)?,
+            )?,
         };
         let max_model_len = config
             .max_model_len
@@ -175,6 +178,7 @@ impl PoolingEngine {
             jobs,
             alive: Arc::new(AtomicBool::new(true)),
             pending: Arc::new(AtomicUsize::new(0)),
+            abort: Arc::new(AtomicBool::new(false)),
             max_model_len,
         };
         let pool = config
@@ -190,6 +194,7 @@ impl PoolingEngine {
             metrics: Arc::clone(&metrics),
             alive: Arc::clone(&client.alive),
             pending: Arc::clone(&client.pending),
+            abort: Arc::clone(&client.abort),
         };
         let thread = std::thread::Builder::new()
             .name("tokenmill-pooling".into())
@@ -252,6 +257,13 @@ impl PoolingClient {
             }
         }
         Ok(rows)
+    }
+
+    /// Fails every input not yet in a pass with [`ABORTED`] (the pass under way finishes):
+    /// the server calls this when its shutdown drain times out, as the generation engine
+    /// aborts its requests.
+    pub fn abort_queued(&self) {
+        self.abort.store(true, Ordering::Release);
     }
 
     /// [`Self::pool`] for callers without an async runtime (offline `embed`).
@@ -331,6 +343,7 @@ struct PoolingLoop {
     metrics: Arc<EngineMetrics>,
     alive: Arc<AtomicBool>,
     pending: Arc<AtomicUsize>,
+    abort: Arc<AtomicBool>,
 }
 
 impl PoolingLoop {
@@ -349,10 +362,21 @@ impl PoolingLoop {
                 }
             }
             self.queue.extend(self.receiver.try_iter());
+            if self.abort.swap(false, Ordering::AcqRel) {
+                self.abort_queue();
+                continue;
+            }
             self.take_step(&mut step, &mut batch);
             if step.is_empty() {
                 continue;
             }
+            // vLLM counts pooling requests in the scheduler gauges like generation ones: the
+            // step's inputs are running while it runs, the rest of the queue is waiting.
+            self.metrics.record_step(&StepMetrics {
+                num_running: step.len(),
+                num_waiting: self.queue.len(),
+                ..StepMetrics::default()
+            });
             let started = Instant::now();
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.model
@@ -381,6 +405,31 @@ impl PoolingLoop {
         self.alive.store(false, Ordering::Release);
         // Whatever is still queued gets an error (its receivers see a closed channel).
         self.queue.clear();
+    }
+
+    /// Answers every queued input with an abort error (counted as `abort` in
+    /// `vllm:request_success_total`).
+    fn abort_queue(&mut self) {
+        let now = Instant::now();
+        for job in self.queue.drain(..) {
+            let waited = now.duration_since(job.arrived).as_secs_f64();
+            self.metrics.record_finished(&FinishedRequestMetrics {
+                finish_reason: FinishedReason::Abort,
+                num_prompt_tokens: job.input.token_ids.len() as u64,
+                num_generation_tokens: 0,
+                max_tokens_param: None,
+                n_param: 1,
+                e2e_latency: waited,
+                queue_time: waited,
+                prefill_time: 0.0,
+                decode_time: 0.0,
+                inference_time: 0.0,
+                mean_time_per_output_token: None,
+            });
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            let _ = job.reply.send(Err(ABORTED.to_string()));
+        }
+        self.metrics.record_step(&StepMetrics::default());
     }
 
     /// Moves the longest prefix of the queue that fits the budgets into `step` and `batch`
@@ -475,6 +524,7 @@ mod tests {
             jobs,
             alive: Arc::new(AtomicBool::new(true)),
             pending: Arc::new(AtomicUsize::new(0)),
+            abort: Arc::new(AtomicBool::new(false)),
             max_model_len: 4,
         };
         for ids in [vec![], vec![1, 2, 3, 4, 5]] {

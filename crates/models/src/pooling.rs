@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::{EncoderSeq, ThreadPool};
 
 use crate::error::{io_error, ModelError, Result};
@@ -173,13 +174,15 @@ impl EncoderWorkspace {
 /// the architecture.
 pub fn is_pooling_model(source: &ModelSource) -> bool {
     match source {
-        ModelSource::Gguf(_) => false,
+        ModelSource::Gguf(path) => GgufFile::open(path)
+            .is_ok_and(|file| file.get_str("general.architecture") == Some("bert")),
         ModelSource::HfDirectory(dir) => read_json::<ArchitectureFields>(&dir.join("config.json"))
             .is_ok_and(|fields| fields.model_type.as_deref() == Some("bert")),
     }
 }
 
-/// Loads a pooling model: an HF `BertModel` / `BertForSequenceClassification` directory.
+/// Loads a pooling model: an HF `BertModel` / `BertForSequenceClassification` directory, or
+/// a GGUF of llama.cpp's `bert` architecture.
 pub fn load_pooling_model(source: &ModelSource) -> Result<Box<dyn PoolingModel>> {
     match source {
         ModelSource::HfDirectory(dir) => {
@@ -192,10 +195,16 @@ pub fn load_pooling_model(source: &ModelSource) -> Result<Box<dyn PoolingModel>>
                 }),
             }
         }
-        ModelSource::Gguf(path) => Err(ModelError::UnsupportedArchitecture {
-            name: format!("GGUF file {}", path.display()),
-            supported: "bert from an HF directory (the pooling runner reads no GGUF yet)".into(),
-        }),
+        ModelSource::Gguf(path) => {
+            let file = GgufFile::open(path)?;
+            match file.get_str("general.architecture") {
+                Some("bert") => Ok(Box::new(BertModel::load_gguf(path)?)),
+                other => Err(ModelError::UnsupportedArchitecture {
+                    name: other.unwrap_or("(no general.architecture)").to_string(),
+                    supported: "bert (the pooling runner)".into(),
+                }),
+            }
+        }
     }
 }
 

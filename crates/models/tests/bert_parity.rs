@@ -210,3 +210,56 @@ fn cross_encoder_matches_transformers() {
         assert!((got as f64 - want).abs() < 1e-4, "{got} vs {want}");
     }
 }
+
+/// The GGUF of all-MiniLM-L6-v2 (`scripts/make-minilm-gguf.sh`, llama.cpp's converter):
+/// `$TOKENMILL_MINILM_GGUF`, else next to the model in the cache.
+fn minilm_gguf() -> Option<PathBuf> {
+    let path = std::env::var_os("TOKENMILL_MINILM_GGUF")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| {
+                PathBuf::from(home).join(".cache/tokenmill/models/all-MiniLM-L6-v2.f32.gguf")
+            })
+        })?;
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!(
+            "skipping: no all-MiniLM-L6-v2 GGUF at {} (scripts/make-minilm-gguf.sh writes it)",
+            path.display()
+        );
+        None
+    }
+}
+
+/// The GGUF's tokenizer (WordPiece rebuilt from the phantom-space vocabulary) gives HF's ids,
+/// and its model sentence-transformers' vectors, truncated to sentence-transformers' 256.
+#[test]
+#[allow(clippy::unwrap_used)]
+fn minilm_gguf_matches_sentence_transformers() {
+    let Some(path) = minilm_gguf() else { return };
+    let data = fixture("minilm_embeddings.json");
+    let source = ModelSource::Gguf(path.clone());
+    assert!(tokenmill_models::is_pooling_model(&source));
+    let model = load_pooling_model(&source).unwrap();
+    let info = model.info();
+    assert_eq!(info.method, PoolingMethod::Mean, "bert.pooling_type 1");
+    assert!(info.normalize);
+    let file = tokenmill_gguf::GgufFile::open(&path).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&file).unwrap();
+    let max_len = data["max_seq_length"].as_u64().unwrap() as usize;
+    let items = data["items"].as_array().unwrap();
+    let pool = ThreadPool::new(2);
+    for item in items {
+        let text = item["text"].as_str().unwrap();
+        let (ids_gguf, _) = tokenizer
+            .encode_for_pooling(text, None, true, Some(max_len))
+            .unwrap();
+        assert_eq!(ids_gguf, ids(&item["ids"]), "{text:?}");
+        let mut vector = run(model.as_ref(), &pool, &[ids_gguf]).remove(0);
+        l2_normalize(&mut vector);
+        let reference = f16_vector(item["embedding_f16"].as_str().unwrap());
+        let similarity = cosine(&vector, &reference);
+        assert!(similarity >= 0.9999, "cosine {similarity} for {text:?}");
+    }
+}

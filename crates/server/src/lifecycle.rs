@@ -138,6 +138,19 @@ pub async fn serve_pooling_on(
             } => {}
             () = wait_for_signal() => tracing::warn!("second shutdown signal: not waiting for the drain"),
         }
+        if state.in_flight() > 0 {
+            // As for generation: abort what the engine has not started, give the answers
+            // a moment to go out, then close the connections.
+            tracing::warn!(
+                "{} pooling requests still in flight at shutdown; aborting them",
+                state.in_flight()
+            );
+            state.abort_in_flight();
+            let grace = tokio::time::Instant::now() + ABORT_GRACE;
+            while state.in_flight() > 0 && tokio::time::Instant::now() < grace {
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+        }
         drain_handle.graceful_shutdown(Some(ABORT_GRACE));
     });
     run_app(listener, app, &config, handle).await?;

@@ -8,6 +8,10 @@
 //! - `llama`: SentencePiece BPE. Merges are derived from the scores (a pair merges when the
 //!   concatenation is a token; higher score first), unknown characters fall back to `<0xXX>`
 //!   byte tokens, spaces become `▁` and a `▁` is prepended when `add_space_prefix` (default on).
+//! - `bert`: WordPiece. llama.cpp's converter stores word-initial pieces as `▁piece` and
+//!   continuations bare; they are turned back into BERT's `piece` / `##piece`, with BERT's
+//!   normalizer (lowercasing, accents stripped, CJK split) and pre-tokenizer, and a
+//!   `[CLS] a [SEP] (b [SEP])` post-processor for the pooling runner.
 //!
 //! Control (3), unknown (2) and user-defined (4) tokens are registered as added tokens, so
 //! "<|im_start|>" in text becomes one token, as llama.cpp does with `parse_special = true`.
@@ -185,6 +189,7 @@ impl GgufVocab {
         let mut tokenizer = match self.model.as_str() {
             "gpt2" => self.build_byte_level_bpe()?,
             "llama" => self.build_sentencepiece()?,
+            "bert" => self.build_wordpiece()?,
             other => {
                 return Err(TextError::UnsupportedTokenizerModel {
                     model: other.to_string(),
@@ -248,6 +253,59 @@ impl GgufVocab {
         tokenizer
             .with_pre_tokenizer(Some(PreTokenizerSequence::new(pieces)))
             .with_decoder(Some(ByteLevel::default()));
+        Ok(tokenizer)
+    }
+
+    fn build_wordpiece(&self) -> Result<tokenizers::Tokenizer> {
+        use tokenizers::models::wordpiece::WordPiece;
+        use tokenizers::normalizers::bert::BertNormalizer;
+        use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+        use tokenizers::processors::template::TemplateProcessing;
+
+        let mut vocab = HashMap::with_capacity(self.tokens.len());
+        for (id, token) in self.tokens.iter().enumerate() {
+            let piece = if token.starts_with('[') && token.ends_with(']') {
+                token.clone()
+            } else if let Some(word) = token.strip_prefix('\u{2581}') {
+                word.to_string()
+            } else {
+                format!("##{token}")
+            };
+            vocab
+                .entry(piece)
+                .or_insert(u32::try_from(id).unwrap_or(u32::MAX));
+        }
+        let name = |id: Option<u32>, key: &str| {
+            id.and_then(|id| self.tokens.get(id as usize))
+                .cloned()
+                .ok_or_else(|| TextError::MissingMetadata {
+                    key: key.to_string(),
+                })
+        };
+        let unknown = name(self.unknown_token_id, "tokenizer.ggml.unknown_token_id")?;
+        let model = WordPiece::builder()
+            .vocab(vocab.into_iter().collect::<Vocab>())
+            .unk_token(unknown)
+            .continuing_subword_prefix("##".to_string())
+            .build()
+            .map_err(TextError::tokenizer)?;
+        let mut tokenizer = tokenizers::Tokenizer::new(model);
+        tokenizer
+            .with_normalizer(Some(BertNormalizer::new(true, true, None, true)))
+            .with_pre_tokenizer(Some(BertPreTokenizer))
+            .with_decoder(Some(tokenizers::decoders::wordpiece::WordPiece::default()));
+        if let (Some(cls_id), Some(sep_id)) = (self.bos_token_id, self.eos_token_id) {
+            let cls = name(Some(cls_id), "tokenizer.ggml.bos_token_id")?;
+            let sep = name(Some(sep_id), "tokenizer.ggml.eos_token_id")?;
+            let template = TemplateProcessing::builder()
+                .try_single(format!("{cls}:0 $A:0 {sep}:0"))
+                .and_then(|b| b.try_pair(format!("{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1")))
+                .map_err(|e| TextError::InvalidVocabulary(e.to_string()))?
+                .special_tokens(vec![(cls, cls_id), (sep, sep_id)])
+                .build()
+                .map_err(|e| TextError::InvalidVocabulary(e.to_string()))?;
+            tokenizer.with_post_processor(Some(template));
+        }
         Ok(tokenizer)
     }
 

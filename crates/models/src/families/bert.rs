@@ -7,8 +7,10 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::{
-    add_inplace, bidirectional_attention, gelu_erf_inplace, EncoderAttentionShape, ThreadPool,
+    add_inplace, bidirectional_attention, gelu_erf_inplace, EncoderAttentionShape, PanelMatrix,
+    ThreadPool,
 };
 
 use crate::error::{ModelError, Result};
@@ -62,23 +64,59 @@ fn default_position_embedding_type() -> String {
     "absolute".into()
 }
 
-/// A dense layer with a bias: `y = x · Wᵀ + b`.
+/// A dense layer's weight: float weights (F32/F16/BF16) packed for the encoder GEMM, which
+/// also adds the bias; quantized ones (GGUF) keep their `QMatrix` kernel.
+#[derive(Debug)]
+enum DenseWeight {
+    Panel(PanelMatrix),
+    Quantized(StackedLinear),
+}
+
+/// A dense layer with a bias: `y = x · Wᵀ + b`; several parts over the same input
+/// (`[q | k | v]`) are stacked by rows into one layer.
 #[derive(Debug)]
 struct Dense {
-    linear: Linear,
+    weight: DenseWeight,
     bias: Vec<f32>,
 }
 
 impl Dense {
     fn load(reader: &WeightReader<'_>, name: &str, rows: usize, columns: usize) -> Result<Dense> {
-        Ok(Dense {
-            linear: reader.matrix_named(&format!("{name}.weight"), rows, columns)?,
-            bias: reader.vector_named(&format!("{name}.bias"), rows)?,
-        })
+        Dense::load_stacked(reader, &[name.to_string()], rows, columns)
+    }
+
+    /// `names` (without `.weight` / `.bias`), each `rows` outputs, stacked in order.
+    fn load_stacked(
+        reader: &WeightReader<'_>,
+        names: &[String],
+        rows: usize,
+        columns: usize,
+    ) -> Result<Dense> {
+        let parts: Vec<(String, usize)> = names
+            .iter()
+            .map(|name| (format!("{name}.weight"), rows))
+            .collect();
+        let weight = match reader.float_rows_named(&parts, columns)? {
+            Some(values) => DenseWeight::Panel(PanelMatrix::from_rows(
+                names.len() * rows,
+                columns,
+                &values,
+            )?),
+            None => DenseWeight::Quantized(reader.stacked_named(&parts, columns)?),
+        };
+        let mut bias = Vec::with_capacity(names.len() * rows);
+        for name in names {
+            bias.extend(reader.vector_named(&format!("{name}.bias"), rows)?);
+        }
+        Ok(Dense { weight, bias })
     }
 
     fn storage_bytes(&self) -> usize {
-        self.linear.storage_bytes() + self.bias.len() * 4
+        let weight = match &self.weight {
+            DenseWeight::Panel(matrix) => matrix.storage_bytes(),
+            DenseWeight::Quantized(linear) => linear.storage_bytes(),
+        };
+        weight + self.bias.len() * 4
     }
 
     fn forward(
@@ -89,8 +127,13 @@ impl Dense {
         out: &mut [f32],
         scratch: &mut LinearScratch,
     ) -> Result<()> {
-        self.linear.forward(pool, x, n, out, scratch)?;
-        add_bias(out, &self.bias)
+        match &self.weight {
+            DenseWeight::Panel(matrix) => Ok(matrix.matmul(pool, x, n, Some(&self.bias), out)?),
+            DenseWeight::Quantized(linear) => {
+                linear.forward(pool, x, n, out, scratch)?;
+                add_bias(out, &self.bias)
+            }
+        }
     }
 }
 
@@ -117,8 +160,7 @@ fn load_layer_norm(
 #[derive(Debug)]
 struct BertLayer {
     /// Query, key and value stacked (`[q | k | v]`), one matmul.
-    qkv: StackedLinear,
-    qkv_bias: Vec<f32>,
+    qkv: Dense,
     attention_output: Dense,
     attention_norm: LayerNorm,
     intermediate: Dense,
@@ -209,13 +251,89 @@ impl BertModel {
         };
         let store = TensorStore::from_hf_directory(dir)?;
         let reader = WeightReader::new(&store, TensorNaming::HuggingFace, false);
-        BertModel::from_reader(config, info, &reader)
+        BertModel::from_reader(config, info, &reader, false)
+    }
+
+    /// Loads a GGUF of llama.cpp's `bert` architecture (its converter's tensor names and
+    /// `bert.*` keys; `bert.pooling_type` gives the method). Embedders only: llama.cpp's
+    /// classifier heads (`cls.*`) are refused. Vectors are normalized, as llama.cpp's are.
+    pub fn load_gguf(path: &Path) -> Result<BertModel> {
+        let file = GgufFile::open(path)?;
+        let store = TensorStore::from_gguf(&file);
+        let key = |k: &str| format!("bert.{k}");
+        let int = |k: &str| {
+            file.get_u64(&key(k))
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::MissingMetadata(key(k)))
+        };
+        let rows = |name: &str| -> Result<usize> {
+            Ok(store.get(name)?.shape.first().copied().unwrap_or(0))
+        };
+        if store.contains("cls.output.weight") || store.contains("cls.weight") {
+            return Err(ModelError::InvalidMetadata {
+                key: "general.architecture".into(),
+                message: "GGUF BERT classifiers are not supported (embedders are; HF \
+                          directories for BertForSequenceClassification)"
+                    .into(),
+            });
+        }
+        let config = BertConfig {
+            architectures: Vec::new(),
+            vocab_size: rows("token_embd.weight")?,
+            hidden_size: int("embedding_length")?,
+            num_hidden_layers: int("block_count")?,
+            num_attention_heads: int("attention.head_count")?,
+            intermediate_size: int("feed_forward_length")?,
+            max_position_embeddings: rows("position_embd.weight")?,
+            type_vocab_size: rows("token_types.weight")?,
+            layer_norm_eps: file
+                .get_f64(&key("attention.layer_norm_epsilon"))
+                .map_or(default_layer_norm_eps(), |eps| eps as f32),
+            hidden_act: default_hidden_act(),
+            position_embedding_type: default_position_embedding_type(),
+            id2label: None,
+            num_labels: None,
+            is_matryoshka: None,
+            matryoshka_dimensions: None,
+        };
+        check_config(&config)?;
+        // llama.cpp's LLAMA_POOLING_TYPE_*: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
+        let method = match file.get_u64(&key("pooling_type")) {
+            Some(1) => PoolingMethod::Mean,
+            None | Some(0 | 2) => PoolingMethod::Cls,
+            Some(3) => PoolingMethod::Last,
+            Some(other) => {
+                return Err(ModelError::InvalidMetadata {
+                    key: key("pooling_type"),
+                    message: format!("pooling type {other} is not supported (1-3 are)"),
+                })
+            }
+        };
+        let max_model_len = file
+            .get_u64(&key("context_length"))
+            .map_or(config.max_position_embeddings, |len| {
+                (len as usize).min(config.max_position_embeddings)
+            });
+        let info = PoolingModelInfo {
+            architecture: "BertModel".into(),
+            task: PoolingTask::Embed,
+            output_dim: config.hidden_size,
+            labels: Vec::new(),
+            vocab_size: config.vocab_size,
+            max_model_len,
+            method,
+            normalize: true,
+            matryoshka_dimensions: None,
+        };
+        let reader = WeightReader::new(&store, TensorNaming::Gguf, false);
+        BertModel::from_reader(config, info, &reader, true)
     }
 
     fn from_reader(
         config: BertConfig,
         info: PoolingModelInfo,
         reader: &WeightReader<'_>,
+        gguf: bool,
     ) -> Result<BertModel> {
         let prefix = if reader.contains_named("bert.embeddings.word_embeddings.weight") {
             "bert."
@@ -223,7 +341,7 @@ impl BertModel {
             ""
         };
         let (h, eps) = (config.hidden_size, config.layer_norm_eps);
-        let name = |rest: &str| format!("{prefix}{rest}");
+        let name = |rest: &str| tensor_name(gguf, prefix, rest);
         let word_embeddings = reader.matrix_named(
             &name("embeddings.word_embeddings.weight"),
             config.vocab_size,
@@ -243,18 +361,12 @@ impl BertModel {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let layer = |rest: &str| name(&format!("encoder.layer.{i}.{rest}"));
-            let parts: Vec<(String, usize)> = ["query", "key", "value"]
+            let qkv: Vec<String> = ["query", "key", "value"]
                 .iter()
-                .map(|p| (layer(&format!("attention.self.{p}.weight")), h))
+                .map(|p| layer(&format!("attention.self.{p}")))
                 .collect();
-            let mut qkv_bias = Vec::with_capacity(3 * h);
-            for p in ["query", "key", "value"] {
-                qkv_bias
-                    .extend(reader.vector_named(&layer(&format!("attention.self.{p}.bias")), h)?);
-            }
             layers.push(BertLayer {
-                qkv: reader.stacked_named(&parts, h)?,
-                qkv_bias,
+                qkv: Dense::load_stacked(reader, &qkv, h, h)?,
                 attention_output: Dense::load(reader, &layer("attention.output.dense"), h, h)?,
                 attention_norm: load_layer_norm(
                     reader,
@@ -338,7 +450,6 @@ impl BertModel {
         layer
             .qkv
             .forward(pool, &ws.hidden[..n * h], n, qkv, &mut ws.linear)?;
-        add_bias(qkv, &layer.qkv_bias)?;
         bidirectional_attention(pool, qkv, &batch.seqs, shape, &mut ws.attention[..n * h])?;
         layer.attention_output.forward(
             pool,
@@ -411,6 +522,45 @@ impl BertModel {
     }
 }
 
+/// A tensor's name in its container from its HF name without the `bert.` prefix (whole, or
+/// a stem `.weight` / `.bias` will be appended to): HF's own, or llama.cpp's GGUF name.
+fn tensor_name(gguf: bool, prefix: &str, key: &str) -> String {
+    const MODEL: [(&str, &str); 4] = [
+        ("embeddings.word_embeddings", "token_embd"),
+        ("embeddings.position_embeddings", "position_embd"),
+        ("embeddings.token_type_embeddings", "token_types"),
+        ("embeddings.LayerNorm", "token_embd_norm"),
+    ];
+    const LAYER: [(&str, &str); 8] = [
+        ("attention.self.query", "attn_q"),
+        ("attention.self.key", "attn_k"),
+        ("attention.self.value", "attn_v"),
+        ("attention.output.dense", "attn_output"),
+        ("attention.output.LayerNorm", "attn_output_norm"),
+        ("intermediate.dense", "ffn_up"),
+        ("output.dense", "ffn_down"),
+        ("output.LayerNorm", "layer_output_norm"),
+    ];
+    if !gguf {
+        return format!("{prefix}{key}");
+    }
+    if let Some((index, part)) = key
+        .strip_prefix("encoder.layer.")
+        .and_then(|rest| rest.split_once('.'))
+    {
+        if let Some((gguf_name, suffix)) = LAYER
+            .iter()
+            .find_map(|(hf, name)| part.strip_prefix(hf).map(|suffix| (name, suffix)))
+        {
+            return format!("blk.{index}.{gguf_name}{suffix}");
+        }
+    }
+    MODEL
+        .iter()
+        .find_map(|(hf, name)| key.strip_prefix(hf).map(|suffix| format!("{name}{suffix}")))
+        .unwrap_or_else(|| key.to_string())
+}
+
 fn check_config(config: &BertConfig) -> Result<()> {
     let invalid = |key: &str, message: String| ModelError::InvalidMetadata {
         key: key.into(),
@@ -461,7 +611,6 @@ impl PoolingModel for BertModel {
             .iter()
             .map(|l| {
                 l.qkv.storage_bytes()
-                    + l.qkv_bias.len() * 4
                     + l.attention_output.storage_bytes()
                     + l.attention_norm.storage_bytes()
                     + l.intermediate.storage_bytes()

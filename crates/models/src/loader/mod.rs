@@ -153,6 +153,28 @@ impl<'a> WeightReader<'a> {
         load_fused(self, parts, columns)
     }
 
+    /// Matrices over the same input stacked by rows, as row-major f32 values, when every
+    /// part is stored as F32, F16 or BF16 (widened exactly); `None` when one is quantized.
+    /// For kernels that pack float weights their own way (the encoder GEMM).
+    pub fn float_rows_named(
+        &self,
+        parts: &[(String, usize)],
+        columns: usize,
+    ) -> Result<Option<Vec<f32>>> {
+        let mut values = Vec::new();
+        for (name, rows) in parts {
+            let tensor = self.get(name)?;
+            check_shape(name, tensor.shape, &[*rows, columns])?;
+            if !matches!(tensor.dtype, DType::F32 | DType::F16 | DType::BF16) {
+                return Ok(None);
+            }
+            let start = values.len();
+            values.resize(start + rows * columns, 0.0);
+            dequantize(tensor.dtype, &tensor.bytes, &mut values[start..])?;
+        }
+        Ok(Some(values))
+    }
+
     /// A `[length]` vector (a bias, a norm weight) by its full container name, as f32.
     pub fn vector_named(&self, name: &str, length: usize) -> Result<Vec<f32>> {
         load_vector(self.store, name, length)

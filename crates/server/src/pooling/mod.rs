@@ -96,6 +96,11 @@ impl PoolingState {
         self.inner.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Fails the inputs still queued in the engine (the shutdown drain timed out).
+    pub fn abort_in_flight(&self) {
+        self.inner.client.abort_queued();
+    }
+
     fn check_accepting(&self) -> Result<InFlight, ApiError> {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable(

@@ -1,0 +1,356 @@
+//! The encoder's f32 GEMM: `out[n][out] = x[n][in] · Wᵀ (+ bias)` for many rows at once.
+//!
+//! The decoder's float matmul ([`crate::QMatrix`]) is a dot-product kernel built for one to
+//! four activation rows; an encoder step multiplies thousands of rows by small matrices, where
+//! a register-blocked outer-product kernel does about three times the work per cycle. The
+//! weights are packed once at load into panels of [`NR`] output columns (`[panel][in][NR]`,
+//! the last panel zero-padded), and a micro-kernel keeps a tile of up to [`MR`] rows × [`NR`]
+//! columns in registers, broadcasting one input value per row against one panel row per step.
+//!
+//! Every output is one fused multiply-add chain over the inputs in index order, started from
+//! its bias (or zero): `acc = fma(x[k], w[k], acc)`. No output's arithmetic depends on which
+//! tile, task or batch it landed in, so a row's result does not depend on the other rows, and
+//! the AVX2 kernel is bitwise equal to its scalar twin (`f32::mul_add` is the same correctly
+//! rounded fused operation as `vfmadd`).
+
+use crate::pool::{SharedMut, ThreadPool};
+use crate::simd::VectorOps;
+use crate::KernelError;
+
+/// Output columns per packed panel (two AVX2 vectors).
+const NR: usize = 16;
+/// Most rows one micro-kernel call keeps in registers (12 accumulators of 16 registers).
+const MR: usize = 6;
+/// Rows per task: eight micro-tiles share each panel while it is in cache.
+const ROW_BLOCK: usize = 8 * MR;
+
+/// An f32 weight `[out_features, in_features]` packed for [`PanelMatrix::matmul`].
+#[derive(Debug, Clone)]
+pub struct PanelMatrix {
+    out_features: usize,
+    in_features: usize,
+    /// `[panel][in_features][NR]`: column `j` of panel `p` is output `p * NR + j`.
+    panels: Vec<f32>,
+}
+
+impl PanelMatrix {
+    /// Packs row-major weights `[out_features][in_features]`.
+    pub fn from_rows(
+        out_features: usize,
+        in_features: usize,
+        values: &[f32],
+    ) -> Result<PanelMatrix, KernelError> {
+        if in_features == 0 {
+            return Err(KernelError::InvalidShape("panel matrix with no inputs"));
+        }
+        if values.len() != out_features * in_features {
+            return Err(KernelError::LengthMismatch {
+                what: "panel matrix values",
+                expected: out_features * in_features,
+                actual: values.len(),
+            });
+        }
+        let num_panels = out_features.div_ceil(NR);
+        let mut panels = vec![0.0f32; num_panels * in_features * NR];
+        for (row, weights) in values.chunks_exact(in_features).enumerate() {
+            let (panel, column) = (row / NR, row % NR);
+            let base = panel * in_features * NR;
+            for (k, &w) in weights.iter().enumerate() {
+                panels[base + k * NR + column] = w;
+            }
+        }
+        Ok(PanelMatrix {
+            out_features,
+            in_features,
+            panels,
+        })
+    }
+
+    /// Output width.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Input width.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// Bytes held (including the last panel's padding).
+    pub fn storage_bytes(&self) -> usize {
+        self.panels.len() * 4
+    }
+
+    /// `out[n][out_features] = x[n][in_features] · Wᵀ + bias` on `pool` (no bias: zero).
+    pub fn matmul(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.matmul_with(VectorOps::detect(), pool, x, n, bias, out)
+    }
+
+    pub(crate) fn matmul_with(
+        &self,
+        ops: VectorOps,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let (k, width) = (self.in_features, self.out_features);
+        for (what, expected, actual) in [
+            ("panel matmul input", n * k, x.len()),
+            ("panel matmul output", n * width, out.len()),
+            ("panel matmul bias", width, bias.map_or(width, <[f32]>::len)),
+        ] {
+            if expected != actual {
+                return Err(KernelError::LengthMismatch {
+                    what,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        if n == 0 || width == 0 {
+            return Ok(());
+        }
+        let num_panels = width.div_ceil(NR);
+        let row_blocks = n.div_ceil(ROW_BLOCK);
+        // Few row blocks (short batches): one panel per task so every thread has work.
+        let panels_per_task = if row_blocks >= 4 * pool.num_threads() {
+            4
+        } else {
+            1
+        };
+        let panel_groups = num_panels.div_ceil(panels_per_task);
+        let output = SharedMut::new(out);
+        pool.parallel_for(row_blocks * panel_groups, &|task| {
+            let (block, group) = (task / panel_groups, task % panel_groups);
+            let rows = block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(n);
+            let first_panel = group * panels_per_task;
+            for panel in first_panel..(first_panel + panels_per_task).min(num_panels) {
+                let weights = &self.panels[panel * k * NR..(panel + 1) * k * NR];
+                let first_column = panel * NR;
+                let columns = NR.min(width - first_column);
+                let init = panel_bias(bias, first_column, columns);
+                let mut row = rows.start;
+                while row < rows.end {
+                    let m = MR.min(rows.end - row);
+                    let mut tile = [[0.0f32; NR]; MR];
+                    micro_tile(
+                        ops,
+                        &x[row * k..(row + m) * k],
+                        k,
+                        weights,
+                        &init,
+                        &mut tile,
+                    );
+                    for (r, values) in tile[..m].iter().enumerate() {
+                        for (c, &value) in values[..columns].iter().enumerate() {
+                            // SAFETY: this task alone owns rows `rows` × the columns of its
+                            // panels, and the index lies inside `out` (lengths checked above).
+                            unsafe { output.write((row + r) * width + first_column + c, value) };
+                        }
+                    }
+                    row += m;
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The bias of one panel's columns, zero past the matrix's width.
+fn panel_bias(bias: Option<&[f32]>, first_column: usize, columns: usize) -> [f32; NR] {
+    let mut init = [0.0f32; NR];
+    if let Some(bias) = bias {
+        init[..columns].copy_from_slice(&bias[first_column..first_column + columns]);
+    }
+    init
+}
+
+/// `tile[r][j] = init[j] + Σ_c x[r][c] · panel[c][j]` for the `x.len() / k` rows (≤ [`MR`]).
+fn micro_tile(
+    ops: VectorOps,
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    init: &[f32; NR],
+    tile: &mut [[f32; NR]; MR],
+) {
+    let m = x.len() / k;
+    match ops {
+        #[cfg(target_arch = "x86_64")]
+        VectorOps::Avx2 => {
+            // SAFETY: `VectorOps::Avx2` is only built after detecting AVX2 and FMA; `x` holds
+            // `m` rows of `k`, `panel` `k` rows of `NR`, and `m <= MR` (the caller's tiles).
+            unsafe {
+                match m {
+                    1 => avx2::micro_tile::<1>(x, k, panel, init, tile),
+                    2 => avx2::micro_tile::<2>(x, k, panel, init, tile),
+                    3 => avx2::micro_tile::<3>(x, k, panel, init, tile),
+                    4 => avx2::micro_tile::<4>(x, k, panel, init, tile),
+                    5 => avx2::micro_tile::<5>(x, k, panel, init, tile),
+                    _ => avx2::micro_tile::<MR>(x, k, panel, init, tile),
+                }
+            }
+        }
+        VectorOps::Scalar => scalar_micro_tile(x, k, panel, init, tile),
+    }
+}
+
+/// The scalar twin: the same fused chain per output, in the same order.
+fn scalar_micro_tile(
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    init: &[f32; NR],
+    tile: &mut [[f32; NR]; MR],
+) {
+    for (row, out) in x.chunks_exact(k).zip(tile.iter_mut()) {
+        for (j, value) in out.iter_mut().enumerate() {
+            let mut acc = init[j];
+            for (c, &input) in row.iter().enumerate() {
+                acc = input.mul_add(panel[c * NR + j], acc);
+            }
+            *value = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{MR, NR};
+
+    /// `M` rows × 16 columns in 2·`M` accumulators; one broadcast per row and step.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `x` holds at least `M` rows of `k`, `panel` at least `k` rows of `NR`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn micro_tile<const M: usize>(
+        x: &[f32],
+        k: usize,
+        panel: &[f32],
+        init: &[f32; NR],
+        tile: &mut [[f32; NR]; MR],
+    ) {
+        debug_assert!(x.len() >= M * k && panel.len() >= k * NR && M <= MR);
+        // SAFETY: the caller's contract bounds every pointer below: row `r < M` of `x` and
+        // panel row `c < k` are in their slices.
+        unsafe {
+            let low = _mm256_loadu_ps(init.as_ptr());
+            let high = _mm256_loadu_ps(init.as_ptr().add(8));
+            let mut acc = [[low, high]; M];
+            let xp = x.as_ptr();
+            let wp = panel.as_ptr();
+            for c in 0..k {
+                let w0 = _mm256_loadu_ps(wp.add(c * NR));
+                let w1 = _mm256_loadu_ps(wp.add(c * NR + 8));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let v = _mm256_broadcast_ss(&*xp.add(r * k + c));
+                    a[0] = _mm256_fmadd_ps(v, w0, a[0]);
+                    a[1] = _mm256_fmadd_ps(v, w1, a[1]);
+                }
+            }
+            for (a, out) in acc.iter().zip(tile.iter_mut()) {
+                _mm256_storeu_ps(out.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(out.as_mut_ptr().add(8), a[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::Rng;
+
+    fn reference(w: &[f32], x: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f64> {
+        let width = w.len() / k;
+        let mut out = vec![0.0f64; n * width];
+        for i in 0..n {
+            for j in 0..width {
+                let dot: f64 = (0..k)
+                    .map(|c| f64::from(x[i * k + c]) * f64::from(w[j * k + c]))
+                    .sum();
+                out[i * width + j] = dot + bias.map_or(0.0, |b| f64::from(b[j]));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_f64_reference_and_simd_equals_scalar_bitwise() {
+        let mut rng = Rng::new(7);
+        // Widths off the panel size, row counts off the tile and block sizes.
+        for (width, k, n) in [(37, 19, 1), (16, 8, 6), (40, 33, 53), (384, 64, 101)] {
+            let w = rng.vec(width * k, -1.0, 1.0);
+            let x = rng.vec(n * k, -2.0, 2.0);
+            let bias = rng.vec(width, -0.5, 0.5);
+            let matrix = PanelMatrix::from_rows(width, k, &w).unwrap();
+            let pool = ThreadPool::new(3);
+            for bias in [None, Some(bias.as_slice())] {
+                let expected = reference(&w, &x, n, k, bias);
+                let mut scalar = vec![0.0; n * width];
+                matrix
+                    .matmul_with(VectorOps::Scalar, &pool, &x, n, bias, &mut scalar)
+                    .unwrap();
+                for (got, want) in scalar.iter().zip(&expected) {
+                    assert!((f64::from(*got) - want).abs() < 1e-4, "{got} vs {want}");
+                }
+                let detected = VectorOps::detect();
+                if detected == VectorOps::Scalar {
+                    eprintln!("skipped: AVX2 panel matmul (host lacks AVX2/FMA)");
+                    continue;
+                }
+                let mut simd = vec![0.0; n * width];
+                matrix
+                    .matmul_with(detected, &pool, &x, n, bias, &mut simd)
+                    .unwrap();
+                assert_eq!(
+                    simd.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    scalar.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_is_the_same_alone_and_in_a_batch() {
+        let mut rng = Rng::new(11);
+        let (width, k, n) = (50, 24, 131);
+        let matrix = PanelMatrix::from_rows(width, k, &rng.vec(width * k, -1.0, 1.0)).unwrap();
+        let x = rng.vec(n * k, -1.0, 1.0);
+        let mut batched = vec![0.0; n * width];
+        matrix
+            .matmul(&ThreadPool::new(2), &x, n, None, &mut batched)
+            .unwrap();
+        let single = ThreadPool::new(1);
+        for i in [0, 5, 47, 48, 130] {
+            let mut alone = vec![0.0; width];
+            matrix
+                .matmul(&single, &x[i * k..(i + 1) * k], 1, None, &mut alone)
+                .unwrap();
+            assert_eq!(alone, batched[i * width..(i + 1) * width], "row {i}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_lengths() {
+        let matrix = PanelMatrix::from_rows(2, 3, &[0.0; 6]).unwrap();
+        let pool = ThreadPool::new(1);
+        let mut out = [0.0; 2];
+        assert!(matrix.matmul(&pool, &[0.0; 2], 1, None, &mut out).is_err());
+        assert!(matrix
+            .matmul(&pool, &[0.0; 3], 1, Some(&[0.0]), &mut out)
+            .is_err());
+        assert!(PanelMatrix::from_rows(2, 3, &[0.0; 5]).is_err());
+    }
+}
