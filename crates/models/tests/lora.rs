@@ -15,7 +15,7 @@ use common::tiny::{permute_for_gguf, write_safetensors, SplitMix, TinyConfig, Ti
 use tokenmill_gguf::{GgufWriter, MetadataValue};
 use tokenmill_models::{
     load_model, BatchInput, CausalLm, KvCacheStorage, LoadOptions, LoraAdapter, LoraError,
-    ModelSource, Workspace,
+    ModelSource, MoeConfig, Workspace,
 };
 
 const TOLERANCE: f32 = 5e-4;
@@ -468,6 +468,25 @@ fn bad_adapters_are_refused_by_name() {
         matches!(&error, LoraError::UnsupportedTarget { module } if module == "embed_tokens"),
         "{error}"
     );
+
+    // A mixture-of-experts base has no adapter hook in its experts: MLP targets are refused
+    // at load, attention targets still load.
+    let model = load_model(&ModelSource::Gguf(f.gguf.clone()), &options()).unwrap();
+    let mut moe_config = model.config().clone();
+    moe_config.moe = Some(MoeConfig {
+        num_experts: 4,
+        experts_used: 2,
+        expert_intermediate_size: moe_config.intermediate_size,
+    });
+    let mlp = dir.join("mlp");
+    TinyAdapter::random(&config, &["q_proj", "up_proj"], 2, false, 54).write_peft(&mlp, "F32");
+    let error = LoraAdapter::load(&mlp, &moe_config, 16).unwrap_err();
+    assert!(
+        matches!(&error, LoraError::ExpertTarget { module } if module == "up_proj"),
+        "{error}"
+    );
+    assert!(LoraAdapter::load(&mlp, model.config(), 16).is_ok());
+    assert!(LoraAdapter::load(&good, &moe_config, 16).is_ok());
 
     let wider = TinyConfig {
         hidden: 48,

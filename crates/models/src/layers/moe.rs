@@ -23,7 +23,6 @@ use super::{Activation, GatedMlp, Linear, LinearScratch, MlpBuffers, StackedLine
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::loader::LayerTensors;
-use crate::lora::LoraTarget;
 
 /// One routing choice of one token: the expert and its normalized weight.
 #[derive(Debug, Clone, Copy, Default)]
@@ -140,7 +139,8 @@ impl MoeBlock {
         self.router.storage_bytes() + experts / self.moe.num_experts * self.moe.experts_used
     }
 
-    /// `out[n][hidden]` for `x[n][hidden]`.
+    /// `out[n][hidden]` for `x[n][hidden]`. No LoRA hook: adapters with MLP targets are
+    /// refused when loaded against a mixture-of-experts base (`LoraError::ExpertTarget`).
     pub fn forward(
         &self,
         step: &Step<'_>,
@@ -150,7 +150,6 @@ impl MoeBlock {
         scratch: &mut LinearScratch,
         out: &mut [f32],
     ) -> Result<()> {
-        refuse_mlp_adapters(step, layer)?;
         let (n, hidden) = (step.num_tokens(), self.hidden);
         let experts = self.moe.num_experts;
         if x.len() != n * hidden || out.len() != n * hidden || buffers.probs.len() < n * experts {
@@ -272,28 +271,6 @@ fn group_by_expert(
             *slot += 1;
         }
     }
-}
-
-/// LoRA adapters have no expert targets: an adapter that changes this layer's MLP would be
-/// ignored, so the step is refused instead.
-fn refuse_mlp_adapters(step: &Step<'_>, layer: usize) -> Result<()> {
-    let lora = &step.batch.lora;
-    if !lora.is_active() {
-        return Ok(());
-    }
-    let targets = [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
-    if let Some(adapter) = lora
-        .adapters
-        .iter()
-        .find(|a| targets.iter().any(|&t| a.pair(layer, t).is_some()))
-    {
-        return Err(ModelError::InvalidBatch(format!(
-            "LoRA adapter {} targets the MLP of layer {layer}, a mixture of experts \
-             (adapters of expert layers are not supported)",
-            adapter.path().display()
-        )));
-    }
-    Ok(())
 }
 
 /// A layer's feed-forward block: the dense gated MLP or a mixture of experts, as the config

@@ -189,7 +189,20 @@ fn parse_peft_name(name: &str, config: &ModelConfig) -> Result<(Site, bool), Lor
         .and_then(|index| index.parse::<usize>().ok())
         .ok_or_else(unsupported)?;
     check_layer(name, layer, config)?;
+    check_target(module, target, config)?;
     Ok((Site { layer, target }, is_a))
+}
+
+/// The MLP targets do not exist in a mixture-of-experts base (its experts have no adapter
+/// hook): refused at load, so no request ever runs with an adapter half applied.
+fn check_target(module: &str, target: LoraTarget, config: &ModelConfig) -> Result<(), LoraError> {
+    let mlp = matches!(target, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down);
+    if mlp && config.moe.is_some() {
+        return Err(LoraError::ExpertTarget {
+            module: module.to_string(),
+        });
+    }
+    Ok(())
 }
 
 fn load_gguf(path: &Path, config: &ModelConfig, max_rank: usize) -> Result<LoraAdapter, LoraError> {
@@ -282,6 +295,7 @@ fn parse_gguf_name(name: &str, config: &ModelConfig) -> Result<(Site, bool), Lor
             module: module.to_string(),
         })?;
     check_layer(name, layer, config)?;
+    check_target(module, target, config)?;
     Ok((Site { layer, target }, is_a))
 }
 

@@ -105,6 +105,8 @@ pub enum LoraError {
     RankTooLarge { rank: usize, max_rank: usize },
     #[error("LoRA target module `{module}` is not supported by the base model (supported: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")]
     UnsupportedTarget { module: String },
+    #[error("LoRA target module `{module}` is a mixture-of-experts MLP in this base model, and adapters of expert layers are not supported (supported here: q_proj, k_proj, v_proj, o_proj)")]
+    ExpertTarget { module: String },
     #[error("LoRA tensor `{tensor}` has shape {actual:?}, the base model needs {expected:?}")]
     ShapeMismatch {
         tensor: String,
