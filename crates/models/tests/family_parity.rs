@@ -376,6 +376,30 @@ fn check_logits(model: &dyn CausalLm, cases: &[Case], tolerance: f32) -> f32 {
     worst
 }
 
+/// The largest difference from llama.cpp's top logits over `case` (teacher-forced): what a
+/// negative control expects to be large.
+fn widest_difference(model: &dyn CausalLm, case: &Case) -> f32 {
+    let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
+    common::teacher_forced_logits(
+        model,
+        &case.prompt_ids,
+        &case.greedy_ids,
+        KvCacheDType::F32,
+        &mut workspace,
+        &mut logits,
+    );
+    let vocab = model.config().vocab_size;
+    case.top_logits
+        .iter()
+        .enumerate()
+        .flat_map(|(step, top)| {
+            let row = &logits[step * vocab..(step + 1) * vocab];
+            top.iter()
+                .map(move |&(token, expected)| (row[token as usize] - expected).abs())
+        })
+        .fold(0.0f32, f32::max)
+}
+
 /// Greedy generation through the chunked, batched path must follow llama.cpp's greedy ids up
 /// to the first step whose margin is not decisive.
 fn check_greedy(model: &dyn CausalLm, cases: &[Case]) {
@@ -453,26 +477,7 @@ fn gemma3_without_its_window_differs_from_llama_cpp() {
         .iter()
         .find(|c| c.prompt_ids.len() > 16)
         .unwrap();
-    let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
-    common::teacher_forced_logits(
-        model.as_ref(),
-        &long.prompt_ids,
-        &long.greedy_ids,
-        KvCacheDType::F32,
-        &mut workspace,
-        &mut logits,
-    );
-    let vocab = model.config().vocab_size;
-    let widest = long
-        .top_logits
-        .iter()
-        .enumerate()
-        .flat_map(|(step, top)| {
-            let row = &logits[step * vocab..(step + 1) * vocab];
-            top.iter()
-                .map(move |&(token, expected)| (row[token as usize] - expected).abs())
-        })
-        .fold(0.0f32, f32::max);
+    let widest = widest_difference(model.as_ref(), long);
     eprintln!("gemma3 without its window: largest difference {widest}");
     assert!(widest > 10.0 * GEMMA3_MAX_DIFFERENCE, "{widest}");
 }
@@ -767,26 +772,7 @@ fn qwen3moe_with_one_expert_per_token_differs_from_llama_cpp() {
     let model = load_model(&ModelSource::Gguf(path), &LoadOptions::default()).unwrap();
     assert_eq!(model.config().moe.map(|moe| moe.experts_used), Some(1));
     let case = &fixture.cases[1];
-    let (mut workspace, mut logits) = (Workspace::new(), Vec::new());
-    common::teacher_forced_logits(
-        model.as_ref(),
-        &case.prompt_ids,
-        &case.greedy_ids,
-        KvCacheDType::F32,
-        &mut workspace,
-        &mut logits,
-    );
-    let vocab = model.config().vocab_size;
-    let widest = case
-        .top_logits
-        .iter()
-        .enumerate()
-        .flat_map(|(step, top)| {
-            let row = &logits[step * vocab..(step + 1) * vocab];
-            top.iter()
-                .map(move |&(token, expected)| (row[token as usize] - expected).abs())
-        })
-        .fold(0.0f32, f32::max);
+    let widest = widest_difference(model.as_ref(), case);
     eprintln!("qwen3moe with top-1 routing: largest difference {widest}");
     assert!(widest > 100.0 * MOE_MAX_DIFFERENCE, "{widest}");
 }
