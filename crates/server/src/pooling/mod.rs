@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokenmill_engine::{LoadedPoolingModel, PoolingClient};
 use tokenmill_metrics::EngineMetrics;
-use tokenmill_protocol::{ErrorResponse, ModelCard, ModelList};
+use tokenmill_protocol::{ErrorResponse, ModelList};
 
 use crate::config::ServerConfig;
 use crate::error::{error_response, ApiError};
@@ -160,23 +160,13 @@ pub fn pooling_router(state: PoolingState) -> Router {
 
 async fn models(State(state): State<PoolingState>) -> Response {
     let model = &state.inner.model;
-    let root = model.source.path().display().to_string();
-    let max_model_len = u32::try_from(model.max_model_len).unwrap_or(u32::MAX);
-    let cards = state
-        .inner
-        .config
-        .served_model_names
-        .iter()
-        .map(|name| {
-            ModelCard::new(
-                name.clone(),
-                state.inner.started_at,
-                root.clone(),
-                max_model_len,
-            )
-            .with_architecture(&model.info.architecture)
-        })
-        .collect();
+    let cards = info::served_model_cards(
+        &state.inner.config.served_model_names,
+        state.inner.started_at,
+        &model.source.path().display().to_string(),
+        model.max_model_len,
+        &model.info.architecture,
+    );
     json_response(&ModelList::new(cards))
 }
 

@@ -10,24 +10,33 @@ use crate::routes::json_response;
 use crate::state::AppState;
 
 pub(crate) async fn models(State(state): State<AppState>) -> Response {
-    let root = state.inner.model.source.path().display().to_string();
-    let max_model_len = u32::try_from(state.engine().max_model_len()).unwrap_or(u32::MAX);
-    let architecture = state.inner.model.config().architecture.name();
-    let cards = state
-        .config()
-        .served_model_names
+    let cards = served_model_cards(
+        &state.config().served_model_names,
+        state.inner.started_at,
+        &state.inner.model.source.path().display().to_string(),
+        state.engine().max_model_len(),
+        state.inner.model.config().architecture.name(),
+    );
+    json_response(&ModelList::new(with_adapters(&state, cards)))
+}
+
+/// One `/v1/models` card per served name of the base model (the generation and the pooling
+/// servers list their model the same way).
+pub(crate) fn served_model_cards(
+    names: &[String],
+    started_at: u64,
+    root: &str,
+    max_model_len: usize,
+    architecture: &str,
+) -> Vec<ModelCard> {
+    let max_model_len = u32::try_from(max_model_len).unwrap_or(u32::MAX);
+    names
         .iter()
         .map(|name| {
-            ModelCard::new(
-                name.clone(),
-                state.inner.started_at,
-                root.clone(),
-                max_model_len,
-            )
-            .with_architecture(architecture)
+            ModelCard::new(name.clone(), started_at, root.to_string(), max_model_len)
+                .with_architecture(architecture)
         })
-        .collect::<Vec<_>>();
-    json_response(&ModelList::new(with_adapters(&state, cards)))
+        .collect()
 }
 
 /// vLLM's adapter cards after the base model's: `root` the adapter's path, `parent` its
