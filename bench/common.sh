@@ -14,6 +14,26 @@ ensure_tokenmill() {
     [[ -x "$binary" ]] || die "no tokenmill binary at $binary"
 }
 
+# llamacpp_cpu_flags: compiler flags that keep llama.cpp off AMX on hosts that have it (its AMX
+# path faults in these VMs: the tile permission is never requested), so a GGML_NATIVE build's
+# best path there is AVX-512-VNNI. Empty elsewhere.
+llamacpp_cpu_flags() {
+    if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+        echo "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    fi
+}
+
+# llamacpp_isa: the SIMD paths a GGML_NATIVE llama.cpp build uses on this host, for reports.
+llamacpp_isa() {
+    local flags isa=()
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null) "
+    for f in avx2 fma f16c avx512f avx512bw avx512_vnni avx_vnni avx512_bf16; do
+        [[ "$flags" == *" $f "* ]] && isa+=("$f")
+    done
+    [[ -n "$(llamacpp_cpu_flags)" ]] && isa+=("(amx disabled)")
+    echo "${isa[*]}"
+}
+
 # ensure_llamacpp_venv VENV CACHE_DIR: makes VENV hold llama-cpp-python[server] at the pinned
 # version plus numpy (what both the server comparison and llamacpp_speed.py import), installing
 # into it if needed; pip's cache (holding the compiled llama.cpp wheel) lives in CACHE_DIR/pip.
@@ -26,7 +46,10 @@ ensure_llamacpp_venv() {
             python3 -m venv "$venv"
         fi
         log "installing $spec and numpy (compiles llama.cpp on first install; the wheel is cached in $cache_dir/pip)"
-        PIP_CACHE_DIR="$cache_dir/pip" "$venv/bin/pip" install --quiet "$spec" numpy
+        local cpu_flags
+        cpu_flags="$(llamacpp_cpu_flags)"
+        CMAKE_ARGS="${cpu_flags:+-DCMAKE_C_FLAGS='$cpu_flags' -DCMAKE_CXX_FLAGS='$cpu_flags'}" \
+            PIP_CACHE_DIR="$cache_dir/pip" "$venv/bin/pip" install --quiet "$spec" numpy
         llamacpp_venv_ready "$venv" || die "$spec and numpy are not importable from $venv"
     fi
 }
@@ -69,7 +92,10 @@ ensure_llamacpp_native() {
     fi
     [[ -f "$source/CMakeLists.txt" ]] || die "no llama.cpp sources in the sdist at $source"
     log "building ${tools[*]} (native, release; several minutes on 2 cores)"
+    local cpu_flags
+    cpu_flags="$(llamacpp_cpu_flags)"
     PATH="$venv/bin:$PATH" cmake -S "$source" -B "$root/build" -G Ninja \
+        -DCMAKE_C_FLAGS="$cpu_flags" -DCMAKE_CXX_FLAGS="$cpu_flags" \
         -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
     PATH="$venv/bin:$PATH" cmake --build "$root/build" --target "${tools[@]}" -j "$(nproc)" >/dev/null

@@ -114,6 +114,7 @@ done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
 CORES="$(nproc)"
+LLAMACPP_ISA="$(llamacpp_isa)"
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null | head -n 1)" ]]; then COMMIT="$COMMIT (dirty)"; fi
 
@@ -132,6 +133,7 @@ print("- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)")
 print("- commit: $COMMIT")
 print("- machine: $CPU_MODEL, $CORES cores; measured peaks (tokenmill's probes, median of rounds): "
       f"f32 FMA {peak_gflops:.1f} GFLOP/s, memory read {peak_gbs:.1f} GB/s")
+print("- SIMD paths: tokenmill " + tm[0]["machine"]["cpu_features"] + "; llama.cpp (GGML_NATIVE build) $LLAMACPP_ISA")
 print("- load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER (other work on the machine skews both engines; llama.cpp's spinning threads suffer most)")
 print(f"- model: $(basename "$MODEL"); threads $THREADS; {rounds} round(s), engines alternated, "
       f"each figure the median of {settings['repeats']} runs per round, then the median over rounds")
