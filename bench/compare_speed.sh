@@ -22,6 +22,7 @@
 #   ROUNDS=3                  alternations; the table shows the median over rounds
 #   REPEATS=3                 runs of each figure inside one process (each reports its median)
 #   PROMPT_LEN=512 DECODE_LEN=128 BATCH=64 BATCH_PROMPT_LEN=32 BATCH_DECODE_STEPS=32
+#   ONLY                      figures to measure, comma-separated (prefill, decode, batched; default: all)
 #   PEER=llama-bench          llama-bench (native tools) or llama-cpp-python
 #   LLAMACPP_ARGS             extra flags for llamacpp_speed.py (e.g. "--flash-attn --kv-unified")
 #   LLAMACPP_VENV             a venv with llama-cpp-python[server]==0.3.16 and numpy, e.g. /work/cache/refvenv;
@@ -72,6 +73,7 @@ fi
 LENGTHS=(--prompt-len "$PROMPT_LEN" --decode-len "$DECODE_LEN" --batch "$BATCH"
          --batch-prompt-len "$BATCH_PROMPT_LEN" --batch-decode-steps "$BATCH_DECODE_STEPS"
          --repeats "$REPEATS")
+[[ -n "${ONLY:-}" ]] && LENGTHS+=(--only "$ONLY")
 PEAK_ARGS=()
 
 run_tokenmill() {
