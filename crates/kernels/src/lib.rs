@@ -44,8 +44,9 @@
 //!   materialized-softmax reference. Rows of `out` not covered by any sequence are left as
 //!   they were.
 //! - [`CpuFeatures`]: the CPU's features, detected once per process; every kernel family
-//!   derives its path (AVX2 or scalar) from it, and [`CpuFeatures::summary`] names them in one
-//!   line for logs and bench reports.
+//!   derives its path from it (matmul: [`KernelPath`] AVX-512 VNNI, AVX-VNNI, AVX2 or scalar;
+//!   `TOKENMILL_KERNELS` may force a slower one), and [`CpuFeatures::summary`] names them in
+//!   one line for logs and bench reports.
 //! - Machine peaks for benchmark reports: [`fma_peak_gflops`] (register-resident AVX2 FMA loop)
 //!   and [`read_bandwidth_gbs`] (multi-threaded streaming read).
 //!
