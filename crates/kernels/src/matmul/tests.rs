@@ -613,51 +613,49 @@ fn float_twins_are_bitwise_equal_and_16_bit_weights_equal_their_widened_f32() {
     // the widened values, and the scalar twin must follow the SIMD order lane for lane.
     let pool = ThreadPool::new(2);
     let mut rng = Rng::new(23);
-    let simd = Isa::detect();
-    if simd == Isa::Scalar {
-        eprintln!("float twins: SIMD path skipped, this CPU runs the scalar kernel only");
-    }
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for cols in [7usize, 16, 67, 256] {
-            let rows = 13;
-            let bytes = match dtype {
-                DType::F32 => rng
-                    .vec(rows * cols, -2.0, 2.0)
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-                _ => random_half_bytes(&mut rng, dtype, rows * cols),
-            };
-            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
-            let mut widened = vec![0.0f32; rows * cols];
-            dequantize(dtype, &bytes, &mut widened).unwrap();
-            let as_f32 = QMatrix::from_f32(rows, cols, &widened).unwrap();
-            assert_eq!(
-                matrix.storage_bytes(),
-                rows * cols * dtype.row_bytes(1).unwrap()
-            );
-            let mut row = vec![0.0f32; cols];
-            matrix.row_to_f32(rows - 1, &mut row).unwrap();
-            assert_eq!(row, widened[(rows - 1) * cols..]);
-            for n in [1usize, 3, 4, 5, 17] {
-                // Small activations keep products of large f16 weights finite.
-                let x = rng.vec(n * cols, -1e-3, 1e-3);
-                let mut outputs = Vec::new();
-                for (isa, m) in [(Isa::Scalar, &matrix), (simd, &matrix), (simd, &as_f32)] {
-                    let mut out = vec![f32::NAN; n * rows];
-                    m.matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
-                        .unwrap();
-                    assert!(out.iter().all(|v| v.is_finite()), "{dtype} cols={cols}");
-                    outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    for simd in simd_isas() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for cols in [7usize, 16, 67, 256] {
+                let rows = 13;
+                let bytes = match dtype {
+                    DType::F32 => rng
+                        .vec(rows * cols, -2.0, 2.0)
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                    _ => random_half_bytes(&mut rng, dtype, rows * cols),
+                };
+                let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+                let mut widened = vec![0.0f32; rows * cols];
+                dequantize(dtype, &bytes, &mut widened).unwrap();
+                let as_f32 = QMatrix::from_f32(rows, cols, &widened).unwrap();
+                assert_eq!(
+                    matrix.storage_bytes(),
+                    rows * cols * dtype.row_bytes(1).unwrap()
+                );
+                let mut row = vec![0.0f32; cols];
+                matrix.row_to_f32(rows - 1, &mut row).unwrap();
+                assert_eq!(row, widened[(rows - 1) * cols..]);
+                for n in [1usize, 3, 4, 5, 17] {
+                    // Small activations keep products of large f16 weights finite.
+                    let x = rng.vec(n * cols, -1e-3, 1e-3);
+                    let mut outputs = Vec::new();
+                    for (isa, m) in [(Isa::Scalar, &matrix), (simd, &matrix), (simd, &as_f32)] {
+                        let mut out = vec![f32::NAN; n * rows];
+                        m.matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
+                            .unwrap();
+                        assert!(out.iter().all(|v| v.is_finite()), "{dtype} cols={cols}");
+                        outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                    }
+                    assert_eq!(
+                        outputs[0], outputs[1],
+                        "{dtype} {simd:?} cols={cols} n={n}: scalar vs SIMD"
+                    );
+                    assert_eq!(
+                        outputs[1], outputs[2],
+                        "{dtype} {simd:?} cols={cols} n={n}: 16-bit vs widened"
+                    );
                 }
-                assert_eq!(
-                    outputs[0], outputs[1],
-                    "{dtype} cols={cols} n={n}: scalar vs SIMD"
-                );
-                assert_eq!(
-                    outputs[1], outputs[2],
-                    "{dtype} cols={cols} n={n}: 16-bit vs widened"
-                );
             }
         }
     }
