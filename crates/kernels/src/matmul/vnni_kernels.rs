@@ -72,7 +72,7 @@ unsafe fn q4_tile<S: Lanes, const R: usize, const FIVE: bool>(
     out: &mut PairOut<R>,
 ) {
     let stride = kind.block_stride();
-    // SAFETY (whole body): the caller's features; group-block b's bytes lie inside both groups
+    // SAFETY: (whole body) the caller's features; group-block b's bytes lie inside both groups
     // and activation block b inside every row (entry point contract).
     unsafe {
         let mask = S::splat8(0x0f);
@@ -136,7 +136,7 @@ unsafe fn q8_tile<S: Lanes, const R: usize>(
 ) {
     let kind = GroupKind::Q8Zero;
     let stride = kind.block_stride();
-    // SAFETY (whole body): as in `q4_tile`.
+    // SAFETY: (whole body) as in `q4_tile`.
     unsafe {
         let bias = S::splat8(i8::MIN);
         let mut acc = [S::zero_f(); R];
@@ -177,7 +177,7 @@ unsafe fn iq4_tile<S: Lanes, const R: usize, const XS: bool>(
     };
     let stride = kind.block_stride();
     let subs = kind.block_elems() / QK;
-    // SAFETY (whole body): as in `q4_tile`.
+    // SAFETY: (whole body) as in `q4_tile`.
     unsafe {
         let mask = S::splat8(0x0f);
         let table = S::table16(&IQ4_BIASED);
@@ -236,7 +236,7 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
 ) {
     let kind = if FIVE_BITS { KKind::Q5 } else { KKind::Q4 };
     let stride = kind.stride();
-    // SAFETY (whole body): as in `q4_tile` (super-block s holds activation blocks 8s..8s + 8).
+    // SAFETY: (whole body) as in `q4_tile` (super-block s holds activation blocks 8s..8s + 8).
     unsafe {
         let mask = S::splat8(0x0f);
         let one = S::splat8(1);
@@ -301,7 +301,7 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     out: &mut PairOut<R>,
 ) {
     let stride = KKind::Q6.stride();
-    // SAFETY (whole body): as in `q4_k_tile`.
+    // SAFETY: (whole body) as in `q4_k_tile`.
     unsafe {
         let mask = S::splat8(0x0f);
         let three = S::splat8(3);
