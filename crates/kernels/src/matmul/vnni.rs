@@ -83,10 +83,17 @@ pub(crate) trait Lanes {
     unsafe fn shl4_32(a: Self::I) -> Self::I;
     unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
+    /// Bytewise `a - b` (wrapping).
+    unsafe fn sub8(a: Self::I, b: Self::I) -> Self::I;
     /// Low 32 bits of the lane products (exact where they fit, as every use here does).
     unsafe fn mul32(a: Self::I, b: Self::I) -> Self::I;
     /// Byte `i` of `table` picked by the low four bits of byte `i` of `index` (`pshufb`).
     unsafe fn lookup(table: Self::I, index: Self::I) -> Self::I;
+    /// Bytes as i8: `|a|`.
+    unsafe fn abs8(a: Self::I) -> Self::I;
+    /// Bytes as i8: `x`, negated where `sign < 0` (where `sign == 0` the byte is kept: the
+    /// callers multiply it by `|sign| = 0`).
+    unsafe fn negate_where_negative(x: Self::I, sign: Self::I) -> Self::I;
     /// `acc + Σ₄ u · s` per 32-bit lane, `u` unsigned and `s` signed bytes (`vpdpbusd`: exact,
     /// no saturation).
     unsafe fn dot(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
@@ -235,6 +242,11 @@ impl Lanes for Ymm {
         unsafe { _mm256_sub_epi32(a, b) }
     }
     #[inline(always)]
+    unsafe fn sub8(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl note.
+        unsafe { _mm256_sub_epi8(a, b) }
+    }
+    #[inline(always)]
     unsafe fn mul32(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: see the impl note.
         unsafe { _mm256_mullo_epi32(a, b) }
@@ -243,6 +255,16 @@ impl Lanes for Ymm {
     unsafe fn lookup(table: __m256i, index: __m256i) -> __m256i {
         // SAFETY: see the impl note.
         unsafe { _mm256_shuffle_epi8(table, index) }
+    }
+    #[inline(always)]
+    unsafe fn abs8(a: __m256i) -> __m256i {
+        // SAFETY: see the impl note.
+        unsafe { _mm256_abs_epi8(a) }
+    }
+    #[inline(always)]
+    unsafe fn negate_where_negative(x: __m256i, sign: __m256i) -> __m256i {
+        // SAFETY: see the impl note.
+        unsafe { _mm256_sign_epi8(x, sign) }
     }
     #[inline(always)]
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -409,6 +431,11 @@ impl Lanes for Zmm {
         unsafe { _mm512_sub_epi32(a, b) }
     }
     #[inline(always)]
+    unsafe fn sub8(a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl note.
+        unsafe { _mm512_sub_epi8(a, b) }
+    }
+    #[inline(always)]
     unsafe fn mul32(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl note.
         unsafe { _mm512_mullo_epi32(a, b) }
@@ -417,6 +444,16 @@ impl Lanes for Zmm {
     unsafe fn lookup(table: __m512i, index: __m512i) -> __m512i {
         // SAFETY: see the impl note.
         unsafe { _mm512_shuffle_epi8(table, index) }
+    }
+    #[inline(always)]
+    unsafe fn abs8(a: __m512i) -> __m512i {
+        // SAFETY: see the impl note.
+        unsafe { _mm512_abs_epi8(a) }
+    }
+    #[inline(always)]
+    unsafe fn negate_where_negative(x: __m512i, sign: __m512i) -> __m512i {
+        // SAFETY: see the impl note.
+        unsafe { _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(sign), _mm512_setzero_si512(), x) }
     }
     #[inline(always)]
     unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {

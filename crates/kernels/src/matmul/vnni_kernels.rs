@@ -8,16 +8,14 @@
 //! `maddubs` + `madd` pair and its i16 flush schedule. Signed weights avoid the sign transfer
 //! by a bias: Q8_0 bytes are read as `w + 128` (`w ^ 0x80`) and IQ4 levels looked up as
 //! `level + 128`, and `128 · Σx` (the activation block's exact integer sum) is subtracted from
-//! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`; Q6_K (`q - 32`, a scale per 16
-//! elements) subtracts `32 · Σx` per 16-element half, summed in the kernel.
+//! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`. Q6_K's scales change every 16
+//! elements, below the per-32 sums, so it keeps the sign transfer `|w| · (x · sign(w))`.
 //!
 //! Every block dot is the exact integer the scalar twins compute, and the f32 operations per
 //! (weight row, activation row) are theirs in the same order, so results are bitwise equal to
 //! `group_tile_scalar` / `kquant::tile_scalar` (and to the AVX2 kernels). Bounds: a Q8_0 step
 //! adds at most 4 · 255 · 127 per lane and a block at most 32 · 255 · 127 < 2²⁰; K-quant
 //! sub-block dots stay below 32 · 31 · 127 before their 6-bit scale; nothing approaches i32.
-
-use std::arch::x86_64::*;
 
 use super::activation::QuantizedRow;
 use super::grouped::{GroupPair, PairOut, GROUP};
@@ -294,9 +292,8 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
     }
 }
 
-/// Q6_K: the unsigned 6-bit `q` go straight into `vpdpbusd`; each 16-element half's exact
-/// dot `Σ q · x - 32 · Σx` (its activation sum from [`half_sums`]) is multiplied by that half's
-/// int8 scale, the two summed per 32-element block before the f32 step.
+/// Q6_K: signed weights `q - 32` by the sign transfer, each 16-element half's exact dot times
+/// its int8 scale, summed per 32-element block before the f32 step.
 #[inline(always)]
 unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     groups: GroupPair<'_>,
@@ -308,6 +305,7 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     unsafe {
         let mask = S::splat8(0x0f);
         let three = S::splat8(3);
+        let offset = S::splat8(32);
         let mut acc = [S::zero_f(); R];
         for s in 0..groups.blocks {
             let base = groups.block(s, stride);
@@ -317,12 +315,8 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
                     let low_run = base.add(Q6_LOW + (h * 2 + g % 2) * 8 * STEP);
                     let high_run = base.add(Q6_HIGH + h * 8 * STEP);
                     let xb = 8 * s + 4 * h + g;
-                    let sums_x: [[i32; 2]; R] =
-                        std::array::from_fn(|r| half_sums(xs[r].quants.as_ptr().add(xb * QK)));
                     let mut dot = [S::zero(); R];
-                    for (half, offsets) in
-                        [0, 1].map(|h| sums_x.map(|s| 32 * s[h])).iter().enumerate()
-                    {
+                    for half in 0..2 {
                         let mut sums = [S::zero(); R];
                         for kk in 4 * half..4 * half + 4 {
                             let packed = S::bytes32(low_run.add(kk * STEP));
@@ -334,16 +328,18 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
                             let bits = S::bytes32(high_run.add(kk * STEP));
                             let high = S::and(S::shr_16(bits, 2 * g as i32), three);
                             let q = S::or(low, S::shl4_16(high));
+                            let w = S::sub8(q, offset);
+                            let magnitude = S::abs8(w);
                             for r in 0..R {
                                 let x = S::broadcast4(xs[r].quants.as_ptr().add(xb * QK + 4 * kk));
-                                sums[r] = S::dot(sums[r], q, x);
+                                let x = S::negate_where_negative(x, w);
+                                sums[r] = S::dot(sums[r], magnitude, x);
                             }
                         }
                         let sub = 8 * h + 2 * g + half;
                         let scales = S::i8x8(base.add(Q6_SCALES + sub * GROUP));
                         for r in 0..R {
-                            let exact = S::sub32(sums[r], S::splat32(offsets[r]));
-                            dot[r] = S::add32(dot[r], S::mul32(exact, scales));
+                            dot[r] = S::add32(dot[r], S::mul32(sums[r], scales));
                         }
                     }
                     for r in 0..R {
@@ -354,24 +350,6 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
             }
         }
         store_all::<S, R>(acc, out);
-    }
-}
-
-/// The sums of activation bytes `0..16` and `16..32` at `x` (`vpsadbw` of the bytes biased to
-/// unsigned, then the bias removed: exact).
-///
-/// # Safety
-/// AVX2; 32 bytes readable at `x`.
-#[inline(always)]
-unsafe fn half_sums(x: *const i8) -> [i32; 2] {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let biased = _mm256_xor_si256(_mm256_loadu_si256(x.cast()), _mm256_set1_epi8(i8::MIN));
-        let sad = _mm256_sad_epu8(biased, _mm256_setzero_si256());
-        let low = _mm256_castsi256_si128(sad);
-        let high = _mm256_extracti128_si256::<1>(sad);
-        let half = |v: __m128i| _mm_cvtsi128_si32(v) + _mm_extract_epi32::<2>(v) - 16 * 128;
-        [half(low), half(high)]
     }
 }
 
