@@ -77,6 +77,8 @@ pub(crate) trait Lanes {
     unsafe fn shr1_16(a: Self::I) -> Self::I;
     /// Each 16-bit word shifted right by `count` (< 16).
     unsafe fn shr_16(a: Self::I, count: i32) -> Self::I;
+    /// `16` in each byte whose bit `j` (< 8) is set in `bits`, else 0.
+    unsafe fn bit_as_16(bits: Self::I, j: usize) -> Self::I;
     /// Each 32-bit lane shifted right by `count` (< 32).
     unsafe fn shr_32(a: Self::I, count: i32) -> Self::I;
     /// Each 32-bit lane shifted left by 4.
@@ -220,6 +222,15 @@ impl Lanes for Ymm {
     unsafe fn shr_16(a: __m256i, count: i32) -> __m256i {
         // SAFETY: see the impl note.
         unsafe { _mm256_srl_epi16(a, _mm_cvtsi32_si128(count)) }
+    }
+    #[inline(always)]
+    unsafe fn bit_as_16(bits: __m256i, j: usize) -> __m256i {
+        // SAFETY: see the impl note.
+        unsafe {
+            let bit = _mm256_set1_epi8((1u8 << j) as i8);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(bits, bit), bit);
+            _mm256_and_si256(set, _mm256_set1_epi8(16))
+        }
     }
     #[inline(always)]
     unsafe fn shr_32(a: __m256i, count: i32) -> __m256i {
@@ -409,6 +420,14 @@ impl Lanes for Zmm {
     unsafe fn shr_16(a: __m512i, count: i32) -> __m512i {
         // SAFETY: see the impl note.
         unsafe { _mm512_srl_epi16(a, _mm_cvtsi32_si128(count)) }
+    }
+    #[inline(always)]
+    unsafe fn bit_as_16(bits: __m512i, j: usize) -> __m512i {
+        // SAFETY: see the impl note.
+        unsafe {
+            let set = _mm512_test_epi8_mask(bits, _mm512_set1_epi8((1u8 << j) as i8));
+            _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(16))
+        }
     }
     #[inline(always)]
     unsafe fn shr_32(a: __m512i, count: i32) -> __m512i {

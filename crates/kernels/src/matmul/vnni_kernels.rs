@@ -239,7 +239,6 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
     // SAFETY: (whole body) as in `q4_tile` (super-block s holds activation blocks 8s..8s + 8).
     unsafe {
         let mask = S::splat8(0x0f);
-        let one = S::splat8(1);
         let mut acc = [S::zero_f(); R];
         for s in 0..groups.blocks {
             let base = groups.block(s, stride);
@@ -256,9 +255,8 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
                     let mut high = S::and(S::shr4_16(packed), mask);
                     if FIVE_BITS {
                         let bits = S::bytes32(base.add(Q5_HIGH + kk * STEP));
-                        let bit = |j: usize| S::shl4_16(S::and(S::shr_16(bits, j as i32), one));
-                        low = S::or(low, bit(2 * c));
-                        high = S::or(high, bit(2 * c + 1));
+                        low = S::or(low, S::bit_as_16(bits, 2 * c));
+                        high = S::or(high, S::bit_as_16(bits, 2 * c + 1));
                     }
                     for r in 0..R {
                         let x = xs[r].quants.as_ptr().add((8 * s + 2 * c) * QK + 4 * kk);
