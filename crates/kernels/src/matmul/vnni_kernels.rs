@@ -301,53 +301,76 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     let stride = KKind::Q6.stride();
     // SAFETY: (whole body) as in `q4_k_tile`.
     unsafe {
-        let mask = S::splat8(0x0f);
-        let three = S::splat8(3);
-        let offset = S::splat8(32);
         let mut acc = [S::zero_f(); R];
         for s in 0..groups.blocks {
             let base = groups.block(s, stride);
             let d = S::f16x8(base.add(D));
             for h in 0..2 {
-                for g in 0..4 {
-                    let low_run = base.add(Q6_LOW + (h * 2 + g % 2) * 8 * STEP);
-                    let high_run = base.add(Q6_HIGH + h * 8 * STEP);
-                    let xb = 8 * s + 4 * h + g;
-                    let mut dot = [S::zero(); R];
-                    for half in 0..2 {
-                        let mut sums = [S::zero(); R];
-                        for kk in 4 * half..4 * half + 4 {
-                            let packed = S::bytes32(low_run.add(kk * STEP));
-                            let low = if g < 2 {
-                                S::and(packed, mask)
-                            } else {
-                                S::and(S::shr4_16(packed), mask)
-                            };
-                            let bits = S::bytes32(high_run.add(kk * STEP));
-                            let high = S::and(S::shr_16(bits, 2 * g as i32), three);
-                            let q = S::or(low, S::shl4_16(high));
-                            let w = S::sub8(q, offset);
-                            let magnitude = S::abs8(w);
-                            for r in 0..R {
-                                let x = S::broadcast4(xs[r].quants.as_ptr().add(xb * QK + 4 * kk));
-                                let x = S::negate_where_negative(x, w);
-                                sums[r] = S::dot(sums[r], magnitude, x);
-                            }
-                        }
-                        let sub = 8 * h + 2 * g + half;
-                        let scales = S::i8x8(base.add(Q6_SCALES + sub * GROUP));
-                        for r in 0..R {
-                            dot[r] = S::add32(dot[r], S::mul32(sums[r], scales));
-                        }
-                    }
-                    for r in 0..R {
-                        let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
-                        acc[r] = S::fmadd(dx, S::to_f32(dot[r]), acc[r]);
-                    }
-                }
+                // One call per block with its index `G` constant, so the high-bit shifts are
+                // immediates.
+                q6_k_block::<S, R, 0>(base, h, 8 * s + 4 * h, d, xs, &mut acc);
+                q6_k_block::<S, R, 1>(base, h, 8 * s + 4 * h + 1, d, xs, &mut acc);
+                q6_k_block::<S, R, 2>(base, h, 8 * s + 4 * h + 2, d, xs, &mut acc);
+                q6_k_block::<S, R, 3>(base, h, 8 * s + 4 * h + 3, d, xs, &mut acc);
             }
         }
         store_all::<S, R>(acc, out);
+    }
+}
+
+/// Block `4h + G` of a Q6_K group-block at `base` against activation block `xb`, added to `acc`.
+///
+/// # Safety
+/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, `xb` inside
+/// every activation row.
+#[inline(always)]
+unsafe fn q6_k_block<S: Lanes, const R: usize, const G: usize>(
+    base: Bases,
+    h: usize,
+    xb: usize,
+    d: S::F,
+    xs: &[QuantizedRow<'_>; R],
+    acc: &mut [S::F; R],
+) {
+    // SAFETY: (whole body) the caller's contract; every load lies in the group-block or in
+    // activation block xb.
+    unsafe {
+        let mask = S::splat8(0x0f);
+        let three = S::splat8(3);
+        let offset = S::splat8(32);
+        let low_run = base.add(Q6_LOW + (h * 2 + G % 2) * 8 * STEP);
+        let high_run = base.add(Q6_HIGH + h * 8 * STEP);
+        let mut dot = [S::zero(); R];
+        for half in 0..2 {
+            let mut sums = [S::zero(); R];
+            for kk in 4 * half..4 * half + 4 {
+                let packed = S::bytes32(low_run.add(kk * STEP));
+                let low = if G < 2 {
+                    S::and(packed, mask)
+                } else {
+                    S::and(S::shr4_16(packed), mask)
+                };
+                let bits = S::bytes32(high_run.add(kk * STEP));
+                let high = S::and(S::shr_16(bits, 2 * G as i32), three);
+                let q = S::or(low, S::shl4_16(high));
+                let w = S::sub8(q, offset);
+                let magnitude = S::abs8(w);
+                for r in 0..R {
+                    let x = S::broadcast4(xs[r].quants.as_ptr().add(xb * QK + 4 * kk));
+                    let x = S::negate_where_negative(x, w);
+                    sums[r] = S::dot(sums[r], magnitude, x);
+                }
+            }
+            let sub = 8 * h + 2 * G + half;
+            let scales = S::i8x8(base.add(Q6_SCALES + sub * GROUP));
+            for r in 0..R {
+                dot[r] = S::add32(dot[r], S::mul32(sums[r], scales));
+            }
+        }
+        for r in 0..R {
+            let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
+            acc[r] = S::fmadd(dx, S::to_f32(dot[r]), acc[r]);
+        }
     }
 }
 
