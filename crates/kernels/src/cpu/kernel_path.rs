@@ -187,3 +187,87 @@ impl fmt::Display for KernelsOverride {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_features() -> CpuFeatures {
+        CpuFeatures {
+            avx2: true,
+            fma: true,
+            f16c: true,
+            avx512f: true,
+            avx512bw: true,
+            avx512vnni: true,
+            avxvnni: true,
+            amx_int8: true,
+            amx_tile: true,
+            kernels_override: KernelsOverride::None,
+        }
+    }
+
+    #[test]
+    fn values_parse_to_paths() {
+        for path in KernelPath::ALL {
+            assert_eq!(KernelPath::parse(path.env_value()), Some(path));
+        }
+        assert_eq!(KernelPath::parse(" AVX_VNNI "), Some(KernelPath::AvxVnni));
+        assert_eq!(KernelPath::parse("avx-512"), Some(KernelPath::Avx512));
+        assert_eq!(KernelPath::parse("sse2"), None);
+    }
+
+    #[test]
+    fn the_override_only_narrows() {
+        let all = all_features();
+        assert_eq!(apply_override(all, None), all);
+        assert_eq!(apply_override(all, Some("auto")), all);
+        assert_eq!(apply_override(all, Some("")), all);
+        for path in KernelPath::ALL {
+            let forced = apply_override(all, Some(path.env_value()));
+            assert_eq!(forced.kernels_override, KernelsOverride::Forced(path));
+            // Exactly this path's features are left: it is the fastest they allow.
+            assert!(path.missing(&forced).is_empty(), "{path}");
+            for faster in KernelPath::ALL.into_iter().filter(|&p| p > path) {
+                assert!(
+                    !faster.missing(&forced).is_empty(),
+                    "{path} leaves {faster}"
+                );
+            }
+            assert!(!forced.amx_int8 && !forced.amx_tile);
+        }
+        // A path the CPU lacks, or an unknown value: ignored, the features stay the CPU's.
+        let avx2_only = KernelPath::Avx2.narrow(&all);
+        let refused = apply_override(avx2_only, Some("avx512"));
+        assert_eq!(
+            refused.kernels_override,
+            KernelsOverride::Unsupported(KernelPath::Avx512)
+        );
+        assert_eq!(
+            CpuFeatures {
+                kernels_override: avx2_only.kernels_override,
+                ..refused
+            },
+            avx2_only
+        );
+        let unknown = apply_override(all, Some("neon"));
+        assert_eq!(unknown.kernels_override, KernelsOverride::Unknown);
+        assert_eq!(
+            CpuFeatures {
+                kernels_override: KernelsOverride::None,
+                ..unknown
+            },
+            all
+        );
+    }
+
+    #[test]
+    fn the_summary_names_the_override() {
+        let forced = KernelsOverride::Forced(KernelPath::Avx2).to_string();
+        assert_eq!(forced, ", forced by TOKENMILL_KERNELS=avx2");
+        assert!(KernelsOverride::Unsupported(KernelPath::Avx512)
+            .to_string()
+            .contains("TOKENMILL_KERNELS=avx512 ignored"));
+        assert_eq!(KernelsOverride::None.to_string(), "");
+    }
+}
