@@ -25,6 +25,7 @@ pub(crate) struct GroupPair<'a> {
     /// Group-blocks per group.
     pub(crate) blocks: usize,
 }
+
 /// Activation rows that share each unpacked weight block.
 const ROW_TILE: usize = 4;
 /// Groups visited for all activation tiles before moving on (sized to stay in L1/L2).
