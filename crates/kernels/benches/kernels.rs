@@ -1,6 +1,7 @@
 //! Criterion benches for the compute layer:
-//! - `matmul_576x1536`: every dtype at batch n = 1, 4, 16, 64, 256 (compute; throughput in FLOP,
-//!   shown by criterion as "elem/s" = FLOP/s);
+//! - `matmul_576x1536`: every dtype on every kernel path the host has (`TYPE/path`, e.g.
+//!   `Q4_K/avx512`, next to `Q4_K/scalar`) at batch n = 1, 4, 16, 64, 256 (compute; throughput
+//!   in FLOP, shown by criterion as "elem/s" = FLOP/s);
 //! - `matmul_stream`: batch-1 products with weights far larger than the last-level cache (the
 //!   default model's 49152x576 Q8_0 output head, and an 84 MB Q4_1 matrix), throughput in weight
 //!   bytes: memory bandwidth, what bounds single-stream decode;
@@ -17,8 +18,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenmill_kernels::{
     encode_float_row, f32_to_f16, paged_attention, quantize_row_q4_0, quantize_row_q4_1,
-    quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, AttentionParams, AttentionSeq, DType,
-    KvCacheBuffer, KvCacheDType, MatmulScratch, QMatrix, ThreadPool,
+    quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, AttentionParams, AttentionSeq,
+    CpuFeatures, DType, KernelPath, KvCacheBuffer, KvCacheDType, MatmulScratch, QMatrix,
+    ThreadPool,
 };
 
 struct Rng(u64);
@@ -100,9 +102,16 @@ fn bench_matmul(c: &mut Criterion) {
             let x = rng.values(n * cols);
             let mut out = vec![0.0f32; n * rows];
             group.throughput(Throughput::Elements((2 * rows * cols * n) as u64));
-            group.bench_with_input(BenchmarkId::new(dtype.name(), n), &n, |b, &n| {
-                b.iter(|| matrix.matmul(&pool, &x, n, &mut out, &mut scratch))
-            });
+            // Every kernel path this host has (and TOKENMILL_KERNELS leaves), next to scalar.
+            for path in KernelPath::ALL {
+                if !path.missing(CpuFeatures::get()).is_empty() {
+                    continue;
+                }
+                let id = BenchmarkId::new(format!("{}/{}", dtype.name(), path.env_value()), n);
+                group.bench_with_input(id, &n, |b, &n| {
+                    b.iter(|| matrix.matmul_on(path, &pool, &x, n, &mut out, &mut scratch))
+                });
+            }
         }
     }
     group.finish();

@@ -1,11 +1,13 @@
-//! Quick throughput check of the matmul kernels (not a criterion bench: one short timing loop
-//! per case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]`.
+//! Quick throughput check of the matmul kernels per weight type, kernel path (every path this
+//! host has, `KernelPath`) and batch size n = 1, 4, 16, 64, 256 (not a criterion bench: best of
+//! a few short timing windows per case). Run:
+//! `cargo run --release -p tokenmill-kernels --example matmul_speed [threads] [TYPE|all] [ROWSxCOLS]`.
 
 use std::time::Instant;
 
 use tokenmill_kernels::{
     encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,
-    quantize_row_q8_0, DType, MatmulScratch, QMatrix, ThreadPool,
+    quantize_row_q8_0, CpuFeatures, DType, KernelPath, MatmulScratch, QMatrix, ThreadPool,
 };
 
 fn random_values(n: usize, seed: &mut u64) -> Vec<f32> {
@@ -58,65 +60,124 @@ fn build(
     Ok(QMatrix::from_bytes(dtype, rows, cols, &bytes)?)
 }
 
+/// Seconds per call of `matmul_on(path)` for each of `paths`: the best of several short
+/// windows, the paths taking turns inside each window so that load from other processes
+/// (the machine is shared) hits them alike; the minimum filters out preemption.
+fn time_paths(
+    matrix: &QMatrix,
+    paths: &[KernelPath],
+    pool: &ThreadPool,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    // Short windows (about 2 ms) have a fair chance to run unpreempted on a loaded machine;
+    // each path gets about 0.3 s of them (at least 3).
+    let mut iterations = Vec::new();
+    let mut windows = 3;
+    for &path in paths {
+        let start = Instant::now();
+        matrix.matmul_on(path, pool, x, n, out, scratch)?;
+        let once = start.elapsed().as_secs_f64().max(1e-7);
+        let count = ((0.002 / once) as usize).clamp(1, 1000);
+        iterations.push(count);
+        windows = windows.max(((0.3 / (once * count as f64)) as usize).min(60));
+    }
+    let mut best = vec![f64::INFINITY; paths.len()];
+    for window in 0..windows {
+        for ((&path, &count), best) in paths.iter().zip(&iterations).zip(best.iter_mut()) {
+            // Slow paths (scalar) stop after their 0.3 s.
+            if window >= 3 && *best * count as f64 * window as f64 > 0.3 {
+                continue;
+            }
+            let start = Instant::now();
+            for _ in 0..count {
+                matrix.matmul_on(path, pool, x, n, out, scratch)?;
+            }
+            *best = best.min(start.elapsed().as_secs_f64() / count as f64);
+        }
+    }
+    Ok(best)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let threads = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let threads = args
+        .next()
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let filter = std::env::args().nth(2);
+    let filter = args.next().filter(|f| f != "all");
+    let (rows, cols) = match args.next() {
+        Some(shape) => {
+            let (r, c) = shape.split_once('x').ok_or("shape is ROWSxCOLS")?;
+            (r.parse()?, c.parse()?)
+        }
+        None => (1536usize, 1536usize),
+    };
     let pool = ThreadPool::new(threads);
     let mut scratch = MatmulScratch::new();
     let mut seed = 0x1234_5678_9abc_def0u64;
-    println!("threads={threads}");
-    let shapes = [(1536usize, 576usize), (576, 1536), (49152, 576)];
+    let cpu = CpuFeatures::get();
+    let paths: Vec<KernelPath> = KernelPath::ALL
+        .into_iter()
+        .filter(|path| {
+            let missing = path.missing(cpu);
+            if !missing.is_empty() {
+                println!("# {path}: skipped, this host lacks {}", missing.join(" "));
+            }
+            missing.is_empty()
+        })
+        .collect();
+    println!("# {}", cpu.summary());
+    println!("# threads={threads} weights {rows}x{cols}; per path: us per call, GFLOP/s");
+    print!("{:<7}{:>5}", "type", "n");
+    for path in &paths {
+        print!("{:>26}", path.to_string());
+    }
+    println!();
     for dtype in [
-        DType::Q4_1,
-        DType::Q8_0,
         DType::Q4_0,
+        DType::Q4_1,
         DType::Q5_0,
         DType::Q5_1,
+        DType::Q8_0,
         DType::IQ4_NL,
         DType::IQ4_XS,
         DType::Q4_K,
-        DType::Q6_K,
         DType::Q5_K,
+        DType::Q6_K,
         DType::F32,
+        DType::F16,
     ] {
-        if filter.as_deref().is_some_and(|f| f != dtype.name()) {
+        if filter
+            .as_deref()
+            .is_some_and(|f| !f.eq_ignore_ascii_case(dtype.name()))
+        {
             continue;
         }
-        for &(rows, cols) in &shapes {
-            if cols % dtype.block_size() != 0 {
-                continue;
-            }
-            let matrix = build(dtype, rows, cols, &mut seed)?;
-            for n in [1usize, 8, 64] {
-                if rows > 10_000 && n == 8 {
-                    continue;
-                }
-                let x = random_values(n * cols, &mut seed);
-                let mut out = vec![0.0f32; n * rows];
-                matrix.matmul(&pool, &x, n, &mut out, &mut scratch)?;
-                let flops_per_call = 2.0 * (rows * cols * n) as f64;
-                // The machine is shared: take the best of many short windows, which filters
-                // out preemption by other processes.
-                let iterations = ((2e8 / flops_per_call) as usize).clamp(1, 200);
-                let mut seconds = f64::INFINITY;
-                for _ in 0..15 {
-                    let start = Instant::now();
-                    for _ in 0..iterations {
-                        matrix.matmul(&pool, &x, n, &mut out, &mut scratch)?;
-                    }
-                    seconds = seconds.min(start.elapsed().as_secs_f64() / iterations as f64);
-                }
-                println!(
-                    "{:>5} {rows:>6}x{cols:<5} n={n:<3} {:>9.1} us  {:>7.1} GFLOP/s  {:>6.1} GB/s weights",
-                    dtype.name(),
+        if cols % dtype.block_size() != 0 {
+            println!(
+                "# {}: {cols} columns are no whole number of blocks",
+                dtype.name()
+            );
+            continue;
+        }
+        let matrix = build(dtype, rows, cols, &mut seed)?;
+        for n in [1usize, 4, 16, 64, 256] {
+            let x = random_values(n * cols, &mut seed);
+            let mut out = vec![0.0f32; n * rows];
+            let flops = 2.0 * (rows * cols * n) as f64;
+            print!("{:<7}{n:>5}", dtype.name());
+            let times = time_paths(&matrix, &paths, &pool, &x, n, &mut out, &mut scratch)?;
+            for seconds in times {
+                print!(
+                    "{:>15.1} us {:>6.1} GF",
                     seconds * 1e6,
-                    flops_per_call / seconds / 1e9,
-                    matrix.storage_bytes() as f64 / seconds / 1e9,
+                    flops / seconds / 1e9
                 );
             }
+            println!();
         }
     }
     Ok(())

@@ -8,9 +8,13 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-/// x86 features of this CPU that the kernels use (`avx2`, `fma`, `f16c`) or may use next
-/// (the AVX-512, VNNI and AMX fields are detected and reported, not yet used). Each is true
-/// only when both the CPU and the OS support it.
+mod kernel_path;
+
+pub use kernel_path::{KernelPath, KernelsOverride, KERNELS_ENV};
+
+/// x86 features of this CPU that the kernels use. Each is true only when both the CPU and the
+/// OS support it, and `TOKENMILL_KERNELS` ([`KERNELS_ENV`]) may narrow them (never widen) to
+/// force a slower [`KernelPath`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CpuFeatures {
     /// 256-bit integer and float vectors.
@@ -32,6 +36,8 @@ pub struct CpuFeatures {
     pub amx_int8: bool,
     /// AMX tile registers and their configuration.
     pub amx_tile: bool,
+    /// What `TOKENMILL_KERNELS` did to the fields above.
+    pub kernels_override: KernelsOverride,
 }
 
 impl CpuFeatures {
@@ -46,12 +52,16 @@ impl CpuFeatures {
         avxvnni: false,
         amx_int8: false,
         amx_tile: false,
+        kernels_override: KernelsOverride::None,
     };
 
     /// This CPU's features, detected on first use and cached for the process.
     pub fn get() -> &'static CpuFeatures {
         static FEATURES: OnceLock<CpuFeatures> = OnceLock::new();
-        FEATURES.get_or_init(CpuFeatures::detect)
+        FEATURES.get_or_init(|| {
+            let value = std::env::var(KERNELS_ENV).ok();
+            kernel_path::apply_override(CpuFeatures::detect(), value.as_deref())
+        })
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -67,6 +77,7 @@ impl CpuFeatures {
             avxvnni: extra.avxvnni,
             amx_int8: extra.amx_int8,
             amx_tile: extra.amx_tile,
+            kernels_override: KernelsOverride::None,
         }
     }
 
@@ -91,10 +102,12 @@ impl CpuFeatures {
             avxvnni: self.avxvnni && cpu.avxvnni,
             amx_int8: self.amx_int8 && cpu.amx_int8,
             amx_tile: self.amx_tile && cpu.amx_tile,
+            kernels_override: self.kernels_override,
         }
     }
 
-    /// One line for logs and bench headers, e.g. `avx2 fma f16c (kernels: AVX2)`.
+    /// One line for logs and bench headers, e.g. `avx2 fma f16c (kernels: AVX2)`: the features
+    /// and the matmul [`KernelPath`] they select (with any `TOKENMILL_KERNELS` override).
     pub fn summary(&self) -> String {
         self.to_string()
     }
@@ -124,12 +137,8 @@ impl fmt::Display for CpuFeatures {
         if !any {
             f.write_str("no SIMD features")?;
         }
-        let kernels = if self.avx2 && self.fma && self.f16c {
-            "AVX2"
-        } else {
-            "scalar"
-        };
-        write!(f, " (kernels: {kernels})")
+        let kernels = KernelPath::from(self);
+        write!(f, " (kernels: {kernels}{})", self.kernels_override)
     }
 }
 
@@ -196,9 +205,13 @@ mod tests {
         assert!(std::ptr::eq(features, CpuFeatures::get()));
         let summary = features.summary();
         eprintln!("CPU features: {summary}");
-        assert!(summary.ends_with("(kernels: AVX2)") || summary.ends_with("(kernels: scalar)"));
+        let path = KernelPath::from(features);
+        assert!(summary.contains(&format!("(kernels: {path}")), "{summary}");
+        // TOKENMILL_KERNELS=scalar clears avx2 on purpose.
         #[cfg(target_arch = "x86_64")]
-        assert_eq!(features.avx2, std::is_x86_feature_detected!("avx2"));
+        if !matches!(features.kernels_override, KernelsOverride::Forced(_)) {
+            assert_eq!(features.avx2, std::is_x86_feature_detected!("avx2"));
+        }
     }
 
     /// Every family derives its path from one `CpuFeatures`: none gives the scalar twins, the
@@ -264,8 +277,13 @@ mod tests {
             avxvnni: true,
             amx_int8: true,
             amx_tile: true,
+            kernels_override: KernelsOverride::None,
         };
-        assert_eq!(everything.usable(), *CpuFeatures::get());
+        let cpu = CpuFeatures {
+            kernels_override: KernelsOverride::None,
+            ..*CpuFeatures::get()
+        };
+        assert_eq!(everything.usable(), cpu);
         assert_eq!(CpuFeatures::NONE.usable(), CpuFeatures::NONE);
     }
 

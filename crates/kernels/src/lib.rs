@@ -44,8 +44,9 @@
 //!   materialized-softmax reference. Rows of `out` not covered by any sequence are left as
 //!   they were.
 //! - [`CpuFeatures`]: the CPU's features, detected once per process; every kernel family
-//!   derives its path (AVX2 or scalar) from it, and [`CpuFeatures::summary`] names them in one
-//!   line for logs and bench reports.
+//!   derives its path from it (matmul: [`KernelPath`] AVX-512 VNNI, AVX-VNNI, AVX2 or scalar;
+//!   `TOKENMILL_KERNELS` may force a slower one), and [`CpuFeatures::summary`] names them in
+//!   one line for logs and bench reports.
 //! - Machine peaks for benchmark reports: [`fma_peak_gflops`] (register-resident AVX2 FMA loop)
 //!   and [`read_bandwidth_gbs`] (multi-threaded streaming read).
 //!
@@ -99,7 +100,7 @@ mod test_util;
 pub use attention::{
     paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
 };
-pub use cpu::CpuFeatures;
+pub use cpu::{CpuFeatures, KernelPath, KernelsOverride, KERNELS_ENV};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
 pub use encoder::{
@@ -152,6 +153,10 @@ pub enum KernelError {
         /// The valid length.
         len: usize,
     },
+    /// A kernel path this process may not run: the CPU lacks its features, or
+    /// `TOKENMILL_KERNELS` narrowed them away.
+    #[error("the {0} kernel path is not available in this process (CPU lacks it or TOKENMILL_KERNELS excludes it)")]
+    UnsupportedKernelPath(KernelPath),
     /// Parameters that cannot describe a valid computation.
     #[error("invalid shape: {0}")]
     InvalidShape(&'static str),

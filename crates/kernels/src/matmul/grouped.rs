@@ -10,6 +10,22 @@ use crate::pool::{SharedMut, ThreadPool};
 
 /// Weight rows per interleaved group: one per 32-bit lane of an AVX2 register.
 pub(crate) const GROUP: usize = 8;
+
+/// Results of one kernel call, `[group][activation row][lane]`: the call's first group in
+/// `[0]`, and its second in `[1]` where the ISA computes two groups per call
+/// ([`Isa::groups_per_call`]).
+pub(crate) type PairOut<const R: usize> = [[[f32; GROUP]; R]; 2];
+
+/// The groups one kernel call reads: `first`, and `second` for ISAs that compute two groups
+/// per call (the same group as `first` where only one is wanted).
+#[derive(Clone, Copy)]
+pub(crate) struct GroupPair<'a> {
+    pub(crate) first: &'a [u8],
+    pub(crate) second: &'a [u8],
+    /// Group-blocks per group.
+    pub(crate) blocks: usize,
+}
+
 /// Activation rows that share each unpacked weight block.
 const ROW_TILE: usize = 4;
 /// Groups visited for all activation tiles before moving on (sized to stay in L1/L2).
@@ -20,14 +36,16 @@ pub(crate) trait GroupedLayout: Sync {
     /// Rows of the weight (the last group may be padded).
     fn out_features(&self) -> usize;
 
-    /// Computes group `group` (eight weight rows) against the activation rows `xs`: `out[r][lane]`
-    /// is weight row `group · GROUP + lane` against `xs[r]`.
+    /// Computes group `groups[0]` (eight weight rows) against the activation rows `xs`:
+    /// `out[0][r][lane]` is weight row `groups[0] · GROUP + lane` against `xs[r]`; ISAs with
+    /// [`Isa::groups_per_call`] 2 also compute `groups[1]` into `out[1]` (the driver passes the
+    /// same group twice where it wants one).
     fn group_tile<const R: usize>(
         &self,
         isa: Isa,
-        group: usize,
+        groups: [usize; 2],
         xs: &[QuantizedRow<'_>; R],
-        out: &mut [[f32; GROUP]; R],
+        out: &mut PairOut<R>,
     );
 }
 
@@ -42,10 +60,19 @@ fn run_tiles<L: GroupedLayout, const R: usize>(
     mut write: impl FnMut(usize, &[[f32; GROUP]]),
 ) {
     let xs: [QuantizedRow<'_>; R] = std::array::from_fn(|r| activations.row(first_row + r));
-    for group in groups {
-        let mut out = [[0.0f32; GROUP]; R];
-        layout.group_tile::<R>(isa, group, &xs, &mut out);
-        write(group, &out);
+    let per_call = isa.groups_per_call();
+    for group in groups.clone().step_by(per_call) {
+        let second = if group + 1 < groups.end {
+            group + per_call - 1
+        } else {
+            group
+        };
+        let mut out = [[[0.0f32; GROUP]; R]; 2];
+        layout.group_tile::<R>(isa, [group, second], &xs, &mut out);
+        write(group, &out[0]);
+        if second != group {
+            write(second, &out[1]);
+        }
     }
 }
 
@@ -61,7 +88,11 @@ pub(crate) fn matmul_grouped<L: GroupedLayout>(
     let out_features = layout.out_features();
     let n_groups = out_features.div_ceil(GROUP);
     let target_tasks = pool.num_threads() * 4;
-    let groups_per_task = n_groups.div_ceil(target_tasks).max(1);
+    // Whole pairs per task where the ISA computes two groups per call.
+    let groups_per_task = n_groups
+        .div_ceil(target_tasks)
+        .next_multiple_of(isa.groups_per_call())
+        .max(1);
     let n_tasks = n_groups.div_ceil(groups_per_task);
     let output = SharedMut::new(out);
     pool.parallel_for(n_tasks, &|task| {

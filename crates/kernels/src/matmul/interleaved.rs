@@ -33,7 +33,7 @@
 //! acc)`.
 
 use super::activation::{QuantizedActivations, QuantizedRow};
-use super::grouped::{matmul_grouped, GroupedLayout};
+use super::grouped::{matmul_grouped, GroupPair, GroupedLayout, PairOut};
 use super::Isa;
 use crate::dtype::DType;
 use crate::pool::ThreadPool;
@@ -277,11 +277,12 @@ impl GroupedLayout for Groups {
     fn group_tile<const R: usize>(
         &self,
         isa: Isa,
-        group: usize,
+        groups: [usize; 2],
         xs: &[QuantizedRow<'_>; R],
-        out: &mut [[f32; GROUP]; R],
+        out: &mut PairOut<R>,
     ) {
-        let data = self.group(group);
+        let data = self.group(groups[0]);
+        let (kind, n_blocks) = (self.kind, self.n_blocks);
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
@@ -289,7 +290,7 @@ impl GroupedLayout for Groups {
             // `n_blocks * kind.block_elems()` elements.
             Isa::Avx2 => unsafe {
                 use super::avx2;
-                let (kind, n_blocks) = (self.kind, self.n_blocks);
+                let out = &mut out[0];
                 match kind {
                     GroupKind::Q8Zero => avx2::q8_group_tile::<R>(data, n_blocks, xs, out),
                     GroupKind::Q4Zero | GroupKind::Q4One => {
@@ -302,7 +303,30 @@ impl GroupedLayout for Groups {
                     GroupKind::Iq4Xs => avx2::iq4_group_tile::<R, true>(data, n_blocks, xs, out),
                 }
             },
-            Isa::Scalar => group_tile_scalar(self.kind, data, self.n_blocks, xs, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::AvxVnni` is only constructed after detecting AVX2, FMA, F16C and
+            // AVX-VNNI; the group and activation rows hold what `Isa::Avx2`'s do.
+            Isa::AvxVnni => unsafe {
+                let pair = GroupPair {
+                    first: data,
+                    second: data,
+                    blocks: n_blocks,
+                };
+                super::vnni_kernels::interleaved_avxvnni::<R>(kind, pair, xs, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only constructed after detecting AVX2, FMA, F16C and
+            // AVX-512 F/BW/VNNI; both groups (`groups[1]` < the group count, as the driver
+            // passes) hold what `Isa::Avx2`'s does.
+            Isa::Avx512 => unsafe {
+                let pair = GroupPair {
+                    first: data,
+                    second: self.group(groups[1]),
+                    blocks: n_blocks,
+                };
+                super::vnni_kernels::interleaved_avx512::<R>(kind, pair, xs, out)
+            },
+            Isa::Scalar => group_tile_scalar(kind, data, n_blocks, xs, &mut out[0]),
         }
     }
 }

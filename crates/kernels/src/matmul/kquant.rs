@@ -35,7 +35,7 @@
 //! its conversion to f32 is exact.
 
 use super::activation::{QuantizedActivations, QuantizedRow};
-use super::grouped::{matmul_grouped, GroupedLayout, GROUP};
+use super::grouped::{matmul_grouped, GroupPair, GroupedLayout, PairOut, GROUP};
 use super::Isa;
 use crate::dtype::DType;
 use crate::pool::ThreadPool;
@@ -270,28 +270,50 @@ impl GroupedLayout for KGroups {
     fn group_tile<const R: usize>(
         &self,
         isa: Isa,
-        group: usize,
+        groups: [usize; 2],
         xs: &[QuantizedRow<'_>; R],
-        out: &mut [[f32; GROUP]; R],
+        out: &mut PairOut<R>,
     ) {
-        let data = self.group(group);
+        let data = self.group(groups[0]);
+        let (kind, n_super) = (self.kind, self.n_super);
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` is only constructed after detecting AVX2, FMA and F16C;
             // the group holds `n_super` group-blocks of its kind and every activation row
             // `8 · n_super` quantized blocks.
             Isa::Avx2 => unsafe {
-                match self.kind {
-                    KKind::Q4 => {
-                        super::kquant_avx2::q4_k_tile::<R, false>(data, self.n_super, xs, out)
-                    }
-                    KKind::Q5 => {
-                        super::kquant_avx2::q4_k_tile::<R, true>(data, self.n_super, xs, out)
-                    }
-                    KKind::Q6 => super::kquant_avx2::q6_k_tile::<R>(data, self.n_super, xs, out),
+                use super::kquant_avx2;
+                let out = &mut out[0];
+                match kind {
+                    KKind::Q4 => kquant_avx2::q4_k_tile::<R, false>(data, n_super, xs, out),
+                    KKind::Q5 => kquant_avx2::q4_k_tile::<R, true>(data, n_super, xs, out),
+                    KKind::Q6 => kquant_avx2::q6_k_tile::<R>(data, n_super, xs, out),
                 }
             },
-            Isa::Scalar => tile_scalar(self.kind, data, self.n_super, xs, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::AvxVnni` is only constructed after detecting AVX2, FMA, F16C and
+            // AVX-VNNI; the group and activation rows hold what `Isa::Avx2`'s do.
+            Isa::AvxVnni => unsafe {
+                let pair = GroupPair {
+                    first: data,
+                    second: data,
+                    blocks: n_super,
+                };
+                super::vnni_kernels::k_avxvnni::<R>(kind, pair, xs, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only constructed after detecting AVX2, FMA, F16C and
+            // AVX-512 F/BW/VNNI; both groups (`groups[1]` < the group count, as the driver
+            // passes) hold what `Isa::Avx2`'s does.
+            Isa::Avx512 => unsafe {
+                let pair = GroupPair {
+                    first: data,
+                    second: self.group(groups[1]),
+                    blocks: n_super,
+                };
+                super::vnni_kernels::k_avx512::<R>(kind, pair, xs, out)
+            },
+            Isa::Scalar => tile_scalar(kind, data, n_super, xs, &mut out[0]),
         }
     }
 }

@@ -26,8 +26,12 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 mod untransposed;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni_kernels;
 
-use crate::cpu::CpuFeatures;
+use crate::cpu::{CpuFeatures, KernelPath};
 use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::dequantize;
@@ -78,12 +82,21 @@ impl MatmulScratch {
     }
 }
 
-/// Which kernel family runs: AVX2 (with FMA and F16C) or scalar.
+/// Which kernel family runs (the crate-internal face of [`KernelPath`]): scalar, AVX2 (with
+/// FMA and F16C), AVX-VNNI (AVX2 plus 256-bit `vpdpbusd`) or AVX-512 (F + BW + VNNI, two
+/// eight-row groups per 512-bit register). The float kernels of the VNNI paths are AVX2's.
+///
+/// A SIMD variant is only ever constructed by [`Isa::from`] / [`Isa::for_path`] after the CPU
+/// was found to have its features: the kernels' `SAFETY` notes rely on that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    #[cfg(target_arch = "x86_64")]
+    AvxVnni,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 impl Isa {
@@ -91,20 +104,40 @@ impl Isa {
     pub(crate) fn detect() -> Isa {
         Isa::from(CpuFeatures::get())
     }
+
+    /// `path` if this process may run it (its features detected and not narrowed away by
+    /// `TOKENMILL_KERNELS`), else `None`.
+    pub(crate) fn for_path(path: KernelPath) -> Option<Isa> {
+        if !path.missing(CpuFeatures::get()).is_empty() {
+            return None;
+        }
+        Some(match path {
+            KernelPath::Scalar => Isa::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 => Isa::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::AvxVnni => Isa::AvxVnni,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 => Isa::Avx512,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => return None,
+        })
+    }
+
+    /// Eight-row groups one group kernel call computes: two 256-bit halves of a 512-bit
+    /// register for AVX-512, else one.
+    pub(crate) fn groups_per_call(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => 2,
+            _ => 1,
+        }
+    }
 }
 
 impl From<&CpuFeatures> for Isa {
     fn from(features: &CpuFeatures) -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let usable = features.usable();
-            if usable.avx2 && usable.fma && usable.f16c {
-                return Isa::Avx2;
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = features;
-        Isa::Scalar
+        Isa::for_path(KernelPath::from(features)).unwrap_or(Isa::Scalar)
     }
 }
 
@@ -249,6 +282,23 @@ impl QMatrix {
             Storage::KQuant(groups) => groups.row_to_f32(row, dst)?,
         }
         Ok(())
+    }
+
+    /// [`QMatrix::matmul`] on a given kernel path (for benchmarks and comparisons; results
+    /// are bitwise those of every other path). Refused with
+    /// [`KernelError::UnsupportedKernelPath`] where this process may not run `path` (the CPU
+    /// lacks it or `TOKENMILL_KERNELS` narrowed it away).
+    pub fn matmul_on(
+        &self,
+        path: KernelPath,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), KernelError> {
+        let isa = Isa::for_path(path).ok_or(KernelError::UnsupportedKernelPath(path))?;
+        self.matmul_with_isa(isa, pool, x, n, out, scratch)
     }
 
     /// Computes `out[n, out_features] = x[n, in_features] · Wᵀ` on `pool`.
@@ -407,11 +457,11 @@ fn kernel_pass<'w, const R: usize>(
 ) {
     for (j, results) in rows.zip(out.iter_mut()) {
         match (isa, row(j)) {
-            // SAFETY (the three AVX2 arms): `Isa::Avx2` is only constructed after detecting
-            // AVX2, FMA and F16C; each weight row holds `in_features` elements of its type and
+            // SAFETY (the three AVX2 arms): the SIMD `Isa`s are only constructed after
+            // detecting (at least) AVX2, FMA and F16C; each weight row holds `in_features` elements of its type and
             // every activation row `in_features` values.
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, FloatWeights::F32(w)) => {
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::F32(w)) => {
                 // SAFETY: as above.
                 unsafe {
                     avx2::dot_float::<R, { avx2::F32_WEIGHTS }>(
@@ -423,7 +473,7 @@ fn kernel_pass<'w, const R: usize>(
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, FloatWeights::F16(w)) => {
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::F16(w)) => {
                 // SAFETY: as above.
                 unsafe {
                     avx2::dot_float::<R, { avx2::F16_WEIGHTS }>(
@@ -435,7 +485,7 @@ fn kernel_pass<'w, const R: usize>(
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, FloatWeights::Bf16(w)) => {
+            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::Bf16(w)) => {
                 // SAFETY: as above.
                 unsafe {
                     avx2::dot_float::<R, { avx2::BF16_WEIGHTS }>(

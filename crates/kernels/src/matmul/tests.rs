@@ -1,4 +1,5 @@
 use super::*;
+use crate::cpu::KernelPath;
 use crate::dtype::f32_to_f16;
 use crate::quant::QK;
 use crate::test_util::{random_weights, Rng};
@@ -39,14 +40,111 @@ const INTERLEAVED: [DType; 7] = [
     DType::IQ4_XS,
 ];
 
+/// Every kernel path this process may run, scalar first; prints the ones skipped because the
+/// host lacks them (or `TOKENMILL_KERNELS` narrowed them away).
 fn isas() -> Vec<Isa> {
-    let mut isas = vec![Isa::Scalar];
-    if Isa::detect() != Isa::Scalar {
-        isas.push(Isa::detect());
-    } else {
-        eprintln!("matmul tests: SIMD path skipped, this CPU runs the scalar kernel only");
+    let mut isas = Vec::new();
+    for path in KernelPath::ALL {
+        match Isa::for_path(path) {
+            Some(isa) => isas.push(isa),
+            None => eprintln!("matmul tests: {path} path skipped: this host lacks it (or TOKENMILL_KERNELS excludes it)"),
+        }
     }
     isas
+}
+
+/// The SIMD paths of [`isas`].
+fn simd_isas() -> Vec<Isa> {
+    isas()
+        .into_iter()
+        .filter(|&isa| isa != Isa::Scalar)
+        .collect()
+}
+
+/// All ten quantized weight types.
+const QUANTIZED: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+#[test]
+fn every_isa_is_bitwise_equal_to_scalar_for_every_quantized_type() {
+    // Batch sizes 1..=17 hit every tile remainder, 70 several full tiles; 37 and 9 rows leave
+    // a padded last group and (AVX-512) a lone last group of a pair; widths of one and
+    // several blocks. Each path must equal the scalar twin bit for bit.
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(41);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let simd = simd_isas();
+    for dtype in QUANTIZED {
+        let block = dtype.block_size().max(QK);
+        for (rows, cols) in [(37usize, block), (9, 3 * block), (24, 256 * 3)] {
+            if cols % dtype.block_size() != 0 {
+                continue;
+            }
+            let bytes = random_weights(&mut rng, dtype, rows, cols);
+            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+            for n in (1..=17).chain([70]) {
+                let x = rng.vec(n * cols, -2.5, 2.5);
+                let mut scalar = vec![f32::NAN; n * rows];
+                matrix
+                    .matmul_with_isa(
+                        Isa::Scalar,
+                        &pool,
+                        &x,
+                        n,
+                        &mut scalar,
+                        &mut MatmulScratch::new(),
+                    )
+                    .unwrap();
+                for &isa in &simd {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matrix
+                        .matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
+                        .unwrap();
+                    assert_eq!(
+                        bits(&scalar),
+                        bits(&out),
+                        "{dtype} {isa:?} {rows}x{cols} n={n}: differs from scalar"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kernel_paths_are_chosen_and_forced_from_the_features() {
+    let cpu = CpuFeatures::get();
+    assert_eq!(KernelPath::from(&CpuFeatures::NONE), KernelPath::Scalar);
+    for path in KernelPath::ALL {
+        let available = Isa::for_path(path).is_some();
+        assert_eq!(available, path.missing(cpu).is_empty(), "{path}");
+        let matrix = QMatrix::from_bytes(DType::Q8_0, 1, 32, &[0u8; 34]).unwrap();
+        let result = matrix.matmul_on(
+            path,
+            &ThreadPool::new(1),
+            &[0.0; 32],
+            1,
+            &mut [0.0],
+            &mut MatmulScratch::new(),
+        );
+        assert_eq!(result.is_ok(), available, "{path}");
+        if !available {
+            eprintln!("kernel paths: {path} skipped: this host lacks it (or TOKENMILL_KERNELS excludes it)");
+        }
+    }
+    let best = KernelPath::from(cpu);
+    assert_eq!(Isa::detect(), Isa::for_path(best).unwrap());
+    assert!(cpu.summary().contains(&format!("(kernels: {best}")));
 }
 
 #[test]
@@ -94,16 +192,18 @@ fn matmul_matches_reference_for_every_dtype_and_isa() {
             }
             // The quantized layouts' scalar twins follow the SIMD order exactly; the f32
             // path's accumulation order differs.
-            if let [scalar, simd] = per_isa.as_slice() {
-                if dtype.is_quantized() {
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(scalar), bits(simd), "{dtype} scalar vs SIMD");
-                }
-                for (a, b) in scalar.iter().zip(simd) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
-                        "{dtype}: {a} vs {b}"
-                    );
+            if let [scalar, simds @ ..] = per_isa.as_slice() {
+                for simd in simds {
+                    if dtype.is_quantized() {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(scalar), bits(simd), "{dtype} scalar vs SIMD");
+                    }
+                    for (a, b) in scalar.iter().zip(simd) {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                            "{dtype}: {a} vs {b}"
+                        );
+                    }
                 }
             }
         }
@@ -116,45 +216,43 @@ fn interleaved_twins_are_bitwise_equal_for_every_batch_size() {
     // padded last group. Each result must also be within the dequantized reference's bound.
     let pool = ThreadPool::new(2);
     let mut rng = Rng::new(19);
-    let simd = Isa::detect();
-    if simd == Isa::Scalar {
-        eprintln!("interleaved twins: SIMD path skipped, this CPU runs the scalar kernel only");
-    }
-    for dtype in INTERLEAVED {
-        let block = dtype.block_size();
-        for cols in [block, 2 * block, 5 * block] {
-            let rows = 17;
-            let bytes = random_weights(&mut rng, dtype, rows, cols);
-            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
-            let mut weights = vec![0.0f32; rows * cols];
-            dequantize(dtype, &bytes, &mut weights).unwrap();
-            for n in [1usize, 3, 4, 5, 17] {
-                let x = rng.vec(n * cols, -3.0, 3.0);
-                let reference = reference_matmul(dtype, rows, cols, &bytes, &x, n).unwrap();
-                let mut outputs = Vec::new();
-                for isa in [Isa::Scalar, simd] {
-                    let mut out = vec![f32::NAN; n * rows];
-                    matrix
-                        .matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
-                        .unwrap();
-                    outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
-                    for (index, (&got, &want)) in out.iter().zip(&reference).enumerate() {
-                        let (i, j) = (index / rows, index % rows);
-                        let bound = tolerance(
-                            dtype,
-                            &weights[j * cols..(j + 1) * cols],
-                            &x[i * cols..(i + 1) * cols],
-                        );
-                        assert!(
-                            (f64::from(got) - f64::from(want)).abs() <= bound,
-                            "{dtype} {isa:?} cols={cols} n={n} [{i},{j}]: {got} vs {want}"
-                        );
+    for simd in simd_isas() {
+        for dtype in INTERLEAVED {
+            let block = dtype.block_size();
+            for cols in [block, 2 * block, 5 * block] {
+                let rows = 17;
+                let bytes = random_weights(&mut rng, dtype, rows, cols);
+                let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+                let mut weights = vec![0.0f32; rows * cols];
+                dequantize(dtype, &bytes, &mut weights).unwrap();
+                for n in [1usize, 3, 4, 5, 17] {
+                    let x = rng.vec(n * cols, -3.0, 3.0);
+                    let reference = reference_matmul(dtype, rows, cols, &bytes, &x, n).unwrap();
+                    let mut outputs = Vec::new();
+                    for isa in [Isa::Scalar, simd] {
+                        let mut out = vec![f32::NAN; n * rows];
+                        matrix
+                            .matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
+                            .unwrap();
+                        outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                        for (index, (&got, &want)) in out.iter().zip(&reference).enumerate() {
+                            let (i, j) = (index / rows, index % rows);
+                            let bound = tolerance(
+                                dtype,
+                                &weights[j * cols..(j + 1) * cols],
+                                &x[i * cols..(i + 1) * cols],
+                            );
+                            assert!(
+                                (f64::from(got) - f64::from(want)).abs() <= bound,
+                                "{dtype} {isa:?} cols={cols} n={n} [{i},{j}]: {got} vs {want}"
+                            );
+                        }
                     }
+                    assert_eq!(
+                        outputs[0], outputs[1],
+                        "{dtype} {simd:?} cols={cols} n={n}: scalar vs SIMD"
+                    );
                 }
-                assert_eq!(
-                    outputs[0], outputs[1],
-                    "{dtype} cols={cols} n={n}: scalar vs SIMD"
-                );
             }
         }
     }
@@ -434,8 +532,10 @@ fn k_quant_twins_agree_bitwise_for_every_batch_size() {
                     }
                     per_isa.push(out);
                 }
-                if let [scalar, simd] = per_isa.as_slice() {
-                    assert_eq!(bits(scalar), bits(simd), "{dtype} {rows}x{cols} n={n}");
+                if let [scalar, simds @ ..] = per_isa.as_slice() {
+                    for simd in simds {
+                        assert_eq!(bits(scalar), bits(simd), "{dtype} {rows}x{cols} n={n}");
+                    }
                 }
             }
         }
@@ -513,51 +613,49 @@ fn float_twins_are_bitwise_equal_and_16_bit_weights_equal_their_widened_f32() {
     // the widened values, and the scalar twin must follow the SIMD order lane for lane.
     let pool = ThreadPool::new(2);
     let mut rng = Rng::new(23);
-    let simd = Isa::detect();
-    if simd == Isa::Scalar {
-        eprintln!("float twins: SIMD path skipped, this CPU runs the scalar kernel only");
-    }
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for cols in [7usize, 16, 67, 256] {
-            let rows = 13;
-            let bytes = match dtype {
-                DType::F32 => rng
-                    .vec(rows * cols, -2.0, 2.0)
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-                _ => random_half_bytes(&mut rng, dtype, rows * cols),
-            };
-            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
-            let mut widened = vec![0.0f32; rows * cols];
-            dequantize(dtype, &bytes, &mut widened).unwrap();
-            let as_f32 = QMatrix::from_f32(rows, cols, &widened).unwrap();
-            assert_eq!(
-                matrix.storage_bytes(),
-                rows * cols * dtype.row_bytes(1).unwrap()
-            );
-            let mut row = vec![0.0f32; cols];
-            matrix.row_to_f32(rows - 1, &mut row).unwrap();
-            assert_eq!(row, widened[(rows - 1) * cols..]);
-            for n in [1usize, 3, 4, 5, 17] {
-                // Small activations keep products of large f16 weights finite.
-                let x = rng.vec(n * cols, -1e-3, 1e-3);
-                let mut outputs = Vec::new();
-                for (isa, m) in [(Isa::Scalar, &matrix), (simd, &matrix), (simd, &as_f32)] {
-                    let mut out = vec![f32::NAN; n * rows];
-                    m.matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
-                        .unwrap();
-                    assert!(out.iter().all(|v| v.is_finite()), "{dtype} cols={cols}");
-                    outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    for simd in simd_isas() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for cols in [7usize, 16, 67, 256] {
+                let rows = 13;
+                let bytes = match dtype {
+                    DType::F32 => rng
+                        .vec(rows * cols, -2.0, 2.0)
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                    _ => random_half_bytes(&mut rng, dtype, rows * cols),
+                };
+                let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+                let mut widened = vec![0.0f32; rows * cols];
+                dequantize(dtype, &bytes, &mut widened).unwrap();
+                let as_f32 = QMatrix::from_f32(rows, cols, &widened).unwrap();
+                assert_eq!(
+                    matrix.storage_bytes(),
+                    rows * cols * dtype.row_bytes(1).unwrap()
+                );
+                let mut row = vec![0.0f32; cols];
+                matrix.row_to_f32(rows - 1, &mut row).unwrap();
+                assert_eq!(row, widened[(rows - 1) * cols..]);
+                for n in [1usize, 3, 4, 5, 17] {
+                    // Small activations keep products of large f16 weights finite.
+                    let x = rng.vec(n * cols, -1e-3, 1e-3);
+                    let mut outputs = Vec::new();
+                    for (isa, m) in [(Isa::Scalar, &matrix), (simd, &matrix), (simd, &as_f32)] {
+                        let mut out = vec![f32::NAN; n * rows];
+                        m.matmul_with_isa(isa, &pool, &x, n, &mut out, &mut MatmulScratch::new())
+                            .unwrap();
+                        assert!(out.iter().all(|v| v.is_finite()), "{dtype} cols={cols}");
+                        outputs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                    }
+                    assert_eq!(
+                        outputs[0], outputs[1],
+                        "{dtype} {simd:?} cols={cols} n={n}: scalar vs SIMD"
+                    );
+                    assert_eq!(
+                        outputs[1], outputs[2],
+                        "{dtype} {simd:?} cols={cols} n={n}: 16-bit vs widened"
+                    );
                 }
-                assert_eq!(
-                    outputs[0], outputs[1],
-                    "{dtype} cols={cols} n={n}: scalar vs SIMD"
-                );
-                assert_eq!(
-                    outputs[1], outputs[2],
-                    "{dtype} cols={cols} n={n}: 16-bit vs widened"
-                );
             }
         }
     }

@@ -76,20 +76,20 @@ impl QMatrix {
 /// `out += Σ_k x[k] · W[k]` for one row; `W` holds `x.len()` rows of `out.len()` weights.
 fn axpy_rows(isa: Isa, weights: FloatWeights<'_>, x: &[f32], out: &mut [f32]) {
     match (isa, weights) {
-        // SAFETY (the three AVX2 arms): `Isa::Avx2` is only constructed after detecting AVX2,
-        // FMA and F16C, and `W` holds `x.len()` rows of `out.len()` elements of its type.
+        // SAFETY (the three AVX2 arms): the SIMD `Isa`s are only constructed after detecting
+        // (at least) AVX2, FMA and F16C, and `W` holds `x.len()` rows of `out.len()` elements of its type.
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatWeights::F32(w)) => {
+        (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::F32(w)) => {
             // SAFETY: as above.
             unsafe { avx2_axpy_rows::<{ super::avx2::F32_WEIGHTS }>(w.as_ptr().cast(), x, out) }
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatWeights::F16(w)) => {
+        (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::F16(w)) => {
             // SAFETY: as above.
             unsafe { avx2_axpy_rows::<{ super::avx2::F16_WEIGHTS }>(w.as_ptr().cast(), x, out) }
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatWeights::Bf16(w)) => {
+        (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::Bf16(w)) => {
             // SAFETY: as above.
             unsafe { avx2_axpy_rows::<{ super::avx2::BF16_WEIGHTS }>(w.as_ptr().cast(), x, out) }
         }

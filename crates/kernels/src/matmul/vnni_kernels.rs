@@ -1,0 +1,468 @@
+//! VNNI group kernels for every eight-row interleaved layout (`interleaved.rs`: Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS; `kquant.rs`: Q4_K, Q5_K, Q6_K), written once over
+//! [`Lanes`] and instantiated for AVX-VNNI (256-bit, one group per call) and AVX-512 VNNI
+//! (512-bit, two groups per call).
+//!
+//! `vpdpbusd` multiplies unsigned weight bytes by signed activation bytes and adds each lane's
+//! four products into its i32 accumulator without saturating, so it replaces AVX2's
+//! `maddubs` + `madd` pair and its i16 flush schedule. Signed weights avoid the sign transfer
+//! by a bias: Q8_0 bytes are read as `w + 128` (`w ^ 0x80`) and IQ4 levels looked up as
+//! `level + 128`, and `128 · Σx` (the activation block's exact integer sum) is subtracted from
+//! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`. Q6_K's scales change every 16
+//! elements, below the per-32 sums, so it keeps the sign transfer `|w| · (x · sign(w))`.
+//!
+//! Every block dot is the exact integer the scalar twins compute, and the f32 operations per
+//! (weight row, activation row) are theirs in the same order, so results are bitwise equal to
+//! `group_tile_scalar` / `kquant::tile_scalar` (and to the AVX2 kernels). Bounds: a Q8_0 step
+//! adds at most 4 · 255 · 127 per lane and a block at most 32 · 255 · 127 < 2²⁰; K-quant
+//! sub-block dots stay below 32 · 31 · 127 before their 6-bit scale; nothing approaches i32.
+
+use super::activation::QuantizedRow;
+use super::grouped::{GroupPair, PairOut, GROUP};
+use super::interleaved::{GroupKind, NIBBLE_BYTES};
+use super::kquant::{KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_HIGH, Q6_LOW, Q6_SCALES, STEP};
+use super::vnni::{Bases, Lanes, Ymm, Zmm};
+use crate::quant::{KVALUES_IQ4NL, QK};
+
+/// GGML's IQ4 levels plus 128, as unsigned bytes.
+const IQ4_BIASED: [u8; 16] = {
+    let mut table = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        table[i] = (KVALUES_IQ4NL[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    table
+};
+
+impl GroupPair<'_> {
+    /// Bases of group-block `b` of both groups.
+    ///
+    /// # Safety
+    /// `b < blocks` and both groups hold `blocks` group-blocks of `stride` bytes.
+    #[inline(always)]
+    unsafe fn block(&self, b: usize, stride: usize) -> Bases {
+        // SAFETY: the caller's contract.
+        unsafe {
+            Bases(
+                self.first.as_ptr().add(b * stride),
+                self.second.as_ptr().add(b * stride),
+            )
+        }
+    }
+}
+
+/// Stores each row's accumulator into `out`.
+#[inline(always)]
+unsafe fn store_all<S: Lanes, const R: usize>(acc: [S::F; R], out: &mut PairOut<R>) {
+    let [first, second] = out;
+    for (r, value) in acc.into_iter().enumerate() {
+        // SAFETY: the caller's features (see `Lanes`).
+        unsafe { S::store(value, &mut first[r], &mut second[r]) };
+    }
+}
+
+/// Q4_0/Q4_1 (`FIVE = false`) or Q5_0/Q5_1 (`FIVE = true`): the AVX2 kernel's unpacking, with
+/// one `vpdpbusd` per step and row.
+#[inline(always)]
+unsafe fn q4_tile<S: Lanes, const R: usize, const FIVE: bool>(
+    kind: GroupKind,
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    let stride = kind.block_stride();
+    // SAFETY: (whole body) the caller's features; group-block b's bytes lie inside both groups
+    // and activation block b inside every row (entry point contract).
+    unsafe {
+        let mask = S::splat8(0x0f);
+        let fifth = S::splat8(0x10);
+        let offset = kind.offset();
+        let mut acc = [S::zero_f(); R];
+        for b in 0..groups.blocks {
+            let base = groups.block(b, stride);
+            let scales = S::f16x8(base);
+            let quants = base.add(kind.quant_offset());
+            let (mut high_of_low, mut high_of_high) = if FIVE {
+                let qh = S::bytes32(base.add(kind.high_bits_offset()));
+                (S::shl4_16(qh), qh)
+            } else {
+                (S::zero(), S::zero())
+            };
+            let mut dots = [S::zero(); R];
+            for kk in 0..4 {
+                let packed = S::bytes32(quants.add(kk * 32));
+                let mut low = S::and(packed, mask);
+                let mut high = S::and(S::shr4_16(packed), mask);
+                if FIVE {
+                    low = S::or(low, S::and(high_of_low, fifth));
+                    high = S::or(high, S::and(high_of_high, fifth));
+                    high_of_low = S::shr1_16(high_of_low);
+                    high_of_high = S::shr1_16(high_of_high);
+                }
+                for r in 0..R {
+                    let x = xs[r].quants.as_ptr().add(b * QK);
+                    dots[r] = S::dot(dots[r], low, S::broadcast4(x.add(4 * kk)));
+                    dots[r] = S::dot(dots[r], high, S::broadcast4(x.add(16 + 4 * kk)));
+                }
+            }
+            let mins = if kind.has_min() {
+                S::f16x8(base.add(16))
+            } else {
+                S::zero_f()
+            };
+            for r in 0..R {
+                let mut dot = dots[r];
+                if offset != 0 {
+                    dot = S::sub32(dot, S::splat32(offset * xs[r].quant_sums[b]));
+                }
+                let d = S::mul_f(scales, S::splat_f(xs[r].scales[b]));
+                acc[r] = S::fmadd(d, S::to_f32(dot), acc[r]);
+                if kind.has_min() {
+                    acc[r] = S::fmadd(mins, S::splat_f(xs[r].block_sums[b]), acc[r]);
+                }
+            }
+        }
+        store_all::<S, R>(acc, out);
+    }
+}
+
+/// Q8_0: weight bytes biased to `w + 128`, `128 · Σx` subtracted per block.
+#[inline(always)]
+unsafe fn q8_tile<S: Lanes, const R: usize>(
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    let kind = GroupKind::Q8Zero;
+    let stride = kind.block_stride();
+    // SAFETY: (whole body) as in `q4_tile`.
+    unsafe {
+        let bias = S::splat8(i8::MIN);
+        let mut acc = [S::zero_f(); R];
+        for b in 0..groups.blocks {
+            let base = groups.block(b, stride);
+            let scales = S::f16x8(base);
+            let quants = base.add(kind.quant_offset());
+            let mut dots = [S::zero(); R];
+            for step in 0..8 {
+                let w = S::xor(S::bytes32(quants.add(step * 32)), bias);
+                for r in 0..R {
+                    let x = xs[r].quants.as_ptr().add(b * QK + 4 * step);
+                    dots[r] = S::dot(dots[r], w, S::broadcast4(x));
+                }
+            }
+            for r in 0..R {
+                let dot = S::sub32(dots[r], S::splat32(128 * xs[r].quant_sums[b]));
+                let d = S::mul_f(scales, S::splat_f(xs[r].scales[b]));
+                acc[r] = S::fmadd(d, S::to_f32(dot), acc[r]);
+            }
+        }
+        store_all::<S, R>(acc, out);
+    }
+}
+
+/// IQ4_NL (`XS = false`) or IQ4_XS: levels looked up biased by 128, `128 · Σx` subtracted per
+/// 32-element block; IQ4_XS's per-32 scale `d · (ls - 32)` built in f32 lanes (exact).
+#[inline(always)]
+unsafe fn iq4_tile<S: Lanes, const R: usize, const XS: bool>(
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    let kind = if XS {
+        GroupKind::Iq4Xs
+    } else {
+        GroupKind::Iq4Nl
+    };
+    let stride = kind.block_stride();
+    let subs = kind.block_elems() / QK;
+    // SAFETY: (whole body) as in `q4_tile`.
+    unsafe {
+        let mask = S::splat8(0x0f);
+        let table = S::table16(&IQ4_BIASED);
+        let mut acc = [S::zero_f(); R];
+        for b in 0..groups.blocks {
+            let base = groups.block(b, stride);
+            let d = S::f16x8(base);
+            let (scales_h, scales_l) = if XS {
+                (
+                    S::u16x8(base.add(16)),
+                    S::bytes32(base.add(kind.high_bits_offset())),
+                )
+            } else {
+                (S::zero(), S::zero())
+            };
+            for sub in 0..subs {
+                let scale = if XS {
+                    let low = S::and(S::shr_32(scales_l, 4 * sub as i32), S::splat32(0x0f));
+                    let high = S::and(S::shr_32(scales_h, 2 * sub as i32), S::splat32(3));
+                    let ls = S::sub32(S::or(low, S::shl4_32(high)), S::splat32(32));
+                    S::mul_f(d, S::to_f32(ls))
+                } else {
+                    d
+                };
+                let quants = base.add(kind.quant_offset() + sub * NIBBLE_BYTES);
+                let xb = b * subs + sub;
+                let mut dots = [S::zero(); R];
+                for kk in 0..4 {
+                    let packed = S::bytes32(quants.add(kk * 32));
+                    let low = S::lookup(table, S::and(packed, mask));
+                    let high = S::lookup(table, S::and(S::shr4_16(packed), mask));
+                    for r in 0..R {
+                        let x = xs[r].quants.as_ptr().add(xb * QK);
+                        dots[r] = S::dot(dots[r], low, S::broadcast4(x.add(4 * kk)));
+                        dots[r] = S::dot(dots[r], high, S::broadcast4(x.add(16 + 4 * kk)));
+                    }
+                }
+                for r in 0..R {
+                    let dot = S::sub32(dots[r], S::splat32(128 * xs[r].quant_sums[xb]));
+                    let dx = S::mul_f(scale, S::splat_f(xs[r].scales[xb]));
+                    acc[r] = S::fmadd(dx, S::to_f32(dot), acc[r]);
+                }
+            }
+        }
+        store_all::<S, R>(acc, out);
+    }
+}
+
+/// Q4_K (`FIVE_BITS = false`) or Q5_K: per 32-element sub-block an exact i32 dot, times its
+/// 6-bit scale, then the scalar twin's f32 order (scaled dots, then the mins).
+#[inline(always)]
+unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    let kind = if FIVE_BITS { KKind::Q5 } else { KKind::Q4 };
+    let stride = kind.stride();
+    // SAFETY: (whole body) as in `q4_tile` (super-block s holds activation blocks 8s..8s + 8).
+    unsafe {
+        let mask = S::splat8(0x0f);
+        let mut acc = [S::zero_f(); R];
+        for s in 0..groups.blocks {
+            let base = groups.block(s, stride);
+            let d = S::f16x8(base.add(D));
+            for c in 0..4 {
+                let scale_low = S::u8x8(base.add(K_SCALES + 2 * c * GROUP));
+                let scale_high = S::u8x8(base.add(K_SCALES + (2 * c + 1) * GROUP));
+                let run = base.add(kind.quants() + c * 8 * STEP);
+                let mut dot_low = [S::zero(); R];
+                let mut dot_high = [S::zero(); R];
+                for kk in 0..8 {
+                    let packed = S::bytes32(run.add(kk * STEP));
+                    let mut low = S::and(packed, mask);
+                    let mut high = S::and(S::shr4_16(packed), mask);
+                    if FIVE_BITS {
+                        let bits = S::bytes32(base.add(Q5_HIGH + kk * STEP));
+                        low = S::or(low, S::bit_as_16(bits, 2 * c));
+                        high = S::or(high, S::bit_as_16(bits, 2 * c + 1));
+                    }
+                    for r in 0..R {
+                        let x = xs[r].quants.as_ptr().add((8 * s + 2 * c) * QK + 4 * kk);
+                        dot_low[r] = S::dot(dot_low[r], low, S::broadcast4(x));
+                        dot_high[r] = S::dot(dot_high[r], high, S::broadcast4(x.add(QK)));
+                    }
+                }
+                for r in 0..R {
+                    let xb = 8 * s + 2 * c;
+                    let low = S::to_f32(S::mul32(dot_low[r], scale_low));
+                    let d_low = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
+                    acc[r] = S::fmadd(d_low, low, acc[r]);
+                    let high = S::to_f32(S::mul32(dot_high[r], scale_high));
+                    let d_high = S::mul_f(d, S::splat_f(xs[r].scales[xb + 1]));
+                    acc[r] = S::fmadd(d_high, high, acc[r]);
+                }
+            }
+            let dmin = S::f16x8(base.add(DMIN));
+            let mut m = [S::zero_f(); R];
+            for j in 0..8 {
+                let mins = S::to_f32(S::u8x8(base.add(K_MINS + j * GROUP)));
+                for r in 0..R {
+                    m[r] = S::fmadd(mins, S::splat_f(xs[r].block_sums[8 * s + j]), m[r]);
+                }
+            }
+            for r in 0..R {
+                acc[r] = S::fnmadd(dmin, m[r], acc[r]);
+            }
+        }
+        store_all::<S, R>(acc, out);
+    }
+}
+
+/// Q6_K: signed weights `q - 32` by the sign transfer, each 16-element half's exact dot times
+/// its int8 scale, summed per 32-element block before the f32 step.
+#[inline(always)]
+unsafe fn q6_k_tile<S: Lanes, const R: usize>(
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    let stride = KKind::Q6.stride();
+    // SAFETY: (whole body) as in `q4_k_tile`.
+    unsafe {
+        let mut acc = [S::zero_f(); R];
+        for s in 0..groups.blocks {
+            let base = groups.block(s, stride);
+            let d = S::f16x8(base.add(D));
+            for h in 0..2 {
+                // One call per block with its index `G` constant, so the high-bit shifts are
+                // immediates.
+                q6_k_block::<S, R, 0>(base, h, 8 * s + 4 * h, d, xs, &mut acc);
+                q6_k_block::<S, R, 1>(base, h, 8 * s + 4 * h + 1, d, xs, &mut acc);
+                q6_k_block::<S, R, 2>(base, h, 8 * s + 4 * h + 2, d, xs, &mut acc);
+                q6_k_block::<S, R, 3>(base, h, 8 * s + 4 * h + 3, d, xs, &mut acc);
+            }
+        }
+        store_all::<S, R>(acc, out);
+    }
+}
+
+/// Block `4h + G` of a Q6_K group-block at `base` against activation block `xb`, added to `acc`.
+///
+/// # Safety
+/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, `xb` inside
+/// every activation row.
+#[inline(always)]
+unsafe fn q6_k_block<S: Lanes, const R: usize, const G: usize>(
+    base: Bases,
+    h: usize,
+    xb: usize,
+    d: S::F,
+    xs: &[QuantizedRow<'_>; R],
+    acc: &mut [S::F; R],
+) {
+    // SAFETY: (whole body) the caller's contract; every load lies in the group-block or in
+    // activation block xb.
+    unsafe {
+        let mask = S::splat8(0x0f);
+        let three = S::splat8(3);
+        let offset = S::splat8(32);
+        let low_run = base.add(Q6_LOW + (h * 2 + G % 2) * 8 * STEP);
+        let high_run = base.add(Q6_HIGH + h * 8 * STEP);
+        let mut dot = [S::zero(); R];
+        for half in 0..2 {
+            let mut sums = [S::zero(); R];
+            for kk in 4 * half..4 * half + 4 {
+                let packed = S::bytes32(low_run.add(kk * STEP));
+                let low = if G < 2 {
+                    S::and(packed, mask)
+                } else {
+                    S::and(S::shr4_16(packed), mask)
+                };
+                let bits = S::bytes32(high_run.add(kk * STEP));
+                let high = S::and(S::shr_16(bits, 2 * G as i32), three);
+                let q = S::or(low, S::shl4_16(high));
+                let w = S::sub8(q, offset);
+                let magnitude = S::abs8(w);
+                for r in 0..R {
+                    let x = S::broadcast4(xs[r].quants.as_ptr().add(xb * QK + 4 * kk));
+                    let x = S::negate_where_negative(x, w);
+                    sums[r] = S::dot(sums[r], magnitude, x);
+                }
+            }
+            let sub = 8 * h + 2 * G + half;
+            let scales = S::i8x8(base.add(Q6_SCALES + sub * GROUP));
+            for r in 0..R {
+                dot[r] = S::add32(dot[r], S::mul32(sums[r], scales));
+            }
+        }
+        for r in 0..R {
+            let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
+            acc[r] = S::fmadd(dx, S::to_f32(dot[r]), acc[r]);
+        }
+    }
+}
+
+/// Which interleaved kernel a kind runs.
+macro_rules! interleaved_dispatch {
+    ($lanes:ty, $kind:expr, $groups:expr, $xs:expr, $out:expr) => {
+        match $kind {
+            GroupKind::Q8Zero => q8_tile::<$lanes, R>($groups, $xs, $out),
+            GroupKind::Q4Zero | GroupKind::Q4One => {
+                q4_tile::<$lanes, R, false>($kind, $groups, $xs, $out)
+            }
+            GroupKind::Q5Zero | GroupKind::Q5One => {
+                q4_tile::<$lanes, R, true>($kind, $groups, $xs, $out)
+            }
+            GroupKind::Iq4Nl => iq4_tile::<$lanes, R, false>($groups, $xs, $out),
+            GroupKind::Iq4Xs => iq4_tile::<$lanes, R, true>($groups, $xs, $out),
+        }
+    };
+}
+
+/// Which K-quant kernel a kind runs.
+macro_rules! k_dispatch {
+    ($lanes:ty, $kind:expr, $groups:expr, $xs:expr, $out:expr) => {
+        match $kind {
+            KKind::Q4 => q4_k_tile::<$lanes, R, false>($groups, $xs, $out),
+            KKind::Q5 => q4_k_tile::<$lanes, R, true>($groups, $xs, $out),
+            KKind::Q6 => q6_k_tile::<$lanes, R>($groups, $xs, $out),
+        }
+    };
+}
+
+/// Interleaved group `groups.first` against `R` activation rows on AVX-VNNI: `out[0][r][lane]`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-VNNI. `groups.first` must hold
+/// `groups.blocks` group-blocks of `kind` and every activation row the matching quantized
+/// blocks.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(crate) unsafe fn interleaved_avxvnni<const R: usize>(
+    kind: GroupKind,
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    // SAFETY: the caller's contract covers the kernels'.
+    unsafe { interleaved_dispatch!(Ymm, kind, groups, xs, out) }
+}
+
+/// Interleaved groups `groups.first` and `groups.second` against `R` activation rows on
+/// AVX-512: `out[g][r][lane]`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-512 F, BW and VNNI. Both groups must hold
+/// `groups.blocks` group-blocks of `kind` and every activation row the matching quantized
+/// blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn interleaved_avx512<const R: usize>(
+    kind: GroupKind,
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    // SAFETY: the caller's contract covers the kernels'.
+    unsafe { interleaved_dispatch!(Zmm, kind, groups, xs, out) }
+}
+
+/// K-quant group `groups.first` against `R` activation rows on AVX-VNNI.
+///
+/// # Safety
+/// As [`interleaved_avxvnni`], with `groups.blocks` super-blocks of `kind`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(crate) unsafe fn k_avxvnni<const R: usize>(
+    kind: KKind,
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    // SAFETY: the caller's contract covers the kernels'.
+    unsafe { k_dispatch!(Ymm, kind, groups, xs, out) }
+}
+
+/// K-quant groups `groups.first` and `groups.second` against `R` activation rows on AVX-512.
+///
+/// # Safety
+/// As [`interleaved_avx512`], with `groups.blocks` super-blocks of `kind`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn k_avx512<const R: usize>(
+    kind: KKind,
+    groups: GroupPair<'_>,
+    xs: &[QuantizedRow<'_>; R],
+    out: &mut PairOut<R>,
+) {
+    // SAFETY: the caller's contract covers the kernels'.
+    unsafe { k_dispatch!(Zmm, kind, groups, xs, out) }
+}
