@@ -1,5 +1,7 @@
 //! Quick throughput check of the matmul kernels (not a criterion bench: one short timing loop
-//! per case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]`.
+//! per case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]
+//! [type|all] [batch sizes, comma-separated]`; `TOKENMILL_AMX=0` keeps AMX hosts on the AVX2
+//! kernels, for comparing the two.
 
 use std::time::Instant;
 
@@ -63,11 +65,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let filter = std::env::args().nth(2);
+    let filter = std::env::args().nth(2).filter(|f| f != "all");
+    let batches: Vec<usize> = match std::env::args().nth(3) {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![1, 8, 64],
+    };
     let pool = ThreadPool::new(threads);
     let mut scratch = MatmulScratch::new();
     let mut seed = 0x1234_5678_9abc_def0u64;
-    println!("threads={threads}");
+    println!(
+        "threads={threads} cpu: {} amx={}",
+        tokenmill_kernels::CpuFeatures::get(),
+        tokenmill_kernels::amx_enabled()
+    );
     let shapes = [(1536usize, 576usize), (576, 1536), (49152, 576)];
     for dtype in [
         DType::Q4_1,
@@ -90,8 +100,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 continue;
             }
             let matrix = build(dtype, rows, cols, &mut seed)?;
-            for n in [1usize, 8, 64] {
-                if rows > 10_000 && n == 8 {
+            for &n in &batches {
+                if rows > 10_000 && (n == 8 || n > 64) {
                     continue;
                 }
                 let x = random_values(n * cols, &mut seed);

@@ -99,7 +99,7 @@ mod test_util;
 pub use attention::{
     paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
 };
-pub use cpu::CpuFeatures;
+pub use cpu::{amx_enabled, CpuFeatures, AMX_ENV};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
 pub use encoder::{

@@ -16,6 +16,8 @@
 
 mod activation;
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 mod grouped;
 mod interleaved;
@@ -260,18 +262,40 @@ impl QMatrix {
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
+        // Interleaved types at `amx::MIN_ROWS` rows and more take AMX tiles where the process
+        // may use them (bitwise equal to the other paths).
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(amx), Storage::Interleaved(groups)) = (amx::Amx::detect(), &self.storage) {
+            if n >= amx::MIN_ROWS {
+                return self.matmul_amx(amx, groups, pool, x, n, out, scratch);
+            }
+        }
         self.matmul_with_isa(Isa::detect(), pool, x, n, out, scratch)
     }
 
-    pub(crate) fn matmul_with_isa(
+    /// [`QMatrix::matmul`] on AMX tiles, for an interleaved matrix.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_amx(
         &self,
-        isa: Isa,
+        amx: amx::Amx,
+        groups: &interleaved::Groups,
         pool: &ThreadPool,
         x: &[f32],
         n: usize,
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
+        self.check_shapes(x, n, out)?;
+        if n == 0 || self.out_features == 0 {
+            return Ok(());
+        }
+        scratch.activations.quantize(pool, x, n, self.in_features)?;
+        amx::matmul_interleaved(amx, groups, pool, &scratch.activations, n, out);
+        Ok(())
+    }
+
+    fn check_shapes(&self, x: &[f32], n: usize, out: &[f32]) -> Result<(), KernelError> {
         if x.len() != n * self.in_features {
             return Err(KernelError::LengthMismatch {
                 what: "matmul input",
@@ -286,6 +310,19 @@ impl QMatrix {
                 actual: out.len(),
             });
         }
+        Ok(())
+    }
+
+    pub(crate) fn matmul_with_isa(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), KernelError> {
+        self.check_shapes(x, n, out)?;
         if n == 0 || self.out_features == 0 {
             return Ok(());
         }
