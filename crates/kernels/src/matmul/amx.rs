@@ -27,10 +27,11 @@ use std::sync::OnceLock;
 use super::activation::QuantizedActivations;
 use super::grouped::GroupedLayout;
 use super::interleaved::{GroupKind, Groups, GROUP, NIBBLE_BYTES};
+use super::kquant::{self, KGroups, KKind};
 use crate::cpu::{amx_enabled, CpuFeatures};
 use crate::f16_to_f32;
 use crate::pool::{SharedMut, ThreadPool};
-use crate::quant::{iq4_xs_scale, KVALUES_IQ4NL, QK};
+use crate::quant::{iq4_xs_scale, KVALUES_IQ4NL, QK, QK_K};
 
 /// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path (measured
 /// crossover, see bench/RESULTS.md); fewer rows keep the AVX2 group kernels.
@@ -66,8 +67,8 @@ impl Amx {
     }
 }
 
-/// A 64-byte tile configuration (palette 1): tmm0 = A (`rows` × 32 bytes), tmm1 = B
-/// (8 × 64 bytes), tmm2 = C (`rows` × 16 i32).
+/// A 64-byte tile configuration (palette 1): tmm0 = A (`rows` × 32 bytes), tmm1 and tmm4 = B
+/// (8 × 64 bytes), tmm2 and tmm3 = C (`rows` × 16 i32).
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
@@ -82,6 +83,8 @@ impl TileConfig {
         set(0, rows, QK as u16);
         set(1, QK / 4, (4 * TILE_COLS) as u16);
         set(2, rows, (4 * TILE_COLS) as u16);
+        set(3, rows, (4 * TILE_COLS) as u16);
+        set(4, QK / 4, (4 * TILE_COLS) as u16);
         TileConfig(bytes)
     }
 
@@ -106,15 +109,38 @@ unsafe fn release_tiles() {
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
+/// How a block's integer dots become f32 (each the scalar twin's order per output element):
+/// `acc = fma(d_w · d_x, dot, acc)` per block.
+const PLAIN: u8 = 0;
+/// Q4_1/Q5_1: then `acc = fma(m_w, d_x · Σx, acc)` per block.
+const MIN: u8 = 1;
+/// Q4_K/Q5_K: the dot times the sub-block's integer scale; after each super-block's eight
+/// blocks `acc = fma(-dmin, Σ_j fma(min_j, d_x · Σx, ·), acc)`.
+const K_MIN: u8 = 2;
+/// Q6_K: two dots (elements 0..16 and 16..32) times their integer scales, summed.
+const Q6: u8 = 3;
+
+/// One 32-element block's column parameters for a 16-column tile.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct BlockParams {
+    /// `d_w` (IQ4_XS `d · (ls - 32)`; K-quants the super-block's `d`).
+    scale: [f32; TILE_COLS],
+    /// Q4_1/Q5_1 `m`; Q4_K/Q5_K the sub-block's 6-bit min.
+    min: [f32; TILE_COLS],
+    /// Q4_K/Q5_K the sub-block's 6-bit scale; Q6_K the scales of elements 0..16 and 16..32.
+    int_scale: [[i32; TILE_COLS]; 2],
+    /// Q4_K/Q5_K: `-dmin` of the super-block.
+    neg_dmin: [f32; TILE_COLS],
+}
+
 /// Per-thread buffers, grown to the largest shape seen and then reused.
 #[derive(Default)]
 struct Scratch {
-    /// Unpacked B tiles of one 16-column tile, one per 32-element block.
+    /// Unpacked B tiles of one 16-column tile, [`Weights::tiles_per_block`] per block.
     b_tiles: Vec<u8>,
-    /// Weight scales (`d`, IQ4_XS `d · (ls - 32)`) per block, 16 columns each.
-    w_scales: Vec<f32>,
-    /// Weight mins (Q4_1/Q5_1) per block, 16 columns each.
-    w_mins: Vec<f32>,
+    /// Column parameters of one 16-column tile per block.
+    params: Vec<BlockParams>,
     /// Activation scales `d_x` per (activation tile, block), 16 rows each (zero past `n`).
     x_scales: Vec<f32>,
     /// Activation block sums `d_x · Σq` per (activation tile, block), 16 rows each.
@@ -125,17 +151,125 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// `out[n, out_features] = x · Wᵀ` for an interleaved matrix and activations already quantized
-/// into `activations`, on AMX tiles. Bitwise equal to `Groups::matmul` on any ISA.
-pub(crate) fn matmul_interleaved(
+/// A matrix the AMX kernels read: eight-row groups of a 32-element-block type or a K-quant.
+#[derive(Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    Legacy(&'a Groups),
+    KQuant(&'a KGroups),
+}
+
+impl Weights<'_> {
+    fn out_features(self) -> usize {
+        match self {
+            Weights::Legacy(groups) => groups.out_features(),
+            Weights::KQuant(groups) => groups.out_features(),
+        }
+    }
+
+    /// 32-element blocks per row.
+    fn blocks(self) -> usize {
+        match self {
+            Weights::Legacy(groups) => groups.n_blocks() * groups.kind().block_elems() / QK,
+            Weights::KQuant(groups) => groups.n_super() * QK_K / QK,
+        }
+    }
+
+    fn group(&self, group: usize) -> &[u8] {
+        match *self {
+            Weights::Legacy(groups) => groups.group(group),
+            Weights::KQuant(groups) => groups.group(group),
+        }
+    }
+
+    fn epilogue(self) -> u8 {
+        match self {
+            Weights::Legacy(groups) if groups.kind().has_min() => MIN,
+            Weights::Legacy(_) => PLAIN,
+            Weights::KQuant(groups) if groups.kind() == KKind::Q6 => Q6,
+            Weights::KQuant(_) => K_MIN,
+        }
+    }
+
+    /// B tiles per block: Q6_K's two 16-element halves get one each (the other half zero).
+    fn tiles_per_block(self) -> usize {
+        if self.epilogue() == Q6 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Block `b`'s column parameters for groups `first` (columns 0..8) and `second` (8..16).
+    fn params(self, first: &[u8], second: &[u8], b: usize) -> BlockParams {
+        let mut params = BlockParams::default();
+        for column in 0..TILE_COLS {
+            let (data, lane) = if column < GROUP {
+                (first, column)
+            } else {
+                (second, column - GROUP)
+            };
+            match self {
+                Weights::Legacy(groups) => {
+                    (params.scale[column], params.min[column]) =
+                        lane_scale_min(groups.kind(), data, lane, b);
+                }
+                Weights::KQuant(groups) => {
+                    let kind = groups.kind();
+                    let block = &data[(b / 8) * kind.stride()..][..kind.stride()];
+                    let f16 = |at: usize| {
+                        f16_to_f32(u16::from_le_bytes([
+                            block[at + 2 * lane],
+                            block[at + 2 * lane + 1],
+                        ]))
+                    };
+                    let j = b % 8;
+                    params.scale[column] = f16(kquant::D);
+                    if kind == KKind::Q6 {
+                        let sub = 8 * (j / 4) + 2 * (j % 4);
+                        for half in 0..2 {
+                            let at = kquant::Q6_SCALES + (sub + half) * GROUP + lane;
+                            params.int_scale[half][column] = i32::from(block[at] as i8);
+                        }
+                    } else {
+                        params.min[column] = f32::from(block[kquant::K_MINS + j * GROUP + lane]);
+                        params.int_scale[0][column] =
+                            i32::from(block[kquant::K_SCALES + j * GROUP + lane]);
+                        params.neg_dmin[column] = -f16(kquant::DMIN);
+                    }
+                }
+            }
+        }
+        params
+    }
+
+    /// Writes block `b`'s B tile(s) for groups `first` and `second` at `tiles`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; block `b` lies inside both groups; `tiles` has room for
+    /// `tiles_per_block()` tiles.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn unpack(self, first: &[u8], second: &[u8], b: usize, tiles: *mut u8) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                Weights::Legacy(groups) => unpack_legacy(groups.kind(), first, second, b, tiles),
+                Weights::KQuant(groups) => unpack_kquant(groups.kind(), first, second, b, tiles),
+            }
+        }
+    }
+}
+
+/// `out[n, out_features] = x · Wᵀ` for activations already quantized into `activations`, on
+/// AMX tiles. Bitwise equal to the grouped kernels (`grouped.rs`) on any ISA.
+pub(crate) fn matmul(
     amx: Amx,
-    groups: &Groups,
+    weights: Weights<'_>,
     pool: &ThreadPool,
     activations: &QuantizedActivations,
     n: usize,
     out: &mut [f32],
 ) {
-    let out_features = groups.out_features();
+    let out_features = weights.out_features();
     let n_col_tiles = out_features.div_ceil(TILE_COLS);
     let target_tasks = pool.num_threads() * 4;
     let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
@@ -154,7 +288,7 @@ pub(crate) fn matmul_interleaved(
             };
             // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; the activations hold
             // `n` rows of the matrix's `in_features`.
-            unsafe { run_task(amx, groups, activations, n, col_tiles, scratch, write) };
+            unsafe { run_task(amx, weights, activations, n, col_tiles, scratch, write) };
         });
     });
 }
@@ -163,21 +297,20 @@ pub(crate) fn matmul_interleaved(
 ///
 /// # Safety
 /// `_amx` is a genuine token (AMX usable in this process, AVX-512 F/BW present), and
-/// `activations` holds `n` quantized rows of `groups`' input width.
+/// `activations` holds `n` quantized rows of the weights' input width.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn run_task(
     _amx: Amx,
-    groups: &Groups,
+    weights: Weights<'_>,
     activations: &QuantizedActivations,
     n: usize,
     col_tiles: std::ops::Range<usize>,
     scratch: &mut Scratch,
     mut write: impl FnMut(usize, usize, &[f32; TILE_COLS]),
 ) {
-    let kind = groups.kind();
-    let blocks = groups.n_blocks() * kind.block_elems() / QK;
+    let blocks = weights.blocks();
     let in_features = blocks * QK;
-    let n_groups = groups.out_features().div_ceil(GROUP);
+    let n_groups = weights.out_features().div_ceil(GROUP);
     let row_tiles = n.div_ceil(TILE_ROWS);
     let quants = activations.quants();
     assert!(
@@ -200,9 +333,9 @@ unsafe fn run_task(
             scratch.x_sums[at] = row.block_sums[b];
         }
     }
-    scratch.b_tiles.resize(blocks * B_TILE_BYTES, 0);
-    scratch.w_scales.resize(blocks * TILE_COLS, 0.0);
-    scratch.w_mins.resize(blocks * TILE_COLS, 0.0);
+    let tile_bytes = weights.tiles_per_block() * B_TILE_BYTES;
+    scratch.b_tiles.resize(blocks * tile_bytes, 0);
+    scratch.params.resize(blocks, BlockParams::default());
 
     let full = TileConfig::new(TILE_ROWS);
     let last_rows = n - (row_tiles - 1) * TILE_ROWS;
@@ -215,27 +348,19 @@ unsafe fn run_task(
         // A missing second group (odd group count) repeats the first; its columns are never
         // written out.
         let g1 = if g0 + 1 < n_groups { g0 + 1 } else { g0 };
-        let (data0, data1) = (groups.group(g0), groups.group(g1));
+        let (data0, data1) = (weights.group(g0), weights.group(g1));
         for b in 0..blocks {
-            // SAFETY: AVX-512 F/BW (caller); block b lies in both groups and its B tile in
+            // SAFETY: AVX-512 F/BW (caller); block b lies in both groups and its tiles in
             // `b_tiles` (resized above).
             unsafe {
-                unpack_block(
-                    kind,
+                weights.unpack(
                     data0,
                     data1,
                     b,
-                    scratch.b_tiles.as_mut_ptr().add(b * B_TILE_BYTES),
+                    scratch.b_tiles.as_mut_ptr().add(b * tile_bytes),
                 );
             }
-            for (lane, (scale, min)) in scratch.w_scales[b * TILE_COLS..(b + 1) * TILE_COLS]
-                .iter_mut()
-                .zip(&mut scratch.w_mins[b * TILE_COLS..(b + 1) * TILE_COLS])
-                .enumerate()
-            {
-                let data = if lane < GROUP { data0 } else { data1 };
-                (*scale, *min) = lane_scale_min(kind, data, lane % GROUP, b);
-            }
+            scratch.params[b] = weights.params(data0, data1, b);
         }
         for t in 0..row_tiles {
             let rows = if t + 1 == row_tiles {
@@ -256,8 +381,7 @@ unsafe fn run_task(
                 a_stride: in_features,
                 blocks,
                 b_tiles: scratch.b_tiles.as_ptr(),
-                w_scales: scratch.w_scales.as_ptr(),
-                w_mins: scratch.w_mins.as_ptr(),
+                params: scratch.params.as_ptr(),
                 x_scales: scratch.x_scales[x_at..].as_ptr(),
                 x_sums: scratch.x_sums[x_at..].as_ptr(),
             };
@@ -265,10 +389,11 @@ unsafe fn run_task(
             // `in_features` bytes start inside `quants` (rows < n); the scratch buffers hold
             // `blocks` entries from the given offsets.
             unsafe {
-                if kind.has_min() {
-                    tile_dots::<true>(&args, &mut results);
-                } else {
-                    tile_dots::<false>(&args, &mut results);
+                match weights.epilogue() {
+                    PLAIN => tile_dots::<PLAIN>(&args, &mut results),
+                    MIN => tile_dots::<MIN>(&args, &mut results),
+                    K_MIN => tile_dots::<K_MIN>(&args, &mut results),
+                    _ => tile_dots::<Q6>(&args, &mut results),
                 }
             }
             for (r, values) in results.iter().enumerate().take(rows) {
@@ -288,59 +413,101 @@ struct TileArgs {
     a_stride: usize,
     /// 32-element blocks per row.
     blocks: usize,
-    /// `blocks` unpacked B tiles.
+    /// The unpacked B tiles, one (Q6_K: two) per block.
     b_tiles: *const u8,
-    /// `blocks × 16` weight scales.
-    w_scales: *const f32,
-    /// `blocks × 16` weight mins (read only with `MIN`).
-    w_mins: *const f32,
+    /// `blocks` column parameters.
+    params: *const BlockParams,
     /// `blocks × 16` activation scales of the tile's rows.
     x_scales: *const f32,
-    /// `blocks × 16` activation block sums (read only with `MIN`).
+    /// `blocks × 16` activation block sums.
     x_sums: *const f32,
 }
 
-/// `out[r][c]` = activation row `r` against weight column `c`, over all blocks in order.
+/// `out[r][c]` = activation row `r` against weight column `c`, over all blocks in order, with
+/// epilogue `E` ([`PLAIN`], [`MIN`], [`K_MIN`], [`Q6`]).
 ///
 /// # Safety
 /// AMX usable, tiles configured for the tile's row count, AVX-512 F/BW; `args` valid for
 /// `args.blocks` blocks.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn tile_dots<const MIN: bool>(args: &TileArgs, out: &mut [[f32; TILE_COLS]; TILE_ROWS]) {
+unsafe fn tile_dots<const E: u8>(args: &TileArgs, out: &mut [[f32; TILE_COLS]; TILE_ROWS]) {
     #[repr(C, align(64))]
-    struct CTile([i32; TILE_ROWS * TILE_COLS]);
-    let mut c = CTile([0; TILE_ROWS * TILE_COLS]);
+    struct CTiles([[i32; TILE_ROWS * TILE_COLS]; 2]);
+    let mut c = CTiles([[0; TILE_ROWS * TILE_COLS]; 2]);
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
+    let tile_bytes = if E == Q6 { 2 } else { 1 } * B_TILE_BYTES;
+    let row_bytes = 4 * TILE_COLS;
     for b in 0..args.blocks {
-        // SAFETY: the caller's contract: A block b of each configured row, B tile b and the
-        // 64-byte rows of `c` are in bounds; the tile registers are configured.
+        // SAFETY: the caller's contract: A block b of each configured row, B tile(s) b, the
+        // parameters and the 64-byte rows of `c` are in bounds; the tiles are configured.
         unsafe {
+            let b_tile = args.b_tiles.add(b * tile_bytes);
             asm!(
                 "tileloadd tmm0, [{a} + {a_stride}*1]",
-                "tileloadd tmm1, [{b} + {b_stride}*1]",
+                "tileloadd tmm1, [{b} + {row_bytes}*1]",
                 "tilezero tmm2",
                 "tdpbssd tmm2, tmm0, tmm1",
-                "tilestored [{c} + {b_stride}*1], tmm2",
+                "tilestored [{c} + {row_bytes}*1], tmm2",
                 a = in(reg) args.a.add(b * QK),
                 a_stride = in(reg) args.a_stride,
-                b = in(reg) args.b_tiles.add(b * B_TILE_BYTES),
-                b_stride = in(reg) 4 * TILE_COLS,
-                c = in(reg) c.0.as_mut_ptr(),
+                b = in(reg) b_tile,
+                row_bytes = in(reg) row_bytes,
+                c = in(reg) c.0[0].as_mut_ptr(),
                 options(nostack),
             );
-            let w_scale = _mm512_loadu_ps(args.w_scales.add(b * TILE_COLS));
+            if E == Q6 {
+                asm!(
+                    "tileloadd tmm4, [{b} + {row_bytes}*1]",
+                    "tilezero tmm3",
+                    "tdpbssd tmm3, tmm0, tmm4",
+                    "tilestored [{c} + {row_bytes}*1], tmm3",
+                    b = in(reg) b_tile.add(B_TILE_BYTES),
+                    row_bytes = in(reg) row_bytes,
+                    c = in(reg) c.0[1].as_mut_ptr(),
+                    options(nostack),
+                );
+            }
+            let params = &*args.params.add(b);
+            let w_scale = _mm512_load_ps(params.scale.as_ptr());
             let x_scales = args.x_scales.add(b * TILE_ROWS);
+            let int_scale0 = _mm512_load_si512(params.int_scale[0].as_ptr().cast());
+            let int_scale1 = _mm512_load_si512(params.int_scale[1].as_ptr().cast());
             for (r, acc) in acc.iter_mut().enumerate() {
                 let d = _mm512_mul_ps(w_scale, _mm512_set1_ps(*x_scales.add(r)));
-                let dot =
-                    _mm512_cvtepi32_ps(_mm512_load_si512(c.0.as_ptr().add(r * TILE_COLS).cast()));
-                *acc = _mm512_fmadd_ps(d, dot, *acc);
+                let dot0 = _mm512_load_si512(c.0[0].as_ptr().add(r * TILE_COLS).cast());
+                let dot = match E {
+                    K_MIN => _mm512_mullo_epi32(dot0, int_scale0),
+                    Q6 => {
+                        let dot1 = _mm512_load_si512(c.0[1].as_ptr().add(r * TILE_COLS).cast());
+                        _mm512_add_epi32(
+                            _mm512_mullo_epi32(dot0, int_scale0),
+                            _mm512_mullo_epi32(dot1, int_scale1),
+                        )
+                    }
+                    _ => dot0,
+                };
+                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), *acc);
             }
-            if MIN {
-                let w_min = _mm512_loadu_ps(args.w_mins.add(b * TILE_COLS));
+            if E == MIN {
+                let w_min = _mm512_load_ps(params.min.as_ptr());
                 let x_sums = args.x_sums.add(b * TILE_ROWS);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     *acc = _mm512_fmadd_ps(w_min, _mm512_set1_ps(*x_sums.add(r)), *acc);
+                }
+            }
+            if E == K_MIN && b % 8 == 7 {
+                // The super-block's mins: m = Σ_j fma(min_j, d_x · Σx, m) from 0, then
+                // acc = fma(-dmin, m, acc).
+                let first = b - 7;
+                let neg_dmin = _mm512_load_ps(params.neg_dmin.as_ptr());
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let mut m = _mm512_setzero_ps();
+                    for j in first..=b {
+                        let min = _mm512_load_ps((*args.params.add(j)).min.as_ptr());
+                        let sum = *args.x_sums.add(j * TILE_ROWS + r);
+                        m = _mm512_fmadd_ps(min, _mm512_set1_ps(sum), m);
+                    }
+                    *acc = _mm512_fmadd_ps(neg_dmin, m, *acc);
                 }
             }
         }
@@ -390,27 +557,33 @@ unsafe fn pair(first: &[u8], second: &[u8], at: usize) -> __m512i {
     }
 }
 
-/// Writes block `b`'s int8 weight levels of groups `first` (columns 0..8) and `second`
-/// (columns 8..16) as one B tile at `dst`: row `kk` holds elements `4kk..4kk + 4` of every
+/// Row `kk` (0..8) of the B tile at `tile`.
+///
+/// # Safety
+/// `tile` points at a 512-byte tile.
+#[inline]
+unsafe fn tile_row(tile: *mut u8, kk: usize) -> *mut __m512i {
+    // SAFETY: kk < 8, inside the 512-byte tile (caller).
+    unsafe { tile.add(kk * 4 * TILE_COLS).cast() }
+}
+
+/// Writes block `b`'s int8 weight levels of interleaved groups `first` (columns 0..8) and
+/// `second` (8..16) as one B tile at `dst`: row `kk` holds elements `4kk..4kk + 4` of every
 /// column.
 ///
 /// # Safety
 /// AVX-512 F/BW; block `b` lies inside both groups and `dst` has room for 512 bytes.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn unpack_block(kind: GroupKind, first: &[u8], second: &[u8], b: usize, dst: *mut u8) {
+unsafe fn unpack_legacy(kind: GroupKind, first: &[u8], second: &[u8], b: usize, dst: *mut u8) {
     let subs = kind.block_elems() / QK;
     let base = (b / subs) * kind.block_stride();
     let quants = base + kind.quant_offset() + (b % subs) * NIBBLE_BYTES;
-    let row = |kk: usize| -> *mut __m512i {
-        // SAFETY: kk < 8, inside the 512-byte tile.
-        unsafe { dst.add(kk * 4 * TILE_COLS).cast() }
-    };
     // SAFETY: every load is 32 bytes inside block b of a group (the caller's contract; the
     // layout's offsets), every store one 64-byte row of the tile.
     unsafe {
         if kind == GroupKind::Q8Zero {
             for step in 0..QK / 4 {
-                _mm512_storeu_si512(row(step), pair(first, second, quants + 32 * step));
+                _mm512_storeu_si512(tile_row(dst, step), pair(first, second, quants + 32 * step));
             }
             return;
         }
@@ -443,8 +616,75 @@ unsafe fn unpack_block(kind: GroupKind, first: &[u8], second: &[u8], b: usize, d
                 low = _mm512_sub_epi8(low, offset);
                 high = _mm512_sub_epi8(high, offset);
             }
-            _mm512_storeu_si512(row(kk), low);
-            _mm512_storeu_si512(row(4 + kk), high);
+            _mm512_storeu_si512(tile_row(dst, kk), low);
+            _mm512_storeu_si512(tile_row(dst, 4 + kk), high);
+        }
+    }
+}
+
+/// Writes 32-element block `b` (sub-block `b % 8` of super-block `b / 8`) of K-quant groups
+/// `first` and `second` as B tile(s) at `dst`: Q4_K/Q5_K one tile of levels 0..32; Q6_K two,
+/// the levels `q - 32` of elements 0..16 (rows 0..4, rows 4..8 zero) and of 16..32 (rows
+/// 4..8, rows 0..4 zero), which take different scales.
+///
+/// # Safety
+/// AVX-512 F/BW; super-block `b / 8` lies inside both groups and `dst` has room for one tile
+/// (Q6_K: two).
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack_kquant(kind: KKind, first: &[u8], second: &[u8], b: usize, dst: *mut u8) {
+    let base = (b / 8) * kind.stride();
+    let j = b % 8;
+    let mask = _mm512_set1_epi8(0x0f);
+    // SAFETY: every load is 32 bytes inside super-block b / 8 of a group (the caller's
+    // contract; the layout's offsets), every store one 64-byte row of a tile.
+    unsafe {
+        if kind == KKind::Q6 {
+            let (h, g) = (j / 4, j % 4);
+            let low_run = base + kquant::Q6_LOW + (2 * h + g % 2) * 8 * kquant::STEP;
+            let high_run = base + kquant::Q6_HIGH + h * 8 * kquant::STEP;
+            let low_shift = _mm_cvtsi32_si128(4 * (g / 2) as i32);
+            let high_shift = _mm_cvtsi32_si128(2 * g as i32);
+            let thirty_two = _mm512_set1_epi8(32);
+            let zero = _mm512_setzero_si512();
+            for kk in 0..8 {
+                let low = _mm512_and_si512(
+                    _mm512_srl_epi16(pair(first, second, low_run + kk * kquant::STEP), low_shift),
+                    mask,
+                );
+                let high = _mm512_and_si512(
+                    _mm512_srl_epi16(
+                        pair(first, second, high_run + kk * kquant::STEP),
+                        high_shift,
+                    ),
+                    _mm512_set1_epi8(3),
+                );
+                let level = _mm512_sub_epi8(
+                    _mm512_or_si512(low, _mm512_slli_epi16::<4>(high)),
+                    thirty_two,
+                );
+                let (own, other) = if kk < 4 {
+                    (dst, dst.add(B_TILE_BYTES))
+                } else {
+                    (dst.add(B_TILE_BYTES), dst)
+                };
+                _mm512_storeu_si512(tile_row(own, kk), level);
+                _mm512_storeu_si512(tile_row(other, kk), zero);
+            }
+            return;
+        }
+        let run = base + kind.quants() + (j / 2) * 8 * kquant::STEP;
+        let shift = _mm_cvtsi32_si128(4 * (j % 2) as i32);
+        let bit = _mm512_set1_epi8((1u8 << j) as i8);
+        let sixteen = _mm512_set1_epi8(16);
+        for kk in 0..8 {
+            let packed = pair(first, second, run + kk * kquant::STEP);
+            let mut level = _mm512_and_si512(_mm512_srl_epi16(packed, shift), mask);
+            if kind == KKind::Q5 {
+                let high = pair(first, second, base + kquant::Q5_HIGH + kk * kquant::STEP);
+                let set = _mm512_test_epi8_mask(high, bit);
+                level = _mm512_mask_blend_epi8(set, level, _mm512_or_si512(level, sixteen));
+            }
+            _mm512_storeu_si512(tile_row(dst, kk), level);
         }
     }
 }
@@ -453,11 +693,11 @@ unsafe fn unpack_block(kind: GroupKind, first: &[u8], second: &[u8], b: usize, d
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::matmul::{Isa, MatmulScratch, QMatrix, Storage};
+    use crate::matmul::{Isa, MatmulScratch, QMatrix};
     use crate::test_util::{random_weights, Rng};
 
-    /// Every type the AMX path covers (all of the interleaved layout's).
-    const COVERED: [DType; 7] = [
+    /// Every type the AMX path covers (all of the two group layouts').
+    const COVERED: [DType; 10] = [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
@@ -465,6 +705,9 @@ mod tests {
         DType::Q8_0,
         DType::IQ4_NL,
         DType::IQ4_XS,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
     ];
 
     fn amx_or_skip(test: &str) -> Option<Amx> {
@@ -481,15 +724,25 @@ mod tests {
     }
 
     fn run_amx(amx: Amx, matrix: &QMatrix, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<u32> {
-        let Storage::Interleaved(groups) = &matrix.storage else {
-            panic!("{} is not interleaved", matrix.dtype());
-        };
+        let weights = matrix.amx_weights().expect("a group layout");
         let mut out = vec![f32::NAN; n * matrix.out_features()];
         let mut scratch = MatmulScratch::new();
         matrix
-            .matmul_amx(amx, groups, pool, x, n, &mut out, &mut scratch)
+            .matmul_amx(amx, weights, pool, x, n, &mut out, &mut scratch)
             .unwrap();
         out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Asserts bitwise equality, naming the first differing element (not dumping both).
+    fn assert_same(got: &[u32], want: &[u32], context: &str) {
+        assert_eq!(got.len(), want.len(), "{context}: lengths");
+        if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+            panic!(
+                "{context}: element {i} differs: {} vs {}",
+                f32::from_bits(got[i]),
+                f32::from_bits(want[i])
+            );
+        }
     }
 
     fn run_isa(isa: Isa, matrix: &QMatrix, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<u32> {
@@ -513,6 +766,7 @@ mod tests {
         let pool = ThreadPool::new(2);
         let mut rng = Rng::new(19);
         for dtype in COVERED {
+            // Odd widths: a padded last group and a half-empty last column tile.
             for &(rows, cols) in &[(37usize, 256usize), (16, 512), (24, 768), (9, 1536)] {
                 let bytes = random_weights(&mut rng, dtype, rows, cols);
                 let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
@@ -520,13 +774,17 @@ mod tests {
                     let x = rng.vec(n * cols, -2.0, 2.0);
                     let scalar = run_isa(Isa::Scalar, &matrix, &x, n, &pool);
                     let tiles = run_amx(amx, &matrix, &x, n, &pool);
-                    assert_eq!(tiles, scalar, "{dtype} {rows}x{cols} n={n}");
+                    assert_same(&tiles, &scalar, &format!("{dtype} {rows}x{cols} n={n}"));
                     let mut public = vec![f32::NAN; n * rows];
                     matrix
                         .matmul(&pool, &x, n, &mut public, &mut MatmulScratch::new())
                         .unwrap();
                     let public: Vec<u32> = public.iter().map(|v| v.to_bits()).collect();
-                    assert_eq!(public, scalar, "{dtype} {rows}x{cols} n={n} (matmul)");
+                    assert_same(
+                        &public,
+                        &scalar,
+                        &format!("{dtype} {rows}x{cols} n={n} matmul"),
+                    );
                 }
             }
         }
@@ -543,16 +801,19 @@ mod tests {
         let pools = [ThreadPool::new(1), ThreadPool::new(3)];
         let mut rng = Rng::new(23);
         let (rows, cols, n) = (45usize, 512usize, 70usize);
-        for dtype in [DType::Q4_1, DType::Q8_0, DType::Q5_0] {
+        for dtype in [
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::Q5_0,
+            DType::Q4_K,
+            DType::Q6_K,
+        ] {
             let bytes = random_weights(&mut rng, dtype, rows, cols);
             let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
             let x = rng.vec(n * cols, -2.0, 2.0);
             let full = run_amx(amx, &matrix, &x, n, &pools[0]);
-            assert_eq!(
-                run_amx(amx, &matrix, &x, n, &pools[1]),
-                full,
-                "{dtype} threads"
-            );
+            let threads = run_amx(amx, &matrix, &x, n, &pools[1]);
+            assert_same(&threads, &full, &format!("{dtype} threads"));
             for (start, len) in [(3usize, 16usize), (5, 21), (40, 30)] {
                 let part = run_amx(
                     amx,
@@ -561,11 +822,8 @@ mod tests {
                     len,
                     &pools[1],
                 );
-                assert_eq!(
-                    part,
-                    full[start * rows..(start + len) * rows],
-                    "{dtype} rows {start}+{len}"
-                );
+                let want = &full[start * rows..(start + len) * rows];
+                assert_same(&part, want, &format!("{dtype} rows {start}+{len}"));
             }
             for i in [0usize, 17, 69] {
                 let single = run_isa(
@@ -575,11 +833,8 @@ mod tests {
                     1,
                     &pools[0],
                 );
-                assert_eq!(
-                    single,
-                    full[i * rows..(i + 1) * rows],
-                    "{dtype} row {i} alone"
-                );
+                let want = &full[i * rows..(i + 1) * rows];
+                assert_same(&single, want, &format!("{dtype} row {i} alone"));
             }
         }
     }

@@ -265,21 +265,31 @@ impl QMatrix {
         // Interleaved types at `amx::MIN_ROWS` rows and more take AMX tiles where the process
         // may use them (bitwise equal to the other paths).
         #[cfg(target_arch = "x86_64")]
-        if let (Some(amx), Storage::Interleaved(groups)) = (amx::Amx::detect(), &self.storage) {
+        if let (Some(amx), Some(weights)) = (amx::Amx::detect(), self.amx_weights()) {
             if n >= amx::MIN_ROWS {
-                return self.matmul_amx(amx, groups, pool, x, n, out, scratch);
+                return self.matmul_amx(amx, weights, pool, x, n, out, scratch);
             }
         }
         self.matmul_with_isa(Isa::detect(), pool, x, n, out, scratch)
     }
 
-    /// [`QMatrix::matmul`] on AMX tiles, for an interleaved matrix.
+    /// The weights as the AMX kernels read them (the eight-row group layouts).
+    #[cfg(target_arch = "x86_64")]
+    fn amx_weights(&self) -> Option<amx::Weights<'_>> {
+        match &self.storage {
+            Storage::Interleaved(groups) => Some(amx::Weights::Legacy(groups)),
+            Storage::KQuant(groups) => Some(amx::Weights::KQuant(groups)),
+            Storage::Float { .. } | Storage::Half { .. } => None,
+        }
+    }
+
+    /// [`QMatrix::matmul`] on AMX tiles.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
     fn matmul_amx(
         &self,
         amx: amx::Amx,
-        groups: &interleaved::Groups,
+        weights: amx::Weights<'_>,
         pool: &ThreadPool,
         x: &[f32],
         n: usize,
@@ -291,7 +301,7 @@ impl QMatrix {
             return Ok(());
         }
         scratch.activations.quantize(pool, x, n, self.in_features)?;
-        amx::matmul_interleaved(amx, groups, pool, &scratch.activations, n, out);
+        amx::matmul(amx, weights, pool, &scratch.activations, n, out);
         Ok(())
     }
 
