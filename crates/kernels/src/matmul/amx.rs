@@ -1,23 +1,28 @@
-//! AMX int8 tile kernels for the interleaved 32-element-block layouts (`interleaved.rs`:
-//! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS) at prefill and large batches.
+//! AMX int8 tile kernels for the eight-row group layouts — `interleaved.rs` (Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0, IQ4_NL, IQ4_XS) and `kquant.rs` (Q4_K, Q5_K, Q6_K) — at prefill and batches of
+//! [`MIN_ROWS`] rows or more.
 //!
 //! One tile multiply (`tdpbssd`) yields the exact integer block dots of 16 activation rows
 //! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, read
 //! in place from the quantized activations (row stride `in_features`); B is two eight-row
 //! groups of the block's weight levels unpacked to int8 in the tile's four-byte (VNNI) layout,
-//! `[8 k-quads][16 columns][4 bytes]` — exactly the interleaved layout's steps, two groups side
-//! by side, so unpacking is a mask/shift (plus the Q4_0/Q5_0 offset, Q5's fifth bits or the
-//! IQ4 table) per 64 bytes; C is 16 × 16 i32. C is stored and the block's scales applied in
-//! AVX-512 floats with one accumulator per (activation row, weight row): for every block in
-//! order `acc = fma(d_w · d_x, dot, acc)`, then for Q4_1/Q5_1 `acc = fma(m_w, d_x · Σx, acc)` —
-//! the operation order of `group_tile_scalar`, so results are bitwise equal to the scalar and
-//! AVX2 paths and a row's result never depends on which tile or batch it lands in.
+//! `[8 k-quads][16 columns][4 bytes]` — exactly the layouts' steps, two groups side by side,
+//! so unpacking is a mask/shift (plus the Q4_0/Q5_0/Q6_K offset, the fifth bits, Q6_K's high
+//! bits or the IQ4 table) per 64 bytes; C is 16 × 16 i32. C is stored and the block's scales
+//! applied in AVX-512 floats with one accumulator per (activation row, weight row), in the
+//! scalar twins' order: for every block `acc = fma(d_w · d_x, dot, acc)`, then for Q4_1/Q5_1
+//! `acc = fma(m_w, d_x · Σx, acc)`; K-quants multiply the dot by the sub-block's integer scale
+//! first (Q6_K: two dots, one per 16-element half with its own scale, from two B tiles whose
+//! other half is zero) and Q4_K/Q5_K end each super-block with the min term. Results are
+//! therefore bitwise equal to the scalar and AVX2 paths, and a row's result never depends on
+//! which tile or batch it lands in.
 //!
-//! A task owns a range of 16-column tiles; for each it unpacks every block's B tile once into a
-//! per-thread buffer and then sweeps all activation rows, 16 at a time (the last tile shorter,
-//! with its own tile configuration). Tile state is configured at the start of each task and
-//! released at its end. Only runs with an [`Amx`] token, which exists only once the CPU, the OS
-//! permission (`crate::cpu::amx_enabled`) and AVX-512 F/BW are all there.
+//! A task owns a range of 16-column tiles; for each it unpacks every block's B tile and column
+//! parameters once into a per-thread buffer and then sweeps all activation rows, 16 at a time
+//! (the last tile shorter, with its own tile configuration). Tile state is configured at the
+//! start of each task and released at its end. Only runs with an [`Amx`] token, which exists
+//! only once the CPU, the OS permission (`crate::cpu::amx_enabled`) and AVX-512 F/BW are all
+//! there.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -29,13 +34,13 @@ use super::grouped::GroupedLayout;
 use super::interleaved::{GroupKind, Groups, GROUP, NIBBLE_BYTES};
 use super::kquant::{self, KGroups, KKind};
 use crate::cpu::{amx_enabled, CpuFeatures};
-use crate::f16_to_f32;
 use crate::pool::{SharedMut, ThreadPool};
-use crate::quant::{iq4_xs_scale, KVALUES_IQ4NL, QK, QK_K};
+use crate::quant::{KVALUES_IQ4NL, QK, QK_K};
 
-/// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path (measured
-/// crossover, see bench/RESULTS.md); fewer rows keep the AVX2 group kernels.
-pub(crate) const MIN_ROWS: usize = 16;
+/// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path: the measured
+/// crossover (bench/RESULTS.md) lies between 4 rows (even) and 8 (AMX 1.6x ahead); fewer rows
+/// keep the AVX2/scalar group kernels, whose per-row weight streaming wins for decode.
+pub(crate) const MIN_ROWS: usize = 8;
 /// Activation rows per A tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
 /// Weight rows per B tile: two interleaved groups.
@@ -199,42 +204,73 @@ impl Weights<'_> {
         }
     }
 
-    /// Block `b`'s column parameters for groups `first` (columns 0..8) and `second` (8..16).
-    fn params(self, first: &[u8], second: &[u8], b: usize) -> BlockParams {
+    /// Block `b`'s column parameters for groups `first` (columns 0..8) and `second` (8..16),
+    /// the values the scalar twins use (f16 widening and the small integer products are
+    /// exact, so vector and scalar decoding agree bit for bit).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; block `b` lies inside both groups.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn params(self, first: &[u8], second: &[u8], b: usize) -> BlockParams {
         let mut params = BlockParams::default();
-        for column in 0..TILE_COLS {
-            let (data, lane) = if column < GROUP {
-                (first, column)
-            } else {
-                (second, column - GROUP)
-            };
+        // SAFETY: every load lies inside block (or super-block) b of a group, at the layout's
+        // offsets (the caller's contract); stores go to `params`' 64-byte arrays.
+        unsafe {
             match self {
                 Weights::Legacy(groups) => {
-                    (params.scale[column], params.min[column]) =
-                        lane_scale_min(groups.kind(), data, lane, b);
+                    let kind = groups.kind();
+                    let subs = kind.block_elems() / QK;
+                    let base = (b / subs) * kind.block_stride();
+                    let d = _mm512_cvtph_ps(pair16(first, second, base));
+                    let scale = if kind == GroupKind::Iq4Xs {
+                        let sub = (b % subs) as i32;
+                        let high = _mm512_cvtepu16_epi32(pair16(first, second, base + 16));
+                        let low = pair(first, second, base + kind.high_bits_offset());
+                        let low = _mm512_srl_epi32(low, _mm_cvtsi32_si128(4 * sub));
+                        let high = _mm512_srl_epi32(high, _mm_cvtsi32_si128(2 * sub));
+                        let ls = _mm512_or_si512(
+                            _mm512_and_si512(low, _mm512_set1_epi32(0x0f)),
+                            _mm512_slli_epi32::<4>(_mm512_and_si512(high, _mm512_set1_epi32(3))),
+                        );
+                        let ls = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+                        _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls))
+                    } else {
+                        d
+                    };
+                    _mm512_store_ps(params.scale.as_mut_ptr(), scale);
+                    if kind.has_min() {
+                        let min = _mm512_cvtph_ps(pair16(first, second, base + 16));
+                        _mm512_store_ps(params.min.as_mut_ptr(), min);
+                    }
                 }
                 Weights::KQuant(groups) => {
                     let kind = groups.kind();
-                    let block = &data[(b / 8) * kind.stride()..][..kind.stride()];
-                    let f16 = |at: usize| {
-                        f16_to_f32(u16::from_le_bytes([
-                            block[at + 2 * lane],
-                            block[at + 2 * lane + 1],
-                        ]))
-                    };
+                    let base = (b / 8) * kind.stride();
                     let j = b % 8;
-                    params.scale[column] = f16(kquant::D);
+                    let d = _mm512_cvtph_ps(pair16(first, second, base + kquant::D));
+                    _mm512_store_ps(params.scale.as_mut_ptr(), d);
                     if kind == KKind::Q6 {
                         let sub = 8 * (j / 4) + 2 * (j % 4);
                         for half in 0..2 {
-                            let at = kquant::Q6_SCALES + (sub + half) * GROUP + lane;
-                            params.int_scale[half][column] = i32::from(block[at] as i8);
+                            let at = base + kquant::Q6_SCALES + (sub + half) * GROUP;
+                            let scales = _mm512_cvtepi8_epi32(pair8(first, second, at));
+                            _mm512_store_si512(params.int_scale[half].as_mut_ptr().cast(), scales);
                         }
                     } else {
-                        params.min[column] = f32::from(block[kquant::K_MINS + j * GROUP + lane]);
-                        params.int_scale[0][column] =
-                            i32::from(block[kquant::K_SCALES + j * GROUP + lane]);
-                        params.neg_dmin[column] = -f16(kquant::DMIN);
+                        let at = base + kquant::K_MINS + j * GROUP;
+                        let min =
+                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pair8(first, second, at)));
+                        _mm512_store_ps(params.min.as_mut_ptr(), min);
+                        let at = base + kquant::K_SCALES + j * GROUP;
+                        let scales = _mm512_cvtepu8_epi32(pair8(first, second, at));
+                        _mm512_store_si512(params.int_scale[0].as_mut_ptr().cast(), scales);
+                        // -dmin: a sign flip, as the scalar twin's negation.
+                        let dmin = _mm512_cvtph_ps(pair16(first, second, base + kquant::DMIN));
+                        let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(
+                            _mm512_castps_si512(dmin),
+                            _mm512_set1_epi32(i32::MIN),
+                        ));
+                        _mm512_store_ps(params.neg_dmin.as_mut_ptr(), neg_dmin);
                     }
                 }
             }
@@ -360,7 +396,8 @@ unsafe fn run_task(
                     scratch.b_tiles.as_mut_ptr().add(b * tile_bytes),
                 );
             }
-            scratch.params[b] = weights.params(data0, data1, b);
+            // SAFETY: as above.
+            scratch.params[b] = unsafe { weights.params(data0, data1, b) };
         }
         for t in 0..row_tiles {
             let rows = if t + 1 == row_tiles {
@@ -518,27 +555,37 @@ unsafe fn tile_dots<const E: u8>(args: &TileArgs, out: &mut [[f32; TILE_COLS]; T
     }
 }
 
-/// The scale (IQ4_XS: `d · (ls - 32)`, exact) and min of `lane` in 32-element block `b`,
-/// the values `group_tile_scalar` uses.
-fn lane_scale_min(kind: GroupKind, group: &[u8], lane: usize, b: usize) -> (f32, f32) {
-    let subs = kind.block_elems() / QK;
-    let block = &group[(b / subs) * kind.block_stride()..][..kind.block_stride()];
-    let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
-    let d = f16(2 * lane);
-    let scale = if kind == GroupKind::Iq4Xs {
-        let scales_h = u16::from_le_bytes([block[16 + 2 * lane], block[17 + 2 * lane]]);
-        let at = kind.high_bits_offset() + 4 * lane;
-        let scales_l = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
-        d * (iq4_xs_scale(scales_h, scales_l, b % subs) - 32) as f32
-    } else {
-        d
-    };
-    let min = if kind.has_min() {
-        f16(16 + 2 * lane)
-    } else {
-        0.0
-    };
-    (scale, min)
+/// 8 bytes at `at` of `first` and of `second` side by side.
+///
+/// # Safety
+/// AVX-512 F; both ranges in bounds.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair8(first: &[u8], second: &[u8], at: usize) -> __m128i {
+    debug_assert!(at + 8 <= first.len() && at + 8 <= second.len());
+    // SAFETY: the caller's contract.
+    unsafe {
+        _mm_unpacklo_epi64(
+            _mm_loadl_epi64(first.as_ptr().add(at).cast()),
+            _mm_loadl_epi64(second.as_ptr().add(at).cast()),
+        )
+    }
+}
+
+/// 16 bytes at `at` of `first` and of `second` side by side (eight f16 or u16 of each).
+///
+/// # Safety
+/// AVX-512 F; both ranges in bounds.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair16(first: &[u8], second: &[u8], at: usize) -> __m256i {
+    debug_assert!(at + 16 <= first.len() && at + 16 <= second.len());
+    // SAFETY: the caller's contract.
+    unsafe {
+        let low = _mm_loadu_si128(first.as_ptr().add(at).cast());
+        let high = _mm_loadu_si128(second.as_ptr().add(at).cast());
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high)
+    }
 }
 
 /// 32 bytes at `at` of `first` and of `second` side by side.
@@ -756,8 +803,8 @@ mod tests {
 
     /// AMX results equal the scalar twin's bit for bit, for every covered type, batch sizes
     /// around the 16-row tile, odd output widths (a padded last group and a half-empty last
-    /// column tile) and several input widths; the public entry point (which picks AMX from
-    /// 16 rows) agrees too.
+    /// column tile) and several input widths; the public entry point (AMX from `MIN_ROWS`
+    /// rows, the grouped kernels below) agrees too.
     #[test]
     fn amx_equals_scalar_twin_bitwise() {
         let Some(amx) = amx_or_skip("amx_equals_scalar_twin_bitwise") else {
@@ -770,7 +817,7 @@ mod tests {
             for &(rows, cols) in &[(37usize, 256usize), (16, 512), (24, 768), (9, 1536)] {
                 let bytes = random_weights(&mut rng, dtype, rows, cols);
                 let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
-                for n in [16usize, 17, 31, 32, 33, 64, 100] {
+                for n in [1usize, 8, 16, 17, 31, 32, 33, 64, 100] {
                     let x = rng.vec(n * cols, -2.0, 2.0);
                     let scalar = run_isa(Isa::Scalar, &matrix, &x, n, &pool);
                     let tiles = run_amx(amx, &matrix, &x, n, &pool);

@@ -262,8 +262,8 @@ impl QMatrix {
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
-        // Interleaved types at `amx::MIN_ROWS` rows and more take AMX tiles where the process
-        // may use them (bitwise equal to the other paths).
+        // The group layouts take AMX tiles from `amx::MIN_ROWS` rows where the process may use
+        // them (bitwise equal to the other paths).
         #[cfg(target_arch = "x86_64")]
         if let (Some(amx), Some(weights)) = (amx::Amx::detect(), self.amx_weights()) {
             if n >= amx::MIN_ROWS {
