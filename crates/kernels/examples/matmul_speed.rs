@@ -78,7 +78,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokenmill_kernels::CpuFeatures::get(),
         tokenmill_kernels::amx_enabled()
     );
-    let shapes = [(1536usize, 576usize), (576, 1536), (49152, 576)];
+    let shapes = [
+        (1536usize, 576usize),
+        (576, 1536),
+        (2048, 2048),
+        (49152, 576),
+    ];
     for dtype in [
         DType::Q4_1,
         DType::Q8_0,

@@ -133,8 +133,9 @@ struct BlockParams {
     scale: [f32; TILE_COLS],
     /// Q4_1/Q5_1 `m`; Q4_K/Q5_K the sub-block's 6-bit min.
     min: [f32; TILE_COLS],
-    /// Q4_K/Q5_K the sub-block's 6-bit scale; Q6_K the scales of elements 0..16 and 16..32.
-    int_scale: [[i32; TILE_COLS]; 2],
+    /// Q4_K/Q5_K the sub-block's 6-bit scale; Q6_K the scales of elements 0..16 and 16..32;
+    /// small integers held as f32 (exact).
+    int_scale: [[f32; TILE_COLS]; 2],
     /// Q4_K/Q5_K: `-dmin` of the super-block.
     neg_dmin: [f32; TILE_COLS],
 }
@@ -254,7 +255,10 @@ impl Weights<'_> {
                         for half in 0..2 {
                             let at = base + kquant::Q6_SCALES + (sub + half) * GROUP;
                             let scales = _mm512_cvtepi8_epi32(pair8(first, second, at));
-                            _mm512_store_si512(params.int_scale[half].as_mut_ptr().cast(), scales);
+                            _mm512_store_ps(
+                                params.int_scale[half].as_mut_ptr(),
+                                _mm512_cvtepi32_ps(scales),
+                            );
                         }
                     } else {
                         let at = base + kquant::K_MINS + j * GROUP;
@@ -263,7 +267,10 @@ impl Weights<'_> {
                         _mm512_store_ps(params.min.as_mut_ptr(), min);
                         let at = base + kquant::K_SCALES + j * GROUP;
                         let scales = _mm512_cvtepu8_epi32(pair8(first, second, at));
-                        _mm512_store_si512(params.int_scale[0].as_mut_ptr().cast(), scales);
+                        _mm512_store_ps(
+                            params.int_scale[0].as_mut_ptr(),
+                            _mm512_cvtepi32_ps(scales),
+                        );
                         // -dmin: a sign flip, as the scalar twin's negation.
                         let dmin = _mm512_cvtph_ps(pair16(first, second, base + kquant::DMIN));
                         let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(
@@ -507,23 +514,29 @@ unsafe fn tile_dots<const E: u8>(args: &TileArgs, out: &mut [[f32; TILE_COLS]; T
             let params = &*args.params.add(b);
             let w_scale = _mm512_load_ps(params.scale.as_ptr());
             let x_scales = args.x_scales.add(b * TILE_ROWS);
-            let int_scale0 = _mm512_load_si512(params.int_scale[0].as_ptr().cast());
-            let int_scale1 = _mm512_load_si512(params.int_scale[1].as_ptr().cast());
+            let int_scale0 = _mm512_load_ps(params.int_scale[0].as_ptr());
+            let int_scale1 = _mm512_load_ps(params.int_scale[1].as_ptr());
             for (r, acc) in acc.iter_mut().enumerate() {
                 let d = _mm512_mul_ps(w_scale, _mm512_set1_ps(*x_scales.add(r)));
                 let dot0 = _mm512_load_si512(c.0[0].as_ptr().add(r * TILE_COLS).cast());
+                // The scaled dots are integers below 2^24 (K-quants: |dot| ≤ 32 · 31 · 127
+                // times a scale ≤ 63; Q6_K: two halves, each ≤ 16 · 32 · 127 times |s| ≤ 128),
+                // so these float products and the sum are exact: the value of the scalar
+                // twin's integer `(scale · dot) as f32`.
+                let dot0 = _mm512_cvtepi32_ps(dot0);
                 let dot = match E {
-                    K_MIN => _mm512_mullo_epi32(dot0, int_scale0),
+                    K_MIN => _mm512_mul_ps(dot0, int_scale0),
                     Q6 => {
                         let dot1 = _mm512_load_si512(c.0[1].as_ptr().add(r * TILE_COLS).cast());
-                        _mm512_add_epi32(
-                            _mm512_mullo_epi32(dot0, int_scale0),
-                            _mm512_mullo_epi32(dot1, int_scale1),
+                        _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(dot1),
+                            int_scale1,
+                            _mm512_mul_ps(dot0, int_scale0),
                         )
                     }
                     _ => dot0,
                 };
-                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), *acc);
+                *acc = _mm512_fmadd_ps(d, dot, *acc);
             }
             if E == MIN {
                 let w_min = _mm512_load_ps(params.min.as_ptr());
@@ -537,12 +550,14 @@ unsafe fn tile_dots<const E: u8>(args: &TileArgs, out: &mut [[f32; TILE_COLS]; T
                 // acc = fma(-dmin, m, acc).
                 let first = b - 7;
                 let neg_dmin = _mm512_load_ps(params.neg_dmin.as_ptr());
+                let mins: [__m512; 8] = std::array::from_fn(|j| {
+                    _mm512_load_ps((*args.params.add(first + j)).min.as_ptr())
+                });
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let mut m = _mm512_setzero_ps();
-                    for j in first..=b {
-                        let min = _mm512_load_ps((*args.params.add(j)).min.as_ptr());
-                        let sum = *args.x_sums.add(j * TILE_ROWS + r);
-                        m = _mm512_fmadd_ps(min, _mm512_set1_ps(sum), m);
+                    for (j, min) in mins.iter().enumerate() {
+                        let sum = *args.x_sums.add((first + j) * TILE_ROWS + r);
+                        m = _mm512_fmadd_ps(*min, _mm512_set1_ps(sum), m);
                     }
                     *acc = _mm512_fmadd_ps(neg_dmin, m, *acc);
                 }
@@ -834,6 +849,44 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The largest integer dots each type can produce (every level at its extreme, every
+    /// activation at -127, K-quant scales at their maximum) still match the scalar twin: no
+    /// tile sum or scaled dot loses a bit.
+    #[test]
+    fn amx_extreme_values_equal_scalar() {
+        let Some(amx) = amx_or_skip("amx_extreme_values_equal_scalar") else {
+            return;
+        };
+        let pool = ThreadPool::new(2);
+        let mut rng = Rng::new(29);
+        let (rows, cols, n) = (24usize, 512usize, 19usize);
+        for dtype in COVERED {
+            let mut bytes = random_weights(&mut rng, dtype, rows, cols);
+            // Keep each block's f16 scale (and min), saturate everything else.
+            let (keep, fill) = match dtype {
+                DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (0..4, 0xff),
+                DType::Q8_0 => (0..2, 0x80),
+                DType::Q6_K => (208..210, 0x00),
+                _ => (0..2, 0x00),
+            };
+            for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
+                for (i, byte) in block.iter_mut().enumerate() {
+                    if !keep.contains(&i) {
+                        *byte = fill;
+                    }
+                }
+                if dtype == DType::Q6_K {
+                    block[192..208].fill(0x80);
+                }
+            }
+            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+            let x = vec![-2.0f32; n * cols];
+            let scalar = run_isa(Isa::Scalar, &matrix, &x, n, &pool);
+            let tiles = run_amx(amx, &matrix, &x, n, &pool);
+            assert_same(&tiles, &scalar, &format!("{dtype} extreme"));
         }
     }
 
