@@ -8,9 +8,10 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-/// x86 features of this CPU that the kernels use (`avx2`, `fma`, `f16c`) or may use next
-/// (the AVX-512, VNNI and AMX fields are detected and reported, not yet used). Each is true
-/// only when both the CPU and the OS support it.
+/// x86 features of this CPU that the kernels use (`avx2`, `fma`, `f16c`; AMX with AVX-512
+/// F/BW for the matmul tiles, see [`amx_enabled`]) or may use next (the VNNI fields are
+/// detected and reported, not yet used). Each is true only when both the CPU and the OS
+/// support it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CpuFeatures {
     /// 256-bit integer and float vectors.
