@@ -1,12 +1,15 @@
 //! Quick throughput check of the matmul kernels per weight type, kernel path (every path this
-//! host has, `KernelPath`) and batch size n = 1, 4, 16, 64, 256 (not a criterion bench: best of
-//! a few short timing windows per case). Run:
-//! `cargo run --release -p tokenmill-kernels --example matmul_speed [threads] [TYPE|all] [ROWSxCOLS]`.
+//! host has, `KernelPath`, plus the AMX tiles where this process may use them) and batch size
+//! (default n = 1, 4, 16, 64, 256; not a criterion bench: best of a few short timing windows per
+//! case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]
+//! [TYPE|all] [ROWSxCOLS] [batch sizes, comma-separated]`. The AMX column is `QMatrix::matmul`
+//! itself, which takes the tiles from 8 rows (`matmul::amx::MIN_ROWS`; below that it is the best
+//! `KernelPath`); `TOKENMILL_AMX=0` drops it.
 
 use std::time::Instant;
 
 use tokenmill_kernels::{
-    encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,
+    amx_enabled, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,
     quantize_row_q8_0, CpuFeatures, DType, KernelPath, MatmulScratch, QMatrix, ThreadPool,
 };
 
@@ -60,12 +63,37 @@ fn build(
     Ok(QMatrix::from_bytes(dtype, rows, cols, &bytes)?)
 }
 
-/// Seconds per call of `matmul_on(path)` for each of `paths`: the best of several short
+/// One timed column: a forced kernel path, or `QMatrix::matmul`'s own choice (AMX when on).
+#[derive(Clone, Copy)]
+enum Runner {
+    Path(KernelPath),
+    Default,
+}
+
+impl Runner {
+    fn run(
+        self,
+        matrix: &QMatrix,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        match self {
+            Runner::Path(path) => matrix.matmul_on(path, pool, x, n, out, scratch)?,
+            Runner::Default => matrix.matmul(pool, x, n, out, scratch)?,
+        }
+        Ok(())
+    }
+}
+
+/// Seconds per call of each runner in `paths`: the best of several short
 /// windows, the paths taking turns inside each window so that load from other processes
 /// (the machine is shared) hits them alike; the minimum filters out preemption.
 fn time_paths(
     matrix: &QMatrix,
-    paths: &[KernelPath],
+    paths: &[Runner],
     pool: &ThreadPool,
     x: &[f32],
     n: usize,
@@ -78,7 +106,7 @@ fn time_paths(
     let mut windows = 3;
     for &path in paths {
         let start = Instant::now();
-        matrix.matmul_on(path, pool, x, n, out, scratch)?;
+        path.run(matrix, pool, x, n, out, scratch)?;
         let once = start.elapsed().as_secs_f64().max(1e-7);
         let count = ((0.002 / once) as usize).clamp(1, 1000);
         iterations.push(count);
@@ -93,7 +121,7 @@ fn time_paths(
             }
             let start = Instant::now();
             for _ in 0..count {
-                matrix.matmul_on(path, pool, x, n, out, scratch)?;
+                path.run(matrix, pool, x, n, out, scratch)?;
             }
             *best = best.min(start.elapsed().as_secs_f64() / count as f64);
         }
@@ -115,6 +143,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => (1536usize, 1536usize),
     };
+    let batches: Vec<usize> = match args.next() {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None => vec![1, 4, 16, 64, 256],
+    };
     let pool = ThreadPool::new(threads);
     let mut scratch = MatmulScratch::new();
     let mut seed = 0x1234_5678_9abc_def0u64;
@@ -129,13 +161,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             missing.is_empty()
         })
         .collect();
-    println!("# {}", cpu.summary());
+    let amx = amx_enabled();
+    println!("# {} amx={amx}", cpu.summary());
     println!("# threads={threads} weights {rows}x{cols}; per path: us per call, GFLOP/s");
     print!("{:<7}{:>5}", "type", "n");
     for path in &paths {
         print!("{:>26}", path.to_string());
     }
+    if amx {
+        print!("{:>26}", "AMX (from 8 rows)");
+    }
     println!();
+    let mut runners: Vec<Runner> = paths.iter().map(|&path| Runner::Path(path)).collect();
+    if amx {
+        runners.push(Runner::Default);
+    }
     for dtype in [
         DType::Q4_0,
         DType::Q4_1,
@@ -164,12 +204,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let matrix = build(dtype, rows, cols, &mut seed)?;
-        for n in [1usize, 4, 16, 64, 256] {
+        for &n in &batches {
             let x = random_values(n * cols, &mut seed);
             let mut out = vec![0.0f32; n * rows];
             let flops = 2.0 * (rows * cols * n) as f64;
             print!("{:<7}{n:>5}", dtype.name());
-            let times = time_paths(&matrix, &paths, &pool, &x, n, &mut out, &mut scratch)?;
+            let times = time_paths(&matrix, &runners, &pool, &x, n, &mut out, &mut scratch)?;
             for seconds in times {
                 print!(
                     "{:>15.1} us {:>6.1} GF",

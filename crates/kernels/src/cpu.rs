@@ -12,9 +12,10 @@ mod kernel_path;
 
 pub use kernel_path::{KernelPath, KernelsOverride, KERNELS_ENV};
 
-/// x86 features of this CPU that the kernels use. Each is true only when both the CPU and the
-/// OS support it, and `TOKENMILL_KERNELS` ([`KERNELS_ENV`]) may narrow them (never widen) to
-/// force a slower [`KernelPath`].
+/// x86 features of this CPU that the kernels use (AMX additionally needs the OS permission,
+/// see [`amx_enabled`]). Each is true only when both the CPU and the OS support it, and
+/// `TOKENMILL_KERNELS` ([`KERNELS_ENV`]) may narrow them (never widen) to force a slower
+/// [`KernelPath`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CpuFeatures {
     /// 256-bit integer and float vectors.
@@ -140,6 +141,100 @@ impl fmt::Display for CpuFeatures {
         let kernels = KernelPath::from(self);
         write!(f, " (kernels: {kernels}{})", self.kernels_override)
     }
+}
+
+/// The environment variable that switches the AMX kernels off when set to `0` (or `off`,
+/// `false`, `no`); read once, on the first [`amx_enabled`] call.
+pub const AMX_ENV: &str = "TOKENMILL_AMX";
+
+/// Whether the AMX int8 kernels may run in this process: the CPU and OS support AMX
+/// (`amx_tile` and `amx_int8`), the environment does not switch them off
+/// ([`AMX_ENV`]`=0`), and Linux granted the tile-data permission. The first call asks for it
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); later calls return the cached
+/// answer, and the outcome is logged once. Linux keeps the permission per process, so a
+/// grant covers every thread, including those started before; [`crate::ThreadPool::new`]
+/// still asks first thing, before its workers exist, so the request never races a kernel and
+/// the log line appears at startup. Without the grant the first tile instruction faults
+/// (SIGILL), so no AMX kernel runs unless this returns true.
+pub fn amx_enabled() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        if let Ok(value) = std::env::var(AMX_ENV) {
+            if switched_off(&value) {
+                tracing::info!("AMX: switched off by {AMX_ENV}={value}, int8 tiles not used");
+                return false;
+            }
+        }
+        let cpu = CpuFeatures::get();
+        if !(cpu.amx_tile && cpu.amx_int8) {
+            tracing::debug!("AMX: not available on this CPU/OS, int8 tiles not used");
+            return false;
+        }
+        match request_tile_data() {
+            Ok(()) => {
+                tracing::info!("AMX: tile-data permission granted, int8 tiles enabled");
+                true
+            }
+            Err(reason) => {
+                tracing::warn!("AMX: tile-data permission refused ({reason}), int8 tiles not used");
+                false
+            }
+        }
+    })
+}
+
+/// Whether an [`AMX_ENV`] value switches AMX off.
+fn switched_off(value: &str) -> bool {
+    matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "0" | "off" | "false" | "no"
+    )
+}
+
+/// Asks Linux for permission to use AMX tile data, then reads the permitted set back to be
+/// sure the grant holds (the request is idempotent: asking again once granted succeeds).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> Result<(), String> {
+    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these codes reads or sets this process's xstate permissions
+    // only; the GET form writes one u64 through the pointer, which points at a live local.
+    let (requested, read, permitted) = unsafe {
+        let requested = libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        );
+        let error = std::io::Error::last_os_error();
+        if requested != 0 {
+            return Err(format!("arch_prctl(ARCH_REQ_XCOMP_PERM): {error}"));
+        }
+        let mut permitted = 0u64;
+        let read = libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_GET_XCOMP_PERM,
+            &mut permitted as *mut u64,
+        );
+        (requested, read, permitted)
+    };
+    debug_assert_eq!(requested, 0);
+    if read != 0 {
+        return Err(format!(
+            "arch_prctl(ARCH_GET_XCOMP_PERM): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if permitted & (1 << XFEATURE_XTILEDATA) == 0 {
+        return Err(format!("permitted xfeatures {permitted:#x} lack tile data"));
+    }
+    Ok(())
+}
+
+/// Other OSes have no AMX permission call the kernels know; AMX stays off there.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn request_tile_data() -> Result<(), String> {
+    Err("no AMX permission request on this OS".to_owned())
 }
 
 /// Features `is_x86_feature_detected!` does not report on every toolchain the workspace
@@ -285,6 +380,37 @@ mod tests {
         };
         assert_eq!(everything.usable(), cpu);
         assert_eq!(CpuFeatures::NONE.usable(), CpuFeatures::NONE);
+    }
+
+    /// Asking again returns the cached answer and the OS request itself is idempotent; a CPU
+    /// without AMX is never granted it.
+    #[test]
+    fn amx_permission_is_idempotent_and_falls_back() {
+        let first = amx_enabled();
+        assert_eq!(amx_enabled(), first);
+        let cpu = CpuFeatures::get();
+        if !(cpu.amx_tile && cpu.amx_int8) {
+            assert!(!first);
+        }
+        if first {
+            assert_eq!(request_tile_data(), Ok(()));
+            assert_eq!(request_tile_data(), Ok(()));
+        } else {
+            eprintln!(
+                "AMX not enabled in this process ({cpu}; {AMX_ENV}={:?}): AMX kernels skipped",
+                std::env::var(AMX_ENV).ok()
+            );
+        }
+    }
+
+    #[test]
+    fn amx_switch_values() {
+        for off in ["0", "off", "OFF", " false", "no"] {
+            assert!(switched_off(off), "{off}");
+        }
+        for on in ["1", "on", "", "yes"] {
+            assert!(!switched_off(on), "{on}");
+        }
     }
 
     #[test]

@@ -24,7 +24,10 @@
 //!   `row_to_f32(row, dst)` for embedding lookups. [`reference_matmul`] is the f64 reference.
 //!   Quantized layers quantize activations per 32 values to int8 and use exact integer block
 //!   dots (AVX2 `maddubs`/`madd`), four activation rows per weight-row pass, split over the pool
-//!   by output rows. F16/BF16 weights are widened to f32 at load (2x memory).
+//!   by output rows; from 8 activation rows the quantized group layouts run on AMX int8 tiles
+//!   where the process may use them ([`amx_enabled`]: AMX present, the Linux tile-data
+//!   permission granted — requested once, by [`ThreadPool::new`] — and [`AMX_ENV`] not `0`),
+//!   bitwise equal to the AVX2 and scalar paths. F16/BF16 weights are widened to f32 at load (2x memory).
 //! - Elementwise: [`rms_norm`], [`silu_mul`], [`gelu_tanh_mul`], [`add_inplace`],
 //!   [`softmax_inplace`].
 //! - Encoders (BERT): [`layer_norm`] (with bias), [`gelu_erf_inplace`] (exact GELU) and
@@ -100,7 +103,7 @@ mod test_util;
 pub use attention::{
     paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
 };
-pub use cpu::{CpuFeatures, KernelPath, KernelsOverride, KERNELS_ENV};
+pub use cpu::{amx_enabled, CpuFeatures, KernelPath, KernelsOverride, AMX_ENV, KERNELS_ENV};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
 pub use encoder::{

@@ -101,6 +101,9 @@ impl ThreadPool {
     /// (`0` is treated as `1`). If the OS refuses to spawn a worker, the pool runs with fewer.
     pub fn new(n_threads: usize) -> ThreadPool {
         let n_threads = n_threads.max(1);
+        // The AMX tile-data permission is asked for (once per process) before any worker
+        // exists and before any kernel runs: see `crate::cpu::amx_enabled`.
+        crate::cpu::amx_enabled();
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
             job: UnsafeCell::new(Job {

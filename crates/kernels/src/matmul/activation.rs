@@ -90,6 +90,11 @@ impl QuantizedActivations {
         Ok(())
     }
 
+    /// All rows' int8 quants, row-major (`in_features` per row).
+    pub(crate) fn quants(&self) -> &[i8] {
+        &self.quants
+    }
+
     pub(crate) fn row(&self, i: usize) -> QuantizedRow<'_> {
         let k = self.in_features;
         let nb = k / QK;

@@ -233,7 +233,17 @@ impl Groups {
         self.bytes.len()
     }
 
-    fn group(&self, group: usize) -> &[u8] {
+    pub(crate) fn kind(&self) -> GroupKind {
+        self.kind
+    }
+
+    /// Stored blocks per row (of `kind().block_elems()` elements).
+    pub(crate) fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// The bytes of group `group` (eight weight rows, all blocks).
+    pub(crate) fn group(&self, group: usize) -> &[u8] {
         let len = self.n_blocks * self.kind.block_stride();
         &self.bytes[group * len..(group + 1) * len]
     }

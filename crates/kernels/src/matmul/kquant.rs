@@ -218,7 +218,17 @@ impl KGroups {
         self.bytes.len()
     }
 
-    fn group(&self, group: usize) -> &[u8] {
+    pub(crate) fn kind(&self) -> KKind {
+        self.kind
+    }
+
+    /// 256-element super-blocks per row.
+    pub(crate) fn n_super(&self) -> usize {
+        self.n_super
+    }
+
+    /// The bytes of group `group` (eight weight rows, all super-blocks).
+    pub(crate) fn group(&self, group: usize) -> &[u8] {
         let len = self.n_super * self.kind.stride();
         &self.bytes[group * len..(group + 1) * len]
     }

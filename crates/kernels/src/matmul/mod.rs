@@ -16,6 +16,8 @@
 
 mod activation;
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 mod grouped;
 mod interleaved;
@@ -310,18 +312,50 @@ impl QMatrix {
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
+        // The group layouts take AMX tiles from `amx::MIN_ROWS` rows where the process may use
+        // them (bitwise equal to the other paths).
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(amx), Some(weights)) = (amx::Amx::detect(), self.amx_weights()) {
+            if n >= amx::MIN_ROWS {
+                return self.matmul_amx(amx, weights, pool, x, n, out, scratch);
+            }
+        }
         self.matmul_with_isa(Isa::detect(), pool, x, n, out, scratch)
     }
 
-    pub(crate) fn matmul_with_isa(
+    /// The weights as the AMX kernels read them (the eight-row group layouts).
+    #[cfg(target_arch = "x86_64")]
+    fn amx_weights(&self) -> Option<amx::Weights<'_>> {
+        match &self.storage {
+            Storage::Interleaved(groups) => Some(amx::Weights::Legacy(groups)),
+            Storage::KQuant(groups) => Some(amx::Weights::KQuant(groups)),
+            Storage::Float { .. } | Storage::Half { .. } => None,
+        }
+    }
+
+    /// [`QMatrix::matmul`] on AMX tiles.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_amx(
         &self,
-        isa: Isa,
+        amx: amx::Amx,
+        weights: amx::Weights<'_>,
         pool: &ThreadPool,
         x: &[f32],
         n: usize,
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
+        self.check_shapes(x, n, out)?;
+        if n == 0 || self.out_features == 0 {
+            return Ok(());
+        }
+        scratch.activations.quantize(pool, x, n, self.in_features)?;
+        amx::matmul(amx, weights, pool, &scratch.activations, n, out);
+        Ok(())
+    }
+
+    fn check_shapes(&self, x: &[f32], n: usize, out: &[f32]) -> Result<(), KernelError> {
         if x.len() != n * self.in_features {
             return Err(KernelError::LengthMismatch {
                 what: "matmul input",
@@ -336,6 +370,19 @@ impl QMatrix {
                 actual: out.len(),
             });
         }
+        Ok(())
+    }
+
+    pub(crate) fn matmul_with_isa(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), KernelError> {
+        self.check_shapes(x, n, out)?;
         if n == 0 || self.out_features == 0 {
             return Ok(());
         }
