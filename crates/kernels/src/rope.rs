@@ -369,7 +369,7 @@ mod tests {
         let factors = [1.0, 2.0, 4.0, 8.0];
         let longrope = RopeCache::with_frequency_factors(8, 10_000.0, 64, &factors, 1.25).unwrap();
         for (i, (&p, &l)) in plain.inv_freq().iter().zip(longrope.inv_freq()).enumerate() {
-            assert_eq!(l, p / factors[i], "pair {i}");
+            assert_eq!(l, p / f64::from(factors[i]), "pair {i}");
         }
         // Position 0 rotates nothing but scales both halves by the magnitude; past the table
         // the same values as inside it.

@@ -901,13 +901,13 @@ mod tests {
 
     #[test]
     fn unsupported_model_type_is_named_with_the_supported_list() {
-        let text = r#"{"model_type": "phi3", "vocab_size": 10, "hidden_size": 8,
+        let text = r#"{"model_type": "falcon", "vocab_size": 10, "hidden_size": 8,
             "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}"#;
         let error = ModelConfig::from_hf_config_json(text).unwrap_err();
         let message = error.to_string();
-        assert!(message.contains("`phi3`"), "{message}");
+        assert!(message.contains("`falcon`"), "{message}");
         assert!(
-            message.contains("llama, mistral, qwen2, qwen3, gemma3"),
+            message.contains("llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3"),
             "{message}"
         );
     }
