@@ -679,6 +679,17 @@ impl Drop for RequestStream {
     }
 }
 
+/// The window the KV manager may release blocks for: `Some(w)` only when every layer has a
+/// sliding window (the largest, if they differ, so no layer loses a key it sees). A model with
+/// any full-attention layer (Gemma 3's global layers) keeps every block.
+fn uniform_sliding_window(layout: &[tokenmill_models::LayerKvLayout]) -> Option<usize> {
+    layout
+        .iter()
+        .map(|layer| layer.sliding_window)
+        .try_fold(0, |widest: usize, window| window.map(|w| widest.max(w)))
+        .filter(|&widest| widest > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use tokenmill_core::SchedulerOutput;
@@ -748,15 +759,4 @@ mod tests {
             Err(EngineError::EngineDead)
         ));
     }
-}
-
-/// The window the KV manager may release blocks for: `Some(w)` only when every layer has a
-/// sliding window (the largest, if they differ, so no layer loses a key it sees). A model with
-/// any full-attention layer (Gemma 3's global layers) keeps every block.
-fn uniform_sliding_window(layout: &[tokenmill_models::LayerKvLayout]) -> Option<usize> {
-    layout
-        .iter()
-        .map(|layer| layer.sliding_window)
-        .try_fold(0, |widest: usize, window| window.map(|w| widest.max(w)))
-        .filter(|&widest| widest > 0)
 }

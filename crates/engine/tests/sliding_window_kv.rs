@@ -5,6 +5,8 @@
 //! flag), alone, batched, chunked, preempted and with prefix hits that take only the window's
 //! blocks; pools too small for one request without the release prove the release happens.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{config_for, greedy, prompts, run_all, sliding_window_model_path, wait_idle};
