@@ -140,7 +140,7 @@ def write_random_gguf(spec: dict, path: str) -> None:
     arch = spec["arch"]
     tokenizer = gguf.GGUFReader(DEFAULT_MODEL)
     writer = gguf.GGUFWriter(path, arch)
-    writer.add_name(f"tokenmill random {arch}")
+    writer.add_name(spec.get("general_name", f"tokenmill random {arch}"))
     writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
     for key, (kind, value) in spec["meta"].items():
         name = f"{arch}.{key}"

@@ -18,6 +18,7 @@ fn config(max_num_seqs: usize) -> SchedulerConfig {
         policy: SchedulingPolicy::Fcfs,
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
+        sliding_window: None,
     }
 }
 

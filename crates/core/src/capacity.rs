@@ -74,12 +74,22 @@ pub fn kv_cache_size_line(num_blocks: u32, block_size: usize) -> String {
     )
 }
 
-/// `Maximum concurrency for 131,072 tokens per request: 4.68x`
-pub fn max_concurrency_line(num_blocks: u32, block_size: usize, max_model_len: usize) -> String {
+/// `Maximum concurrency for 131,072 tokens per request: 4.68x`, where one such request holds
+/// at most `blocks_per_request` blocks at once (`max_model_len` in whole blocks; fewer under a
+/// sliding window, see [`crate::KvCacheConfig::max_blocks_per_request`]).
+pub fn max_concurrency_line(
+    num_blocks: u32,
+    blocks_per_request: usize,
+    max_model_len: usize,
+) -> String {
+    let concurrency = if blocks_per_request == 0 {
+        0.0
+    } else {
+        f64::from(num_blocks) / blocks_per_request as f64
+    };
     format!(
-        "Maximum concurrency for {} tokens per request: {:.2}x",
+        "Maximum concurrency for {} tokens per request: {concurrency:.2}x",
         format_thousands(max_model_len),
-        max_concurrency(num_blocks, block_size, max_model_len)
     )
 }
 
@@ -107,12 +117,17 @@ mod tests {
             "KV cache size: 613,024 tokens"
         );
         assert_eq!(
-            max_concurrency_line(38_314, 16, 131_072),
+            max_concurrency_line(38_314, 131_072 / 16, 131_072),
             "Maximum concurrency for 131,072 tokens per request: 4.68x"
         );
         assert_eq!(
             available_memory_line(4_788_000_000),
             "Available KV cache memory: 4.46 GiB"
+        );
+        // A 4,096-token window with 512-token steps: 289 blocks a request, not 8,192.
+        assert_eq!(
+            max_concurrency_line(38_314, 289, 131_072),
+            "Maximum concurrency for 131,072 tokens per request: 132.57x"
         );
     }
 

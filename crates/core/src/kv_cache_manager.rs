@@ -14,6 +14,15 @@
 //! 4. end or preemption: [`KvCacheManager::free`] drops the references, tail block first, so
 //!    a request's last blocks are evicted before its (more shareable) first ones.
 //!
+//! With a sliding window ([`KvCacheConfig::sliding_window`], for models whose every layer
+//! attends to the last `w` positions only, as Mistral's) a request's leading blocks that no
+//! future query can see are released each step ([`KvCacheManager::remove_skipped_blocks`],
+//! called by the scheduler before it grows the table) and a prefix hit only takes the blocks
+//! inside the first new query's window (vLLM's sliding-window manager). The table keeps its
+//! length, so position `p` stays at entry `p / block_size`: released entries hold the id of the
+//! request's first block still held, a placeholder that attention never reads (it skips the
+//! blocks wholly before every query's window) and that is always a valid block id.
+//!
 //! With [`KvCacheManager::enable_events`] the manager also logs what the prefix cache gains
 //! (step 3) and loses (evictions in step 1 or 2, [`KvCacheManager::reset_prefix_cache`]) as
 //! [`KvCacheEvent`]s, drained by [`KvCacheManager::drain_events`].
@@ -33,12 +42,53 @@ pub struct KvCacheConfig {
     /// Tokens per block.
     pub block_size: usize,
     pub enable_prefix_caching: bool,
+    /// Every layer attends only to the last `w` positions (`(p - w, p]`): blocks wholly before
+    /// the window of every future query are released. `None`: full attention (or a hybrid
+    /// model, whose global layers need the whole context), nothing is released early.
+    pub sliding_window: Option<usize>,
+}
+
+impl KvCacheConfig {
+    /// Leading blocks that no query at position `num_computed_tokens` or later can see: with a
+    /// window `w` the next query (at `num_computed_tokens`) sees keys from
+    /// `num_computed_tokens + 1 - w` on, the same first block attention starts from.
+    pub fn num_skipped_blocks(&self, num_computed_tokens: usize) -> usize {
+        match self.sliding_window {
+            Some(window) => (num_computed_tokens + 1).saturating_sub(window) / self.block_size,
+            None => 0,
+        }
+    }
+
+    /// The most blocks one request holds at once when a step feeds it at most
+    /// `max_tokens_per_step` tokens and it never grows past `max_model_len`: the whole
+    /// sequence without a window; with one, the window before the step's first token plus the
+    /// step's tokens (vLLM's `ceil((w - 1 + max_num_batched_tokens) / block_size) + 1`).
+    pub fn max_blocks_per_request(
+        &self,
+        max_model_len: usize,
+        max_tokens_per_step: usize,
+    ) -> usize {
+        let whole = max_model_len.div_ceil(self.block_size.max(1));
+        match self.sliding_window {
+            Some(window) => {
+                let windowed = (window.saturating_sub(1) + max_tokens_per_step)
+                    .div_ceil(self.block_size.max(1))
+                    + 1;
+                whole.min(windowed)
+            }
+            None => whole,
+        }
+    }
 }
 
 /// The result of a prefix-cache lookup: cached blocks covering a prefix of a request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ComputedBlocks {
+    /// The hit blocks the request takes: those after `num_skipped_blocks`.
     block_ids: Vec<u32>,
+    /// Leading blocks of the hit outside the first new query's window (sliding window only):
+    /// covered by the hit but not taken.
+    num_skipped_blocks: usize,
     num_computed_tokens: usize,
     num_queried_tokens: usize,
 }
@@ -49,17 +99,44 @@ impl ComputedBlocks {
         self.num_computed_tokens
     }
 
-    /// The hit blocks, first block first.
+    /// The hit blocks the request takes, first block first (after the skipped ones).
     pub fn block_ids(&self) -> &[u32] {
         &self.block_ids
+    }
+
+    /// Leading blocks of the hit outside the window of the first new query: the request takes
+    /// no block for them (0 without a sliding window).
+    pub fn num_skipped_blocks(&self) -> usize {
+        self.num_skipped_blocks
     }
 }
 
 #[derive(Debug, Clone, Default)]
 struct RequestBlocks {
+    /// One entry per block of the sequence; the first `num_skipped` are placeholders.
     block_ids: Vec<u32>,
     /// Leading blocks already registered in the prefix cache (or found there).
     num_cached_blocks: usize,
+    /// Leading entries released (or never taken) because they lie before the sliding window;
+    /// they hold the id of the first block still held.
+    num_skipped: usize,
+}
+
+impl RequestBlocks {
+    /// The blocks the request holds a reference on.
+    fn owned(&self) -> &[u32] {
+        &self.block_ids[self.num_skipped.min(self.block_ids.len())..]
+    }
+
+    /// Points the placeholder entries at the first block held (a valid id attention never
+    /// reads). Nothing to do when they already do, or when no block is held after them yet.
+    fn refresh_placeholders(&mut self) {
+        if let Some(&first_held) = self.block_ids.get(self.num_skipped) {
+            if self.num_skipped > 0 && self.block_ids[0] != first_held {
+                self.block_ids[..self.num_skipped].fill(first_held);
+            }
+        }
+    }
 }
 
 /// Cumulative prefix-cache counters, in tokens (vLLM's `prefix_cache_queries/hits`).
@@ -145,13 +222,38 @@ impl KvCacheManager {
             return result;
         }
         let max_hit_blocks = (num_tokens - 1) / self.config.block_size;
-        for &hash in hashes.hashes().iter().take(max_hit_blocks) {
+        // Hashes chain over the whole prefix, so a cached block at index `i` vouches for every
+        // token before it: a hit of `k` blocks needs only the blocks its first new query can
+        // see, those from `num_skipped_blocks(k * block_size)` on. Without a window that is
+        // all of them, so the scan stops at the first miss.
+        let mut run: Vec<u32> = Vec::new();
+        for (index, &hash) in hashes.hashes().iter().take(max_hit_blocks).enumerate() {
             match self.pool.cached_block(hash) {
-                Some(block) => result.block_ids.push(block),
-                None => break,
+                Some(block) => run.push(block),
+                None if self.config.sliding_window.is_none() => break,
+                None => {
+                    run.clear();
+                    continue;
+                }
+            }
+            // The hit's last block is always taken, even when a window shorter than a block
+            // would need none: it is what vouches for the prefix.
+            let num_hit = index + 1;
+            let needed = (num_hit
+                - self
+                    .config
+                    .num_skipped_blocks(num_hit * self.config.block_size))
+            .max(1);
+            if run.len() >= needed {
+                result.block_ids.clear();
+                result
+                    .block_ids
+                    .extend_from_slice(&run[run.len() - needed..]);
+                result.num_skipped_blocks = num_hit - needed;
             }
         }
-        result.num_computed_tokens = result.block_ids.len() * self.config.block_size;
+        result.num_computed_tokens =
+            (result.num_skipped_blocks + result.block_ids.len()) * self.config.block_size;
         result
     }
 
@@ -171,11 +273,12 @@ impl KvCacheManager {
             .get(&request_id)
             .map_or(0, |table| table.block_ids.len());
         let hit_blocks = prefix_hit.map_or(&[][..], |hit| hit.block_ids.as_slice());
-        if !hit_blocks.is_empty() && existing > 0 {
+        let hit_skipped = prefix_hit.map_or(0, |hit| hit.num_skipped_blocks);
+        if (!hit_blocks.is_empty() || hit_skipped > 0) && existing > 0 {
             return Err(KvCacheError::AlreadyAllocated { request_id });
         }
         let required = num_total_tokens.div_ceil(self.config.block_size);
-        let num_new = required.saturating_sub(existing + hit_blocks.len());
+        let num_new = required.saturating_sub(existing + hit_skipped + hit_blocks.len());
         // Hit blocks nobody references sit in the free queue; taking them shrinks what is left
         // to allocate from.
         let hit_from_free_queue = hit_blocks
@@ -193,14 +296,42 @@ impl KvCacheManager {
         let new_blocks = self.pool.allocate(num_new)?;
         self.log_removals();
         let table = self.tables.entry(request_id).or_default();
+        if hit_skipped > 0 {
+            // Placeholders until a held block follows; `refresh_placeholders` sets them.
+            table.block_ids.resize(hit_skipped, 0);
+            table.num_skipped = hit_skipped;
+        }
         table.block_ids.extend_from_slice(hit_blocks);
-        table.num_cached_blocks += hit_blocks.len();
+        table.num_cached_blocks += hit_skipped + hit_blocks.len();
         table.block_ids.extend(new_blocks);
+        table.refresh_placeholders();
         if let Some(hit) = prefix_hit {
             self.prefix_stats.queries += hit.num_queried_tokens as u64;
             self.prefix_stats.hits += hit.num_computed_tokens as u64;
         }
         Ok(())
+    }
+
+    /// Releases the request's leading blocks that no query at `num_computed_tokens` or later
+    /// can see (a no-op without a sliding window). The scheduler calls it before growing a
+    /// running request's table, with the tokens computed so far: every query still to come is
+    /// at that position or later. Released blocks keep their cached content until evicted,
+    /// oldest first.
+    pub fn remove_skipped_blocks(&mut self, request_id: RequestId, num_computed_tokens: usize) {
+        let Some(table) = self.tables.get_mut(&request_id) else {
+            return;
+        };
+        let target = self
+            .config
+            .num_skipped_blocks(num_computed_tokens)
+            .min(table.block_ids.len());
+        if target <= table.num_skipped {
+            return;
+        }
+        self.pool
+            .free(table.block_ids[table.num_skipped..target].iter().copied());
+        table.num_skipped = target;
+        table.refresh_placeholders();
     }
 
     /// Registers the request's blocks that are full and computed (the first
@@ -225,12 +356,13 @@ impl KvCacheManager {
             .min(hashes.hashes().len())
             .min(table.block_ids.len())
             .min(token_ids.len() / block_size);
-        let first_new = table.num_cached_blocks;
+        // Placeholder entries hold no block of this request's own to register.
+        let first_new = table.num_cached_blocks.max(table.num_skipped);
         for index in first_new..num_full {
             self.pool
                 .cache_block(table.block_ids[index], hashes.hashes()[index]);
         }
-        table.num_cached_blocks = table.num_cached_blocks.max(num_full);
+        table.num_cached_blocks = first_new.max(num_full);
         // A block whose content another block already holds is not registered again, but its
         // hash is cached all the same, so the event still names it: set semantics hold.
         if let Some(events) = &mut self.events {
@@ -251,7 +383,7 @@ impl KvCacheManager {
     /// Releases every block of the request; cached content stays reusable until evicted.
     pub fn free(&mut self, request_id: RequestId) {
         if let Some(table) = self.tables.remove(&request_id) {
-            self.pool.free(table.block_ids.into_iter().rev());
+            self.pool.free(table.owned().iter().rev().copied());
         }
     }
 
@@ -264,18 +396,33 @@ impl KvCacheManager {
         };
         let keep = num_tokens
             .div_ceil(self.config.block_size)
-            .max(table.num_cached_blocks);
+            .max(table.num_cached_blocks)
+            .max(table.num_skipped);
         if keep < table.block_ids.len() {
             let tail = table.block_ids.split_off(keep);
             self.pool.free(tail.into_iter().rev());
         }
     }
 
-    /// The request's block table, first block first.
+    /// The request's block table, first block first: entry `i` holds positions
+    /// `i * block_size..(i + 1) * block_size`. Under a sliding window the leading
+    /// [`Self::num_skipped_blocks`] entries are placeholders (see the module docs).
     pub fn block_table(&self, request_id: RequestId) -> Option<&[u32]> {
         self.tables
             .get(&request_id)
             .map(|table| table.block_ids.as_slice())
+    }
+
+    /// The blocks the request holds a reference on: its table after the skipped entries.
+    pub fn owned_blocks(&self, request_id: RequestId) -> Option<&[u32]> {
+        self.tables.get(&request_id).map(RequestBlocks::owned)
+    }
+
+    /// Leading entries of the request's table released for the sliding window (0 without one).
+    pub fn num_skipped_blocks(&self, request_id: RequestId) -> usize {
+        self.tables
+            .get(&request_id)
+            .map_or(0, |table| table.num_skipped)
     }
 
     /// Requests currently holding a table.
@@ -344,14 +491,19 @@ impl KvCacheManager {
         self.pool.verify()?;
         let mut owners = vec![0u32; self.pool.num_blocks()];
         for (request_id, table) in &self.tables {
-            let mut seen = table.block_ids.clone();
+            if table.num_skipped > table.block_ids.len() {
+                return Err(KvCacheError::InvariantViolated {
+                    detail: format!("request {request_id} skips more blocks than it has"),
+                });
+            }
+            let mut seen = table.owned().to_vec();
             seen.sort_unstable();
             if seen.windows(2).any(|pair| pair[0] == pair[1]) {
                 return Err(KvCacheError::InvariantViolated {
                     detail: format!("request {request_id} holds a block twice"),
                 });
             }
-            for &block in &table.block_ids {
+            for &block in table.owned() {
                 match owners.get_mut(block as usize) {
                     Some(count) => *count += 1,
                     None => {
@@ -386,6 +538,7 @@ mod tests {
             num_blocks,
             block_size: BLOCK,
             enable_prefix_caching: caching,
+            sliding_window: None,
         })
         .unwrap()
     }
@@ -580,5 +733,125 @@ mod tests {
         assert_eq!(kv.num_cached_free_blocks(), 0);
         let hit = kv.get_computed_blocks(&chain(&prompt, None), prompt.len());
         assert_eq!(hit.num_computed_tokens(), 0);
+    }
+
+    fn windowed(num_blocks: u32, caching: bool, window: usize) -> KvCacheManager {
+        KvCacheManager::new(KvCacheConfig {
+            sliding_window: Some(window),
+            ..manager(num_blocks, caching).config()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn skipped_blocks_and_the_per_request_bound() {
+        let config = windowed(4, false, 6).config();
+        // The query at 12 sees 7..=12: block 0 (0..4) is wholly before, block 1 (4..8) not.
+        assert_eq!(config.num_skipped_blocks(12), 1);
+        assert_eq!(config.num_skipped_blocks(4), 0);
+        assert_eq!(config.num_skipped_blocks(13), 2);
+        assert_eq!(manager(4, false).config().num_skipped_blocks(1000), 0);
+        // Window 6 and 8-token steps: ceil(13 / 4) + 1 = 5 blocks, or the whole sequence.
+        assert_eq!(config.max_blocks_per_request(1000, 8), 5);
+        assert_eq!(config.max_blocks_per_request(12, 8), 3);
+        assert_eq!(
+            manager(4, false).config().max_blocks_per_request(1000, 8),
+            250
+        );
+    }
+
+    #[test]
+    fn window_releases_leading_blocks_and_keeps_positions() {
+        let mut kv = windowed(6, false, 6);
+        kv.allocate_slots(RequestId(1), 12, None).unwrap();
+        let table = kv.block_table(RequestId(1)).unwrap().to_vec();
+        kv.remove_skipped_blocks(RequestId(1), 12);
+        assert_eq!(kv.num_skipped_blocks(RequestId(1)), 1);
+        assert_eq!(kv.ref_count(table[0]), 0);
+        assert_eq!(kv.num_free_blocks(), 4);
+        // Entry 1 still holds positions 4..8; entry 0 points at a held block.
+        let now = kv.block_table(RequestId(1)).unwrap().to_vec();
+        assert_eq!(now.len(), 3);
+        assert_eq!(&now[1..], &table[1..]);
+        assert_eq!(now[0], table[1]);
+        assert_eq!(kv.owned_blocks(RequestId(1)).unwrap(), &table[1..]);
+        accounting_holds(&kv);
+        // Going back never re-takes blocks; growing allocates only the new ones.
+        kv.remove_skipped_blocks(RequestId(1), 4);
+        assert_eq!(kv.num_skipped_blocks(RequestId(1)), 1);
+        kv.allocate_slots(RequestId(1), 20, None).unwrap();
+        kv.remove_skipped_blocks(RequestId(1), 19);
+        assert_eq!(kv.num_skipped_blocks(RequestId(1)), 3);
+        assert_eq!(kv.owned_blocks(RequestId(1)).unwrap().len(), 2);
+        let table = kv.block_table(RequestId(1)).unwrap().to_vec();
+        assert!(table[..3].iter().all(|&b| b == table[3]));
+        // Truncation keeps what was released released; free returns only held blocks.
+        kv.truncate(RequestId(1), 4);
+        assert_eq!(kv.block_table(RequestId(1)).unwrap().len(), 3);
+        accounting_holds(&kv);
+        kv.free(RequestId(1));
+        assert_eq!(kv.num_used_blocks(), 0);
+        accounting_holds(&kv);
+    }
+
+    #[test]
+    fn window_prefix_hit_needs_and_takes_only_the_window_blocks() {
+        let mut kv = windowed(8, true, 6);
+        let prompt: Vec<u32> = (0..17).collect();
+        run_prefill(&mut kv, 1, &prompt);
+        let table_one = kv.block_table(RequestId(1)).unwrap().to_vec();
+        // The query at 17 sees 12..=17: blocks 0..3 go back, cached, oldest first.
+        kv.remove_skipped_blocks(RequestId(1), 17);
+        assert_eq!(kv.num_cached_free_blocks(), 3);
+        accounting_holds(&kv);
+        // Another request takes the 3 uncached free blocks and evicts blocks 0 and 1.
+        kv.allocate_slots(RequestId(2), 20, None).unwrap();
+        assert_eq!(kv.num_evictions(), 2);
+        kv.free(RequestId(2));
+        // The same prompt plus one token: its first new query (at 16) sees 11..=16, so blocks
+        // 2 and 3 suffice although blocks 0 and 1 are gone.
+        let mut longer = prompt.clone();
+        longer.push(99);
+        let hashes = chain(&longer, None);
+        let hit = kv.get_computed_blocks(&hashes, longer.len());
+        assert_eq!(hit.num_computed_tokens(), 16);
+        assert_eq!(hit.num_skipped_blocks(), 2);
+        assert_eq!(hit.block_ids(), &table_one[2..4]);
+        kv.allocate_slots(RequestId(3), longer.len(), Some(&hit))
+            .unwrap();
+        let table = kv.block_table(RequestId(3)).unwrap().to_vec();
+        assert_eq!(table.len(), 5);
+        assert_eq!(&table[2..4], &table_one[2..4]);
+        assert_eq!(table[0], table_one[2]);
+        assert_eq!(kv.ref_count(table_one[3]), 2);
+        assert_eq!(kv.ref_count(table_one[2]), 1);
+        kv.cache_full_blocks(RequestId(3), &hashes, &longer, longer.len());
+        accounting_holds(&kv);
+        // Without the window the same pool state gives no hit: block 0 is gone.
+        let mut full = manager(8, true);
+        run_prefill(&mut full, 1, &prompt);
+        full.free(RequestId(1));
+        full.allocate_slots(RequestId(2), 32, None).unwrap();
+        assert_eq!(
+            full.get_computed_blocks(&hashes, longer.len())
+                .num_computed_tokens(),
+            0
+        );
+        // A window shorter than a block: the query at 16 needs no cached key, yet the hit
+        // takes its last block, which vouches for the prefix; the scheduler then releases it.
+        let mut tiny = windowed(8, true, 1);
+        run_prefill(&mut tiny, 1, &prompt);
+        let hit = tiny.get_computed_blocks(&hashes, longer.len());
+        assert_eq!(hit.num_computed_tokens(), 16);
+        assert_eq!(hit.num_skipped_blocks(), 3);
+        assert_eq!(hit.block_ids().len(), 1);
+        tiny.allocate_slots(RequestId(2), longer.len(), Some(&hit))
+            .unwrap();
+        assert_eq!(tiny.owned_blocks(RequestId(2)).unwrap().len(), 2);
+        tiny.remove_skipped_blocks(RequestId(2), 16);
+        assert_eq!(tiny.owned_blocks(RequestId(2)).unwrap().len(), 1);
+        accounting_holds(&tiny);
+        tiny.free(RequestId(2));
+        accounting_holds(&tiny);
     }
 }

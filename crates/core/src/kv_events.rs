@@ -46,6 +46,7 @@ mod tests {
             num_blocks,
             block_size: BLOCK,
             enable_prefix_caching: true,
+            sliding_window: None,
         })
         .unwrap();
         kv.enable_events();
@@ -100,6 +101,7 @@ mod tests {
             num_blocks: 8,
             block_size: BLOCK,
             enable_prefix_caching: true,
+            sliding_window: None,
         })
         .unwrap();
         let tokens: Vec<u32> = (0..9).collect();

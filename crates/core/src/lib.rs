@@ -29,6 +29,7 @@
 //!     policy: SchedulingPolicy::Fcfs,
 //!     long_prefill_token_threshold: None,
 //!     enable_chunked_prefill: true,
+//!     sliding_window: None,
 //! })?;
 //! scheduler.add_request(Request::new(RequestId(1), vec![1, 2, 3, 4, 5], 3))?;
 //! while scheduler.has_unfinished_requests() {

@@ -41,6 +41,7 @@ fn config(
         policy,
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
+        sliding_window: None,
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 use proptest::prelude::*;
 use tokenmill_core::{SchedulerConfig, SchedulingPolicy, StopParams};
 
-use common::driver::{run, run_with_drafts, RequestSpec};
+use common::driver::{run, run_with_drafts, run_with_model_window, RequestSpec};
 use common::EOS;
 
 /// Raw per-request draws, turned into a valid request once the scenario's limits are known.
@@ -138,6 +138,7 @@ fn scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
                     policy,
                     long_prefill_token_threshold,
                     enable_chunked_prefill: true,
+                    sliding_window: None,
                 };
                 let requests = raws
                     .iter()
@@ -227,5 +228,69 @@ proptest! {
         if scenario.requests.iter().all(|r| r.abort_at_step.is_none()) {
             prop_assert_eq!(&speculative.outcomes, &plain.outcomes);
         }
+    }
+}
+
+/// [`scenario`] with a sliding window of 1 to 12 positions (as short as one token, as long as
+/// several blocks) and a pool sized from what one request holds under it, often smaller than
+/// one max-length request would need without the window.
+fn windowed_scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
+    (scenario(with_aborts), 1usize..=12, 0usize..=4).prop_map(|(mut scenario, window, extra)| {
+        scenario.config.sliding_window = Some(window);
+        scenario.config.num_blocks = (scenario.config.max_blocks_per_request() + extra) as u32;
+        scenario
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Sliding window: leading blocks are released exactly when no future query sees them,
+    /// reference counts and accounting hold after every step (prefix hits that take only the
+    /// window's blocks, preemption, aborts), released blocks are never read back, and every
+    /// request finishes.
+    #[test]
+    fn windowed_invariants_hold_and_every_request_finishes(scenario in windowed_scenario(true)) {
+        let result = run(scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(result.is_ok(), "{}", result.err().unwrap_or_default());
+    }
+
+    /// Releasing blocks outside the window changes no output: the same windowed "model" over a
+    /// KV manager that keeps every block (roomy pool, no prefix cache, no preemption) gives
+    /// the same tokens, with and without prefix caching.
+    #[test]
+    fn windowed_outputs_equal_the_path_that_keeps_every_block(scenario in windowed_scenario(false)) {
+        let window = scenario.config.sliding_window.unwrap_or(1);
+        let keep_all = SchedulerConfig { sliding_window: None, ..reference_config(&scenario) };
+        let reference = run_with_model_window(
+            keep_all, &scenario.requests, scenario.eos_every, MAX_STEPS, window,
+        );
+        prop_assert!(reference.is_ok(), "{}", reference.clone().err().unwrap_or_default());
+        let reference = reference.unwrap_or_else(|_| unreachable!());
+        for caching in [false, true] {
+            let config = SchedulerConfig { enable_prefix_caching: caching, ..scenario.config };
+            let result = run(config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+            prop_assert!(result.is_ok(), "{}", result.clone().err().unwrap_or_default());
+            let result = result.unwrap_or_else(|_| unreachable!());
+            prop_assert_eq!(&result.outcomes, &reference.outcomes, "caching={}", caching);
+        }
+    }
+
+    /// Speculative drafts under a window: rejected drafts roll back without touching released
+    /// blocks, and the outputs are those of plain decoding.
+    #[test]
+    fn windowed_drafts_change_nothing_but_the_step_count(
+        scenario in windowed_scenario(false), seed in any::<u64>(),
+    ) {
+        let plain = run(scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(plain.is_ok(), "{}", plain.clone().err().unwrap_or_default());
+        let speculative = run_with_drafts(
+            scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS, Some(seed),
+        );
+        prop_assert!(speculative.is_ok(), "{}", speculative.clone().err().unwrap_or_default());
+        prop_assert_eq!(
+            &speculative.unwrap_or_else(|_| unreachable!()).outcomes,
+            &plain.unwrap_or_else(|_| unreachable!()).outcomes
+        );
     }
 }

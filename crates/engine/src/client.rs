@@ -61,8 +61,7 @@ struct LoopSettings {
 /// What every data-parallel engine is built from besides its own model handle.
 struct CoreSetup<'a> {
     config: &'a EngineConfig,
-    num_blocks: u32,
-    max_model_len: usize,
+    scheduler_config: SchedulerConfig,
     traces: Option<Arc<OtlpTraceExporter>>,
 }
 
@@ -122,25 +121,75 @@ impl Engine {
             config.kv_cache_bytes(available_before_load, loaded.model.weight_bytes() as u64);
         let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
         let pool_tokens = capacity::kv_cache_size_tokens(num_blocks, config.block_size);
+        let sliding_window = if config.disable_hybrid_kv_cache_manager {
+            None
+        } else {
+            uniform_sliding_window(loaded.model.kv_layout())
+        };
         let max_model_len = match config.max_model_len {
             Some(len) => len,
+            // Under a window on every layer a request holds only the window's blocks.
+            None if sliding_window.is_some() => model_config.max_position_embeddings,
             None => model_config.max_position_embeddings.min(pool_tokens),
         };
+        let scheduler_config = SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(
+                if config.enable_chunked_prefill {
+                    DEFAULT_MAX_NUM_BATCHED_TOKENS
+                } else {
+                    max_model_len.max(2048)
+                },
+            ),
+            max_num_seqs: config.max_num_seqs,
+            max_model_len,
+            block_size: config.block_size,
+            num_blocks,
+            enable_prefix_caching: config.enable_prefix_caching,
+            policy: config.scheduling_policy,
+            long_prefill_token_threshold: None,
+            enable_chunked_prefill: config.enable_chunked_prefill,
+            sliding_window,
+        };
+        let blocks_per_request = scheduler_config.max_blocks_per_request();
         let capacity = CapacityReport {
             kv_cache_bytes: kv_bytes,
             kv_cache_dtype: config.kv_cache_dtype,
             num_blocks,
             block_size: config.block_size,
             max_model_len,
+            blocks_per_request,
         };
-        if pool_tokens < max_model_len {
+        if (num_blocks as usize) < blocks_per_request {
             return Err(EngineError::Config(format!(
                 "the KV cache holds {pool_tokens} tokens ({num_blocks} blocks of {} from a {} MiB \
-                 budget) but one max-length request needs {max_model_len}: raise \
-                 --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len",
+                 budget) but one max-length request of {max_model_len} tokens needs \
+                 {blocks_per_request} blocks: raise --kv-cache-memory (or \
+                 --gpu-memory-utilization) or lower --max-model-len",
                 config.block_size,
                 kv_bytes >> 20
             )));
+        }
+        match sliding_window {
+            Some(window) => tracing::info!(
+                "sliding window {window} on every layer: KV blocks before the window are \
+                 released, a request holds at most {blocks_per_request} blocks"
+            ),
+            None if loaded
+                .model
+                .kv_layout()
+                .iter()
+                .any(|l| l.sliding_window.is_some()) =>
+            {
+                tracing::info!(
+                    "sliding-window layers keep every KV block ({})",
+                    if config.disable_hybrid_kv_cache_manager {
+                        "the hybrid KV cache manager is disabled"
+                    } else {
+                        "full-attention layers share the block tables"
+                    }
+                )
+            }
+            None => {}
         }
         if let Some(spec) = &config.speculative {
             tracing::info!(
@@ -164,8 +213,7 @@ impl Engine {
         };
         let setup = CoreSetup {
             config,
-            num_blocks,
-            max_model_len,
+            scheduler_config,
             traces,
         };
         let mut cores = Vec::with_capacity(ranks);
@@ -208,27 +256,15 @@ impl Engine {
     ) -> Result<Core, EngineError> {
         let CoreSetup {
             config,
+            scheduler_config,
+            ..
+        } = *setup;
+        let SchedulerConfig {
             num_blocks,
             max_model_len,
             ..
-        } = *setup;
-        let mut scheduler = Scheduler::new(SchedulerConfig {
-            max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(
-                if config.enable_chunked_prefill {
-                    DEFAULT_MAX_NUM_BATCHED_TOKENS
-                } else {
-                    max_model_len.max(2048)
-                },
-            ),
-            max_num_seqs: config.max_num_seqs,
-            max_model_len,
-            block_size: config.block_size,
-            num_blocks,
-            enable_prefix_caching: config.enable_prefix_caching,
-            policy: config.scheduling_policy,
-            long_prefill_token_threshold: None,
-            enable_chunked_prefill: config.enable_chunked_prefill,
-        })?;
+        } = scheduler_config;
+        let mut scheduler = Scheduler::new(scheduler_config)?;
         scheduler.set_max_loras(config.lora.as_ref().map(|lora| lora.max_loras));
         let runner = ModelRunner::new(
             Arc::clone(&loaded),
@@ -643,6 +679,17 @@ impl Drop for RequestStream {
     }
 }
 
+/// The window the KV manager may release blocks for: `Some(w)` only when every layer has a
+/// sliding window (the largest, if they differ, so no layer loses a key it sees). A model with
+/// any full-attention layer (Gemma 3's global layers) keeps every block.
+fn uniform_sliding_window(layout: &[tokenmill_models::LayerKvLayout]) -> Option<usize> {
+    layout
+        .iter()
+        .map(|layer| layer.sliding_window)
+        .try_fold(0, |widest: usize, window| window.map(|w| widest.max(w)))
+        .filter(|&widest| widest > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use tokenmill_core::SchedulerOutput;
@@ -678,6 +725,7 @@ mod tests {
             num_blocks: 16,
             block_size: 16,
             max_model_len: 64,
+            blocks_per_request: 4,
         };
         let metrics = small_metrics();
         let core = Engine::spawn_core(

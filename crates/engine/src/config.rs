@@ -57,6 +57,11 @@ pub struct EngineConfig {
     /// `--enable-chunked-prefill` (default) / `--no-enable-chunked-prefill`.
     pub enable_chunked_prefill: bool,
     pub enable_prefix_caching: bool,
+    /// vLLM's `--disable-hybrid-kv-cache-manager`: sliding-window layers keep every KV block
+    /// as full-attention layers do. Off (the default), a model whose every layer has a sliding
+    /// window releases the blocks before the window; hybrid models (Gemma 3's local and global
+    /// layers) keep every block either way.
+    pub disable_hybrid_kv_cache_manager: bool,
     pub scheduling_policy: SchedulingPolicy,
     /// The `model_name` label of the engine's metrics (the first served name).
     pub served_model_name: String,
@@ -103,6 +108,7 @@ impl EngineConfig {
             max_num_batched_tokens: None,
             enable_chunked_prefill: true,
             enable_prefix_caching: true,
+            disable_hybrid_kv_cache_manager: false,
             scheduling_policy: SchedulingPolicy::Fcfs,
             served_model_name: "tokenmill".into(),
             log_stats_interval: Some(Duration::from_secs(10)),

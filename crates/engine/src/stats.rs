@@ -67,6 +67,9 @@ pub struct CapacityReport {
     pub num_blocks: u32,
     pub block_size: usize,
     pub max_model_len: usize,
+    /// The most blocks one max-length request holds at once: `max_model_len` in blocks, or
+    /// fewer when every layer has a sliding window and blocks before it are released.
+    pub blocks_per_request: usize,
 }
 
 impl CapacityReport {
@@ -86,7 +89,11 @@ impl CapacityReport {
             ),
             capacity::available_memory_line(self.kv_cache_bytes),
             capacity::kv_cache_size_line(self.num_blocks, self.block_size),
-            capacity::max_concurrency_line(self.num_blocks, self.block_size, self.max_model_len),
+            capacity::max_concurrency_line(
+                self.num_blocks,
+                self.blocks_per_request,
+                self.max_model_len,
+            ),
         ]
     }
 }
@@ -128,6 +135,7 @@ mod tests {
             num_blocks: 38_314,
             block_size: 16,
             max_model_len: 131_072,
+            blocks_per_request: 8_192,
         };
         let [dtype, memory, size, concurrency] = report.log_lines();
         assert_eq!(

@@ -26,6 +26,7 @@ pub fn small_scheduler() -> Scheduler {
         policy: SchedulingPolicy::Fcfs,
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
+        sliding_window: None,
     })
     .unwrap()
 }

@@ -9,8 +9,9 @@
 use std::time::Instant;
 
 use tokenmill_kernels::{
-    amx_enabled, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,
-    quantize_row_q8_0, CpuFeatures, DType, KernelPath, MatmulScratch, QMatrix, ThreadPool,
+    amx_enabled, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0,
+    quantize_row_q5_1, quantize_row_q8_0, CpuFeatures, DType, KernelPath, MatmulScratch, QMatrix,
+    ThreadPool,
 };
 
 fn random_values(n: usize, seed: &mut u64) -> Vec<f32> {

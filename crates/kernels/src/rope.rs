@@ -43,6 +43,8 @@ pub struct RopeCache {
     rotary_dim: usize,
     max_positions: usize,
     inv_freq: Vec<f64>,
+    /// cos and sin are multiplied by it (LongRoPE's attention factor; 1 otherwise).
+    magnitude: f64,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -66,27 +68,83 @@ impl RopeCache {
         }
         let half = rotary_dim / 2;
         let inv_freq: Vec<f64> = (0..half)
-            .map(|i| {
-                let base = 1.0 / f64::from(theta).powf((2 * i) as f64 / rotary_dim as f64);
-                scale_frequency(base, scaling)
-            })
+            .map(|i| scale_frequency(base_frequency(theta, i, rotary_dim), scaling))
             .collect();
+        Ok(RopeCache::from_frequencies(
+            rotary_dim,
+            max_positions,
+            inv_freq,
+            1.0,
+        ))
+    }
+
+    /// LongRoPE (Phi-3's `rope_factors_long`/`_short`, llama.cpp's `freq_factors`): pair `i`
+    /// turns at `theta^(-2i/rotary_dim) / factors[i]`, and cos and sin are multiplied by
+    /// `magnitude` (the attention factor `sqrt(1 + ln(s) / ln(original context))`).
+    pub fn with_frequency_factors(
+        rotary_dim: usize,
+        theta: f32,
+        max_positions: usize,
+        factors: &[f32],
+        magnitude: f32,
+    ) -> Result<RopeCache, KernelError> {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
+            return Err(KernelError::InvalidShape(
+                "rotary_dim must be even and non-zero",
+            ));
+        }
+        if theta.is_nan() || theta <= 0.0 {
+            return Err(KernelError::InvalidShape("rope theta must be positive"));
+        }
+        if factors.len() != rotary_dim / 2 {
+            return Err(KernelError::LengthMismatch {
+                what: "rope frequency factors",
+                expected: rotary_dim / 2,
+                actual: factors.len(),
+            });
+        }
+        if factors.iter().any(|&f| f.is_nan() || f <= 0.0) || !magnitude.is_finite() {
+            return Err(KernelError::InvalidShape(
+                "rope frequency factors must be positive and the magnitude finite",
+            ));
+        }
+        let inv_freq = factors
+            .iter()
+            .enumerate()
+            .map(|(i, &factor)| base_frequency(theta, i, rotary_dim) / f64::from(factor))
+            .collect();
+        Ok(RopeCache::from_frequencies(
+            rotary_dim,
+            max_positions,
+            inv_freq,
+            f64::from(magnitude),
+        ))
+    }
+
+    fn from_frequencies(
+        rotary_dim: usize,
+        max_positions: usize,
+        inv_freq: Vec<f64>,
+        magnitude: f64,
+    ) -> RopeCache {
+        let half = rotary_dim / 2;
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for position in 0..max_positions {
             for &frequency in &inv_freq {
                 let angle = position as f64 * frequency;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * magnitude) as f32);
+                sin.push((angle.sin() * magnitude) as f32);
             }
         }
-        Ok(RopeCache {
+        RopeCache {
             rotary_dim,
             max_positions,
             inv_freq,
+            magnitude,
             cos,
             sin,
-        })
+        }
     }
 
     /// Rotated dimensions per head.
@@ -113,11 +171,16 @@ impl RopeCache {
         } else {
             for ((c, s), &frequency) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
                 let angle = position as f64 * frequency;
-                *c = angle.cos() as f32;
-                *s = angle.sin() as f32;
+                *c = (angle.cos() * self.magnitude) as f32;
+                *s = (angle.sin() * self.magnitude) as f32;
             }
         }
     }
+}
+
+/// `theta^(-2i/rotary_dim)`: pair `i`'s unscaled frequency.
+fn base_frequency(theta: f32, pair: usize, rotary_dim: usize) -> f64 {
+    1.0 / f64::from(theta).powf((2 * pair) as f64 / rotary_dim as f64)
 }
 
 fn scale_frequency(inv_freq: f64, scaling: RopeScaling) -> f64 {
@@ -298,6 +361,33 @@ mod tests {
         // The first pair (wavelength 2π) is unchanged; the last is divided by 8.
         assert_eq!(llama3.inv_freq()[0], 1.0);
         assert!((llama3.inv_freq()[63] - plain.inv_freq()[63] / 8.0).abs() < 1e-18);
+    }
+
+    #[test]
+    fn frequency_factors_divide_frequencies_and_scale_magnitude() {
+        let plain = RopeCache::new(8, 10_000.0, 64, RopeScaling::None).unwrap();
+        let factors = [1.0, 2.0, 4.0, 8.0];
+        let longrope = RopeCache::with_frequency_factors(8, 10_000.0, 64, &factors, 1.25).unwrap();
+        for (i, (&p, &l)) in plain.inv_freq().iter().zip(longrope.inv_freq()).enumerate() {
+            assert_eq!(l, p / f64::from(factors[i]), "pair {i}");
+        }
+        // Position 0 rotates nothing but scales both halves by the magnitude; past the table
+        // the same values as inside it.
+        let base: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
+        let mut x = base.clone();
+        apply_rope(&mut x, 2, 1, 8, &[0, 0], &longrope, RopeStyle::Neox).unwrap();
+        for (a, b) in x.iter().zip(&base) {
+            assert!((a - b * 1.25).abs() < 1e-6);
+        }
+        let small = RopeCache::with_frequency_factors(8, 10_000.0, 2, &factors, 1.25).unwrap();
+        let (mut a, mut b) = (base.clone(), base);
+        apply_rope(&mut a, 2, 1, 8, &[30, 63], &small, RopeStyle::Neox).unwrap();
+        apply_rope(&mut b, 2, 1, 8, &[30, 63], &longrope, RopeStyle::Neox).unwrap();
+        assert_eq!(a, b);
+        assert!(RopeCache::with_frequency_factors(8, 10_000.0, 2, &factors[..3], 1.0).is_err());
+        assert!(
+            RopeCache::with_frequency_factors(8, 10_000.0, 2, &[1.0, 0.0, 1.0, 1.0], 1.0).is_err()
+        );
     }
 
     #[test]

@@ -27,17 +27,22 @@ pub enum Architecture {
     /// Gemma 3 (text): pre- and post-norms, QK-norm, GELU-tanh gate, scaled embeddings,
     /// interleaved sliding-window (local) and global layers.
     Gemma3,
+    /// Phi-3 and Phi-4-mini: Llama's block with fused `attn_qkv` and gate/up (`ffn_up` holding
+    /// both halves), partial rotary (`rope.dimension_count` < head_dim) and LongRoPE
+    /// (`rope_factors_long`/`_short`).
+    Phi3,
 }
 
 impl Architecture {
     /// Every supported architecture, in the order error messages list them.
-    pub const ALL: [Architecture; 6] = [
+    pub const ALL: [Architecture; 7] = [
         Architecture::Llama,
         Architecture::Mistral,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Gemma3,
         Architecture::Qwen3Moe,
+        Architecture::Phi3,
     ];
 
     /// Maps a GGUF `general.architecture` or HF `model_type` string (HF calls Gemma 3's text
@@ -50,6 +55,7 @@ impl Architecture {
             "qwen3" => Ok(Architecture::Qwen3),
             "qwen3moe" => Ok(Architecture::Qwen3Moe),
             "gemma3" | "gemma3_text" => Ok(Architecture::Gemma3),
+            "phi3" => Ok(Architecture::Phi3),
             // HF's names: Qwen3-MoE, and Mixtral, which GGUF files call `llama`.
             "qwen3_moe" => Ok(Architecture::Qwen3Moe),
             "mixtral" => Ok(Architecture::Llama),
@@ -69,6 +75,7 @@ impl Architecture {
             Architecture::Qwen3 => "qwen3",
             Architecture::Qwen3Moe => "qwen3moe",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
         }
     }
 
@@ -81,6 +88,7 @@ impl Architecture {
             Architecture::Qwen3 => "Qwen3",
             Architecture::Qwen3Moe => "Qwen3-MoE",
             Architecture::Gemma3 => "Gemma 3",
+            Architecture::Phi3 => "Phi-3",
         }
     }
 
@@ -97,6 +105,7 @@ impl Architecture {
                 | Architecture::Qwen3
                 | Architecture::Qwen3Moe
                 | Architecture::Gemma3
+                | Architecture::Phi3
         )
     }
 }
@@ -115,6 +124,15 @@ pub enum RopeScaling {
         low_freq_factor: f32,
         high_freq_factor: f32,
         original_max_position_embeddings: usize,
+    },
+    /// Phi-3's LongRoPE: pair `i`'s frequency divided by [`ModelConfig::rope_freq_factors`]
+    /// `[i]`, cos and sin multiplied by `attn_factor`. The factors are the long ones when the
+    /// model's context exceeds `original_max_position_embeddings`, as llama.cpp chooses them
+    /// for a context of the trained length (HF switches per forward pass; a fixed choice keeps
+    /// cached keys and batch rows consistent).
+    LongRope {
+        original_max_position_embeddings: usize,
+        attn_factor: f32,
     },
 }
 
@@ -141,11 +159,14 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
-    /// Dimensions of each head that RoPE rotates (`head_dim` for every supported model).
+    /// Dimensions of each head that RoPE rotates: the first `rotary_dim` (`head_dim` except
+    /// Phi-4-mini's partial rotary); the rest pass through unrotated.
     pub rotary_dim: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
+    /// [`RopeScaling::LongRope`]'s per-pair frequency divisors (`rotary_dim / 2` of them).
+    pub rope_freq_factors: Option<Vec<f32>>,
     pub rope_style: RopeStyle,
     /// The context length the model was trained for (`max_position_embeddings`).
     pub max_position_embeddings: usize,
@@ -276,7 +297,8 @@ impl ModelConfig {
         };
         let max_position_embeddings = required_usize("context_length")?;
         let rope_scaling = match file.get_str(&key("rope.scaling.type")) {
-            None | Some("none") => RopeScaling::None,
+            // LongRoPE is read from its factor tensors below.
+            None | Some("none") | Some("longrope") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear {
                 factor: optional_f32("rope.scaling.factor")
                     .ok_or_else(|| ModelError::MissingMetadata(key("rope.scaling.factor")))?,
@@ -293,8 +315,17 @@ impl ModelConfig {
         } else {
             RopeStyle::Normal
         };
-        let sliding_window = optional_usize("attention.sliding_window")?.filter(|&w| w > 0);
+        // llama.cpp disables Phi-3's sliding window (its converters do not describe the
+        // layers it applies to), and so does tokenmill, for the same outputs.
+        let sliding_window = optional_usize("attention.sliding_window")?
+            .filter(|&w| w > 0 && architecture != Architecture::Phi3);
         let num_layers = required_usize("block_count")?;
+        let rotary_dim = optional_usize("rope.dimension_count")?.unwrap_or(head_dim);
+        let (rope_scaling, rope_freq_factors) =
+            match gguf_longrope(file, &key, max_position_embeddings, rotary_dim)? {
+                Some((scaling, factors)) => (scaling, Some(factors)),
+                None => (rope_scaling, None),
+            };
         let is_gemma3 = architecture == Architecture::Gemma3;
         let feed_forward_length = optional_usize("feed_forward_length")?;
         let moe = match optional_usize("expert_count")?.filter(|&count| count > 0) {
@@ -322,10 +353,11 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rotary_dim: optional_usize("rope.dimension_count")?.unwrap_or(head_dim),
+            rotary_dim,
             rms_norm_eps: optional_f32("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             rope_theta: optional_f32("rope.freq_base").unwrap_or(10_000.0),
             rope_scaling,
+            rope_freq_factors,
             rope_style,
             max_position_embeddings,
             tie_word_embeddings: file.tensor("output.weight").is_none(),
@@ -380,9 +412,18 @@ impl ModelConfig {
                 raw.num_attention_heads,
             )?,
         };
-        let rope_scaling = match raw.rope_scaling.take() {
-            None => RopeScaling::None,
-            Some(scaling) => scaling.into_typed()?,
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(4096);
+        let rotary_dim = match raw.partial_rotary_factor {
+            Some(factor) => (head_dim as f64 * factor).round() as usize,
+            None => head_dim,
+        };
+        let (rope_scaling, rope_freq_factors) = match raw.rope_scaling.take() {
+            None => (RopeScaling::None, None),
+            Some(scaling) => scaling.into_typed(
+                max_position_embeddings,
+                raw.original_max_position_embeddings,
+                rotary_dim,
+            )?,
         };
         let is_gemma3 = architecture == Architecture::Gemma3;
         if raw.use_sliding_window == Some(true) && !is_gemma3 {
@@ -410,12 +451,13 @@ impl ModelConfig {
             num_heads: raw.num_attention_heads,
             num_kv_heads,
             head_dim,
-            rotary_dim: head_dim,
+            rotary_dim,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6) as f32,
             rope_theta: raw.rope_theta.unwrap_or(10_000.0) as f32,
             rope_scaling,
+            rope_freq_factors,
             rope_style: RopeStyle::Neox,
-            max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
+            max_position_embeddings,
             // Gemma 3's config defaults to a tied head; Llama's to an untied one.
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(is_gemma3),
             attention_bias: architecture == Architecture::Qwen2
@@ -480,14 +522,32 @@ impl ModelConfig {
                 ),
             });
         }
-        if self.rotary_dim != self.head_dim {
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
             return Err(ModelError::InvalidMetadata {
                 key: "rope.dimension_count".into(),
                 message: format!(
-                    "partial rotary embeddings ({} of {} dims) are not supported",
+                    "{} rotary dims of a {}-dim head: need an even number from 2 to head_dim",
                     self.rotary_dim, self.head_dim
                 ),
             });
+        }
+        if let Some(factors) = &self.rope_freq_factors {
+            if factors.len() != self.rotary_dim / 2
+                || factors.iter().any(|&f| f.is_nan() || f <= 0.0)
+            {
+                return Err(ModelError::InvalidMetadata {
+                    key: "rope_factors".into(),
+                    message: format!(
+                        "{} LongRoPE factors for {} rotary dims: need {} positive ones",
+                        factors.len(),
+                        self.rotary_dim,
+                        self.rotary_dim / 2
+                    ),
+                });
+            }
         }
         if let Some(moe) = self.moe {
             if moe.experts_used == 0
@@ -554,6 +614,10 @@ struct HfConfig {
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
     hidden_activation: Option<String>,
+    /// Phi-4-mini: the share of each head RoPE rotates.
+    partial_rotary_factor: Option<f64>,
+    /// Phi-3's LongRoPE: the pre-training context (top level in its config).
+    original_max_position_embeddings: Option<usize>,
     /// Mixture of experts: Qwen3-MoE's `num_experts`, Mixtral's `num_local_experts`.
     num_experts: Option<usize>,
     num_local_experts: Option<usize>,
@@ -631,21 +695,130 @@ struct HfRopeScaling {
     low_freq_factor: Option<f64>,
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<usize>,
+    /// LongRoPE (`type: longrope`, older `su`): per-pair divisors for long and short contexts.
+    long_factor: Option<Vec<f32>>,
+    short_factor: Option<Vec<f32>>,
+}
+
+/// Phi-3's LongRoPE from a GGUF: `rope_factors_long.weight` / `rope_factors_short.weight`
+/// (llama.cpp's names), `rope.scaling.original_context_length` and
+/// `rope.scaling.attn_factor`. `None` when the file has neither factor tensor.
+fn gguf_longrope(
+    file: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    max_position_embeddings: usize,
+    rotary_dim: usize,
+) -> Result<Option<(RopeScaling, Vec<f32>)>> {
+    let (long, short) = ("rope_factors_long.weight", "rope_factors_short.weight");
+    if file.tensor(long).is_none() && file.tensor(short).is_none() {
+        return Ok(None);
+    }
+    let original = match file.get_u64(&key("rope.scaling.original_context_length")) {
+        Some(value) => to_usize("rope.scaling.original_context_length", value)?,
+        None => max_position_embeddings,
+    };
+    let name = longrope_factor_name(max_position_embeddings, original, long, short);
+    let info = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    let expected = rotary_dim / 2;
+    if info.dims.iter().product::<u64>() != expected as u64 {
+        return Err(ModelError::TensorShape {
+            tensor: name.into(),
+            expected: vec![expected],
+            actual: info.dims.iter().map(|&d| d as usize).collect(),
+        });
+    }
+    let dtype = tokenmill_kernels::DType::from_ggml_id(info.ggml_type.id()).ok_or_else(|| {
+        ModelError::UnsupportedTensorType {
+            tensor: name.into(),
+            dtype: info.ggml_type.name(),
+        }
+    })?;
+    let mut factors = vec![0.0f32; expected];
+    tokenmill_kernels::dequantize(dtype, file.tensor_data(info)?, &mut factors)?;
+    let attn_factor = file
+        .get_f64(&key("rope.scaling.attn_factor"))
+        .map_or(1.0, |v| v as f32);
+    Ok(Some((
+        RopeScaling::LongRope {
+            original_max_position_embeddings: original,
+            attn_factor,
+        },
+        factors,
+    )))
+}
+
+/// The long factors when the context exceeds the pre-training one (llama.cpp's
+/// `n_ctx > n_ctx_orig_yarn` at a context of the trained length), else the short ones.
+fn longrope_factor_name<'a>(
+    max_position_embeddings: usize,
+    original: usize,
+    long: &'a str,
+    short: &'a str,
+) -> &'a str {
+    if max_position_embeddings > original {
+        long
+    } else {
+        short
+    }
 }
 
 impl HfRopeScaling {
-    fn into_typed(self) -> Result<RopeScaling> {
+    fn into_typed(
+        self,
+        max_position_embeddings: usize,
+        original: Option<usize>,
+        rotary_dim: usize,
+    ) -> Result<(RopeScaling, Option<Vec<f32>>)> {
         let kind = self
             .rope_type
             .clone()
             .or_else(|| self.legacy_type.clone())
             .unwrap_or_else(|| "default".into());
+        if kind == "longrope" || kind == "su" {
+            let original = original
+                .or(self.original_max_position_embeddings)
+                .ok_or_else(|| {
+                    ModelError::MissingMetadata("original_max_position_embeddings".into())
+                })?;
+            let long = max_position_embeddings > original;
+            let (name, factors) = if long {
+                ("long_factor", self.long_factor)
+            } else {
+                ("short_factor", self.short_factor)
+            };
+            let factors = factors
+                .ok_or_else(|| ModelError::MissingMetadata(format!("rope_scaling.{name}")))?;
+            if factors.len() != rotary_dim / 2 {
+                return Err(ModelError::InvalidMetadata {
+                    key: format!("rope_scaling.{name}"),
+                    message: format!("{} factors for {rotary_dim} rotary dims", factors.len()),
+                });
+            }
+            // HF's Phi3LongRoPEScaledRotaryEmbedding (and llama.cpp's converter).
+            let scale = max_position_embeddings as f64 / original as f64;
+            let attn_factor = if scale > 1.0 {
+                (1.0 + scale.ln() / (original as f64).ln()).sqrt()
+            } else {
+                1.0
+            };
+            let scaling = RopeScaling::LongRope {
+                original_max_position_embeddings: original,
+                attn_factor: attn_factor as f32,
+            };
+            return Ok((scaling, Some(factors)));
+        }
+        Ok((self.into_plain(&kind)?, None))
+    }
+
+    fn into_plain(self, kind: &str) -> Result<RopeScaling> {
         let field = |name: &str, value: Option<f64>| -> Result<f32> {
             value
                 .map(|v| v as f32)
                 .ok_or_else(|| ModelError::MissingMetadata(format!("rope_scaling.{name}")))
         };
-        match kind.as_str() {
+        match kind {
             "default" => Ok(RopeScaling::None),
             "linear" => Ok(RopeScaling::Linear {
                 factor: field("factor", self.factor)?,
@@ -728,13 +901,13 @@ mod tests {
 
     #[test]
     fn unsupported_model_type_is_named_with_the_supported_list() {
-        let text = r#"{"model_type": "phi3", "vocab_size": 10, "hidden_size": 8,
+        let text = r#"{"model_type": "falcon", "vocab_size": 10, "hidden_size": 8,
             "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}"#;
         let error = ModelConfig::from_hf_config_json(text).unwrap_err();
         let message = error.to_string();
-        assert!(message.contains("`phi3`"), "{message}");
+        assert!(message.contains("`falcon`"), "{message}");
         assert!(
-            message.contains("llama, mistral, qwen2, qwen3, gemma3"),
+            message.contains("llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3"),
             "{message}"
         );
     }
@@ -866,5 +1039,56 @@ mod tests {
             "rope_scaling": {"type": "yarn", "factor": 4.0}}"#;
         let error = ModelConfig::from_hf_config_json(text).unwrap_err();
         assert!(error.to_string().contains("`yarn`"), "{error}");
+    }
+
+    /// Phi-4-mini's shape (layers cut to 2): partial rotary 0.75 of 128 dims, LongRoPE with
+    /// 48 factors each, original context 4,096 of 131,072 (long factors, attention factor
+    /// `sqrt(1 + ln 32 / ln 4096)`).
+    #[test]
+    fn parses_phi4_mini_config_with_partial_rotary_and_longrope() {
+        let long: Vec<String> = (0..48).map(|i| format!("{}.0", 1 + i)).collect();
+        let short: Vec<String> = (0..48).map(|_| "1.0".to_owned()).collect();
+        let text = format!(
+            r#"{{"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+            "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 8192,
+            "num_hidden_layers": 2, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "partial_rotary_factor": 0.75, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "sliding_window": 262144, "tie_word_embeddings": true,
+            "rope_scaling": {{"type": "longrope", "long_factor": [{}],
+                              "short_factor": [{}]}}}}"#,
+            long.join(", "),
+            short.join(", ")
+        );
+        let config = ModelConfig::from_hf_config_json(&text).unwrap();
+        assert_eq!(config.architecture, Architecture::Phi3);
+        assert_eq!((config.head_dim, config.rotary_dim), (128, 96));
+        assert_eq!(config.sliding_window, None);
+        let RopeScaling::LongRope {
+            original_max_position_embeddings,
+            attn_factor,
+        } = config.rope_scaling
+        else {
+            panic!("{:?}", config.rope_scaling);
+        };
+        assert_eq!(original_max_position_embeddings, 4096);
+        let expected = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert!((attn_factor - expected).abs() < 1e-6);
+        let factors = config.rope_freq_factors.unwrap();
+        assert_eq!((factors[0], factors[47]), (1.0, 48.0));
+        // A context no longer than the original one takes the short factors, attention
+        // factor 1; a factor list of the wrong length is refused by name.
+        let short_context = text.replace("131072", "4096");
+        let config = ModelConfig::from_hf_config_json(&short_context).unwrap();
+        assert_eq!(config.rope_freq_factors, Some(vec![1.0; 48]));
+        assert!(matches!(
+            config.rope_scaling,
+            RopeScaling::LongRope { attn_factor, .. } if attn_factor == 1.0
+        ));
+        let error =
+            ModelConfig::from_hf_config_json(&short_context.replace("[1.0, ", "[")).unwrap_err();
+        assert!(error.to_string().contains("short_factor"), "{error}");
+        let error = ModelConfig::from_hf_config_json(&text.replace("0.75", "0.7")).unwrap_err();
+        assert!(error.to_string().contains("rotary"), "{error}");
     }
 }

@@ -82,9 +82,8 @@ pub fn load_model(source: &ModelSource, options: &LoadOptions) -> Result<Box<dyn
                 | Architecture::Mistral
                 | Architecture::Qwen2
                 | Architecture::Qwen3
-                | Architecture::Qwen3Moe => {
-                    Ok(Box::new(LlamaModel::load_hf_directory(dir, options)?))
-                }
+                | Architecture::Qwen3Moe
+                | Architecture::Phi3 => Ok(Box::new(LlamaModel::load_hf_directory(dir, options)?)),
                 Architecture::Gemma3 => Ok(Box::new(Gemma3Model::load_hf_directory(dir, options)?)),
             }
         }
@@ -98,7 +97,8 @@ pub fn load_gguf_model(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn
         | Architecture::Mistral
         | Architecture::Qwen2
         | Architecture::Qwen3
-        | Architecture::Qwen3Moe => Ok(Box::new(LlamaModel::from_gguf(file, options)?)),
+        | Architecture::Qwen3Moe
+        | Architecture::Phi3 => Ok(Box::new(LlamaModel::from_gguf(file, options)?)),
         Architecture::Gemma3 => Ok(Box::new(Gemma3Model::from_gguf(file, options)?)),
     }
 }
@@ -123,6 +123,7 @@ pub fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
         | Architecture::Qwen2
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
+        | Architecture::Phi3
         | Architecture::Gemma3 => families::llama_kv_layout(config),
     }
 }

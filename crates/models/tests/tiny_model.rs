@@ -296,19 +296,19 @@ fn unsupported_tensor_type_is_named() {
 #[test]
 fn unsupported_architecture_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("phi.gguf");
+    let path = dir.path().join("falcon.gguf");
     let mut writer = tokenmill_gguf::GgufWriter::new();
     writer.add_metadata(
         "general.architecture",
-        tokenmill_gguf::MetadataValue::String("phi3".into()),
+        tokenmill_gguf::MetadataValue::String("falcon".into()),
     );
     writer.write_to(&path).unwrap();
     let error = LlamaModel::load_gguf(&path, &options()).unwrap_err();
-    assert!(error.to_string().contains("`phi3`"), "{error}");
+    assert!(error.to_string().contains("`falcon`"), "{error}");
     assert!(
         error
             .to_string()
-            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3, qwen3moe)"),
+            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3)"),
         "{error}"
     );
 }

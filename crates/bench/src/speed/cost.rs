@@ -79,6 +79,7 @@ mod tests {
             rms_norm_eps: 1e-5,
             rope_theta: 100_000.0,
             rope_scaling: RopeScaling::None,
+            rope_freq_factors: None,
             rope_style: RopeStyle::Normal,
             max_position_embeddings: 8192,
             tie_word_embeddings: true,

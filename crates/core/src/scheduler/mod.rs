@@ -41,6 +41,10 @@ pub struct SchedulerConfig {
     /// (`--enable-chunked-prefill`, the default). Off, a prompt is scheduled whole or waits,
     /// and the budget must hold a whole `max_model_len` sequence, as vLLM requires.
     pub enable_chunked_prefill: bool,
+    /// Every layer of the model attends to the last `w` positions only: the KV manager
+    /// releases blocks before the window ([`KvCacheConfig::sliding_window`]). `None` for
+    /// full-attention and hybrid models.
+    pub sliding_window: Option<usize>,
 }
 
 impl SchedulerConfig {
@@ -49,7 +53,20 @@ impl SchedulerConfig {
             num_blocks: self.num_blocks,
             block_size: self.block_size,
             enable_prefix_caching: self.enable_prefix_caching,
+            sliding_window: self.sliding_window,
         }
+    }
+
+    /// The most blocks one request may hold at once ([`KvCacheConfig::max_blocks_per_request`]
+    /// with this step budget).
+    pub fn max_blocks_per_request(&self) -> usize {
+        let max_tokens_per_step = if self.enable_chunked_prefill {
+            self.max_num_batched_tokens
+        } else {
+            self.max_num_batched_tokens.max(self.max_model_len)
+        };
+        self.kv_cache_config()
+            .max_blocks_per_request(self.max_model_len, max_tokens_per_step)
     }
 
     fn validate(&self) -> Result<(), SchedulerError> {
@@ -77,12 +94,17 @@ impl SchedulerConfig {
                 self.max_num_batched_tokens, self.max_model_len
             ));
         }
+        if self.sliding_window == Some(0) {
+            return invalid("sliding_window must be at least 1 when set".to_owned());
+        }
         // Otherwise a request of max_model_len could never be scheduled, even alone.
-        let capacity = (self.num_blocks as usize).saturating_mul(self.block_size);
-        if capacity < self.max_model_len {
+        let needed = self.max_blocks_per_request();
+        if (self.num_blocks as usize) < needed {
+            let capacity = (self.num_blocks as usize).saturating_mul(self.block_size);
             return invalid(format!(
-                "the KV cache holds {capacity} tokens ({} blocks of {}), fewer than \
-                 max_model_len {}; lower max_model_len or give the cache more memory",
+                "the KV cache holds {capacity} tokens ({} blocks of {}), but one request of \
+                 max_model_len {} needs {needed} blocks; lower max_model_len or give the cache \
+                 more memory",
                 self.num_blocks, self.block_size, self.max_model_len
             ));
         }
@@ -312,6 +334,9 @@ impl Scheduler {
                 continue;
             }
             let num_total_tokens = state.num_computed_tokens + num_new_tokens;
+            // Blocks this request's queries no longer see go back first (sliding window).
+            self.kv
+                .remove_skipped_blocks(request_id, state.num_computed_tokens);
             loop {
                 if self
                     .kv
@@ -410,6 +435,8 @@ impl Scheduler {
             {
                 break;
             }
+            // A hit's last block vouches for the prefix even where the window skips it.
+            self.kv.remove_skipped_blocks(request_id, num_cached_tokens);
             let Some(state) = self.requests.get_mut(&request_id) else {
                 break;
             };

@@ -120,6 +120,7 @@ mod tests {
             policy: SchedulingPolicy::Fcfs,
             long_prefill_token_threshold: None,
             enable_chunked_prefill: true,
+            sliding_window: None,
         })
         .unwrap()
     }

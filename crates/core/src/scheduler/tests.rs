@@ -12,6 +12,7 @@ pub(super) fn config(num_blocks: u32, budget: usize) -> SchedulerConfig {
         policy: SchedulingPolicy::Fcfs,
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
+        sliding_window: None,
     }
 }
 

@@ -65,6 +65,18 @@ pub fn run(
     run_with_drafts(config, specs, eos_every, max_steps, None)
 }
 
+/// [`run`] with a sliding-window "model" of `window` positions, whatever the scheduler's
+/// `sliding_window` (`None` there: the KV manager keeps every block, the reference).
+pub fn run_with_model_window(
+    config: SchedulerConfig,
+    specs: &[RequestSpec],
+    eos_every: u64,
+    max_steps: usize,
+    window: usize,
+) -> Result<RunResult, String> {
+    run_inner(config, specs, eos_every, max_steps, None, Some(window))
+}
+
 /// [`run`] with speculative decoding: after every step each decoding request gets up to four
 /// draft tokens from a generator seeded with `draft_seed`, each the true continuation with
 /// probability 3/4 and a random token otherwise.
@@ -75,12 +87,31 @@ pub fn run_with_drafts(
     max_steps: usize,
     draft_seed: Option<u64>,
 ) -> Result<RunResult, String> {
+    run_inner(
+        config,
+        specs,
+        eos_every,
+        max_steps,
+        draft_seed,
+        config.sliding_window,
+    )
+}
+
+fn run_inner(
+    config: SchedulerConfig,
+    specs: &[RequestSpec],
+    eos_every: u64,
+    max_steps: usize,
+    draft_seed: Option<u64>,
+    model_window: Option<usize>,
+) -> Result<RunResult, String> {
     let scheduler = Scheduler::new(config).map_err(|e| e.to_string())?;
     let mut driver = Driver {
         config,
         specs,
         scheduler,
-        executor: PagedTokenExecutor::new(config.num_blocks, config.block_size, eos_every),
+        executor: PagedTokenExecutor::new(config.num_blocks, config.block_size, eos_every)
+            .with_window(model_window),
         outputs: HashMap::new(),
         outcomes: BTreeMap::new(),
         admitted_once: HashSet::new(),
@@ -331,6 +362,21 @@ impl Driver<'_> {
                     == Some(&scheduled.block_table[..]),
                 || format!("request {id}: output table differs from the manager's"),
             )?;
+            // Sliding window: exactly the blocks before the first query's window are released
+            // (and never more than one request may hold are held).
+            let kv = self.scheduler.kv_cache_manager();
+            let skipped = kv.num_skipped_blocks(id);
+            ensure(
+                skipped == config.kv_cache_config().num_skipped_blocks(start),
+                || format!("request {id}: {skipped} blocks skipped at position {start}"),
+            )?;
+            let held = kv.owned_blocks(id).map_or(0, <[u32]>::len);
+            ensure(held <= config.max_blocks_per_request(), || {
+                format!(
+                    "request {id} holds {held} blocks, over {}",
+                    config.max_blocks_per_request()
+                )
+            })?;
             match scheduled.kind {
                 ScheduleKind::Continuing => {
                     ensure(scheduled.num_cached_tokens == 0, || {
@@ -392,7 +438,7 @@ impl Driver<'_> {
         let mut owners = vec![0u32; kv.num_blocks()];
         for &id in self.scheduler.running_request_ids() {
             let table = kv
-                .block_table(id)
+                .owned_blocks(id)
                 .ok_or_else(|| format!("running request {id} has no table"))?;
             for &block in table {
                 owners[block as usize] += 1;

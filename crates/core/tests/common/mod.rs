@@ -2,7 +2,9 @@
 //! the token and position written there (and the writer's cache salt), and its greedy
 //! "sampler" hashes the whole sequence it reads back through the block table. So a wrong
 //! block table, position or prefix-cache hit changes what is read back, and with it the
-//! sampled tokens, exactly as it would corrupt a real model's attention.
+//! sampled tokens, exactly as it would corrupt a real model's attention. With a sliding window
+//! `w` the "model" reads back, and hashes, only the last `w` positions before each sampled
+//! token, as a sliding-window attention sees them; released blocks are then never read.
 
 #![allow(dead_code)]
 
@@ -27,6 +29,8 @@ pub struct PagedTokenExecutor {
     slots: Vec<Option<SlotContent>>,
     /// Every how many sequence hashes one is turned into EOS (0: never).
     eos_every: u64,
+    /// The "model"'s sliding window: a query at `p` reads positions `(p - w, p]` only.
+    window: Option<usize>,
 }
 
 /// FNV-1a over the sequence: a pure function of the tokens, like greedy decoding.
@@ -52,7 +56,20 @@ impl PagedTokenExecutor {
             block_size,
             slots: vec![None; num_blocks as usize * block_size],
             eos_every,
+            window: None,
         }
+    }
+
+    /// The same executor with a sliding-window "model" of `window` positions.
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// First position a query at `position` reads.
+    fn first_visible(&self, position: usize) -> usize {
+        self.window
+            .map_or(0, |window| (position + 1).saturating_sub(window))
     }
 
     fn slot(&self, block_table: &[u32], position: usize) -> Result<usize, String> {
@@ -99,12 +116,11 @@ impl PagedTokenExecutor {
                 .get(&scheduled.request_id)
                 .ok_or_else(|| format!("unknown request {}", scheduled.request_id))?;
             if scheduled.kind != ScheduleKind::Continuing && scheduled.num_cached_tokens > 0 {
-                let hit = self.read(
-                    &scheduled.block_table,
-                    0..scheduled.num_cached_tokens,
-                    *salt,
-                )?;
-                if hit[..] != tokens[..scheduled.num_cached_tokens] {
+                // What the first new query reads of the hit.
+                let cached = scheduled.num_cached_tokens;
+                let first = self.first_visible(cached);
+                let hit = self.read(&scheduled.block_table, first..cached, *salt)?;
+                if hit[..] != tokens[first..cached] {
                     return Err(format!(
                         "request {}: prefix hit holds {hit:?}, prompt is {tokens:?}",
                         scheduled.request_id
@@ -126,8 +142,9 @@ impl PagedTokenExecutor {
             let (tokens, salt) = &truth[&scheduled.request_id];
             let drafts = &scheduled.draft_token_ids;
             let end = scheduled.start_position + scheduled.token_ids.len() - drafts.len();
-            let mut sequence = self.read(&scheduled.block_table, 0..end, *salt)?;
-            if sequence[..] != tokens[..end] {
+            let first = self.first_visible(end - 1);
+            let mut sequence = self.read(&scheduled.block_table, first..end, *salt)?;
+            if sequence[..] != tokens[first..end] {
                 return Err(format!(
                     "request {}: KV holds {sequence:?}, sequence is {tokens:?}",
                     scheduled.request_id
@@ -145,7 +162,9 @@ impl PagedTokenExecutor {
                 if drafts.get(run.len() - 1) != Some(&token) {
                     break;
                 }
-                sequence = self.read(&scheduled.block_table, 0..end + run.len(), *salt)?;
+                let last = end + run.len();
+                let first = self.first_visible(last - 1);
+                sequence = self.read(&scheduled.block_table, first..last, *salt)?;
             }
             sampled.push((scheduled.request_id, run));
         }

@@ -74,6 +74,7 @@ impl DraftModelProposer {
             num_blocks: u32::try_from(setup.num_blocks).unwrap_or(u32::MAX),
             block_size: setup.block_size,
             enable_prefix_caching: false,
+            sliding_window: None,
         })
         .map_err(|e| EngineError::Config(e.to_string()))?;
         tracing::info!(

@@ -196,6 +196,7 @@ mod tests {
             policy: SchedulingPolicy::Fcfs,
             long_prefill_token_threshold: None,
             enable_chunked_prefill: true,
+            sliding_window: None,
         })
         .unwrap();
         for id in 0..num_requests {

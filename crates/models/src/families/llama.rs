@@ -1,6 +1,7 @@
 //! The Llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral (with its sliding window), Qwen2
 //! (Llama with a QKV bias), Qwen3 (Llama with QK-norm and its own head_dim), and their
-//! mixture-of-experts forms, Mixtral (Llama with experts) and Qwen3-MoE. Pre-norm blocks:
+//! mixture-of-experts forms, Mixtral (Llama with experts) and Qwen3-MoE, and Phi-3 /
+//! Phi-4-mini (fused QKV and gate/up tensors, partial rotary, LongRoPE). Pre-norm blocks:
 //! `x += attn(rms(x)); x += ffn(rms(x))`, the FFN a SiLU-gated MLP or a routed mixture of
 //! SiLU-gated experts ([`FeedForward`]), one RoPE table. The variants differ only in
 //! [`ModelConfig`] fields the shared blocks read ([`AttentionOptions`], `ModelConfig::moe`),

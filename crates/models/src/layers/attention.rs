@@ -107,7 +107,7 @@ pub(crate) struct AttentionBlock {
 }
 
 impl AttentionBlock {
-    /// Reads `attn_{q,k,v}.weight`, their biases and `attn_{q,k}_norm.weight` when the
+    /// Reads `attn_{q,k,v}.weight` (or the fused `attn_qkv.weight`), their biases and `attn_{q,k}_norm.weight` when the
     /// options ask for them, and `attn_output.weight`.
     pub fn load(
         tensors: &LayerTensors<'_>,
@@ -116,14 +116,19 @@ impl AttentionBlock {
         options: AttentionOptions,
     ) -> Result<AttentionBlock> {
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        let qkv = tensors.stacked(
-            &[
-                ("attn_q.weight", q_dim),
-                ("attn_k.weight", kv_dim),
-                ("attn_v.weight", kv_dim),
-            ],
-            hidden,
-        )?;
+        // Phi-3 stores the three as one fused `attn_qkv` whose rows are already `[q | k | v]`.
+        let qkv = if tensors.contains("attn_qkv.weight") {
+            tensors.stacked(&[("attn_qkv.weight", q_dim + 2 * kv_dim)], hidden)?
+        } else {
+            tensors.stacked(
+                &[
+                    ("attn_q.weight", q_dim),
+                    ("attn_k.weight", kv_dim),
+                    ("attn_v.weight", kv_dim),
+                ],
+                hidden,
+            )?
+        };
         let qkv_bias = if options.bias {
             let mut values = tensors.vector("attn_q.bias", q_dim)?;
             values.extend(tensors.vector("attn_k.bias", kv_dim)?);

@@ -4,7 +4,7 @@ use tokenmill_kernels::{gelu_tanh_mul, silu_mul};
 
 use super::{Linear, LinearScratch, StackedLinear, Step};
 use crate::error::Result;
-use crate::loader::LayerTensors;
+use crate::loader::{LayerTensors, FUSED_GATE_UP};
 use crate::lora::LoraGroup;
 
 /// The gate's activation, each a fused `act(gate) * up` kernel.
@@ -40,21 +40,28 @@ pub(crate) struct GatedMlp {
 }
 
 impl GatedMlp {
-    /// Reads `ffn_gate.weight`, `ffn_up.weight` and `ffn_down.weight`.
+    /// Reads `ffn_gate.weight`, `ffn_up.weight` (or Phi-3's fused gate/up) and
+    /// `ffn_down.weight`.
     pub fn load(
         tensors: &LayerTensors<'_>,
         hidden: usize,
         intermediate: usize,
         activation: Activation,
     ) -> Result<GatedMlp> {
-        Ok(GatedMlp {
-            gate_up: tensors.stacked(
+        // Phi-3 has no `ffn_gate`: its fused projection's rows are already `[gate | up]`.
+        let gate_up = if tensors.contains("ffn_gate.weight") {
+            tensors.stacked(
                 &[
                     ("ffn_gate.weight", intermediate),
                     ("ffn_up.weight", intermediate),
                 ],
                 hidden,
-            )?,
+            )?
+        } else {
+            tensors.stacked(&[(FUSED_GATE_UP, 2 * intermediate)], hidden)?
+        };
+        Ok(GatedMlp {
+            gate_up,
             down: tensors.matrix("ffn_down.weight", hidden, intermediate)?,
             intermediate,
             activation,

@@ -4,7 +4,7 @@
 use tokenmill_kernels::{apply_rope, RopeCache};
 
 use crate::config::{ModelConfig, RopeScaling, RopeStyle};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 /// The table covers the trained context (capped); positions beyond it are computed on the fly.
 const MAX_TABLE_POSITIONS: usize = 1 << 17;
@@ -32,6 +32,25 @@ impl Rope {
     }
 
     fn new(config: &ModelConfig, theta: f32, scaling: RopeScaling) -> Result<Rope> {
+        let max_positions = config.max_position_embeddings.min(MAX_TABLE_POSITIONS);
+        let style = match config.rope_style {
+            RopeStyle::Normal => tokenmill_kernels::RopeStyle::Normal,
+            RopeStyle::Neox => tokenmill_kernels::RopeStyle::Neox,
+        };
+        if let RopeScaling::LongRope { attn_factor, .. } = scaling {
+            let factors = config
+                .rope_freq_factors
+                .as_deref()
+                .ok_or_else(|| ModelError::MissingMetadata("LongRoPE frequency factors".into()))?;
+            let table = RopeCache::with_frequency_factors(
+                config.rotary_dim,
+                theta,
+                max_positions,
+                factors,
+                attn_factor,
+            )?;
+            return Ok(Rope { table, style });
+        }
         let scaling = match scaling {
             RopeScaling::None => tokenmill_kernels::RopeScaling::None,
             RopeScaling::Linear { factor } => tokenmill_kernels::RopeScaling::Linear { factor },
@@ -46,17 +65,9 @@ impl Rope {
                 high_freq_factor,
                 original_max_position_embeddings,
             },
+            RopeScaling::LongRope { .. } => tokenmill_kernels::RopeScaling::None,
         };
-        let table = RopeCache::new(
-            config.rotary_dim,
-            theta,
-            config.max_position_embeddings.min(MAX_TABLE_POSITIONS),
-            scaling,
-        )?;
-        let style = match config.rope_style {
-            RopeStyle::Normal => tokenmill_kernels::RopeStyle::Normal,
-            RopeStyle::Neox => tokenmill_kernels::RopeStyle::Neox,
-        };
+        let table = RopeCache::new(config.rotary_dim, theta, max_positions, scaling)?;
         Ok(Rope { table, style })
     }
 

@@ -43,6 +43,10 @@ impl TensorNaming {
     /// The name of a per-layer tensor given its GGUF short name.
     fn layer(self, layer: usize, gguf_name: &str) -> String {
         match self {
+            // Phi-3's fused gate/up is GGUF's `ffn_up` with both halves.
+            TensorNaming::Gguf if gguf_name == FUSED_GATE_UP => {
+                format!("blk.{layer}.ffn_up.weight")
+            }
             TensorNaming::Gguf => format!("blk.{layer}.{gguf_name}"),
             TensorNaming::HuggingFace | TensorNaming::HuggingFaceGemma3 => {
                 let gemma3 = self == TensorNaming::HuggingFaceGemma3;
@@ -56,6 +60,8 @@ impl TensorNaming {
                     "attn_q.weight" => "self_attn.q_proj.weight",
                     "attn_k.weight" => "self_attn.k_proj.weight",
                     "attn_v.weight" => "self_attn.v_proj.weight",
+                    "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+                    FUSED_GATE_UP => "mlp.gate_up_proj.weight",
                     "attn_q.bias" => "self_attn.q_proj.bias",
                     "attn_k.bias" => "self_attn.k_proj.bias",
                     "attn_v.bias" => "self_attn.v_proj.bias",
@@ -72,6 +78,10 @@ impl TensorNaming {
         }
     }
 }
+
+/// The name a family asks for Phi-3's fused `[gate | up]` projection: GGUF stores it as
+/// `ffn_up.weight` (twice the rows), HF as `mlp.gate_up_proj.weight`.
+pub(crate) const FUSED_GATE_UP: &str = "ffn_gate_up.weight";
 
 /// Reads tensors from a store, optionally expanding quantized weights to f32.
 pub(crate) struct WeightReader<'a> {
@@ -241,6 +251,11 @@ impl LayerTensors<'_> {
         Ok(format!(
             "model.layers.{layer}.block_sparse_moe.experts.{expert}.{mixtral}.weight"
         ))
+    }
+
+    /// Whether the block has tensor `short`.
+    pub fn contains(&self, short: &str) -> bool {
+        self.reader.store.contains(&self.name(short))
     }
 
     /// A `[rows, columns]` matrix.
