@@ -16,7 +16,7 @@ REQUIREMENTS=(openai==3.54.0 pytest==9.2.0 httpx==0.28.1 langchain-openai==1.7.3
 # at start-up), and PyPI's only Linux x86-64 torch wheel is the CUDA build, whose import
 # fails without its nvidia-* libraries (checked: `pip install --no-deps torch` then
 # `import torch` raises "libcublasLt.so.* not found"). So the venv carries torch with them,
-# ~5 GB installed, ~6 minutes to create here, once per CI run (cached in .cache/ after that
+# ~6 GB installed, 5.5 to 8.5 minutes to create here, once per CI run (kept in .cache/ after that
 # on a developer machine); nothing in it touches a GPU.
 REQUIREMENTS+=("lm-eval[api]==0.4.13" guidellm==0.8.1 torch==2.15.0 schemathesis==4.32.5)
 # shellcheck source=lib/pinned-venv.sh
