@@ -102,7 +102,11 @@ class Server:
 
 
 def start_server(
-    *flags: str, verify: object = True, api_key: str | None = None, model: str | None = None
+    *flags: str,
+    verify: object = True,
+    api_key: str | None = None,
+    model: str | None = None,
+    served_model_name: str = MODEL_NAME,
 ) -> Server:
     """Starts `tokenmill serve` on `model` (default: the default model) with `flags` and
     waits until healthy."""
@@ -116,7 +120,7 @@ def start_server(
         "--kv-cache-memory",
         "512MiB",
         "--served-model-name",
-        MODEL_NAME,
+        served_model_name,
         "--disable-log-stats",
         *flags,
     ]

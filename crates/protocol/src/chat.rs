@@ -151,6 +151,17 @@ pub fn conversation(messages: &[ChatMessage]) -> Result<Vec<ConversationMessage>
                     Some(texts.join("\n"))
                 }
             };
+            if let Some(position) = message
+                .tool_calls
+                .iter()
+                .flatten()
+                .position(|call| !call.is_object())
+            {
+                return Err(ProtocolError::invalid(
+                    "messages",
+                    format!("messages[{index}].tool_calls[{position}] must be an object."),
+                ));
+            }
             let has_tool_calls = message.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty());
             if content.is_none() && !(message.role == Role::Assistant && has_tool_calls) {
                 return Err(ProtocolError::invalid(

@@ -82,7 +82,7 @@ pub use models::{
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeChatRequest,
     TokenizeCompletionRequest, TokenizeInput, TokenizeRequest, TokenizeResponse, VersionResponse,
 };
-pub use openapi::openapi_json;
+pub use openapi::{apply_openapi_limits, apply_openapi_model_names, openapi_json};
 pub use pooling::{
     input_too_long, truncation_limit, ClassifyData, ClassifyRequest, ClassifyResponse,
     EmbeddingData, EmbeddingRequest, EmbeddingResponse, EncodingFormat, PoolingUsage,

@@ -190,6 +190,10 @@ impl TokenizeRequest {
                     request.chat_template_kwargs.as_ref(),
                     &request.messages,
                 )?;
+                if let Some(tools) = &request.tools {
+                    // The same check as chat completions: each one a named function tool.
+                    crate::tools::parse_tools(tools)?;
+                }
                 template.tools = request.tools.clone();
                 Ok(TokenizeInput::Chat {
                     messages,

@@ -4,6 +4,8 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::{ValidationLimits, DEFAULT_MAX_PROMPTS};
+
 fn schema_ref(name: &str) -> Value {
     json!({"$ref": format!("#/components/schemas/{name}")})
 }
@@ -28,10 +30,33 @@ fn string(description: &str) -> Value {
     nullable(json!({"type": "string", "description": description}))
 }
 
-fn token_ids(description: &str) -> Value {
+/// An integer in `[minimum, maximum]` (either bound optional), or null.
+fn bounded_integer(description: &str, minimum: Option<i128>, maximum: Option<i128>) -> Value {
+    let mut schema = json!({"type": "integer", "description": description});
+    if let Some(minimum) = minimum {
+        schema["minimum"] = json!(minimum);
+    }
+    if let Some(maximum) = maximum {
+        schema["maximum"] = json!(maximum);
+    }
+    nullable(schema)
+}
+
+/// A number in `[minimum, maximum]`, or null.
+fn bounded_number(description: &str, minimum: f64, maximum: f64) -> Value {
     nullable(
-        json!({"type": "array", "items": {"type": "integer", "minimum": 0}, "description": description}),
+        json!({"type": "number", "minimum": minimum, "maximum": maximum, "description": description}),
     )
+}
+
+/// A token id: the served model's vocabulary bounds it (the server fills in the maximum,
+/// see [`apply_limits`]); statically, a `u32`.
+fn token_id() -> Value {
+    schema_ref("TokenId")
+}
+
+fn token_ids(description: &str) -> Value {
+    nullable(json!({"type": "array", "items": token_id(), "description": description}))
 }
 
 fn object(properties: Vec<(&str, Value)>, required: &[&str]) -> Value {
@@ -51,12 +76,24 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
         ),
         (
             "temperature",
-            number("0 to 2; 0 is greedy. Default 1 or the generation config."),
+            bounded_number(
+                "0 to 2; 0 is greedy. Default 1 or the generation config.",
+                0.0,
+                2.0,
+            ),
         ),
-        ("top_p", number("Nucleus mass in (0, 1]. Default 1.")),
+        (
+            "top_p",
+            nullable(json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                "description": "Nucleus mass in (0, 1]. Default 1."})),
+        ),
         (
             "n",
-            integer("Number of choices, 1 to --max-n. n > 1 needs temperature > 0."),
+            bounded_integer(
+                "Number of choices, 1 to --max-n. n > 1 needs temperature > 0.",
+                Some(1),
+                None,
+            ),
         ),
         (
             "stream",
@@ -66,18 +103,25 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
         (
             "stop",
             nullable(
-                json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
-            "description": "Stop string(s); not included in the output unless include_stop_str_in_output."}),
+                json!({"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}}],
+            "description": "Stop string(s), none empty; not included in the output unless include_stop_str_in_output."}),
             ),
         ),
-        ("seed", integer("Any 64-bit integer; -1 means unseeded.")),
-        ("presence_penalty", number("-2 to 2.")),
-        ("frequency_penalty", number("-2 to 2.")),
+        (
+            "seed",
+            bounded_integer(
+                "Any 64-bit integer (signed or unsigned); -1 means unseeded.",
+                Some(i128::from(i64::MIN)),
+                Some(i128::from(u64::MAX)),
+            ),
+        ),
+        ("presence_penalty", bounded_number("-2 to 2.", -2.0, 2.0)),
+        ("frequency_penalty", bounded_number("-2 to 2.", -2.0, 2.0)),
         (
             "logit_bias",
             nullable(
                 json!({"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
-            "description": "Token id (as a string) to additive bias."}),
+            "description": "Token id (as a string) to additive bias in [-100, 100]; ids must be in the vocabulary."}),
             ),
         ),
         ("user", string("Ignored.")),
@@ -112,11 +156,19 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
             "guided_decoding_backend",
             string("vLLM (legacy): 'guidance' or 'auto' (llguidance); others are a 400."),
         ),
-        ("top_k", integer("vLLM: 0 or -1 disables; else at least 1.")),
-        ("min_p", number("vLLM: 0 to 1.")),
+        (
+            "top_k",
+            bounded_integer(
+                "vLLM: 0 or -1 disables; else at least 1, at most the vocabulary size.",
+                Some(-1),
+                None,
+            ),
+        ),
+        ("min_p", bounded_number("vLLM: 0 to 1.", 0.0, 1.0)),
         (
             "repetition_penalty",
-            number("vLLM: greater than 0; 1 disables."),
+            nullable(json!({"type": "number", "exclusiveMinimum": 0, "maximum": f32::MAX,
+                "description": "vLLM: greater than 0 (and a finite 32-bit float); 1 disables."})),
         ),
         (
             "length_penalty",
@@ -137,7 +189,11 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
         ("ignore_eos", boolean("vLLM: keep generating past EOS.")),
         (
             "min_tokens",
-            integer("vLLM: EOS and stop tokens are ignored before this many tokens."),
+            bounded_integer(
+                "vLLM: EOS and stop tokens are ignored before this many tokens (at most max_tokens).",
+                Some(0),
+                None,
+            ),
         ),
         ("skip_special_tokens", boolean("vLLM: default true.")),
         (
@@ -146,20 +202,26 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
         ),
         (
             "truncate_prompt_tokens",
-            integer("vLLM: keep only the last N prompt tokens; -1 means max_model_len."),
+            nullable(json!({"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}],
+                "description": "vLLM: keep only the last N prompt tokens (1 to max_model_len); -1 means max_model_len."})),
         ),
         (
             "prompt_logprobs",
-            integer("vLLM: logprobs for prompt tokens, 0 to 20; not with stream."),
+            bounded_integer(
+                "vLLM: logprobs for prompt tokens, 0 to --max-logprobs; not with stream.",
+                Some(0),
+                None,
+            ),
         ),
         (
             "allowed_token_ids",
-            token_ids("vLLM: restrict sampling to these tokens."),
+            nullable(json!({"type": "array", "items": token_id(), "minItems": 1,
+                "description": "vLLM: restrict sampling to these tokens (not empty)."})),
         ),
         (
             "bad_words",
             nullable(
-                json!({"type": "array", "items": {"type": "string"}, "description": "vLLM: words that must not be generated."}),
+                json!({"type": "array", "items": {"type": "string", "minLength": 1}, "description": "vLLM: words that must not be generated (none blank)."}),
             ),
         ),
         (
@@ -168,7 +230,8 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
         ),
         (
             "request_id",
-            string("vLLM: id used in the response id and logs."),
+            nullable(json!({"type": "string", "minLength": 1,
+                "description": "vLLM: id used in the response id and logs."})),
         ),
         (
             "return_token_ids",
@@ -176,25 +239,40 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
         ),
         (
             "cache_salt",
-            string("vLLM: 1 to 1024 bytes salting the prefix-cache hashes."),
+            nullable(json!({"type": "string", "minLength": 1, "maxLength": 1024,
+                "description": "vLLM: 1 to 1024 bytes salting the prefix-cache hashes."})),
         ),
     ]
+}
+
+/// A function tool, as `tools::parse_tools` accepts it.
+fn tool_schema() -> Value {
+    json!({"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"},
+            "description": {"type": ["string", "null"]},
+            "parameters": {"type": ["object", "null"]},
+            "strict": {"type": ["boolean", "null"]}
+        }}
+    }})
 }
 
 fn completion_request_schema() -> Value {
     let mut properties = shared_generation_properties();
     properties.extend([
         ("prompt", json!({"anyOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"type": "string"}},
-            {"type": "array", "items": {"type": "integer", "minimum": 0}},
-            {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}}
-        ], "description": "A prompt, a batch of prompts, token ids, or a batch of token-id lists."})),
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": DEFAULT_MAX_PROMPTS},
+            {"type": "array", "items": token_id(), "minItems": 1},
+            {"type": "array", "items": {"type": "array", "items": token_id(), "minItems": 1}, "minItems": 1, "maxItems": DEFAULT_MAX_PROMPTS}
+        ], "description": "A prompt, a batch of prompts, token ids, or a batch of token-id lists; \
+            none empty, at most 1024 prompts, prompts × n at most the server's sequence cap."})),
         ("suffix", json!({"type": "null", "description": "Not supported; must be null or absent."})),
-        ("max_tokens", integer("Default 16. With echo, 0 scores the prompt only.")),
-        ("logprobs", integer("Legacy logprobs: top alternatives per token, 0 to 20.")),
+        ("max_tokens", bounded_integer("Default 16; at least 1, or 0 with echo (score the prompt only).", Some(0), None)),
+        ("logprobs", bounded_integer("Legacy logprobs: top alternatives per token, 0 to --max-logprobs.", Some(0), None)),
         ("echo", boolean("Prepend the prompt (and its logprobs) to each choice.")),
-        ("best_of", integer("Must equal n when set.")),
+        ("best_of", bounded_integer("Must equal n when set.", Some(1), None)),
         ("add_special_tokens", boolean("vLLM: default true.")),
     ]);
     object(properties, &["prompt"])
@@ -204,11 +282,11 @@ fn chat_request_schema() -> Value {
     let mut properties = shared_generation_properties();
     properties.extend([
         ("messages", json!({"type": "array", "minItems": 1, "items": schema_ref("ChatMessage")})),
-        ("max_tokens", integer("Deprecated alias of max_completion_tokens.")),
-        ("max_completion_tokens", integer("Default: the rest of the context.")),
+        ("max_tokens", bounded_integer("Deprecated alias of max_completion_tokens.", Some(1), None)),
+        ("max_completion_tokens", bounded_integer("Default: the rest of the context.", Some(1), None)),
         ("logprobs", boolean("Return the sampled tokens' logprobs.")),
-        ("top_logprobs", integer("0 to 20 alternatives per token; needs logprobs.")),
-        ("tools", nullable(json!({"type": "array", "items": {"type": "object"},
+        ("top_logprobs", bounded_integer("0 to --max-logprobs alternatives per token; needs logprobs.", Some(0), None)),
+        ("tools", nullable(json!({"type": "array", "items": tool_schema(),
             "description": "Function tools ({type: function, function: {name, description, parameters, strict}})."}))),
         ("tool_choice", nullable(json!({"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {"type": "object"}],
             "description": "Default auto with tools; auto needs --enable-auto-tool-choice and --tool-call-parser; required and a named function are grammar-constrained."}))),
@@ -409,31 +487,40 @@ fn components() -> Value {
             &required,
         )
     };
-    let chat_message = object(
+    let content = json!({"anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": object(vec![
+            ("type", json!({"const": "text", "description": "Other part types are rejected."})),
+            ("text", json!({"type": "string"})),
+        ], &["type", "text"])}
+    ]});
+    let mut chat_message = object(
         vec![
             (
                 "role",
                 json!({"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]}),
             ),
-            (
-                "content",
-                nullable(json!({"anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": object(vec![
-                        ("type", json!({"const": "text", "description": "Other part types are rejected."})),
-                        ("text", json!({"type": "string"})),
-                    ], &["type", "text"])}
-                ]})),
-            ),
-            ("name", json!({"type": "string"})),
-            ("tool_call_id", json!({"type": "string"})),
+            ("content", nullable(content.clone())),
+            ("name", string("")),
+            ("tool_call_id", string("")),
             (
                 "tool_calls",
-                json!({"type": "array", "items": {"type": "object"}}),
+                nullable(json!({"type": "array", "items": {"type": "object"}})),
             ),
         ],
         &["role"],
     );
+    // What `conversation` checks: every message has content, except an assistant message
+    // that makes tool calls; a tool message also names the call it answers.
+    chat_message["anyOf"] = json!([
+        {"properties": {"role": {"enum": ["system", "developer", "user", "assistant"]}, "content": content},
+         "required": ["content"]},
+        {"properties": {"role": {"const": "assistant"},
+                        "tool_calls": {"type": "array", "minItems": 1}},
+         "required": ["tool_calls"]},
+        {"properties": {"role": {"const": "tool"}, "content": content},
+         "required": ["content", "tool_call_id"]}
+    ]);
     let model_card = object(
         vec![
             ("id", json!({"type": "string"})),
@@ -460,6 +547,8 @@ fn components() -> Value {
             ("prompt", json!({"type": "string"})),
             ("add_special_tokens", boolean("Default true.")),
             ("return_token_strs", boolean("Also return each token's text.")),
+            // With `messages` the request is the chat form (the second schema).
+            ("messages", json!({"type": "null", "description": "Absent or null in this form."})),
         ], &["prompt"]),
         object(vec![
             ("model", string("")),
@@ -469,7 +558,7 @@ fn components() -> Value {
             ("add_special_tokens", boolean("Default false.")),
             ("chat_template", string("")),
             ("chat_template_kwargs", nullable(json!({"type": "object"}))),
-            ("tools", nullable(json!({"type": "array", "items": {"type": "object"}}))),
+            ("tools", nullable(json!({"type": "array", "items": tool_schema()}))),
             ("return_token_strs", boolean("Also return each token's text.")),
         ], &["messages"]),
     ]});
@@ -484,15 +573,15 @@ fn components() -> Value {
         "ResponseFormat": object(vec![
             ("type", json!({"type": "string", "enum": ["text", "json_object", "json_schema"],
                 "description": "json_object and json_schema constrain the output (llguidance)."})),
-            ("json_schema", json!({"type": "object",
-                "description": "{name, schema, strict}: the output matches schema."})),
+            ("json_schema", nullable(json!({"type": "object",
+                "description": "{name, schema, strict}: the output matches schema."}))),
         ], &["type"]),
         "StructuredOutputsParams": object(vec![
-            ("json", json!({"type": ["object", "boolean", "string"],
+            ("json", json!({"type": ["object", "boolean", "string", "null"],
                 "description": "A JSON schema the output must match."})),
             ("regex", string("A regex (Rust syntax) the output must match.")),
-            ("choice", json!({"type": "array", "items": {"type": "string"},
-                "description": "The output is exactly one of these strings."})),
+            ("choice", nullable(json!({"type": "array", "items": {"type": "string"},
+                "description": "The output is exactly one of these strings."}))),
             ("grammar", string("A Lark (llguidance) or GBNF (root ::= ...) grammar.")),
             ("json_object", boolean("The output is any JSON object.")),
             ("whitespace_pattern", string("Whitespace allowed between JSON tokens (a regex).")),
@@ -519,8 +608,10 @@ fn components() -> Value {
         ], &["count", "max_model_len", "tokens"]),
         "DetokenizeRequest": object(vec![
             ("model", string("")),
-            ("tokens", json!({"type": "array", "items": {"type": "integer", "minimum": 0}})),
+            ("tokens", json!({"type": "array", "items": token_id()})),
         ], &["tokens"]),
+        "TokenId": {"type": "integer", "minimum": 0, "maximum": u32::MAX,
+            "description": "A token id of the served model's vocabulary."},
         "DetokenizeResponse": object(vec![("prompt", json!({"type": "string"}))], &["prompt"]),
         "VersionResponse": object(vec![("version", json!({"type": "string"}))], &["version"]),
         "ErrorResponse": object(vec![("error", object(vec![
@@ -544,6 +635,7 @@ fn error_responses(statuses: &[u16]) -> Map<String, Value> {
                 400 => "Invalid request (malformed JSON, bad parameter, prompt too long).",
                 401 => "Missing or wrong API key.",
                 404 => "Unknown model.",
+                408 => "The request body did not arrive within --body-read-timeout.",
                 413 => "Request body too large.",
                 503 => "Server draining or engine not running.",
                 _ => "Error.",
@@ -571,11 +663,25 @@ fn ok_json(schema: &str) -> Value {
     json!({"description": "OK", "content": {"application/json": {"schema": schema_ref(schema)}}})
 }
 
+/// A JSON response, or with `stream: true` a `text/event-stream` of server-sent events:
+/// each event's `data` is one `chunk` object in JSON, the last one is `data: [DONE]`.
+/// `itemSchema` (OpenAPI 3.2's way to describe each event of a sequential media type) gives
+/// the event's shape; 3.1 tools ignore it and see an event stream, not a JSON body.
 fn ok_json_or_stream(schema: &str, chunk: &str) -> Value {
-    json!({"description": format!("OK. With stream: true, text/event-stream of `data: <{chunk}>` lines ending with `data: [DONE]`."),
+    json!({"description": format!("OK. With stream: true, text/event-stream of `data: <{chunk}>` events ending with `data: [DONE]`."),
     "content": {
         "application/json": {"schema": schema_ref(schema)},
-        "text/event-stream": {"schema": {"type": "string"}}
+        "text/event-stream": {
+            "schema": {"description": format!("Server-sent events: `data: <{chunk} JSON>` per event, then `data: [DONE]`.")},
+            "itemSchema": {
+                "type": "object",
+                "required": ["data"],
+                "properties": {"data": {"oneOf": [
+                    {"contentMediaType": "application/json", "contentSchema": schema_ref(chunk)},
+                    {"const": "[DONE]"}
+                ]}}
+            }
+        }
     }})
 }
 
@@ -683,7 +789,7 @@ fn pooling_components() -> Map<String, Value> {
 
 /// The pooling routes (`--runner pooling`; the generate runner answers them with a 400).
 fn pooling_paths() -> Map<String, Value> {
-    let errors = [400, 401, 404, 413, 503];
+    let errors = [400, 401, 404, 408, 413, 503];
     let mut paths = Map::new();
     let mut add = |path: &str, summary: &str, request: &str, response: &str| {
         paths.insert(
@@ -726,6 +832,93 @@ fn pooling_paths() -> Map<String, Value> {
     paths
 }
 
+/// Writes the served model's and server's limits into `document` (from [`openapi_json`]):
+/// the vocabulary bounds every token id and `top_k`, the context bounds `max_tokens` and
+/// `truncate_prompt_tokens`, `--max-n`, `--max-logprobs` and the prompt-count cap bound
+/// theirs, so the schemas reject what the server rejects.
+pub fn apply_openapi_limits(document: &mut Value, limits: &ValidationLimits) {
+    let schemas = "/components/schemas";
+    let vocab_max = limits.vocab_size.saturating_sub(1);
+    let mut set = |pointer: String, key: &str, value: Value| {
+        if let Some(Value::Object(schema)) = document.pointer_mut(&pointer) {
+            schema.insert(key.to_string(), value);
+        }
+    };
+    set(format!("{schemas}/TokenId"), "maximum", json!(vocab_max));
+    for request in ["CompletionRequest", "ChatCompletionRequest"] {
+        let properties = format!("{schemas}/{request}/properties");
+        set(
+            format!("{properties}/n/anyOf/0"),
+            "maximum",
+            json!(limits.max_n),
+        );
+        set(
+            format!("{properties}/top_k/anyOf/0"),
+            "maximum",
+            json!(limits.vocab_size),
+        );
+        for logprobs in ["logprobs", "top_logprobs", "prompt_logprobs"] {
+            if request == "ChatCompletionRequest" && logprobs == "logprobs" {
+                continue; // a boolean there
+            }
+            set(
+                format!("{properties}/{logprobs}/anyOf/0"),
+                "maximum",
+                json!(limits.max_logprobs),
+            );
+        }
+        for max_tokens in ["max_tokens", "max_completion_tokens"] {
+            set(
+                format!("{properties}/{max_tokens}/anyOf/0"),
+                "maximum",
+                json!(limits.max_model_len),
+            );
+        }
+        set(
+            format!("{properties}/truncate_prompt_tokens/anyOf/0/anyOf/1"),
+            "maximum",
+            json!(limits.max_model_len),
+        );
+    }
+    for batch in [1, 3] {
+        set(
+            format!("{schemas}/CompletionRequest/properties/prompt/anyOf/{batch}"),
+            "maxItems",
+            json!(limits.max_prompts),
+        );
+    }
+}
+
+/// Restricts every request's `model` to the names this server answers to (`names`: the
+/// served names and any adapters; empty or absent means the first served name). Other names
+/// are a 404. Not for a server that registers adapters at run time, whose names change.
+pub fn apply_openapi_model_names(document: &mut Value, names: &[String]) {
+    let mut allowed = vec![json!("")];
+    allowed.extend(names.iter().map(|name| json!(name)));
+    let model = nullable(json!({"type": "string", "enum": allowed,
+        "description": "A served model name (or a LoRA adapter's); empty or absent: the first served name."}));
+    let Some(Value::Object(schemas)) = document.pointer_mut("/components/schemas") else {
+        return;
+    };
+    for schema in schemas.values_mut() {
+        let forms: Vec<&mut Value> = if schema.get("oneOf").is_some() {
+            match schema.get_mut("oneOf") {
+                Some(Value::Array(variants)) => variants.iter_mut().collect(),
+                _ => Vec::new(),
+            }
+        } else {
+            vec![schema]
+        };
+        for form in forms {
+            if let Some(Value::Object(properties)) = form.get_mut("properties") {
+                if let Some(property) = properties.get_mut("model") {
+                    *property = model.clone();
+                }
+            }
+        }
+    }
+}
+
 /// The OpenAPI 3.1 document for every route tokenmill serves.
 pub fn openapi_json() -> Value {
     let mut document = generation_document();
@@ -740,7 +933,7 @@ pub fn openapi_json() -> Value {
 
 /// The generation server's routes and schemas.
 fn generation_document() -> Value {
-    let generation_errors = [400, 401, 404, 413, 503];
+    let generation_errors = [400, 401, 404, 408, 413, 503];
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -762,9 +955,9 @@ fn generation_document() -> Value {
                 ok_json_or_stream("ChatCompletionResponse", "ChatCompletionChunk"), &generation_errors)},
             "/v1/models": {"get": operation("List served models", None, ok_json("ModelList"), &[401])},
             "/tokenize": {"post": operation("Tokenize a prompt or a chat", Some("TokenizeRequest"),
-                ok_json("TokenizeResponse"), &[400, 401, 404])},
+                ok_json("TokenizeResponse"), &[400, 401, 404, 408, 413])},
             "/detokenize": {"post": operation("Detokenize token ids", Some("DetokenizeRequest"),
-                ok_json("DetokenizeResponse"), &[400, 401, 404])},
+                ok_json("DetokenizeResponse"), &[400, 401, 404, 408, 413])},
             "/version": {"get": operation("Server version", None, ok_json("VersionResponse"), &[401])},
             "/openapi.json": {"get": operation("This document", None,
                 json!({"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}), &[401])},

@@ -425,7 +425,10 @@ impl RawSampling<'_> {
                         format!("top_p must be in (0, 1], got {value}."),
                     ));
                 }
-                value as f32
+                // A positive value below f32's range (e.g. 5e-324) keeps only the most
+                // likely token, as any top_p under its probability does; as an f32 it
+                // would round to 0, which the sampler refuses.
+                (value as f32).max(f32::MIN_POSITIVE)
             }
             None => defaults.top_p.unwrap_or(1.0),
         };
@@ -465,13 +468,19 @@ impl RawSampling<'_> {
         let repetition_penalty = match self.repetition_penalty {
             Some(value) => {
                 check_finite("repetition_penalty", value)?;
-                if value <= 0.0 {
+                // The sampler works in f32: the penalty must be a positive, finite f32 (a
+                // positive f64 such as 5e-324 or 1e300 rounds to 0 or infinity there).
+                let penalty = value as f32;
+                if !(penalty > 0.0 && penalty.is_finite()) {
                     return Err(ProtocolError::invalid(
                         "repetition_penalty",
-                        format!("repetition_penalty must be greater than zero, got {value}."),
+                        format!(
+                            "repetition_penalty must be greater than zero and at most {}, got {value}.",
+                            f32::MAX
+                        ),
                     ));
                 }
-                value as f32
+                penalty
             }
             None => defaults.repetition_penalty.unwrap_or(1.0),
         };

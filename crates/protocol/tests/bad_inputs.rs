@@ -125,6 +125,11 @@ fn cases() -> Vec<Case> {
         ("presence_penalty", Chat, chat(json!({"presence_penalty": 2.1})), Some("presence_penalty"), "[-2, 2]"),
         ("frequency_penalty", Completion, completion(json!({"frequency_penalty": -3})), Some("frequency_penalty"), "[-2, 2]"),
         ("repetition_penalty zero", Chat, chat(json!({"repetition_penalty": 0})), Some("repetition_penalty"), "greater than zero"),
+        // Found by schemathesis: positive f64s that are 0 or infinite as the sampler's f32.
+        ("repetition_penalty below f32", Chat, chat(json!({"repetition_penalty": 5e-324})), Some("repetition_penalty"), "greater than zero"),
+        ("repetition_penalty above f32", Completion, completion(json!({"repetition_penalty": 1e300})), Some("repetition_penalty"), "at most"),
+        ("tokenize with a null tool", Tokenize, br#"{"messages": [{"role": "user", "content": "x"}], "tools": [null]}"#.to_vec(), Some("tools"), "not a function tool"),
+        ("tool_calls item not an object", Chat, chat(json!({"messages": [{"role": "assistant", "content": "x", "tool_calls": [[1]]}]})), Some("messages"), "must be an object"),
         ("n zero", Completion, completion(json!({"n": 0})), Some("n"), "at least 1"),
         ("n over max", Chat, chat(json!({"n": 9})), Some("n"), "at most 8"),
         ("greedy with n > 1", Chat, chat(json!({"n": 2, "temperature": 0})), Some("n"), "greedy"),
@@ -276,4 +281,15 @@ fn prompt_plus_max_tokens_over_context_names_max_tokens() {
     let validated = chat_request.validate(&limits).unwrap();
     let error = validated.resolve_max_tokens(600, &limits).unwrap_err();
     assert_eq!(error.param(), Some("messages"));
+}
+
+/// Found by schemathesis: a positive `top_p` below f32's range (5e-324) is accepted and keeps
+/// only the most likely token; it used to reach the sampler as 0 and fail the request there.
+#[test]
+fn a_top_p_below_f32_range_stays_positive() {
+    let request: CompletionRequest =
+        parse_json(&completion(json!({"top_p": 5e-324, "temperature": 1}))).unwrap();
+    let validated = request.validate(&limits()).unwrap();
+    assert!(validated.sampling.top_p > 0.0);
+    assert!(validated.sampling.top_p < 1e-30);
 }

@@ -303,3 +303,77 @@ fn every_ref_resolves_and_every_route_is_documented() {
         );
     }
 }
+
+#[test]
+fn request_schemas_carry_the_constraints_the_server_enforces() {
+    let schemas = |document: &Value| document["components"]["schemas"].clone();
+    let static_schemas = schemas(&openapi_json());
+    // Token ids are u32s without a model, and the served vocabulary with one.
+    assert_eq!(static_schemas["TokenId"]["maximum"], json!(u32::MAX));
+    assert_eq!(
+        static_schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["$ref"],
+        "#/components/schemas/TokenId"
+    );
+    let completion = &static_schemas["CompletionRequest"]["properties"];
+    assert_eq!(completion["temperature"]["anyOf"][0]["maximum"], 2.0);
+    assert_eq!(completion["temperature"]["anyOf"][0]["minimum"], 0.0);
+    assert_eq!(completion["top_p"]["anyOf"][0]["exclusiveMinimum"], 0);
+    assert_eq!(completion["n"]["anyOf"][0]["minimum"], 1);
+    assert_eq!(completion["allowed_token_ids"]["anyOf"][0]["minItems"], 1);
+    assert_eq!(completion["prompt"]["anyOf"][0]["minLength"], 1);
+    // A tool message needs content and the id of the call it answers.
+    let message_rules = static_schemas["ChatMessage"]["anyOf"].as_array().unwrap();
+    let tool_rule = message_rules
+        .iter()
+        .find(|rule| rule["properties"]["role"]["const"] == "tool")
+        .unwrap();
+    assert_eq!(tool_rule["required"], json!(["content", "tool_call_id"]));
+
+    let mut limits = ValidationLimits::new(512, 49152);
+    limits.max_n = 4;
+    let mut served = openapi_json();
+    apply_openapi_limits(&mut served, &limits);
+    let served = schemas(&served);
+    assert_eq!(served["TokenId"]["maximum"], 49151);
+    for request in ["CompletionRequest", "ChatCompletionRequest"] {
+        let properties = &served[request]["properties"];
+        assert_eq!(properties["n"]["anyOf"][0]["maximum"], 4, "{request}");
+        assert_eq!(
+            properties["max_tokens"]["anyOf"][0]["maximum"], 512,
+            "{request}"
+        );
+        assert_eq!(
+            properties["top_k"]["anyOf"][0]["maximum"], 49152,
+            "{request}"
+        );
+        assert_eq!(
+            properties["prompt_logprobs"]["anyOf"][0]["maximum"], DEFAULT_MAX_LOGPROBS,
+            "{request}"
+        );
+    }
+    assert_eq!(
+        served["ChatCompletionRequest"]["properties"]["max_completion_tokens"]["anyOf"][0]
+            ["maximum"],
+        512
+    );
+}
+
+#[test]
+fn streams_are_described_as_server_sent_events_of_chunks() {
+    let document = openapi_json();
+    for (path, chunk) in [
+        ("/v1/completions", "CompletionStreamChunk"),
+        ("/v1/chat/completions", "ChatCompletionChunk"),
+    ] {
+        let stream =
+            &document["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"];
+        assert!(
+            stream["schema"].get("type").is_none(),
+            "{path}: not a JSON string"
+        );
+        assert_eq!(
+            stream["itemSchema"]["properties"]["data"]["oneOf"][0]["contentSchema"]["$ref"],
+            format!("#/components/schemas/{chunk}")
+        );
+    }
+}

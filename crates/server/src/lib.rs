@@ -19,6 +19,7 @@ mod error;
 mod first_byte;
 mod generation;
 mod lifecycle;
+mod parse_errors;
 mod pooling;
 mod routes;
 mod sse;

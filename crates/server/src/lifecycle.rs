@@ -17,6 +17,7 @@ use tokenmill_engine::{Engine, PoolingEngine};
 
 use crate::config::ServerConfig;
 use crate::first_byte::FirstByteAcceptor;
+use crate::parse_errors::{JsonParseErrorAcceptor, MAX_REQUEST_HEADERS, MAX_REQUEST_HEAD_BYTES};
 use crate::pooling::{pooling_router, PoolingState};
 use crate::routes::router;
 use crate::state::AppState;
@@ -180,16 +181,19 @@ async fn run_app(
             let rustls_config = RustlsConfig::from_pem_file(&tls.cert_file, &tls.key_file)
                 .await
                 .map_err(ServeError::Tls)?;
-            let acceptor = FirstByteAcceptor::new(
+            let acceptor = JsonParseErrorAcceptor::new(FirstByteAcceptor::new(
                 RustlsAcceptor::new(rustls_config),
                 config.header_read_timeout,
-            );
+            ));
             let mut server = axum_server::from_tcp(listener).acceptor(acceptor);
             limit_header_reads(server.http_builder(), config.header_read_timeout);
             server.handle(handle).serve(service).await?;
         }
         None => {
-            let acceptor = FirstByteAcceptor::new(DefaultAcceptor, config.header_read_timeout);
+            let acceptor = JsonParseErrorAcceptor::new(FirstByteAcceptor::new(
+                DefaultAcceptor,
+                config.header_read_timeout,
+            ));
             let mut server = axum_server::from_tcp(listener).acceptor(acceptor);
             limit_header_reads(server.http_builder(), config.header_read_timeout);
             server.handle(handle).serve(service).await?;
@@ -200,7 +204,9 @@ async fn run_app(
 
 /// Connections that do not deliver a complete request head in time are closed: half-sent
 /// request lines, headers dripped byte by byte (slow-loris), and keep-alive connections idle
-/// that long. (Silent new connections are [`FirstByteAcceptor`]'s.)
+/// that long. (Silent new connections are [`FirstByteAcceptor`]'s.) Heads over
+/// [`MAX_REQUEST_HEAD_BYTES`] or [`MAX_REQUEST_HEADERS`] get a 431 (with a JSON body, see
+/// [`JsonParseErrorAcceptor`]).
 fn limit_header_reads(
     builder: &mut hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
     timeout: Duration,
@@ -208,7 +214,9 @@ fn limit_header_reads(
     builder
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(timeout);
+        .header_read_timeout(timeout)
+        .max_buf_size(MAX_REQUEST_HEAD_BYTES)
+        .max_headers(MAX_REQUEST_HEADERS);
 }
 
 /// Logs the bound address once listening (with `--port 0`, the port the OS chose).

@@ -1,7 +1,8 @@
 //! Hostile clients over real sockets and in-process: read timeouts (silent connections,
 //! half-sent request lines, headers dripped byte by byte, short bodies), the fan-out and
 //! prompt-size caps, `priority` without the priority policy, the waiting-queue bound, the
-//! early bind, and the OpenAPI document's security matching the server.
+//! early bind, the OpenAPI document's security matching the server, and JSON error bodies
+//! on the responses hyper writes by itself (malformed request heads, 431, 414).
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] functions
 
@@ -298,4 +299,86 @@ async fn openapi_declares_bearer_security_only_with_a_key() {
     let (status, document) = json_of(keyed.send(request).await).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(document["security"], json!([{"bearer": []}]));
+}
+
+/// The status line and the JSON body of a raw response.
+fn status_and_json(text: &str) -> (String, Value) {
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text, ""));
+    let status = head.lines().next().unwrap_or("").to_string();
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("content-type: application/json"), "{head}");
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_request_heads_get_json_errors() {
+    let address = start_server().await;
+    let huge_header = format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70 * 1024)
+    );
+    let many_headers = format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..120)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect::<String>()
+    );
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("bad request line", b"GARBAGE\r\n\r\n".to_vec(), "400"),
+        (
+            "bad method",
+            b"G\x01T / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (
+            "bad version",
+            b"GET / HTTP/9.9\r\nHost: x\r\n\r\n".to_vec(),
+            "400",
+        ),
+        (
+            "bad content-length",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n".to_vec(),
+            "400",
+        ),
+        ("header over 64 KiB", huge_header.into_bytes(), "431"),
+        ("over 100 headers", many_headers.into_bytes(), "431"),
+    ];
+    for (name, request, code) in cases {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        // The server may answer (and close) before it has read all of an oversized head.
+        let _ = stream.write_all(&request).await;
+        let (text, after) = read_until_closed(&mut stream).await;
+        assert!(after < Duration::from_secs(3), "{name}: {after:?}");
+        let (status, body) = status_and_json(&text);
+        assert!(
+            status.starts_with(&format!("HTTP/1.1 {code} ")),
+            "{name}: {text}"
+        );
+        assert_eq!(
+            body["error"]["code"],
+            code.parse::<u64>().unwrap(),
+            "{name}"
+        );
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{name}: {body}"
+        );
+    }
+    // The server is fine, and ordinary responses are untouched.
+    assert!(health_is_ok(address).await);
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+        )
+        .await
+        .unwrap();
+    let (text, _) = read_until_closed(&mut stream).await;
+    let (status, body) = status_and_json(&text);
+    assert!(status.starts_with("HTTP/1.1 400 "), "{text}");
+    assert_eq!(body["error"]["param"], "prompt", "{body}");
 }

@@ -65,6 +65,13 @@ impl HttpState for PoolingState {
     fn metrics(&self) -> &EngineMetrics {
         &self.inner.metrics
     }
+
+    fn extend_openapi(&self, document: &mut serde_json::Value) {
+        tokenmill_protocol::apply_openapi_model_names(
+            document,
+            &self.inner.config.served_model_names,
+        );
+    }
 }
 
 impl PoolingState {

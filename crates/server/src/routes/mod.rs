@@ -55,8 +55,16 @@ impl HttpState for AppState {
     }
 
     fn extend_openapi(&self, document: &mut serde_json::Value) {
+        tokenmill_protocol::apply_openapi_limits(document, &self.inner.limits);
         if serves_runtime_lora(self) {
+            // Adapter names come and go: `model` stays any string.
             lora::extend_openapi(document);
+        } else {
+            let mut names = self.config().served_model_names.clone();
+            if let Some(registry) = self.engine().lora() {
+                names.extend(registry.list().into_iter().map(|adapter| adapter.name));
+            }
+            tokenmill_protocol::apply_openapi_model_names(document, &names);
         }
     }
 }
