@@ -114,7 +114,7 @@ impl Engine {
             }
             None => None,
         };
-        let kv_dtype = config.kv_cache_dtype.storage();
+        let kv_dtype = config.kv_storage()?;
         let bytes_per_block =
             KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
         // Read once: every engine gets this budget (the flag is per engine, as in vLLM).
@@ -129,6 +129,7 @@ impl Engine {
         let capacity = CapacityReport {
             kv_cache_bytes: kv_bytes,
             kv_cache_dtype: config.kv_cache_dtype,
+            kv_storage: kv_dtype,
             num_blocks,
             block_size: config.block_size,
             max_model_len,
@@ -230,11 +231,12 @@ impl Engine {
             enable_chunked_prefill: config.enable_chunked_prefill,
         })?;
         scheduler.set_max_loras(config.lora.as_ref().map(|lora| lora.max_loras));
+        let kv_dtype = config.kv_storage()?;
         let runner = ModelRunner::new(
             Arc::clone(&loaded),
             num_blocks as usize,
             config.block_size,
-            config.kv_cache_dtype.storage(),
+            kv_dtype,
         );
         let mut metrics = EngineMetrics::for_engine(
             MetricsConfig {
@@ -263,6 +265,7 @@ impl Engine {
                     block_size: config.block_size,
                     vocab_size: loaded.config().vocab_size,
                     num_threads,
+                    kv_dtype,
                 },
             )?),
             None => None,
@@ -299,7 +302,7 @@ impl Engine {
         Ok(KvCacheStorage::bytes_per_block(
             &kv_layout(&model_config),
             config.block_size,
-            config.kv_cache_dtype.storage(),
+            config.kv_storage()?,
         ))
     }
 
@@ -675,6 +678,7 @@ mod tests {
         let capacity = CapacityReport {
             kv_cache_bytes: 0,
             kv_cache_dtype: CacheDtype::Auto,
+            kv_storage: tokenmill_models::KvCacheDType::F16,
             num_blocks: 16,
             block_size: 16,
             max_model_len: 64,
