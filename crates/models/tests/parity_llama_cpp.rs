@@ -41,9 +41,18 @@ use tokenmill_models::{CausalLm, KvCacheDType, LlamaModel, LoadOptions, ModelSou
 /// time instead of batched) differs from this fixture by mean 0.107 / max 0.83, with 368 of
 /// 544 greedy tokens identical; tokenmill with `dequantize_to_f32` matches an f64 reference to
 /// 1e-4.
+///
+/// With f16 K/V on both sides (the fixture since the KV `auto` = f16 change) the bounds stay
+/// as they were: measured max 1.31 ("What is the capital of France?" step 31), mean 0.181 over
+/// 2,720 entries, 0 decisive mismatches, 323 of 544 free-running greedy ids identical before
+/// the first near-tie divergence (f32 K/V: mean 0.18). f16 K/V adds its own rounding on both
+/// sides, and not the same one (llama.cpp also rounds Q and the softmax weights to f16 in its
+/// f16-KV dot products; tokenmill keeps them f32): llama.cpp's f16-KV fixture against its own
+/// earlier f32-KV one shares only 266 of 544 greedy ids before diverging, max 1.07 apart along
+/// the shared path, so the 2.0 bound still has to cover two engines' quantization noise.
 const MAX_LOGIT_DIFFERENCE: f32 = 2.0;
-/// Mean |difference| over all compared entries (measured: 0.18 quantized, 0.17 with f32
-/// weights: llama.cpp's own distance from exact arithmetic).
+/// Mean |difference| over all compared entries (measured: 0.181 with f16 K/V, 0.18 with f32
+/// K/V, 0.17 with f32 weights: llama.cpp's own distance from exact arithmetic).
 const MEAN_LOGIT_DIFFERENCE: f64 = 0.25;
 
 /// Steps where llama.cpp's best token leads its runner-up by more than this must pick the
