@@ -2,11 +2,20 @@
 """Writes crates/models/tests/fixtures/parity_smollm2.json: llama.cpp's greedy continuations and
 top-5 logits for the default model, the reference tokenmill's forward pass is held to.
 
-llama.cpp comes from llama-cpp-python 0.3.16 (pinned). The KV cache is set to f32 (tokenmill's
-cache is f32; llama.cpp defaults to f16), 2 threads, no BOS for raw prompts (matching how
-llama.cpp's server tokenizes a raw completion prompt), the GGUF's own chat template for chat
-prompts. For every prompt the fixture stores the prompt ids, 32 greedy ids (argmax, lowest id on
-ties) and, at every generated step, the 5 largest logits.
+llama.cpp comes from llama-cpp-python 0.3.16 (pinned). 2 threads, no BOS for raw prompts
+(matching how llama.cpp's server tokenizes a raw completion prompt), the GGUF's own chat template
+for chat prompts. For every prompt the fixture stores the prompt ids, 32 greedy ids (argmax,
+lowest id on ties) and, at every generated step, the 5 largest logits, plus the KV cache type
+(`kv_cache`), which tokenmill's side of the test then uses too.
+
+KV cache type (--kv): f16 by default, llama.cpp's own default type_k/type_v and tokenmill's
+`--kv-cache-dtype auto` for a GGUF file; parity_smollm2.json (Q4_1 weights) is written this way.
+With --f32 the default is f32 K/V instead: llama.cpp's f16-KV attention converts Q (and the
+softmax weights) to f16 before its dot products with K (and V), tokenmill decodes K/V to f32 and
+keeps Q in f32, so f16 KV would add a last-bit-of-f16 difference that the F32 fixture's exact
+arithmetic tolerance (1e-4) cannot absorb; parity_smollm2_f32.json keeps f32 K/V on both sides.
+The requantized-model fixtures (parity_smollm2_<type>.json) were recorded before this option
+with f32 K/V and carry no `kv_cache` field (the test reads that as f32).
 
 With --f32 the model is first dequantized to an all-F32 GGUF (gguf-py; every metadata field
 copied with its type, general.file_type set to ALL_F32) in a cache directory outside the
@@ -127,11 +136,19 @@ def main() -> None:
         help="logits stored per step (the requantized-model fixtures keep 2, to stay small)",
     )
     parser.add_argument(
+        "--kv",
+        choices=["f16", "f32"],
+        default=None,
+        help="KV cache type on both sides (default: f16, or f32 with --f32)",
+    )
+    parser.add_argument(
         "--f32-cache",
         default=os.path.expanduser("~/.cache/tokenmill/reference"),
         help="directory for the dequantized F32 copy (outside the repository)",
     )
     args = parser.parse_args()
+    kv = args.kv or ("f32" if args.f32 else "f16")
+    kv_type = {"f32": 0, "f16": 1}[kv]  # GGML_TYPE_F32, GGML_TYPE_F16
     model_path = args.model
     if args.f32:
         os.makedirs(args.f32_cache, exist_ok=True)
@@ -148,8 +165,8 @@ def main() -> None:
         n_threads=2,
         n_batch=512,
         logits_all=True,
-        type_k=0,  # GGML_TYPE_F32
-        type_v=0,
+        type_k=kv_type,
+        type_v=kv_type,
         verbose=False,
     )
     template = llm.metadata["tokenizer.chat_template"]
@@ -184,8 +201,9 @@ def main() -> None:
         )
     fixture = {
         "model": os.path.basename(model_path),
-        "reference": f"llama-cpp-python {llama_cpp.__version__}, f32 KV cache, 2 threads"
+        "reference": f"llama-cpp-python {llama_cpp.__version__}, {kv} KV cache, 2 threads"
         + (f", weights of {os.path.basename(args.model)} dequantized to F32" if args.f32 else ""),
+        "kv_cache": kv,
         "new_tokens": NEW_TOKENS,
         "cases": out,
     }

@@ -47,9 +47,11 @@ pub struct EngineArgs {
     /// Per engine: with --data-parallel-size N each engine gets this budget.
     #[arg(long, alias = "kv-cache-memory-bytes", value_parser = parse_size, help_heading = "Cache")]
     pub kv_cache_memory: Option<u64>,
-    /// KV-cache element type: auto (the activations' f32), float16 (also fp16, half; a tokenmill
-    /// extension), bfloat16, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2. Halves/quarters the cache's
-    /// bytes per token; fp8 uses a per-tensor scale of 1.0 and saturates.
+    /// KV-cache element type: auto (the model dtype as vLLM picks it: f16 for GGUF files and
+    /// float16/float32 checkpoints, bf16 for bfloat16 ones, f32 under --dtype float32), float32
+    /// (also fp32, float), float16 (also fp16, half; both tokenmill extensions), bfloat16,
+    /// fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2. 16 bits halve an f32 cache's bytes per token, fp8
+    /// quarters them; fp8 uses a per-tensor scale of 1.0 and saturates.
     #[arg(long, default_value_t = CacheDtype::Auto, help_heading = "Cache")]
     pub kv_cache_dtype: CacheDtype,
     /// Tokens per KV block.

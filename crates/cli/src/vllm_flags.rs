@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use tokenmill_engine::kv_events::KvEventsConfig;
-use tokenmill_engine::{EngineConfig, KvCacheSizing};
+use tokenmill_engine::{EngineConfig, KvCacheSizing, ModelDtype};
 use tokenmill_server::{CorsConfig, ServerConfig};
 
 /// What a flag does on tokenmill.
@@ -102,7 +102,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--download-dir", "/models", Same, "where HF repos and the default model are downloaded and looked up"),
     row("--max-model-len", "4096", Same, "context length (prompt + output)"),
     row("--seed", "0", Same, "seeds requests that bring no `seed` (reproducible across runs in arrival order)"),
-    row("--dtype", "auto", Restricted, "`auto`, `float32`, `float`: the default; `half`/`float16`/`bfloat16` are accepted with a warning (activations are f32 on CPU, weights keep the file's types)"),
+    row("--dtype", "auto", Restricted, "`auto`, `half`/`float16`, `bfloat16`, `float32`/`float`: activations are f32 on CPU and weights keep the file's types whatever it says; it sets what `--kv-cache-dtype auto` stores (`auto`: bf16 for a bfloat16 `config.json`, else f16; GGUF f16), a warning for the 16-bit values says so"),
     row("--quantization", "gguf", Restricted, "`gguf` (or unset): the weights' types come from the file; AWQ/GPTQ/FP8/... are refused"),
     row("--load-format", "auto", Restricted, "`auto`, `gguf`, `safetensors`"),
     row("--trust-remote-code", "", NoEffect, "tokenmill runs no model code from the hub; supported architectures are built in"),
@@ -111,7 +111,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     // Cache and memory.
     row("--gpu-memory-utilization", "0.9", Same, "fraction of available RAM for weights + KV cache (the KV budget is what remains after the weights)"),
     row("--kv-cache-memory-bytes", "4GiB", Same, "KV-cache budget in bytes (alias of `--kv-cache-memory`)"),
-    row("--kv-cache-dtype", "auto", Same, "KV element type (`auto`, `fp8`, `fp8_e4m3`, `fp8_e5m2`, `bfloat16`)"),
+    row("--kv-cache-dtype", "auto", Same, "KV element type (`auto` = the model dtype, 16-bit, see `--dtype`; `fp8`, `fp8_e4m3`, `fp8_e5m2`, `bfloat16`; tokenmill extensions `float16`, `float32`)"),
     row("--block-size", "16", Same, "tokens per KV block"),
     row("--enable-prefix-caching", "", Same, "on by default (`--no-enable-prefix-caching` turns it off)"),
     row("--swap-space", "4", NoEffect, "preempted requests are recomputed from the prefix cache, nothing is swapped"),
@@ -277,18 +277,12 @@ impl VllmArgs {
     /// Called before the model loads, so a refused flag fails fast.
     pub fn check(&self) -> anyhow::Result<Vec<String>> {
         let mut warnings = Vec::new();
-        if let Some(dtype) = self.dtype.as_deref() {
-            match dtype {
-                "auto" | "float32" | "float" => {}
-                "half" | "float16" | "bfloat16" => warnings.push(format!(
-                    "--dtype {dtype}: activations are computed in f32 on the CPU and the weights \
-                     keep their file types; the flag has no effect"
-                )),
-                other => bail!(
-                    "--dtype {other} is not supported: use auto, float32, float, half, float16 \
-                     or bfloat16"
-                ),
-            }
+        match self.model_dtype()? {
+            ModelDtype::Auto | ModelDtype::Float32 => {}
+            dtype @ (ModelDtype::Float16 | ModelDtype::BFloat16) => warnings.push(format!(
+                "--dtype {dtype}: activations are computed in f32 on the CPU and the weights \
+                 keep their file types; the flag only sets what --kv-cache-dtype auto stores"
+            )),
         }
         if let Some(quantization) = self.quantization.as_deref() {
             if !quantization.eq_ignore_ascii_case("gguf") {
@@ -381,8 +375,19 @@ impl VllmArgs {
         ]
     }
 
+    /// `--dtype`, parsed (`auto` when absent).
+    fn model_dtype(&self) -> anyhow::Result<ModelDtype> {
+        Ok(self
+            .dtype
+            .as_deref()
+            .map(str::parse)
+            .transpose()?
+            .unwrap_or_default())
+    }
+
     /// Applies the flags that change the engine.
     pub fn apply_to_engine(&self, config: &mut EngineConfig) -> anyhow::Result<()> {
+        config.dtype = self.model_dtype()?;
         if let Some(fraction) = self.gpu_memory_utilization {
             config.kv_cache = KvCacheSizing::UtilizationOfAvailable(fraction);
         }

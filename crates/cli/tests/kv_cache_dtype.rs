@@ -1,5 +1,6 @@
 //! `--kv-cache-dtype`: vLLM's values are accepted, unsupported ones refused with a clear
-//! message, and a narrower type multiplies the tokens a `--kv-cache-memory` budget holds.
+//! message, and a narrower type multiplies the tokens a `--kv-cache-memory` budget holds;
+//! `auto` stores f16 for a GGUF file.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
@@ -46,7 +47,9 @@ fn kv_cache_tokens(stderr: &str) -> usize {
 fn narrower_kv_types_hold_more_tokens_in_the_same_budget() {
     let mut tokens = Vec::new();
     for (dtype, stored) in [
-        ("auto", "f32"),
+        ("float32", "f32"),
+        // auto is the model dtype: f16 for a GGUF file, as llama.cpp stores it.
+        ("auto", "f16"),
         ("float16", "f16"),
         ("bfloat16", "bf16"),
         ("fp8", "fp8_e4m3"),
@@ -66,8 +69,9 @@ fn narrower_kv_types_hold_more_tokens_in_the_same_budget() {
     assert_eq!(tokens[0], 91 * 16);
     assert_eq!(tokens[1], 2 * tokens[0]);
     assert_eq!(tokens[2], 2 * tokens[0]);
-    assert_eq!(tokens[3], 364 * 16);
-    assert_eq!(tokens[4], tokens[3]);
+    assert_eq!(tokens[3], 2 * tokens[0]);
+    assert_eq!(tokens[4], 364 * 16);
+    assert_eq!(tokens[5], tokens[4]);
 }
 
 #[test]

@@ -113,7 +113,7 @@ impl Engine {
             }
             None => None,
         };
-        let kv_dtype = config.kv_cache_dtype.storage();
+        let kv_dtype = config.kv_storage()?;
         let bytes_per_block =
             KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
         // Read once: every engine gets this budget (the flag is per engine, as in vLLM).
@@ -154,6 +154,7 @@ impl Engine {
         let capacity = CapacityReport {
             kv_cache_bytes: kv_bytes,
             kv_cache_dtype: config.kv_cache_dtype,
+            kv_storage: kv_dtype,
             num_blocks,
             block_size: config.block_size,
             max_model_len,
@@ -266,11 +267,12 @@ impl Engine {
         } = scheduler_config;
         let mut scheduler = Scheduler::new(scheduler_config)?;
         scheduler.set_max_loras(config.lora.as_ref().map(|lora| lora.max_loras));
+        let kv_dtype = config.kv_storage()?;
         let runner = ModelRunner::new(
             Arc::clone(&loaded),
             num_blocks as usize,
             config.block_size,
-            config.kv_cache_dtype.storage(),
+            kv_dtype,
         );
         let mut metrics = EngineMetrics::for_engine(
             MetricsConfig {
@@ -299,6 +301,7 @@ impl Engine {
                     block_size: config.block_size,
                     vocab_size: loaded.config().vocab_size,
                     num_threads,
+                    kv_dtype,
                 },
             )?),
             None => None,
@@ -335,7 +338,7 @@ impl Engine {
         Ok(KvCacheStorage::bytes_per_block(
             &kv_layout(&model_config),
             config.block_size,
-            config.kv_cache_dtype.storage(),
+            config.kv_storage()?,
         ))
     }
 
@@ -722,6 +725,7 @@ mod tests {
         let capacity = CapacityReport {
             kv_cache_bytes: 0,
             kv_cache_dtype: CacheDtype::Auto,
+            kv_storage: tokenmill_models::KvCacheDType::F16,
             num_blocks: 16,
             block_size: 16,
             max_model_len: 64,

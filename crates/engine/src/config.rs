@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokenmill_core::SchedulingPolicy;
-use tokenmill_models::{CacheDtype, JsonGrammarOptions, ModelSource};
+use tokenmill_models::{CacheDtype, JsonGrammarOptions, KvCacheDType, ModelDtype, ModelSource};
+
+use crate::EngineError;
 
 use crate::spec::SpeculativeConfig;
 
@@ -47,6 +49,9 @@ pub struct EngineConfig {
     pub kv_cache: KvCacheSizing,
     /// Element type of the KV cache (`--kv-cache-dtype`).
     pub kv_cache_dtype: CacheDtype,
+    /// The model dtype (`--dtype`): what `kv_cache_dtype` `auto` stores
+    /// ([`ModelDtype::auto_kv_storage`]).
+    pub dtype: ModelDtype,
     pub block_size: usize,
     /// `None` = the model's context length, capped by what the KV pool holds.
     pub max_model_len: Option<usize>,
@@ -102,6 +107,7 @@ impl EngineConfig {
             num_threads: None,
             kv_cache: KvCacheSizing::FractionOfAvailable(DEFAULT_KV_FRACTION),
             kv_cache_dtype: CacheDtype::Auto,
+            dtype: ModelDtype::Auto,
             block_size: 16,
             max_model_len: None,
             max_num_seqs: 64,
@@ -120,6 +126,12 @@ impl EngineConfig {
             data_parallel_size: 1,
             cpu_affinity: Vec::new(),
         }
+    }
+
+    /// The element type the KV cache is stored in: `kv_cache_dtype`, with `auto` resolved for
+    /// `model` under `dtype` (reads an HF directory's `config.json`).
+    pub fn kv_storage(&self) -> Result<KvCacheDType, EngineError> {
+        Ok(self.kv_cache_dtype.storage_for(self.dtype, &self.model)?)
     }
 
     /// The KV budget in bytes. `available_before_load` is the memory that was available before

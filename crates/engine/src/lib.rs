@@ -63,4 +63,4 @@ pub use request::{
 };
 pub use stats::{CapacityReport, EngineStats};
 pub use tokenmill_core::{RequestId, SchedulingPolicy};
-pub use tokenmill_models::{CacheDtype, CacheDtypeError, SamplingParams};
+pub use tokenmill_models::{CacheDtype, CacheDtypeError, ModelDtype, SamplingParams};

@@ -2,6 +2,8 @@
 
 use tokenmill_core::capacity;
 
+use tokenmill_models::KvCacheDType;
+
 use crate::CacheDtype;
 
 /// Engine state after the most recent step. Counters are cumulative since start.
@@ -64,6 +66,8 @@ pub struct CapacityReport {
     pub kv_cache_bytes: u64,
     /// `--kv-cache-dtype` as given.
     pub kv_cache_dtype: CacheDtype,
+    /// The element type it stores (`auto` resolved for the model).
+    pub kv_storage: KvCacheDType,
     pub num_blocks: u32,
     pub block_size: usize,
     pub max_model_len: usize,
@@ -79,7 +83,7 @@ impl CapacityReport {
 
     /// vLLM's start-up lines, one per element, after a line naming the cache's element type.
     pub fn log_lines(&self) -> [String; 4] {
-        let storage = self.kv_cache_dtype.storage();
+        let storage = self.kv_storage;
         let bytes = storage.element_bytes();
         [
             format!(
@@ -132,6 +136,7 @@ mod tests {
         let report = CapacityReport {
             kv_cache_bytes: 4_789_000_000,
             kv_cache_dtype: CacheDtype::Fp8,
+            kv_storage: KvCacheDType::Fp8E4m3,
             num_blocks: 38_314,
             block_size: 16,
             max_model_len: 131_072,
@@ -147,6 +152,15 @@ mod tests {
         assert_eq!(
             concurrency,
             "Maximum concurrency for 131,072 tokens per request: 4.68x"
+        );
+        let auto = CapacityReport {
+            kv_cache_dtype: CacheDtype::Auto,
+            kv_storage: KvCacheDType::F16,
+            ..report
+        };
+        assert_eq!(
+            auto.log_lines()[0],
+            "KV cache dtype: auto (stored as f16, 2 bytes per element)"
         );
     }
 }

@@ -74,7 +74,7 @@ mod sampling;
 mod source;
 
 pub use batch::BatchInput;
-pub use cache_dtype::{CacheDtype, CacheDtypeError};
+pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
 pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
 pub use families::{BertModel, Gemma3Model, LlamaModel};

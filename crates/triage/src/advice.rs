@@ -70,7 +70,7 @@ impl Advice {
             Direction::Decrease,
             None,
             format!(
-                "shrink each cached token: {KV_CACHE_DTYPE} fp8 (2x the tokens of a 16-bit cache, 4x of an f32 one such as tokenmill's auto) or quantized weights (vLLM: {QUANTIZATION}; tokenmill: a Q4_K_M or Q4_0 GGUF) to free memory for the cache"
+                "shrink each cached token: {KV_CACHE_DTYPE} fp8 (2x the tokens of a 16-bit cache such as vLLM's and tokenmill's auto, 4x of an f32 one) or quantized weights (vLLM: {QUANTIZATION}; tokenmill: a Q4_K_M or Q4_0 GGUF) to free memory for the cache"
             ),
             because,
         );

@@ -81,7 +81,7 @@ pub fn measure(
     if single_phases.iter().any(|&phase| settings.wants(phase)) {
         let (prompt_len, decode_len) = (settings.prompt_len, settings.decode_len);
         let blocks = (prompt_len + decode_len).div_ceil(block_size);
-        let kv_dtype = settings.kv_cache_dtype.storage();
+        let kv_dtype = settings.kv_storage;
         let mut kv = KvCacheStorage::with_dtype(model.kv_layout(), blocks, block_size, kv_dtype);
         let table: Vec<u32> = (0..blocks as u32).collect();
         let prompt = prompt_tokens(prompt_len, 0, vocab);
@@ -185,7 +185,7 @@ pub fn measure(
             model.kv_layout(),
             blocks_per_seq * sequences,
             block_size,
-            settings.kv_cache_dtype.storage(),
+            settings.kv_storage,
         );
         let tables: Vec<Vec<u32>> = (0..sequences)
             .map(|seq| {

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokenmill_models::{
-    load_model, resolve_model, write_random_peft_adapter, CacheDtype, LoadOptions, LoraAdapter,
-    LoraTarget, ModelError, RandomLoraSpec, ThreadPool,
+    load_model, resolve_model, write_random_peft_adapter, CacheDtype, KvCacheDType, LoadOptions,
+    LoraAdapter, LoraTarget, ModelDtype, ModelError, ModelSource, RandomLoraSpec, ThreadPool,
 };
 
 use crate::error::BenchError;
@@ -121,6 +121,9 @@ pub struct SpeedSettings {
     pub repeats: usize,
     pub block_size: usize,
     pub kv_cache_dtype: CacheDtype,
+    /// The element type it stores for the model measured (`auto` resolved as `serve` does
+    /// under `--dtype auto`).
+    pub kv_storage: KvCacheDType,
     pub phases: Vec<Phase>,
     /// `--lora-adapters`, `--lora-rank`.
     pub lora_adapters: usize,
@@ -134,8 +137,8 @@ impl SpeedSettings {
 }
 
 impl BenchSpeedArgs {
-    /// Validates the options.
-    pub fn settings(&self) -> Result<SpeedSettings, BenchError> {
+    /// Validates the options for the model at `source`.
+    pub fn settings(&self, source: &ModelSource) -> Result<SpeedSettings, BenchError> {
         let positive = [
             ("--prompt-len", self.prompt_len),
             ("--decode-len", self.decode_len),
@@ -187,6 +190,7 @@ impl BenchSpeedArgs {
             repeats: self.repeats,
             block_size: self.block_size,
             kv_cache_dtype: self.kv_cache_dtype,
+            kv_storage: self.kv_cache_dtype.storage_for(ModelDtype::Auto, source)?,
             phases,
             lora_adapters: self.lora_adapters,
             lora_rank: self.lora_rank,
@@ -249,8 +253,8 @@ fn random_adapters(
 /// Runs `tokenmill bench speed`: probes the machine, loads the model, measures the selected
 /// figures, prints the table and writes the JSON when asked.
 pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
-    let settings = args.settings()?;
     let source = resolve_model(args.model.as_deref())?;
+    let settings = args.settings(&source)?;
 
     eprintln!(
         "probing machine peaks ({} threads, {:.1} s each)",

@@ -94,8 +94,10 @@ pub struct SettingsRecord {
     pub batch_decode_steps: usize,
     pub repeats: usize,
     pub block_size: usize,
-    /// `--kv-cache-dtype` as given (`auto` = f32).
+    /// `--kv-cache-dtype` as given.
     pub kv_cache_dtype: String,
+    /// The element type it stored (`f16` for `auto` on a GGUF file).
+    pub kv_cache_storage: String,
     /// Random LoRA adapters the figures ran through (0: the base model) and their rank.
     pub lora_adapters: usize,
     pub lora_rank: usize,
@@ -214,6 +216,7 @@ impl SpeedReport {
                 repeats: settings.repeats,
                 block_size: settings.block_size,
                 kv_cache_dtype: settings.kv_cache_dtype.as_str().into(),
+                kv_cache_storage: settings.kv_storage.name().into(),
                 lora_adapters: settings.lora_adapters,
                 lora_rank: settings.lora_rank,
             },
@@ -246,9 +249,9 @@ pub fn format_report(report: &SpeedReport) -> String {
     );
     let _ = writeln!(
         out,
-        "median of {} runs; KV cache dtype {}; GFLOP/s include attention FLOPs (see \"accounting\" \
-         in the JSON)",
-        report.settings.repeats, report.settings.kv_cache_dtype
+        "median of {} runs; KV cache dtype {} (stored as {}); GFLOP/s include attention FLOPs \
+         (see \"accounting\" in the JSON)",
+        report.settings.repeats, report.settings.kv_cache_dtype, report.settings.kv_cache_storage
     );
     if report.settings.lora_adapters > 0 {
         let _ = writeln!(

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokenmill_core::{KvCacheConfig, KvCacheManager, RequestId};
-use tokenmill_models::{argmax, BatchInput, KvCacheStorage, ModelSource, Workspace};
+use tokenmill_models::{argmax, BatchInput, KvCacheDType, KvCacheStorage, ModelSource, Workspace};
 
 use super::Proposer;
 use crate::model_runner::LoadedModel;
@@ -24,6 +24,9 @@ pub struct DraftSetup {
     /// The target's vocabulary: the draft's must be the same size.
     pub vocab_size: usize,
     pub num_threads: Option<usize>,
+    /// The target's KV element type; the draft's cache stores the same (as in vLLM, one
+    /// `--kv-cache-dtype` for both).
+    pub kv_dtype: KvCacheDType,
 }
 
 /// See the module docs.
@@ -68,8 +71,12 @@ impl DraftModelProposer {
                 setup.vocab_size
             )));
         }
-        let kv_cache =
-            KvCacheStorage::new(loaded.model.kv_layout(), setup.num_blocks, setup.block_size);
+        let kv_cache = KvCacheStorage::with_dtype(
+            loaded.model.kv_layout(),
+            setup.num_blocks,
+            setup.block_size,
+            setup.kv_dtype,
+        );
         let blocks = KvCacheManager::new(KvCacheConfig {
             num_blocks: u32::try_from(setup.num_blocks).unwrap_or(u32::MAX),
             block_size: setup.block_size,
@@ -78,10 +85,11 @@ impl DraftModelProposer {
         })
         .map_err(|e| EngineError::Config(e.to_string()))?;
         tracing::info!(
-            "draft model {}: {} layers, its own KV cache of {} blocks",
+            "draft model {}: {} layers, its own KV cache of {} blocks ({})",
             model.display(),
             loaded.config().num_layers,
-            setup.num_blocks
+            setup.num_blocks,
+            setup.kv_dtype
         );
         Ok(DraftModelProposer {
             loaded: Arc::new(loaded),

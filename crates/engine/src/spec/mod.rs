@@ -226,6 +226,7 @@ mod tests {
             block_size: 16,
             vocab_size: 0,
             num_threads: None,
+            kv_dtype: tokenmill_models::KvCacheDType::F16,
         };
         SpecDecoder::new(config, &setup).unwrap()
     }

@@ -94,6 +94,10 @@ pub struct TestSequence {
 /// Greedy-generates `max_new` tokens for each prompt, scheduling prefill in chunks of at most
 /// `chunk` tokens and running every sequence with work in the same forward call (mixed
 /// prefill and decode). Returns the generated ids per prompt.
+///
+/// The cache is f32, chosen explicitly (not `serve`'s `auto`, which is f16 for a GGUF file):
+/// the family, MoE and LoRA parity fixtures were recorded with f32 K/V on the reference side,
+/// and the exact-arithmetic comparisons need it; [`greedy_generate_with_kv`] picks another type.
 pub fn greedy_generate(
     model: &dyn CausalLm,
     prompts: &[Vec<u32>],
