@@ -1,12 +1,14 @@
 //! Repetition, presence and frequency penalties, logit bias and the min-tokens ban on the real
 //! default model: the output of each (greedy, plus one seeded sampled case) is pinned to the
 //! token ids main's sampler produced, recorded before the penalties became incremental counts
-//! in the logits-processor chain; alone and batched together.
+//! in the logits-processor chain; alone and batched together. Those ids were recorded with an
+//! f32 KV cache (the `auto` of that time), so the engine here asks for `float32` explicitly.
 
 mod common;
 
 use common::{config, greedy, run_all};
 use tokenmill_engine::{Engine, GenerateRequest};
+use tokenmill_models::CacheDtype;
 
 const MAX_TOKENS: u32 = 32;
 const PROMPT: &str = "The cat sat on the mat. The cat sat on the mat. The cat sat on the";
@@ -107,6 +109,7 @@ fn requests(prompt: &[u32]) -> Vec<(&'static str, GenerateRequest)> {
 fn penalised_greedy_output_matches_the_rebuild_per_step_sampler() {
     let mut engine_config = config(256, 256);
     engine_config.max_num_seqs = 8;
+    engine_config.kv_cache_dtype = CacheDtype::Float32;
     let engine = Engine::start(&engine_config).unwrap();
     let prompt = engine.model().tokenizer.encode(PROMPT, true).unwrap();
     let cases = requests(&prompt);
