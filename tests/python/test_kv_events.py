@@ -164,9 +164,11 @@ def test_events_rebuild_prefixes_show_evictions_and_replay_without_gaps():
         "buffer_steps": 10000,
         "hwm": 100000,
     }
-    # About 17 blocks of 16 tokens: a handful of long prompts must evict.
+    # About 17 blocks of 16 tokens: a handful of long prompts must evict. The budget is sized for
+    # f32 K/V, so the element type is named (auto stores f16, which would double the blocks).
     server = start_server(
-        "--kv-events-config", json.dumps(config), "--kv-cache-memory", "24MiB", "--max-model-len", "256"
+        "--kv-events-config", json.dumps(config), "--kv-cache-memory", "24MiB", "--max-model-len", "256",
+        "--kv-cache-dtype", "float32",
     )
     context = zmq.Context()
     try:
@@ -213,5 +215,7 @@ def test_events_rebuild_prefixes_show_evictions_and_replay_without_gaps():
         early.close(linger=0)
         late.close(linger=0)
     finally:
-        context.term()
+        # destroy, not term: after a failed assertion the sockets are still open, and term()
+        # would wait for them forever instead of letting the failure show.
+        context.destroy(linger=0)
         stop_server(server)
