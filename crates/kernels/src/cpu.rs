@@ -56,6 +56,21 @@ impl CpuFeatures {
         kernels_override: KernelsOverride::None,
     };
 
+    /// Every feature (tests ask for everything and get what the CPU has through `usable`).
+    #[cfg(test)]
+    pub(crate) const ALL: CpuFeatures = CpuFeatures {
+        avx2: true,
+        fma: true,
+        f16c: true,
+        avx512f: true,
+        avx512bw: true,
+        avx512vnni: true,
+        avxvnni: true,
+        amx_int8: true,
+        amx_tile: true,
+        kernels_override: KernelsOverride::None,
+    };
+
     /// This CPU's features, detected on first use and cached for the process.
     pub fn get() -> &'static CpuFeatures {
         static FEATURES: OnceLock<CpuFeatures> = OnceLock::new();
@@ -362,18 +377,7 @@ mod tests {
 
     #[test]
     fn asking_for_features_the_cpu_lacks_gets_only_what_it_has() {
-        let everything = CpuFeatures {
-            avx2: true,
-            fma: true,
-            f16c: true,
-            avx512f: true,
-            avx512bw: true,
-            avx512vnni: true,
-            avxvnni: true,
-            amx_int8: true,
-            amx_tile: true,
-            kernels_override: KernelsOverride::None,
-        };
+        let everything = CpuFeatures::ALL;
         let cpu = CpuFeatures {
             kernels_override: KernelsOverride::None,
             ..*CpuFeatures::get()

@@ -192,21 +192,6 @@ impl fmt::Display for KernelsOverride {
 mod tests {
     use super::*;
 
-    fn all_features() -> CpuFeatures {
-        CpuFeatures {
-            avx2: true,
-            fma: true,
-            f16c: true,
-            avx512f: true,
-            avx512bw: true,
-            avx512vnni: true,
-            avxvnni: true,
-            amx_int8: true,
-            amx_tile: true,
-            kernels_override: KernelsOverride::None,
-        }
-    }
-
     #[test]
     fn values_parse_to_paths() {
         for path in KernelPath::ALL {
@@ -219,7 +204,7 @@ mod tests {
 
     #[test]
     fn the_override_only_narrows() {
-        let all = all_features();
+        let all = CpuFeatures::ALL;
         assert_eq!(apply_override(all, None), all);
         assert_eq!(apply_override(all, Some("auto")), all);
         assert_eq!(apply_override(all, Some("")), all);

@@ -758,19 +758,8 @@ mod tests {
     use crate::matmul::{Isa, MatmulScratch, QMatrix};
     use crate::test_util::{random_weights, Rng};
 
-    /// Every type the AMX path covers (all of the two group layouts').
-    const COVERED: [DType; 10] = [
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q8_0,
-        DType::IQ4_NL,
-        DType::IQ4_XS,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ];
+    // Every type the AMX path covers: all ten quantized types (both group layouts).
+    use crate::matmul::tests::QUANTIZED as COVERED;
 
     fn amx_or_skip(test: &str) -> Option<Amx> {
         let amx = Amx::detect();

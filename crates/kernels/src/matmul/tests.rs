@@ -62,7 +62,7 @@ fn simd_isas() -> Vec<Isa> {
 }
 
 /// All ten quantized weight types.
-const QUANTIZED: [DType; 10] = [
+pub(super) const QUANTIZED: [DType; 10] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
