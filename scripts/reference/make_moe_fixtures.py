@@ -115,6 +115,38 @@ def spec_mixtral(vocab: int) -> dict:
     return {"arch": "llama", "name": "mixtral", "meta": meta, "tensors": tensors}
 
 
+def write_f32_and_q8_fixture(
+    spec: dict, vocab: int, cache: str, quantize: str, n_ctx: int, reference: str
+) -> None:
+    """Writes `spec` as a random-weight F32 GGUF and its llama-quantize Q8_0 copy into `cache`,
+    runs llama.cpp on both with context `n_ctx` and stores family_<name>.json."""
+    path = os.path.join(cache, f"random-{spec['name']}-f32.gguf")
+    write_random_gguf(spec, path)
+    cases = run_llama(path, random_prompts(vocab), 16, n_ctx)
+    q8_path = os.path.join(cache, f"random-{spec['name']}-q8_0.gguf")
+    subprocess.run([quantize, path, q8_path, "Q8_0"], check=True, capture_output=True)
+    q8_types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(q8_path).tensors}
+    q8_cases = run_llama(q8_path, random_prompts(vocab), 16, n_ctx)
+    fixture = {
+        "reference": reference,
+        "weights": "formula_weights(fnv1a(name), count, scale, offset), F32",
+        "arch": spec["arch"],
+        "meta": [[k, kind, value] for k, (kind, value) in spec["meta"].items()],
+        "tensors": [
+            {"name": n, "shape": s, "scale": sc, "offset": o} for n, s, sc, o in spec["tensors"]
+        ],
+        "cases": cases,
+        "q8_0": {
+            "quantizer": "llama-quantize (llama.cpp of llama-cpp-python 0.3.16) Q8_0",
+            "tensor_types": q8_types,
+            "cases": q8_cases,
+        },
+    }
+    write_fixture(f"family_{spec['name']}.json", fixture)
+    print(spec["name"], [c["greedy_ids"][:8] for c in cases])
+    print(spec["name"], "q8_0", [c["greedy_ids"][:8] for c in q8_cases])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cache", default=os.path.expanduser("~/.cache/tokenmill/reference"))
@@ -124,31 +156,7 @@ def main() -> None:
     vocab = len(gguf.GGUFReader(DEFAULT_MODEL).fields["tokenizer.ggml.tokens"].data)
     reference = f"llama-cpp-python {llama_cpp.__version__}, f32 KV cache, 2 threads"
     for spec in [spec_qwen3moe(vocab), spec_mixtral(vocab)]:
-        path = os.path.join(args.cache, f"random-{spec['name']}-f32.gguf")
-        write_random_gguf(spec, path)
-        cases = run_llama(path, random_prompts(vocab), 16, 256)
-        q8_path = os.path.join(args.cache, f"random-{spec['name']}-q8_0.gguf")
-        subprocess.run([args.quantize, path, q8_path, "Q8_0"], check=True, capture_output=True)
-        q8_types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(q8_path).tensors}
-        q8_cases = run_llama(q8_path, random_prompts(vocab), 16, 256)
-        fixture = {
-            "reference": reference,
-            "weights": "formula_weights(fnv1a(name), count, scale, offset), F32",
-            "arch": spec["arch"],
-            "meta": [[k, kind, value] for k, (kind, value) in spec["meta"].items()],
-            "tensors": [
-                {"name": n, "shape": s, "scale": sc, "offset": o} for n, s, sc, o in spec["tensors"]
-            ],
-            "cases": cases,
-            "q8_0": {
-                "quantizer": "llama-quantize (llama.cpp of llama-cpp-python 0.3.16) Q8_0",
-                "tensor_types": q8_types,
-                "cases": q8_cases,
-            },
-        }
-        write_fixture(f"family_{spec['name']}.json", fixture)
-        print(spec["name"], [c["greedy_ids"][:8] for c in cases])
-        print(spec["name"], "q8_0", [c["greedy_ids"][:8] for c in q8_cases])
+        write_f32_and_q8_fixture(spec, vocab, args.cache, args.quantize, 256, reference)
 
 
 if __name__ == "__main__":

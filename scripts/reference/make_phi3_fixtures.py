@@ -36,21 +36,14 @@ The GGUFs go to a cache directory outside the repository (--cache).
 import argparse
 import math
 import os
-import subprocess
 import sys
 
 import gguf
 import llama_cpp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_family_fixtures import (  # noqa: E402
-    DEFAULT_MODEL,
-    random_prompts,
-    run_llama,
-    write_fixture,
-    write_random_gguf,
-)
-from make_moe_fixtures import DEFAULT_QUANTIZE  # noqa: E402
+from make_family_fixtures import DEFAULT_MODEL  # noqa: E402
+from make_moe_fixtures import DEFAULT_QUANTIZE, write_f32_and_q8_fixture  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS, ROTARY = 64, 4, 2, 128, 3, 12
 
@@ -121,31 +114,9 @@ def main() -> None:
         (spec_phi3(vocab, "phi3_longrope", 512, 32), 256),
     ]
     for spec, n_ctx in runs:
-        path = os.path.join(args.cache, f"random-{spec['name']}-f32.gguf")
-        write_random_gguf(spec, path)
-        cases = run_llama(path, random_prompts(vocab), 16, n_ctx)
-        q8_path = os.path.join(args.cache, f"random-{spec['name']}-q8_0.gguf")
-        subprocess.run([args.quantize, path, q8_path, "Q8_0"], check=True, capture_output=True)
-        q8_types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(q8_path).tensors}
-        q8_cases = run_llama(q8_path, random_prompts(vocab), 16, n_ctx)
-        fixture = {
-            "reference": reference + f", n_ctx {n_ctx}",
-            "weights": "formula_weights(fnv1a(name), count, scale, offset), F32",
-            "arch": spec["arch"],
-            "meta": [[k, kind, value] for k, (kind, value) in spec["meta"].items()],
-            "tensors": [
-                {"name": n, "shape": s, "scale": sc, "offset": o} for n, s, sc, o in spec["tensors"]
-            ],
-            "cases": cases,
-            "q8_0": {
-                "quantizer": "llama-quantize (llama.cpp of llama-cpp-python 0.3.16) Q8_0",
-                "tensor_types": q8_types,
-                "cases": q8_cases,
-            },
-        }
-        write_fixture(f"family_{spec['name']}.json", fixture)
-        print(spec["name"], [c["greedy_ids"][:8] for c in cases])
-        print(spec["name"], "q8_0", [c["greedy_ids"][:8] for c in q8_cases])
+        write_f32_and_q8_fixture(
+            spec, vocab, args.cache, args.quantize, n_ctx, reference + f", n_ctx {n_ctx}"
+        )
 
 
 if __name__ == "__main__":
