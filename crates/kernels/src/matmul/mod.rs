@@ -346,13 +346,30 @@ impl QMatrix {
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
+        if self.prepare(pool, x, n, out, scratch)? {
+            amx::matmul(amx, weights, pool, &scratch.activations, n, out);
+        }
+        Ok(())
+    }
+
+    /// What every path does first: checks the shapes and quantizes the activations of
+    /// quantized weights into `scratch`. `false` when there is nothing to compute.
+    fn prepare(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &[f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<bool, KernelError> {
         self.check_shapes(x, n, out)?;
         if n == 0 || self.out_features == 0 {
-            return Ok(());
+            return Ok(false);
         }
-        scratch.activations.quantize(pool, x, n, self.in_features)?;
-        amx::matmul(amx, weights, pool, &scratch.activations, n, out);
-        Ok(())
+        if self.dtype.is_quantized() {
+            scratch.activations.quantize(pool, x, n, self.in_features)?;
+        }
+        Ok(true)
     }
 
     fn check_shapes(&self, x: &[f32], n: usize, out: &[f32]) -> Result<(), KernelError> {
@@ -382,12 +399,8 @@ impl QMatrix {
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
-        self.check_shapes(x, n, out)?;
-        if n == 0 || self.out_features == 0 {
+        if !self.prepare(pool, x, n, out, scratch)? {
             return Ok(());
-        }
-        if self.dtype.is_quantized() {
-            scratch.activations.quantize(pool, x, n, self.in_features)?;
         }
         match &self.storage {
             Storage::Float { values } => {
