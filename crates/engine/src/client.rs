@@ -77,7 +77,7 @@ impl Engine {
     /// Loads the model, sizes the KV pool from the budget, and starts the engine thread, or
     /// with `data_parallel_size` N, N engine threads over the same weights (see [`crate::dp`]).
     pub fn start(config: &EngineConfig) -> Result<Engine, EngineError> {
-        tracing::info!("CPU features: {}", tokenmill_kernels::CpuFeatures::get());
+        tracing::info!("CPU features: {}", tokenmill_kernels::runtime_summary());
         let ranks = config.data_parallel_size.max(1);
         if !config.cpu_affinity.is_empty() && config.cpu_affinity.len() != ranks {
             return Err(EngineError::Config(format!(

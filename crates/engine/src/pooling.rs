@@ -134,7 +134,7 @@ pub const ABORTED: &str = "aborted: the server shut down before this input ran";
 impl PoolingEngine {
     /// Loads the model and tokenizer and starts the loop thread.
     pub fn start(config: &PoolingEngineConfig) -> Result<PoolingEngine, EngineError> {
-        tracing::info!("CPU features: {}", tokenmill_kernels::CpuFeatures::get());
+        tracing::info!("CPU features: {}", tokenmill_kernels::runtime_summary());
         let model = load_pooling_model(&config.model)?;
         let info = model.info().clone();
         let tokenizer = match (&config.tokenizer, &config.model) {

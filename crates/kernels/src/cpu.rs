@@ -158,6 +158,23 @@ impl fmt::Display for CpuFeatures {
     }
 }
 
+/// The line start-up logs and bench headers print: [`CpuFeatures::summary`] of this process's
+/// features, plus the AMX int8 tiles when [`amx_enabled`] (CPU, OS grant and `TOKENMILL_AMX`)
+/// lets them run, e.g. `... amx_int8 amx_tile (kernels: AVX-512 VNNI) + AMX int8 tiles for
+/// batches of 8+ rows`. Calling it asks for the AMX grant if nothing has yet.
+pub fn runtime_summary() -> String {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut line = CpuFeatures::get().summary();
+    #[cfg(target_arch = "x86_64")]
+    if amx_enabled() {
+        line.push_str(&format!(
+            " + AMX int8 tiles for batches of {}+ rows",
+            crate::matmul::AMX_MIN_ROWS
+        ));
+    }
+    line
+}
+
 /// The environment variable that switches the AMX kernels off when set to `0` (or `off`,
 /// `false`, `no`); read once, on the first [`amx_enabled`] call.
 pub const AMX_ENV: &str = "TOKENMILL_AMX";
@@ -308,6 +325,14 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_summary_names_amx_exactly_when_it_runs() {
+        let line = runtime_summary();
+        eprintln!("runtime summary: {line}");
+        assert!(line.starts_with(&CpuFeatures::get().summary()), "{line}");
+        assert_eq!(line.contains("AMX int8 tiles"), amx_enabled(), "{line}");
+    }
 
     #[test]
     fn detection_is_cached_and_described() {

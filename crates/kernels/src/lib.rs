@@ -103,7 +103,9 @@ mod test_util;
 pub use attention::{
     paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
 };
-pub use cpu::{amx_enabled, CpuFeatures, KernelPath, KernelsOverride, AMX_ENV, KERNELS_ENV};
+pub use cpu::{
+    amx_enabled, runtime_summary, CpuFeatures, KernelPath, KernelsOverride, AMX_ENV, KERNELS_ENV,
+};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
 pub use encoder::{

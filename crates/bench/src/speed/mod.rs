@@ -203,7 +203,7 @@ pub fn measure_peaks(threads: usize, probe_bytes: usize, seconds: f64) -> Machin
     let duration = Duration::from_secs_f64(seconds);
     MachinePeak {
         cpu: cpu_model(),
-        cpu_features: tokenmill_kernels::CpuFeatures::get().summary(),
+        cpu_features: tokenmill_kernels::runtime_summary(),
         cores: std::thread::available_parallelism().map_or(1, usize::from),
         threads,
         peak_gflops: tokenmill_kernels::fma_peak_gflops(threads, duration),

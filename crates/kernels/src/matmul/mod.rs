@@ -40,6 +40,8 @@ use crate::quant::dequantize;
 use crate::KernelError;
 
 pub use activation::QuantizedActivations;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use amx::MIN_ROWS as AMX_MIN_ROWS;
 
 /// Activation rows processed together against each weight row.
 const ROW_TILE: usize = 4;
