@@ -22,7 +22,8 @@ pub const DEFAULT_MAX_N: u32 = 128;
 pub const DEFAULT_MAX_PROMPTS: usize = 1024;
 /// Completions' `max_tokens` default (OpenAI and vLLM).
 pub const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
-/// Longest accepted `cache_salt`, as in vLLM.
+/// Longest accepted `cache_salt`, in characters (Unicode scalar values, as the OpenAPI
+/// schema's `maxLength` counts them).
 pub const MAX_CACHE_SALT_LEN: usize = 1024;
 
 /// Server-side defaults applied when a request leaves a parameter out (vLLM's
@@ -660,10 +661,10 @@ impl RawSampling<'_> {
         };
 
         if let Some(salt) = self.cache_salt {
-            if salt.is_empty() || salt.len() > MAX_CACHE_SALT_LEN {
+            if salt.is_empty() || salt.chars().count() > MAX_CACHE_SALT_LEN {
                 return Err(ProtocolError::invalid(
                     "cache_salt",
-                    format!("cache_salt must be 1 to {MAX_CACHE_SALT_LEN} bytes long."),
+                    format!("cache_salt must be 1 to {MAX_CACHE_SALT_LEN} characters long."),
                 ));
             }
         }

@@ -148,6 +148,7 @@ fn cases() -> Vec<Case> {
         ("truncate_prompt_tokens zero", Completion, completion(json!({"truncate_prompt_tokens": 0})), Some("truncate_prompt_tokens"), "-1 or at least 1"),
         ("truncate over context", Chat, chat(json!({"truncate_prompt_tokens": 1000})), Some("truncate_prompt_tokens"), "max_model_len"),
         ("empty cache_salt", Completion, completion(json!({"cache_salt": ""})), Some("cache_salt"), "1 to 1024"),
+        ("cache_salt over 1024 characters", Chat, chat(json!({"cache_salt": "é".repeat(1025)})), Some("cache_salt"), "1 to 1024 characters"),
         ("empty request_id", Chat, chat(json!({"request_id": ""})), Some("request_id"), "must not be empty"),
         ("beam search", Completion, completion(json!({"use_beam_search": true})), Some("use_beam_search"), "not supported"),
         ("response_format unknown", Chat, chat(json!({"response_format": {"type": "yaml"}})), Some("response_format"), "json_schema"),
@@ -249,6 +250,11 @@ fn boundary_values_are_accepted() {
         (
             Endpoint::Chat,
             chat(json!({"max_tokens": 8.0, "n": 2.0, "top_k": -1.0})),
+        ),
+        // 1024 two-byte characters: the limit counts characters, as the schema's maxLength.
+        (
+            Endpoint::Chat,
+            chat(json!({"cache_salt": "é".repeat(1024)})),
         ),
         (Endpoint::Tokenize, b"{\"prompt\": \"\"}".to_vec()),
         (Endpoint::Detokenize, b"{\"tokens\": [0, 999]}".to_vec()),
