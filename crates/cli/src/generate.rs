@@ -167,6 +167,7 @@ fn run_single(engine: &Engine, args: &GenerateArgs, prompt: &str) -> anyhow::Res
                     eprintln!("finish reason: {reason}");
                 }
             }
+            RequestEvent::Rejected(message) => bail!("request refused: {message}"),
             RequestEvent::Error(message) => bail!("generation failed: {message}"),
         }
     }

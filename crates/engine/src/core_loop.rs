@@ -462,7 +462,12 @@ impl<E: Executor> EngineLoop<E> {
             });
         if let Err(err) = admitted {
             self.executor.remove_request(request_id);
-            let _ = events.send(RequestEvent::Error(err.to_string()));
+            let event = if err.is_invalid_request() {
+                RequestEvent::Rejected(err.to_string())
+            } else {
+                RequestEvent::Error(err.to_string())
+            };
+            let _ = events.send(event);
             return;
         }
         let output = OutputProcessor::new(

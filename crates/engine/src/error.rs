@@ -26,3 +26,27 @@ pub enum EngineError {
     #[error("cannot start the engine thread: {0}")]
     Spawn(#[from] std::io::Error),
 }
+
+impl EngineError {
+    /// Whether the error is the request's fault (bad input the engine refused) rather than
+    /// the engine's: such requests are answered [`crate::RequestEvent::Rejected`].
+    pub fn is_invalid_request(&self) -> bool {
+        use tokenmill_core::SchedulerError as S;
+        use tokenmill_models::ModelError as M;
+        match self {
+            EngineError::InvalidRequest(_) => true,
+            EngineError::Model(err) => {
+                matches!(err, M::InvalidSamplingParams(_) | M::InvalidGrammar(_))
+            }
+            EngineError::Scheduler(err) => matches!(
+                err,
+                S::EmptyPrompt { .. }
+                    | S::PromptTooLong { .. }
+                    | S::ExceedsMaxModelLen { .. }
+                    | S::ZeroMaxTokens { .. }
+                    | S::MinTokensExceedMaxTokens { .. }
+            ),
+            _ => false,
+        }
+    }
+}

@@ -73,7 +73,9 @@ pub fn generate_batch(
                             result.num_cached_tokens = output.num_cached_tokens;
                             result.finish_reason = output.finish_reason;
                         }
-                        RequestEvent::Error(message) => result.error = Some(message),
+                        RequestEvent::Rejected(message) | RequestEvent::Error(message) => {
+                            result.error = Some(message)
+                        }
                     }
                 }
                 if result.finish_reason.is_none() && result.error.is_none() {

@@ -117,6 +117,10 @@ pub struct RequestOutput {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestEvent {
     Output(RequestOutput),
+    /// The engine refused the request on arrival: its input breaks a rule the front end did
+    /// not check first (sampling limits, prompt or context length, an empty bad word...).
+    /// The stream ends; servers answer it as a client error (400), not a failure.
+    Rejected(String),
     /// The engine failed this request (engine died, executor error); the stream ends.
     Error(String),
 }

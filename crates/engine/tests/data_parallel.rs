@@ -85,7 +85,7 @@ fn an_abort_reaches_the_engine_that_owns_the_request() {
     while let Some(event) = second.blocking_recv() {
         match event {
             RequestEvent::Output(output) => last = output.finish_reason,
-            RequestEvent::Error(message) => panic!("{message}"),
+            RequestEvent::Rejected(message) | RequestEvent::Error(message) => panic!("{message}"),
         }
     }
     assert_eq!(last, Some(FinishReason::Abort));

@@ -31,7 +31,9 @@ fn five_hundred_requests_with_a_fifth_aborted_leave_no_blocks_held() {
             // Abort mid-generation: wait for the first token, then drop the stream.
             match stream.blocking_recv() {
                 Some(RequestEvent::Output(_)) | None => {}
-                Some(RequestEvent::Error(e)) => panic!("request {i} failed: {e}"),
+                Some(RequestEvent::Rejected(e) | RequestEvent::Error(e)) => {
+                    panic!("request {i} failed: {e}")
+                }
             }
             drop(stream);
             aborted += 1;
@@ -58,15 +60,16 @@ fn five_hundred_requests_with_a_fifth_aborted_leave_no_blocks_held() {
 }
 
 #[test]
-fn a_request_that_does_not_fit_the_context_gets_an_error_event() {
+fn a_request_that_does_not_fit_the_context_is_rejected() {
     let engine = Engine::start(&config(64, 64)).unwrap();
     let mut stream = engine
         .client()
         .add_request(greedy(vec![500; 80], 4))
         .unwrap();
     match stream.blocking_recv() {
-        Some(RequestEvent::Error(message)) => assert!(message.contains("64"), "{message}"),
-        other => panic!("expected an error event, got {other:?}"),
+        // The request's fault, not the engine's: servers answer it 400.
+        Some(RequestEvent::Rejected(message)) => assert!(message.contains("64"), "{message}"),
+        other => panic!("expected a rejection, got {other:?}"),
     }
     assert!(engine.client().is_alive());
 }
@@ -124,7 +127,7 @@ fn last_output(stream: &mut RequestStream) -> RequestOutput {
         match event {
             RequestEvent::Output(o) if o.finish_reason.is_some() => return o,
             RequestEvent::Output(_) => {}
-            RequestEvent::Error(e) => panic!("request failed: {e}"),
+            RequestEvent::Rejected(e) | RequestEvent::Error(e) => panic!("request failed: {e}"),
         }
     }
     panic!("the stream ended without a final delta")

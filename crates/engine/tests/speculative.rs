@@ -220,7 +220,8 @@ fn run_full(config: &EngineConfig, requests: Vec<tokenmill_engine::GenerateReque
                         full.logprobs.extend(o.logprobs);
                         full.finish = o.finish_reason.or(full.finish);
                     }
-                    tokenmill_engine::RequestEvent::Error(e) => panic!("request failed: {e}"),
+                    tokenmill_engine::RequestEvent::Rejected(e)
+                    | tokenmill_engine::RequestEvent::Error(e) => panic!("request failed: {e}"),
                 }
             }
             full

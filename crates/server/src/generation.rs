@@ -167,6 +167,7 @@ pub(crate) async fn collect(mut stream: RequestStream) -> Result<ChoiceResult, A
                     result.stop_reason = output.stop_reason.map(wire_stop_reason);
                 }
             }
+            RequestEvent::Rejected(message) => return Err(ApiError::invalid(message)),
             RequestEvent::Error(message) => return Err(ApiError::Internal(message)),
         }
     }

@@ -73,6 +73,20 @@ pub(crate) async fn send_error(tx: &EventSender, error: ErrorResponse) {
     }
 }
 
+/// Ends a stream whose request the engine did not complete: a request it refused gets a 400
+/// error object with the reason, an engine failure a 500 one (details logged, not shown).
+pub(crate) async fn send_engine_failure(tx: &EventSender, event: RequestEvent) {
+    let error = match event {
+        RequestEvent::Rejected(message) => ErrorResponse::invalid_request(message),
+        RequestEvent::Error(message) => {
+            tracing::error!("request failed mid-stream: {message}");
+            ErrorResponse::internal("The engine failed this request.")
+        }
+        RequestEvent::Output(_) => return,
+    };
+    send_error(tx, error).await;
+}
+
 /// The terminating `data: [DONE]`.
 pub(crate) async fn send_done(tx: &EventSender) {
     let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;

@@ -115,7 +115,9 @@ pub fn run_all(client: &EngineClient, requests: Vec<GenerateRequest>) -> Vec<Col
                             out.finish_reason = o.finish_reason;
                         }
                     }
-                    RequestEvent::Error(e) => panic!("request failed: {e}"),
+                    RequestEvent::Rejected(e) | RequestEvent::Error(e) => {
+                        panic!("request failed: {e}")
+                    }
                 }
             }
             out

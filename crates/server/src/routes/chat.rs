@@ -8,9 +8,8 @@ use axum::response::Response;
 use tokenmill_engine::{RequestEvent, RequestStream};
 use tokenmill_protocol::{
     chat_completion_id, prepare_tool_history, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-    ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatResponseMessage, ErrorResponse,
-    FinishReason, StructuredConstraint, StructuredOutputRequest, ToolOutput, Usage,
-    ValidatedSampling,
+    ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatResponseMessage, FinishReason,
+    StructuredConstraint, StructuredOutputRequest, ToolOutput, Usage, ValidatedSampling,
 };
 
 use crate::chat_output::{deltas, ChoiceReader, OutputReading};
@@ -251,13 +250,8 @@ fn stream_response(
         while let Some((index, event)) = sse::next_event(&tx, &mut merged).await {
             let output = match event {
                 RequestEvent::Output(output) => output,
-                RequestEvent::Error(message) => {
-                    tracing::error!("request failed mid-stream: {message}");
-                    sse::send_error(
-                        &tx,
-                        ErrorResponse::internal("The engine failed this request."),
-                    )
-                    .await;
+                failure => {
+                    sse::send_engine_failure(&tx, failure).await;
                     return;
                 }
             };

@@ -8,7 +8,7 @@ use axum::response::Response;
 use tokenmill_engine::{RequestEvent, RequestStream};
 use tokenmill_protocol::{
     completion_id, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-    CompletionStreamChoice, CompletionStreamChunk, ErrorResponse, Prompt, Usage, ValidatedSampling,
+    CompletionStreamChoice, CompletionStreamChunk, Prompt, Usage, ValidatedSampling,
 };
 
 use crate::error::ApiError;
@@ -263,13 +263,8 @@ fn stream_response(
             let prompt = &prompts[i / n];
             let output = match event {
                 RequestEvent::Output(output) => output,
-                RequestEvent::Error(message) => {
-                    tracing::error!("request failed mid-stream: {message}");
-                    sse::send_error(
-                        &tx,
-                        ErrorResponse::internal("The engine failed this request."),
-                    )
-                    .await;
+                failure => {
+                    sse::send_engine_failure(&tx, failure).await;
                     return;
                 }
             };
