@@ -114,7 +114,7 @@ pub use kv_dtype::{
     f32_to_bf16_saturating, f32_to_f16_saturating, f32_to_fp8_e4m3, f32_to_fp8_e5m2,
     fp8_e4m3_to_f32, fp8_e5m2_to_f32, KvCacheBuffer, KvCacheDType, KvCacheSlice, KvCacheSliceMut,
 };
-pub use matmul::{reference_matmul, MatmulScratch, QMatrix};
+pub use matmul::{reference_matmul, MatmulScratch, QMatrix, Segments};
 pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use pool::ThreadPool;
 pub use quant::{

@@ -25,6 +25,7 @@ mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
 mod scalar;
+mod segmented;
 #[cfg(test)]
 mod tests;
 mod untransposed;
@@ -40,6 +41,7 @@ use crate::quant::dequantize;
 use crate::KernelError;
 
 pub use activation::QuantizedActivations;
+pub use segmented::Segments;
 
 /// Activation rows processed together against each weight row.
 const ROW_TILE: usize = 4;
