@@ -127,12 +127,27 @@ class Cost:
 
 
 def decode_weight_bytes(path: str, model_size: int) -> int:
-    """All tensors, less an untied embedding table (a decode step reads one row of it)."""
+    """All tensors, less an untied embedding table (a decode step reads one row of it); of a
+    mixture of experts' `*_exps` tensors only the share of the experts a token uses
+    (`expert_used_count / expert_count`), as tokenmill counts them."""
     try:
         from gguf import GGUFReader
     except ImportError:
         return model_size
-    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    reader = GGUFReader(path)
+    tensors = {t.name: int(t.n_bytes) for t in reader.tensors}
+
+    def field(key: str, default):
+        found = reader.fields.get(key)
+        return found.contents() if found is not None else default
+
+    arch = field("general.architecture", "llama")
+    experts = int(field(f"{arch}.expert_count", 0))
+    used = int(field(f"{arch}.expert_used_count", 0))
+    if experts > 0 and used > 0:
+        for name, size in tensors.items():
+            if name.endswith("_exps.weight"):
+                model_size -= size - size * used // experts
     if "output.weight" in tensors:
         return model_size - tensors.get("token_embd.weight", 0)
     return model_size

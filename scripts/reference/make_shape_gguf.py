@@ -7,7 +7,8 @@ Tensor names, shapes and `llama.*` metadata are those of the real model (Llama-3
 Llama-3.2-3B; Llama-3.1-8B with its own output matrix; their llama3 RoPE scaling is left out,
 which changes no kernel's cost; `qwen3-30b-a3b-l4` is four of Qwen3-30B-A3B's 48 `qwen3moe`
 layers: head_dim 128 with QK-norm, 128 experts of 768, eight per token, so a token's cost is the
-real model's per layer). Weights are normal with std 0.02, norms are 1; tensors are
+real model's per layer; its F16 file is 6.2 GB, the Q4_K_M made from it 1.95 GB, so delete the F16
+intermediate when only the K-quant is wanted). Weights are normal with std 0.02, norms are 1; tensors are
 generated and written one at a time, so memory stays at about one tensor. The tokenizer is the default model's (SmolLM2's GPT-2 BPE with its chat
 template), its token list padded with unused `<|reserved_N|>` tokens up to the vocabulary size
 (or the vocabulary is that size when `--vocab` is smaller than SmolLM2's 49152), so both

@@ -21,7 +21,10 @@
 //! - [`QMatrix`]: a linear layer weight `[out_features, in_features]`
 //!   (`from_bytes(dtype, out, in, &bytes)`, `from_f32`), with
 //!   `matmul(&pool, x, n, out, &mut MatmulScratch)` computing `out[n, out] = x[n, in] · Wᵀ` and
-//!   `row_to_f32(row, dst)` for embedding lookups. [`reference_matmul`] is the f64 reference.
+//!   `row_to_f32(row, dst)` for embedding lookups; `QMatrix::matmul_segments(&pool,`
+//!   [`Segments`]`, x, out, &mut MatmulScratch)` runs several matrices of one shape over their
+//!   own runs of rows (a mixture-of-experts layer's experts) in one parallel region, bitwise
+//!   equal to one `matmul` per segment. [`reference_matmul`] is the f64 reference.
 //!   Quantized layers quantize activations per 32 values to int8 and use exact integer block
 //!   dots (AVX2 `maddubs`/`madd`), four activation rows per weight-row pass, split over the pool
 //!   by output rows; from 8 activation rows the quantized group layouts run on AMX int8 tiles
@@ -116,7 +119,7 @@ pub use kv_dtype::{
     f32_to_bf16_saturating, f32_to_f16_saturating, f32_to_fp8_e4m3, f32_to_fp8_e5m2,
     fp8_e4m3_to_f32, fp8_e5m2_to_f32, KvCacheBuffer, KvCacheDType, KvCacheSlice, KvCacheSliceMut,
 };
-pub use matmul::{reference_matmul, MatmulScratch, QMatrix};
+pub use matmul::{reference_matmul, MatmulScratch, QMatrix, Segments};
 pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use pool::ThreadPool;
 pub use quant::{

@@ -684,6 +684,68 @@ fn moe_is_batch_and_chunk_invariant() {
     }
 }
 
+/// A step longer than the MoE block's gathering window (512 tokens) runs window by window;
+/// its last logits are bitwise those of the same prompt prefilled in two chunks that each fit
+/// one window. On F32 weights (one matmul per expert) and Q8_0 (the segmented matmul).
+#[test]
+fn moe_steps_longer_than_a_window_match_chunks() {
+    let (fixture, f32_model) = load_family("family_qwen3moe.json", "moe_window_qwen3moe");
+    let q8_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("moe_window_qwen3moe-q8_0.gguf");
+    write_gguf_typed(
+        &fixture,
+        &q8_path,
+        &fixture.q8_0.as_ref().unwrap().tensor_types,
+    );
+    let q8_model = load_model(&ModelSource::Gguf(q8_path), &LoadOptions::default()).unwrap();
+    let length = 700;
+    let prompt: Vec<u32> = fixture
+        .cases
+        .iter()
+        .flat_map(|c| c.prompt_ids.clone())
+        .cycle()
+        .take(length)
+        .collect();
+    let block_size = 16;
+    let blocks = length.div_ceil(block_size);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    for (name, model) in [("F32", f32_model.as_ref()), ("Q8_0", q8_model.as_ref())] {
+        let run = |chunks: &[usize]| {
+            let mut kv = KvCacheStorage::with_dtype(
+                model.kv_layout(),
+                blocks,
+                block_size,
+                KvCacheDType::F32,
+            );
+            let (mut start, mut logits) = (0, Vec::new());
+            for (i, &end) in chunks.iter().enumerate() {
+                let mut batch = BatchInput::default();
+                let last = i + 1 == chunks.len();
+                batch
+                    .add_sequence(&prompt[start..end], start, &table, block_size, last)
+                    .unwrap();
+                let mut workspace = Workspace::new();
+                model
+                    .forward(
+                        &common::test_pool(),
+                        &batch,
+                        &mut kv,
+                        &mut workspace,
+                        &mut logits,
+                    )
+                    .unwrap();
+                start = end;
+            }
+            logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let whole = run(&[length]);
+        assert_eq!(whole.len(), model.config().vocab_size);
+        assert!(
+            whole == run(&[350, length]),
+            "{name}: one 700-token step vs two chunks"
+        );
+    }
+}
+
 fn assert_moe_invariance(name: &str, model: &dyn CausalLm, prompts: &[Vec<u32>]) {
     let block_size = 16;
     let blocks_per_seq = 4;

@@ -38,17 +38,8 @@ impl QuantizedActivations {
         n: usize,
         in_features: usize,
     ) -> Result<(), KernelError> {
-        if !in_features.is_multiple_of(QK) {
-            return Err(KernelError::InvalidShape(
-                "quantized matmul needs in_features divisible by 32",
-            ));
-        }
+        self.resize(n, in_features)?;
         let n_blocks = n * in_features / QK;
-        self.in_features = in_features;
-        self.quants.resize(n * in_features, 0);
-        self.scales.resize(n_blocks, 0.0);
-        self.block_sums.resize(n_blocks, 0.0);
-        self.quant_sums.resize(n_blocks, 0);
         let x = &x[..n * in_features];
         if n_blocks < PARALLEL_MIN_BLOCKS || pool.num_threads() == 1 {
             quantize_blocks(
@@ -88,6 +79,39 @@ impl QuantizedActivations {
             );
         });
         Ok(())
+    }
+
+    /// Sizes the buffers for `n` rows of `in_features` values (their contents are whatever
+    /// they held until quantized).
+    pub(crate) fn resize(&mut self, n: usize, in_features: usize) -> Result<(), KernelError> {
+        if !in_features.is_multiple_of(QK) {
+            return Err(KernelError::InvalidShape(
+                "quantized matmul needs in_features divisible by 32",
+            ));
+        }
+        let n_blocks = n * in_features / QK;
+        self.in_features = in_features;
+        self.quants.resize(n * in_features, 0);
+        self.scales.resize(n_blocks, 0.0);
+        self.block_sums.resize(n_blocks, 0.0);
+        self.quant_sums.resize(n_blocks, 0);
+        Ok(())
+    }
+
+    /// Quantizes rows `rows` of `x` (`[n][in_features]`, the buffers sized by
+    /// [`QuantizedActivations::resize`]) on the calling thread: each row exactly as
+    /// [`QuantizedActivations::quantize`] makes it.
+    pub(crate) fn quantize_rows(&mut self, x: &[f32], rows: std::ops::Range<usize>) {
+        let k = self.in_features;
+        let nb = k / QK;
+        let (values, blocks) = (rows.start * k..rows.end * k, rows.start * nb..rows.end * nb);
+        quantize_blocks(
+            &x[values.clone()],
+            &mut self.quants[values],
+            &mut self.scales[blocks.clone()],
+            &mut self.block_sums[blocks.clone()],
+            &mut self.quant_sums[blocks],
+        );
     }
 
     /// All rows' int8 quants, row-major (`in_features` per row).

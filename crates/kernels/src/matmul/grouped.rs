@@ -85,47 +85,71 @@ pub(crate) fn matmul_grouped<L: GroupedLayout>(
     n: usize,
     out: &mut [f32],
 ) {
-    let out_features = layout.out_features();
-    let n_groups = out_features.div_ceil(GROUP);
-    let target_tasks = pool.num_threads() * 4;
-    // Whole pairs per task where the ISA computes two groups per call.
-    let groups_per_task = n_groups
-        .div_ceil(target_tasks)
-        .next_multiple_of(isa.groups_per_call())
-        .max(1);
+    let n_groups = layout.out_features().div_ceil(GROUP);
+    let groups_per_task = groups_per_task(isa, n_groups, pool.num_threads() * 4);
     let n_tasks = n_groups.div_ceil(groups_per_task);
     let output = SharedMut::new(out);
     pool.parallel_for(n_tasks, &|task| {
         let first = task * groups_per_task;
-        let last = (first + groups_per_task).min(n_groups);
-        let mut pass_start = first;
-        while pass_start < last {
-            let pass_end = (pass_start + GROUPS_PER_PASS).min(last);
-            let mut i = 0;
-            while i < n {
-                let rows = (n - i).min(ROW_TILE);
-                let write = |group: usize, results: &[[f32; GROUP]]| {
-                    let lanes = GROUP.min(out_features - group * GROUP);
-                    for (r, values) in results.iter().enumerate() {
-                        // SAFETY: this task alone owns output columns of groups first..last,
-                        // and row i + r < n, so the range lies inside `out` (its length was
-                        // checked by the caller).
-                        let target = unsafe {
-                            output.slice_mut((i + r) * out_features + group * GROUP, lanes)
-                        };
-                        target.copy_from_slice(&values[..lanes]);
-                    }
-                };
-                let groups = pass_start..pass_end;
-                match rows {
-                    4 => run_tiles::<L, 4>(layout, isa, groups, activations, i, write),
-                    3 => run_tiles::<L, 3>(layout, isa, groups, activations, i, write),
-                    2 => run_tiles::<L, 2>(layout, isa, groups, activations, i, write),
-                    _ => run_tiles::<L, 1>(layout, isa, groups, activations, i, write),
-                }
-                i += rows;
-            }
-            pass_start = pass_end;
-        }
+        let groups = first..(first + groups_per_task).min(n_groups);
+        // SAFETY: task `task` alone writes the columns of its groups, rows 0..n of `out`, whose
+        // length (n × out_features) the caller checked.
+        unsafe { run_groups(layout, isa, activations, 0..n, groups, output) };
     });
+}
+
+/// Groups per task when `n_groups` groups are split into about `target_tasks` tasks: whole
+/// pairs where the ISA computes two groups per call, so a task's pairs start at even groups
+/// whatever the split.
+pub(crate) fn groups_per_task(isa: Isa, n_groups: usize, target_tasks: usize) -> usize {
+    n_groups
+        .div_ceil(target_tasks.max(1))
+        .next_multiple_of(isa.groups_per_call())
+        .max(1)
+}
+
+/// One task of a grouped matmul: activation rows `rows` (rows of `activations` and of `out`,
+/// `[rows][out_features]`) against the weight groups `groups`, whose first group is a multiple
+/// of [`Isa::groups_per_call`]. Each output element's arithmetic depends only on its weight row
+/// and activation row, never on `rows` or `groups`.
+///
+/// # Safety
+/// `out` must hold at least `rows.end × out_features` elements and be alive, and no other
+/// thread may touch the columns of `groups` in `rows` while this runs.
+pub(crate) unsafe fn run_groups<L: GroupedLayout>(
+    layout: &L,
+    isa: Isa,
+    activations: &QuantizedActivations,
+    rows: std::ops::Range<usize>,
+    groups: std::ops::Range<usize>,
+    output: SharedMut<f32>,
+) {
+    let out_features = layout.out_features();
+    let mut pass_start = groups.start;
+    while pass_start < groups.end {
+        let pass_end = (pass_start + GROUPS_PER_PASS).min(groups.end);
+        let mut i = rows.start;
+        while i < rows.end {
+            let tile = (rows.end - i).min(ROW_TILE);
+            let write = |group: usize, results: &[[f32; GROUP]]| {
+                let lanes = GROUP.min(out_features - group * GROUP);
+                for (r, values) in results.iter().enumerate() {
+                    // SAFETY: the caller gives this task the columns of `groups` in `rows`
+                    // alone, and row i + r < rows.end lies inside `out`.
+                    let target =
+                        unsafe { output.slice_mut((i + r) * out_features + group * GROUP, lanes) };
+                    target.copy_from_slice(&values[..lanes]);
+                }
+            };
+            let pass = pass_start..pass_end;
+            match tile {
+                4 => run_tiles::<L, 4>(layout, isa, pass, activations, i, write),
+                3 => run_tiles::<L, 3>(layout, isa, pass, activations, i, write),
+                2 => run_tiles::<L, 2>(layout, isa, pass, activations, i, write),
+                _ => run_tiles::<L, 1>(layout, isa, pass, activations, i, write),
+            }
+            i += tile;
+        }
+        pass_start = pass_end;
+    }
 }

@@ -25,6 +25,7 @@ mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
 mod scalar;
+mod segmented;
 #[cfg(test)]
 mod tests;
 mod untransposed;
@@ -42,6 +43,7 @@ use crate::KernelError;
 pub use activation::QuantizedActivations;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use amx::MIN_ROWS as AMX_MIN_ROWS;
+pub use segmented::Segments;
 
 /// Activation rows processed together against each weight row.
 const ROW_TILE: usize = 4;

@@ -735,3 +735,102 @@ fn untransposed_adds_are_twins_and_match_a_reference_row_by_row() {
         Err(KernelError::LengthMismatch { .. })
     ));
 }
+
+#[test]
+fn segments_equal_one_matmul_per_segment_bitwise() {
+    // Segment sizes around the AMX threshold (8 rows) and the row tile (4), and empty
+    // segments; several matrices per type, pools of one to three threads.
+    let mut rng = Rng::new(23);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let layouts: [&[usize]; 3] = [
+        &[0, 1, 4, 8, 8, 17, 19, 24, 24, 41],
+        &[0, 0, 1, 2, 5, 5, 7],
+        &[0, 3],
+    ];
+    for dtype in DType::ALL {
+        let cols = 256;
+        let rows = 40;
+        let matrices: Vec<QMatrix> = (0..3)
+            .map(|_| {
+                let bytes = random_weights(&mut rng, dtype, rows, cols);
+                QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap()
+            })
+            .collect();
+        let weight = |s: usize| &matrices[s % matrices.len()];
+        for starts in layouts {
+            let n = starts[starts.len() - 1];
+            let x = rng.vec(n * cols, -1.0, 1.0);
+            let mut scratch = MatmulScratch::new();
+            let mut want = vec![0.0f32; n * rows];
+            for (s, pair) in starts.windows(2).enumerate() {
+                let r = pair[0]..pair[1];
+                weight(s)
+                    .matmul(
+                        &pools[1],
+                        &x[r.start * cols..r.end * cols],
+                        r.len(),
+                        &mut want[r.start * rows..r.end * rows],
+                        &mut scratch,
+                    )
+                    .unwrap();
+            }
+            for pool in &pools {
+                let mut got = vec![-7.0f32; n * rows];
+                let segments = Segments {
+                    starts,
+                    weight: &weight,
+                };
+                QMatrix::matmul_segments(pool, segments, &x, &mut got, &mut scratch).unwrap();
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{dtype} starts {starts:?} threads={}",
+                    pool.num_threads()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn segment_errors() {
+    let pool = ThreadPool::new(1);
+    let a = QMatrix::from_f32(2, 32, &[0.5; 64]).unwrap();
+    let b = QMatrix::from_f32(3, 32, &[0.5; 96]).unwrap();
+    let x = vec![1.0f32; 4 * 32];
+    let mut scratch = MatmulScratch::new();
+    let mixed = |s: usize| if s == 0 { &a } else { &b };
+    let same = |_: usize| &a;
+    fn run<'w, F: Fn(usize) -> &'w QMatrix + Sync>(
+        pool: &ThreadPool,
+        starts: &[usize],
+        weight: &F,
+        x: &[f32],
+        len: usize,
+        scratch: &mut MatmulScratch,
+    ) -> Result<Vec<f32>, KernelError> {
+        let mut out = vec![0.0f32; len];
+        let n = starts.last().copied().unwrap_or(0);
+        let segments = Segments { starts, weight };
+        QMatrix::matmul_segments(pool, segments, &x[..n * 32], &mut out, scratch).map(|()| out)
+    }
+    assert!(
+        run(&pool, &[0, 2, 4], &mixed, &x, 8, &mut scratch).is_err(),
+        "mixed shapes"
+    );
+    assert!(
+        run(&pool, &[0, 3, 2, 4], &same, &x, 8, &mut scratch).is_err(),
+        "decreasing starts"
+    );
+    assert!(
+        run(&pool, &[0, 2, 4], &same, &x, 6, &mut scratch).is_err(),
+        "output too short"
+    );
+    assert!(run(&pool, &[0], &same, &x, 0, &mut scratch)
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        run(&pool, &[0, 1, 1, 2], &same, &x, 4, &mut scratch).unwrap(),
+        [16.0; 4]
+    );
+}

@@ -2,7 +2,7 @@
 //! activations, so a LoRA adapter hooks in here (an extra low-rank product added to `out`)
 //! rather than in every family.
 
-use tokenmill_kernels::{MatmulScratch, QMatrix, ThreadPool};
+use tokenmill_kernels::{MatmulScratch, QMatrix, Segments, ThreadPool};
 
 use super::lora::LoraScratch;
 use crate::error::Result;
@@ -48,6 +48,19 @@ impl Linear {
     }
 }
 
+/// `out = x · W(s)ᵀ` over the row segments of `segments` (a mixture-of-experts layer's experts,
+/// each over its routed rows) in one call: see [`QMatrix::matmul_segments`].
+pub(crate) fn matmul_segments(
+    pool: &ThreadPool,
+    segments: Segments<'_, '_>,
+    x: &[f32],
+    out: &mut [f32],
+    scratch: &mut LinearScratch,
+) -> Result<()> {
+    QMatrix::matmul_segments(pool, segments, x, out, &mut scratch.matmul)?;
+    Ok(())
+}
+
 /// Reads one row of an embedding table per token into `out[n][width]`. The table is a
 /// [`Linear`] because a tied output head multiplies by the same matrix.
 pub(crate) fn embed(table: &Linear, tokens: &[u32], out: &mut [f32], width: usize) -> Result<()> {
@@ -74,6 +87,22 @@ impl StackedLinear {
 
     pub fn storage_bytes(&self) -> usize {
         self.parts.iter().map(QMatrix::storage_bytes).sum()
+    }
+
+    /// Whether the stack is one matrix (its parts fused at load).
+    pub fn is_single(&self) -> bool {
+        self.parts.len() == 1
+    }
+
+    /// The one matrix this stack is when its parts were fused at load (parts of one type);
+    /// the stack itself back otherwise.
+    pub fn into_single(mut self) -> std::result::Result<QMatrix, StackedLinear> {
+        if self.is_single() {
+            if let Some(single) = self.parts.pop() {
+                return Ok(single);
+            }
+        }
+        Err(self)
     }
 
     /// `out[n][width]`: each part's output in its columns, in order.

@@ -10,15 +10,21 @@
 //! `ffn_{gate,up,down}_exps` tensors, so every weight type and kernel of a dense layer serves
 //! the experts unchanged.
 //!
-//! Tokens are grouped by expert: per step, each expert with routed rows gathers them and runs
-//! once over the group, so its weights are read once per step rather than once per token.
+//! Tokens are grouped by expert: per step (per window of [`WINDOW`] tokens, which bounds the
+//! intermediates), the routed rows are gathered expert by expert into one buffer and every
+//! expert runs once over its run of rows, so its weights are read once per step rather than
+//! once per token. All experts' `[gate | up]` products go through one segmented matmul
+//! (`QMatrix::matmul_segments`), and so do their `down` products: the small experts a decode
+//! step picks share one parallel region, their threads splitting the work across experts,
+//! instead of one fork-join per expert and projection.
 //! Batch invariance holds by construction: the matmul kernels compute each row with an
-//! arithmetic independent of how many rows they get (int8 activations are quantized per row
-//! and block), and a row's weighted expert outputs are added to it in expert-index order,
-//! whatever other rows share its experts.
+//! arithmetic independent of how many rows they get and of the other segments (int8
+//! activations are quantized per row and block), and a row's weighted expert outputs are
+//! added to it in expert-index order, whatever other rows share its experts.
 
-use tokenmill_kernels::{silu_mul, softmax_inplace};
+use tokenmill_kernels::{silu_mul, softmax_inplace, QMatrix, Segments};
 
+use super::linear::matmul_segments;
 use super::{Activation, GatedMlp, Linear, LinearScratch, MlpBuffers, StackedLinear, Step};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{ModelError, Result};
@@ -38,6 +44,11 @@ struct GroupRow {
     weight: f32,
 }
 
+/// Tokens whose routed rows are gathered and multiplied together: a whole default step
+/// (`--max-num-batched-tokens` 512); longer steps run in windows of this many tokens, so the
+/// gathered intermediates stay at `WINDOW × experts_used` rows.
+const WINDOW: usize = 512;
+
 /// The MoE block's intermediates; grown to the largest step, never shrunk.
 #[derive(Debug, Default)]
 pub(crate) struct MoeBuffers {
@@ -45,16 +56,17 @@ pub(crate) struct MoeBuffers {
     probs: Vec<f32>,
     /// Each row's chosen experts, `[n][experts_used]`.
     routes: Vec<Route>,
-    /// Rows grouped by expert (rows ascending within a group), `[n * experts_used]`;
-    /// expert `e`'s group is `grouped[starts[e]..starts[e + 1]]`.
+    /// A window's routed rows grouped by expert (rows ascending within a group),
+    /// `[window * experts_used]`; expert `e`'s group is `grouped[starts[e]..starts[e + 1]]`.
     grouped: Vec<GroupRow>,
     starts: Vec<usize>,
     cursor: Vec<usize>,
-    /// An expert's gathered input rows, `[rows][hidden]`.
+    /// The gathered input rows, in `grouped` order, `[window * experts_used][hidden]`.
     x: Vec<f32>,
     gate_up: Vec<f32>,
     activated: Vec<f32>,
-    /// An expert's output rows before they are weighted into the block's output.
+    /// The experts' output rows, in `grouped` order, before they are weighted into the
+    /// block's output.
     expert_out: Vec<f32>,
 }
 
@@ -68,31 +80,94 @@ impl MoeBuffers {
         );
         self.probs.resize(n * experts, 0.0);
         self.routes.resize(n * used, Route::default());
-        self.grouped.resize(n * used, GroupRow::default());
+        let routed = n.min(WINDOW) * used;
+        self.grouped.resize(routed, GroupRow::default());
         self.starts.resize(experts + 1, 0);
         self.cursor.resize(experts, 0);
-        // A group holds each row at most once, so at most `n` rows.
-        self.x.resize(n * hidden, 0.0);
-        self.gate_up.resize(n * 2 * width, 0.0);
-        self.activated.resize(n * width, 0.0);
-        self.expert_out.resize(n * hidden, 0.0);
+        self.x.resize(routed * hidden, 0.0);
+        self.gate_up.resize(routed * 2 * width, 0.0);
+        self.activated.resize(routed * width, 0.0);
+        self.expert_out.resize(routed * hidden, 0.0);
     }
 }
 
-/// One expert: a SiLU-gated MLP.
+/// One projection of every expert (`[gate | up]` or `down`): one matrix per expert where the
+/// expert's parts have one type (fused at load, the usual case), which the segmented matmul
+/// takes; otherwise (an HF checkpoint mixing types across gate and up) one stack each, run
+/// expert by expert.
 #[derive(Debug)]
-struct Expert {
-    /// `[gate | up]`, `[2 * width, hidden]`.
-    gate_up: StackedLinear,
-    /// `[hidden, width]`.
-    down: StackedLinear,
+enum ExpertLinears {
+    Fused(Vec<QMatrix>),
+    Stacked(Vec<StackedLinear>),
+}
+
+impl ExpertLinears {
+    fn new(stacks: Vec<StackedLinear>) -> ExpertLinears {
+        if !stacks.iter().all(StackedLinear::is_single) {
+            return ExpertLinears::Stacked(stacks);
+        }
+        ExpertLinears::Fused(
+            stacks
+                .into_iter()
+                .filter_map(|stack| stack.into_single().ok())
+                .collect(),
+        )
+    }
+
+    fn storage_bytes(&self) -> usize {
+        match self {
+            ExpertLinears::Fused(matrices) => matrices.iter().map(QMatrix::storage_bytes).sum(),
+            ExpertLinears::Stacked(stacks) => stacks.iter().map(StackedLinear::storage_bytes).sum(),
+        }
+    }
+
+    /// `out[r] = x[r] · W(e)ᵀ` for expert `e`'s rows `starts[e]..starts[e + 1]`, every expert
+    /// (`x` is `[rows][k]`, `out` `[rows][m]`).
+    fn forward(
+        &self,
+        step: &Step<'_>,
+        starts: &[usize],
+        (k, m): (usize, usize),
+        x: &[f32],
+        out: &mut [f32],
+        scratch: &mut LinearScratch,
+    ) -> Result<()> {
+        match self {
+            ExpertLinears::Fused(matrices) => {
+                let segments = Segments {
+                    starts,
+                    weight: &|e| &matrices[e],
+                };
+                matmul_segments(step.pool, segments, x, out, scratch)
+            }
+            ExpertLinears::Stacked(stacks) => {
+                for (stack, bounds) in stacks.iter().zip(starts.windows(2)) {
+                    let (first, last) = (bounds[0], bounds[1]);
+                    if first == last {
+                        continue;
+                    }
+                    stack.forward(
+                        step.pool,
+                        &x[first * k..last * k],
+                        last - first,
+                        &mut out[first * m..last * m],
+                        scratch,
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct MoeBlock {
     /// `[experts, hidden]`.
     router: Linear,
-    experts: Vec<Expert>,
+    /// Each expert's `[gate | up]`, `[2 * width, hidden]`.
+    gate_up: ExpertLinears,
+    /// Each expert's `[hidden, width]`.
+    down: ExpertLinears,
     moe: MoeConfig,
     hidden: usize,
 }
@@ -111,26 +186,17 @@ impl MoeBlock {
             count,
         )?;
         let down = tensors.expert_stacks(&[("ffn_down_exps.weight", hidden)], width, count)?;
-        let experts = gate_up
-            .into_iter()
-            .zip(down)
-            .map(|(gate_up, down)| Expert { gate_up, down })
-            .collect();
         Ok(MoeBlock {
             router,
-            experts,
+            gate_up: ExpertLinears::new(gate_up),
+            down: ExpertLinears::new(down),
             moe,
             hidden,
         })
     }
 
     pub fn storage_bytes(&self) -> usize {
-        self.router.storage_bytes()
-            + self
-                .experts
-                .iter()
-                .map(|e| e.gate_up.storage_bytes() + e.down.storage_bytes())
-                .sum::<usize>()
+        self.router.storage_bytes() + self.gate_up.storage_bytes() + self.down.storage_bytes()
     }
 
     /// Bytes one token reads: the router and `experts_used` experts (of average size).
@@ -151,63 +217,100 @@ impl MoeBlock {
         out: &mut [f32],
     ) -> Result<()> {
         let (n, hidden) = (step.num_tokens(), self.hidden);
-        let experts = self.moe.num_experts;
-        if x.len() != n * hidden || out.len() != n * hidden || buffers.probs.len() < n * experts {
+        let (experts, used) = (self.moe.num_experts, self.moe.experts_used);
+        if x.len() != n * hidden
+            || out.len() != n * hidden
+            || buffers.probs.len() < n * experts
+            || buffers.grouped.len() < n.min(WINDOW) * used
+        {
             return Err(ModelError::InvalidBatch(format!(
                 "MoE block of layer {layer}: buffers not prepared for {n} tokens"
             )));
         }
         let probs = &mut buffers.probs[..n * experts];
         self.router.forward(step.pool, x, n, probs, scratch)?;
-        let routes = &mut buffers.routes[..n * self.moe.experts_used];
+        let routes = &mut buffers.routes[..n * used];
         for (row, chosen) in probs
             .chunks_exact_mut(experts)
-            .zip(routes.chunks_exact_mut(self.moe.experts_used))
+            .zip(routes.chunks_exact_mut(used))
         {
             route(row, chosen);
         }
+        out.fill(0.0);
+        for first in (0..n).step_by(WINDOW) {
+            self.forward_window(
+                step,
+                first..(first + WINDOW).min(n),
+                x,
+                buffers,
+                scratch,
+                out,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Tokens `tokens` of the step (routed already): their rows gathered by expert, every
+    /// expert's MLP over its rows, the weighted outputs added to `out`.
+    fn forward_window(
+        &self,
+        step: &Step<'_>,
+        tokens: std::ops::Range<usize>,
+        x: &[f32],
+        buffers: &mut MoeBuffers,
+        scratch: &mut LinearScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (hidden, experts, used) = (self.hidden, self.moe.num_experts, self.moe.experts_used);
+        let width = self.moe.expert_intermediate_size;
+        let routed = tokens.len() * used;
+        let grouped = &mut buffers.grouped[..routed];
         group_by_expert(
-            routes,
-            self.moe.experts_used,
+            &buffers.routes[tokens.start * used..tokens.end * used],
+            used,
             &mut buffers.starts[..=experts],
             &mut buffers.cursor[..experts],
-            &mut buffers.grouped[..routes.len()],
+            grouped,
         );
-        out.fill(0.0);
-        for (expert, weights) in self.experts.iter().enumerate() {
-            let group = &buffers.grouped[buffers.starts[expert]..buffers.starts[expert + 1]];
-            if group.is_empty() {
-                continue;
-            }
-            let m = group.len();
-            let width = self.moe.expert_intermediate_size;
-            let gathered = &mut buffers.x[..m * hidden];
-            for (dst, member) in gathered.chunks_exact_mut(hidden).zip(group) {
-                let row = member.row as usize;
-                dst.copy_from_slice(&x[row * hidden..(row + 1) * hidden]);
-            }
-            let gate_up = &mut buffers.gate_up[..m * 2 * width];
-            weights
-                .gate_up
-                .forward(step.pool, gathered, m, gate_up, scratch)?;
-            let activated = &mut buffers.activated[..m * width];
-            for (pair, dst) in gate_up
-                .chunks_exact_mut(2 * width)
-                .zip(activated.chunks_exact_mut(width))
-            {
-                let (gate, up) = pair.split_at_mut(width);
-                silu_mul(gate, up)?;
-                dst.copy_from_slice(gate);
-            }
-            let expert_out = &mut buffers.expert_out[..m * hidden];
-            weights
-                .down
-                .forward(step.pool, activated, m, expert_out, scratch)?;
-            for (member, y) in group.iter().zip(expert_out.chunks_exact(hidden)) {
-                let row = member.row as usize;
-                for (o, &v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
-                    *o += member.weight * v;
-                }
+        let starts = &buffers.starts[..=experts];
+        let gathered = &mut buffers.x[..routed * hidden];
+        for (dst, member) in gathered.chunks_exact_mut(hidden).zip(grouped.iter()) {
+            let row = tokens.start + member.row as usize;
+            dst.copy_from_slice(&x[row * hidden..(row + 1) * hidden]);
+        }
+        let gate_up = &mut buffers.gate_up[..routed * 2 * width];
+        self.gate_up.forward(
+            step,
+            starts,
+            (hidden, 2 * width),
+            gathered,
+            gate_up,
+            scratch,
+        )?;
+        let activated = &mut buffers.activated[..routed * width];
+        for (pair, dst) in gate_up
+            .chunks_exact_mut(2 * width)
+            .zip(activated.chunks_exact_mut(width))
+        {
+            let (gate, up) = pair.split_at_mut(width);
+            silu_mul(gate, up)?;
+            dst.copy_from_slice(gate);
+        }
+        let expert_out = &mut buffers.expert_out[..routed * hidden];
+        self.down.forward(
+            step,
+            starts,
+            (width, hidden),
+            activated,
+            expert_out,
+            scratch,
+        )?;
+        // `grouped` is in expert order, so each row gets its experts' outputs added in
+        // expert-index order.
+        for (member, y) in grouped.iter().zip(expert_out.chunks_exact(hidden)) {
+            let row = tokens.start + member.row as usize;
+            for (o, &v) in out[row * hidden..(row + 1) * hidden].iter_mut().zip(y) {
+                *o += member.weight * v;
             }
         }
         Ok(())
