@@ -403,3 +403,75 @@ fn a_wrong_draft_model_is_rejected_without_changing_the_output() {
         outcome.drafted
     );
 }
+
+/// Three drafting steps for each of `ids`' requests (prompts `prompts[id]`) on `proposer`, all
+/// of them in the same calls: each step's drafts, per request. After a step a request grows
+/// by its first draft and a token the draft did not propose (one draft accepted, the second
+/// rejected), so the next step feeds the draft model two unseen tokens.
+#[allow(clippy::unwrap_used)]
+fn draft_steps(
+    proposer: &mut tokenmill_engine::spec::DraftModelProposer,
+    prompts: &[Vec<u32>],
+    ids: &[usize],
+) -> Vec<Vec<Vec<u32>>> {
+    use tokenmill_engine::spec::{DraftRequest, Proposer};
+    const K: usize = 3;
+    let mut tokens: Vec<Vec<u32>> = ids.iter().map(|&id| prompts[id].clone()).collect();
+    let mut steps = vec![Vec::new(); ids.len()];
+    for _ in 0..3 {
+        let requests: Vec<DraftRequest<'_>> = ids
+            .iter()
+            .zip(&tokens)
+            .map(|(&id, tokens)| DraftRequest {
+                request_id: tokenmill_core::RequestId(id as u64),
+                tokens,
+                num_prompt_tokens: prompts[id].len(),
+            })
+            .collect();
+        let mut drafts = vec![vec![7]; ids.len()];
+        proposer.propose_all(&requests, K, &mut drafts);
+        for (i, drafts) in drafts.into_iter().enumerate() {
+            assert_eq!(drafts.len(), K, "request {}", ids[i]);
+            tokens[i].push(drafts[0]);
+            tokens[i].push(drafts[1] ^ 1);
+            steps[i].push(drafts);
+        }
+    }
+    steps
+}
+
+/// The draft model drafts for all of a step's requests in one batched forward pass per
+/// position; each request's drafts are exactly those it gets drafting alone, in its first
+/// step (the whole prompt fed) and in later ones (only its unseen tokens fed), with prompts
+/// of different lengths sharing the passes.
+#[test]
+#[allow(clippy::unwrap_used)]
+fn draft_model_drafts_are_the_same_alone_and_batched() {
+    use tokenmill_engine::spec::{DraftModelProposer, DraftSetup};
+    let path = common::model_path();
+    let file = tokenmill_gguf::GgufFile::open(&path).unwrap();
+    let setup = DraftSetup {
+        num_blocks: 256,
+        block_size: 16,
+        vocab_size: tokenmill_models::ModelConfig::from_gguf(&file)
+            .unwrap()
+            .vocab_size,
+        num_threads: None,
+        kv_dtype: tokenmill_models::KvCacheDType::F16,
+    };
+    let prompts = repeating_prompts();
+    let ids: Vec<usize> = (0..prompts.len()).collect();
+    let mut alone = DraftModelProposer::load(&path, &setup).unwrap();
+    let expected: Vec<Vec<Vec<u32>>> = ids
+        .iter()
+        .flat_map(|&id| draft_steps(&mut alone, &prompts, &[id]))
+        .collect();
+    let mut batched = DraftModelProposer::load(&path, &setup).unwrap();
+    assert_eq!(draft_steps(&mut batched, &prompts, &ids), expected);
+    // A different grouping, the requests in reverse order.
+    let reversed: Vec<usize> = ids.iter().rev().copied().collect();
+    let mut grouped = DraftModelProposer::load(&path, &setup).unwrap();
+    let mut got = draft_steps(&mut grouped, &prompts, &reversed);
+    got.reverse();
+    assert_eq!(got, expected);
+}

@@ -1,6 +1,9 @@
 //! The `draft_model` proposer: a second, smaller [`CausalLm`] with the same vocabulary and
-//! its own paged KV cache. For each decoding request it feeds the tokens it has not seen yet
-//! (one chunk), then decodes k tokens greedily, one forward pass each. Its cache keeps the
+//! its own paged KV cache. It drafts for all of a step's decoding requests together: one
+//! forward pass feeds every request the tokens it has not seen yet (one chunk each, in one
+//! flattened batch), then k − 1 batched passes decode one greedy token per request each. The
+//! forward pass's kernels are row-independent (batch invariance), so a request's drafts are
+//! the same whichever requests share its passes. Its cache keeps the
 //! request's real tokens; the slots its drafts wrote are overwritten when the request's next
 //! real tokens are fed, so nothing is rolled back. Greedy drafts are point proposals, which
 //! the target's verification accepts with exactly the target's probabilities.
@@ -11,7 +14,7 @@ use std::sync::Arc;
 use tokenmill_core::{KvCacheConfig, KvCacheManager, RequestId};
 use tokenmill_models::{argmax, BatchInput, KvCacheDType, KvCacheStorage, ModelSource, Workspace};
 
-use super::Proposer;
+use super::{DraftRequest, Proposer};
 use crate::model_runner::LoadedModel;
 use crate::EngineError;
 
@@ -103,17 +106,9 @@ impl DraftModelProposer {
         })
     }
 
-    /// Feeds `tokens` at `start` for `request_id` and returns the greedy next token.
-    fn next_token(
-        &mut self,
-        request_id: RequestId,
-        tokens: &[u32],
-        start: usize,
-    ) -> Result<Option<u32>, EngineError> {
-        let table = self.blocks.block_table(request_id).unwrap_or_default();
-        self.batch.clear();
-        self.batch
-            .add_sequence(tokens, start, table, self.block_size, true)?;
+    /// Runs the draft model over `self.batch` and writes each logits row's greedy token
+    /// into `next` (`None` where a row has no finite logit).
+    fn forward_greedy(&mut self, next: &mut Vec<Option<u32>>) -> Result<(), EngineError> {
         self.loaded.model.forward(
             &self.loaded.pool,
             &self.batch,
@@ -122,44 +117,102 @@ impl DraftModelProposer {
             &mut self.logits,
         )?;
         let vocab = self.loaded.config().vocab_size;
-        Ok(self.logits.get(..vocab).and_then(argmax))
+        next.clear();
+        next.extend((0..self.batch.logits_indices.len()).map(|row| {
+            self.logits
+                .get(row * vocab..(row + 1) * vocab)
+                .and_then(argmax)
+        }));
+        Ok(())
     }
 
-    fn draft(
+    /// Drafts for `requests` into `drafts`; the indices of the requests the draft's cache
+    /// was fed for go to `fed` (on an error, those whose cache state is unknown).
+    fn draft_all(
         &mut self,
-        request_id: RequestId,
-        tokens: &[u32],
+        requests: &[DraftRequest<'_>],
         max_drafts: usize,
-        drafts: &mut Vec<u32>,
+        drafts: &mut [Vec<u32>],
+        fed: &mut Vec<usize>,
     ) -> Result<(), EngineError> {
-        let computed = self
-            .computed
-            .get(&request_id)
-            .copied()
-            .unwrap_or(0)
-            .min(tokens.len().saturating_sub(1));
-        // The real tokens plus every draft but the last are written to the cache.
-        let needed = tokens.len() + max_drafts - 1;
-        if self
-            .blocks
-            .allocate_slots(request_id, needed, None)
-            .is_err()
-        {
+        // Slots for the real tokens plus every draft but the last (the ones written).
+        for (index, request) in requests.iter().enumerate() {
+            let needed = request.tokens.len() + max_drafts - 1;
             // The draft's pool is full: no drafts for this request this step.
+            if !request.tokens.is_empty()
+                && self
+                    .blocks
+                    .allocate_slots(request.request_id, needed, None)
+                    .is_ok()
+            {
+                fed.push(index);
+            }
+        }
+        // Pass 1: each request's unseen tokens as one chunk.
+        self.batch.clear();
+        for &index in fed.iter() {
+            let request = &requests[index];
+            let computed = self
+                .computed
+                .get(&request.request_id)
+                .copied()
+                .unwrap_or(0)
+                .min(request.tokens.len() - 1);
+            let table = self
+                .blocks
+                .block_table(request.request_id)
+                .unwrap_or_default();
+            self.batch.add_sequence(
+                &request.tokens[computed..],
+                computed,
+                table,
+                self.block_size,
+                true,
+            )?;
+        }
+        if self.batch.is_empty() {
             return Ok(());
         }
-        let Some(mut token) = self.next_token(request_id, &tokens[computed..], computed)? else {
-            return Ok(());
-        };
-        self.computed.insert(request_id, tokens.len());
-        drafts.push(token);
-        while drafts.len() < max_drafts {
-            let position = tokens.len() + drafts.len() - 1;
-            match self.next_token(request_id, &[token], position)? {
-                Some(next) => token = next,
-                None => break,
+        let mut next = Vec::with_capacity(fed.len());
+        self.forward_greedy(&mut next)?;
+        let mut active = Vec::with_capacity(fed.len());
+        for (&index, token) in fed.iter().zip(&next) {
+            let request = &requests[index];
+            self.computed
+                .insert(request.request_id, request.tokens.len());
+            if let Some(token) = *token {
+                drafts[index].push(token);
+                active.push(index);
             }
-            drafts.push(token);
+        }
+        // Passes 2..=k: one greedy token per still-drafting request.
+        for step in 1..max_drafts {
+            if active.is_empty() {
+                break;
+            }
+            self.batch.clear();
+            for &index in &active {
+                let request = &requests[index];
+                let table = self
+                    .blocks
+                    .block_table(request.request_id)
+                    .unwrap_or_default();
+                let token = drafts[index][step - 1];
+                let position = request.tokens.len() + step - 1;
+                self.batch
+                    .add_sequence(&[token], position, table, self.block_size, true)?;
+            }
+            self.forward_greedy(&mut next)?;
+            let mut kept = 0;
+            for row in 0..active.len() {
+                let index = active[row];
+                if let Some(token) = next[row] {
+                    drafts[index].push(token);
+                    active[kept] = index;
+                    kept += 1;
+                }
+            }
+            active.truncate(kept);
         }
         Ok(())
     }
@@ -170,19 +223,41 @@ impl Proposer for DraftModelProposer {
         &mut self,
         request_id: RequestId,
         tokens: &[u32],
-        _num_prompt_tokens: usize,
+        num_prompt_tokens: usize,
         max_drafts: usize,
         drafts: &mut Vec<u32>,
     ) {
-        drafts.clear();
-        if max_drafts == 0 || tokens.is_empty() {
+        let request = DraftRequest {
+            request_id,
+            tokens,
+            num_prompt_tokens,
+        };
+        self.propose_all(&[request], max_drafts, std::slice::from_mut(drafts));
+    }
+
+    fn propose_all(
+        &mut self,
+        requests: &[DraftRequest<'_>],
+        max_drafts: usize,
+        drafts: &mut [Vec<u32>],
+    ) {
+        drafts.iter_mut().for_each(Vec::clear);
+        let requests = &requests[..requests.len().min(drafts.len())];
+        if max_drafts == 0 || requests.is_empty() {
             return;
         }
-        if let Err(err) = self.draft(request_id, tokens, max_drafts, drafts) {
-            // A failed draft costs only the speculation: decode without drafts.
-            tracing::warn!("draft model failed for request {request_id}: {err}");
-            drafts.clear();
-            self.finish(request_id);
+        let mut fed = Vec::with_capacity(requests.len());
+        if let Err(err) = self.draft_all(requests, max_drafts, drafts, &mut fed) {
+            // A failed draft costs only the speculation: decode without drafts, and feed
+            // these requests' caches again from the start next time.
+            tracing::warn!(
+                "draft model failed for a step of {} requests: {err}",
+                requests.len()
+            );
+            drafts.iter_mut().for_each(Vec::clear);
+            for index in fed {
+                self.finish(requests[index].request_id);
+            }
         }
     }
 

@@ -43,7 +43,17 @@ pub const MIN_ACCEPTANCE: f64 = 0.1;
 /// Steps a request decodes without drafts after its acceptance fell below [`MIN_ACCEPTANCE`].
 pub const BACKOFF_STEPS: u32 = 16;
 
-/// Drafts tokens for one request from what it has so far.
+/// One decoding request a proposer drafts for.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftRequest<'a> {
+    pub request_id: RequestId,
+    /// The request's prompt plus its output so far.
+    pub tokens: &'a [u32],
+    /// How many of `tokens` are the prompt.
+    pub num_prompt_tokens: usize,
+}
+
+/// Drafts tokens for decoding requests from what they have so far.
 pub trait Proposer: Send {
     /// Writes up to `max_drafts` draft tokens for the request whose prompt plus output is
     /// `tokens` (the first `num_prompt_tokens` the prompt) into `drafts` (cleared first;
@@ -56,6 +66,26 @@ pub trait Proposer: Send {
         max_drafts: usize,
         drafts: &mut Vec<u32>,
     );
+
+    /// Drafts for all of a step's `requests` at once, `drafts[i]` for `requests[i]` (each
+    /// cleared first); the same drafts as [`Proposer::propose`] per request. A proposer that
+    /// runs a model overrides it to batch the requests into one forward pass per position.
+    fn propose_all(
+        &mut self,
+        requests: &[DraftRequest<'_>],
+        max_drafts: usize,
+        drafts: &mut [Vec<u32>],
+    ) {
+        for (request, drafts) in requests.iter().zip(drafts) {
+            self.propose(
+                request.request_id,
+                request.tokens,
+                request.num_prompt_tokens,
+                max_drafts,
+                drafts,
+            );
+        }
+    }
 
     /// The request left the engine (a proposer that learns from finished requests keeps
     /// what it needs of what it saw).
@@ -83,7 +113,8 @@ pub struct SpecDecoder {
     config: SpeculativeConfig,
     proposer: Box<dyn Proposer>,
     acceptance: HashMap<RequestId, Acceptance>,
-    drafts: Vec<u32>,
+    /// One draft buffer per request of the step, kept across steps.
+    drafts: Vec<Vec<u32>>,
 }
 
 impl std::fmt::Debug for SpecDecoder {
@@ -119,10 +150,12 @@ impl SpecDecoder {
     }
 
     /// Drafts tokens for every decoding request, unless the skip rule says no (see the
-    /// module docs), and hands them to the scheduler for its next step.
+    /// module docs), and hands them to the scheduler for its next step. The proposer sees
+    /// all of the step's drafting requests at once ([`Proposer::propose_all`]).
     pub fn propose(&mut self, scheduler: &mut Scheduler, stats: &mut SpecDecodeStats) {
         let running = scheduler.running_request_ids().to_vec();
         let batch_too_large = running.len() > self.config.disable_by_batch_size;
+        let mut requests = Vec::with_capacity(running.len());
         for request_id in running {
             if !scheduler.is_decoding(request_id) {
                 continue;
@@ -146,15 +179,25 @@ impl SpecDecoder {
             ) else {
                 continue;
             };
-            self.proposer.propose(
+            requests.push(DraftRequest {
                 request_id,
                 tokens,
                 num_prompt_tokens,
-                self.config.num_speculative_tokens,
-                &mut self.drafts,
-            );
-            if !self.drafts.is_empty() {
-                scheduler.set_draft_token_ids(request_id, &self.drafts);
+            });
+        }
+        if requests.is_empty() {
+            return;
+        }
+        if self.drafts.len() < requests.len() {
+            self.drafts.resize_with(requests.len(), Vec::new);
+        }
+        let drafts = &mut self.drafts[..requests.len()];
+        self.proposer
+            .propose_all(&requests, self.config.num_speculative_tokens, drafts);
+        let ids: Vec<RequestId> = requests.iter().map(|r| r.request_id).collect();
+        for (request_id, drafts) in ids.into_iter().zip(&self.drafts) {
+            if !drafts.is_empty() {
+                scheduler.set_draft_token_ids(request_id, drafts);
             }
         }
     }
