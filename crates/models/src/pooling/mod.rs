@@ -226,14 +226,18 @@ pub fn load_pooling_model_with(
                 ModelSource::Gguf(_) => ArchitectureFields { model_type: None },
             };
             return Err(ModelError::UnsupportedArchitecture {
-                name: fields.model_type.unwrap_or_else(|| "(no model_type)".into()),
-                supported: "bert, and decoders (llama, mistral, qwen2, qwen3, qwen3_moe, phi3,                             gemma3) as embedders"
+                name: fields
+                    .model_type
+                    .unwrap_or_else(|| "(no model_type)".into()),
+                supported: "bert, and decoders (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, \
+                            gemma3) as embedders"
                     .into(),
             });
         }
         if options.convert == ConvertOption::None {
             return Err(ModelError::PoolingOption(
-                "--convert none: a generative (decoder) model has no pooling head of its own;                  the pooling runner serves it with --convert embed (or auto)"
+                "--convert none: a generative (decoder) model has no pooling head of its own; \
+                 the pooling runner serves it with --convert embed (or auto)"
                     .into(),
             ));
         }
