@@ -4,6 +4,8 @@
 //! same alone and batched, `--pooler-config`'s MEAN and `normalize: false` change them, and
 //! options that do not fit the model are OpenAI 400s naming them.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::sync::Arc;
@@ -22,7 +24,6 @@ use tower::ServiceExt;
 
 const NAME: &str = "smol-embed";
 
-#[allow(clippy::unwrap_used)]
 fn start(pooler: &str) -> (PoolingEngine, Router) {
     let mut config = PoolingEngineConfig::new(ModelSource::Gguf(common::model_path()));
     config.num_threads = Some(2);
@@ -43,7 +44,6 @@ fn start(pooler: &str) -> (PoolingEngine, Router) {
     (engine, app)
 }
 
-#[allow(clippy::unwrap_used)]
 async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
     let request = Request::builder()
         .method(Method::POST)
@@ -59,7 +59,6 @@ async fn post(app: &Router, path: &str, body: Value) -> (StatusCode, Value) {
     (status, value)
 }
 
-#[allow(clippy::unwrap_used)]
 fn vectors(body: &Value) -> Vec<Vec<f32>> {
     body["data"]
         .as_array()
@@ -80,7 +79,6 @@ fn norm(v: &[f32]) -> f64 {
     v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt()
 }
 
-#[allow(clippy::unwrap_used)]
 fn assert_bad_request((status, body): (StatusCode, Value), needle: &str) {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
@@ -95,7 +93,6 @@ const TEXTS: [&str; 4] = [
 ];
 
 #[tokio::test]
-#[allow(clippy::unwrap_used)]
 async fn a_gguf_decoder_serves_normalized_batch_invariant_embeddings() {
     let (engine, app) = start("{}");
     let info = &engine.model().info;
@@ -216,7 +213,6 @@ async fn pooling_options_that_do_not_fit_are_400s() {
 }
 
 #[tokio::test]
-#[allow(clippy::unwrap_used)]
 async fn pooler_config_mean_and_unnormalized() {
     let (last_engine, last_app) = start("{}");
     let (_, body) = post(&last_app, "/v1/embeddings", json!({"input": TEXTS[0]})).await;
