@@ -1,7 +1,9 @@
 """The pooling server over real HTTP with the clients retrieval pipelines use: the official
 `openai` client's `embeddings.create` (base64 by default, and floats) and LangChain's
 `OpenAIEmbeddings`, on all-MiniLM-L6-v2 (scripts/fetch-minilm.sh; skipped when absent),
-compared with sentence-transformers' vectors stored in the repo's fixture."""
+compared with sentence-transformers' vectors stored in the repo's fixture; and the default
+model, a decoder, served as an embedder (`--runner pooling --convert embed`, last-token
+pooled and normalized, as vLLM serves Qwen3-Embedding)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import struct
 import openai
 import pytest
 
-from conftest import MODEL_NAME, REPO, start_server, stop_server
+from conftest import MODEL_NAME, REPO, model_path, start_server, stop_server
 
 FIXTURE = REPO / "crates/models/tests/fixtures/minilm_embeddings.json"
 
@@ -95,3 +97,35 @@ def test_langchain_openai_embeddings(embed_server):
     assert cosine(query, documents[0]) > cosine(query, documents[1])
     expected = reference()
     assert cosine(documents[0], expected["Paris is the capital of France."]) >= 0.9999
+
+
+@pytest.fixture(scope="module")
+def decoder_embed_server():
+    server = start_server(
+        "--runner", "pooling", "--convert", "embed", "--pooler-config",
+        '{"pooling_type": "LAST", "normalize": true}',
+    )
+    yield server
+    stop_server(server)
+
+
+def test_openai_client_embeds_with_a_decoder(decoder_embed_server):
+    client = decoder_embed_server.client()
+    texts = ["The capital of France is Paris.", "hi", "東京は日本の首都です。"]
+    batched = client.embeddings.create(model=MODEL_NAME, input=texts, encoding_format="float")
+    assert [item.index for item in batched.data] == [0, 1, 2]
+    for item in batched.data:
+        assert len(item.embedding) == 576  # SmolLM2-135M's hidden size
+        assert abs(math.sqrt(sum(x * x for x in item.embedding)) - 1.0) < 1e-5
+    assert batched.usage.prompt_tokens > len(texts)
+    # Batch invariance: each text alone gets the vector it got in the batch.
+    for text, item in zip(texts, batched.data):
+        alone = client.embeddings.create(model=MODEL_NAME, input=text, encoding_format="float")
+        assert alone.data[0].embedding == item.embedding
+    # base64 (the client's default) carries the same vectors.
+    encoded = client.embeddings.create(model=MODEL_NAME, input=texts)
+    for item, want in zip(encoded.data, batched.data):
+        assert max(abs(a - b) for a, b in zip(item.embedding, want.embedding)) < 1e-6
+    with pytest.raises(openai.BadRequestError) as error:
+        client.embeddings.create(model=MODEL_NAME, input="hi", dimensions=100000)
+    assert "dimensions" in str(error.value)

@@ -13,12 +13,14 @@ use tokenmill_models::{l2_normalize, PoolingTask};
 use tokenmill_protocol::truncation_limit;
 
 use crate::engine_args::EngineArgs;
-use crate::runner::{RunnerArg, RunnerArgs, TaskArg};
+use crate::runner::{PoolerArgs, RunnerArg, RunnerArgs, TaskArg};
 
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub pooler: PoolerArgs,
     /// JSONL of texts: each line a JSON string or an object with a `text` (or `input`) field.
     #[arg(long)]
     pub input: PathBuf,
@@ -50,6 +52,7 @@ pub fn run(args: EmbedArgs) -> anyhow::Result<()> {
     let runner = RunnerArgs {
         runner: RunnerArg::Pooling,
         task: TaskArg::Embed,
+        pooler: args.pooler.clone(),
     };
     let engine = runner.start_pooling(&config)?;
     let model = std::sync::Arc::clone(engine.model());

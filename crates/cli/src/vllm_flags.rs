@@ -108,6 +108,10 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--trust-remote-code", "", NoEffect, "tokenmill runs no model code from the hub; supported architectures are built in"),
     row("--tokenizer-revision", "main", NoEffect, "the tokenizer is read from the model (or `--tokenizer`) as found locally"),
     row("--code-revision", "main", NoEffect, "no remote code is run"),
+    row("--runner", "pooling", Restricted, "`auto`, `generate`, `pooling` (embeddings, scores, classes; `draft` refused); auto pools encoder (BERT) models"),
+    row("--task", "embed", Restricted, "older spelling of `--runner`: `embed`/`embedding`, `score`, `classify` mean pooling, `generate` generates"),
+    row("--convert", "embed", Restricted, "`auto`, `none`, `embed` (a decoder as an embedder: final hidden states pooled LAST and normalized; implies `--runner pooling`); `classify`, `reward` refused"),
+    row("--pooler-config", "{\"pooling_type\": \"LAST\", \"normalize\": true}", Restricted, "pooling runner: `pooling_type` (`LAST`, `MEAN`, `CLS`) and `normalize` over the model's and sentence-transformers' defaults (alias `--override-pooler-config`); other keys refused by name"),
     // Cache and memory.
     row("--gpu-memory-utilization", "0.9", Same, "fraction of available RAM for weights + KV cache (the KV budget is what remains after the weights)"),
     row("--kv-cache-memory-bytes", "4GiB", Same, "KV-cache budget in bytes (alias of `--kv-cache-memory`)"),

@@ -22,7 +22,8 @@ use tokenmill_metrics::{
     EngineMetrics, FinishedReason, FinishedRequestMetrics, MetricsConfig, StepMetrics,
 };
 use tokenmill_models::{
-    load_pooling_model, EncoderBatch, EncoderWorkspace, ModelSource, PoolingModel, PoolingModelInfo,
+    load_pooling_model_with, EncoderBatch, EncoderWorkspace, ModelSource, PoolingModel,
+    PoolingModelInfo, PoolingOptions,
 };
 use tokenmill_text::Tokenizer;
 use tokio::sync::oneshot;
@@ -45,6 +46,8 @@ pub struct PoolingEngineConfig {
     pub max_model_len: Option<usize>,
     /// The `model_name` label of the metrics.
     pub served_model_name: String,
+    /// `--convert` and `--pooler-config`.
+    pub options: PoolingOptions,
 }
 
 impl PoolingEngineConfig {
@@ -57,6 +60,7 @@ impl PoolingEngineConfig {
             max_num_seqs: 256,
             max_model_len: None,
             served_model_name: "model".into(),
+            options: PoolingOptions::default(),
         }
     }
 }
@@ -135,7 +139,7 @@ impl PoolingEngine {
     /// Loads the model and tokenizer and starts the loop thread.
     pub fn start(config: &PoolingEngineConfig) -> Result<PoolingEngine, EngineError> {
         tracing::info!("CPU features: {}", tokenmill_kernels::runtime_summary());
-        let model = load_pooling_model(&config.model)?;
+        let model = load_pooling_model_with(&config.model, &config.options)?;
         let info = model.info().clone();
         let tokenizer = match (&config.tokenizer, &config.model) {
             (Some(path), _) => load_tokenizer(path)?,

@@ -17,7 +17,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     let dequantize_to_f32 = args.any(|arg| arg == "--f32");
     let source = resolve_model(std::env::var("TOKENMILL_MODEL").ok().as_deref())?;
-    let model = load_model(&source, &LoadOptions { dequantize_to_f32 })?;
+    let model = load_model(
+        &source,
+        &LoadOptions {
+            dequantize_to_f32,
+            ..LoadOptions::default()
+        },
+    )?;
     let block_size = 16;
     let blocks: Vec<u32> = (0..ids.len().div_ceil(block_size) as u32).collect();
     let mut kv = KvCacheStorage::new(model.kv_layout(), blocks.len(), block_size);

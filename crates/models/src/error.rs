@@ -51,6 +51,10 @@ pub enum ModelError {
     Lora(#[from] crate::lora::LoraError),
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// A pooling start-up option (`--convert`, `--pooler-config`) that is malformed or does
+    /// not fit the model; the message names it.
+    #[error("{0}")]
+    PoolingOption(String),
 }
 
 /// Shorthand for results in this crate.

@@ -86,8 +86,9 @@ pub use lora::{
 };
 pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
 pub use pooling::{
-    is_pooling_model, l2_normalize, load_pooling_model, EncoderBatch, EncoderWorkspace,
-    PoolingMethod, PoolingModel, PoolingModelInfo, PoolingTask,
+    is_pooling_model, l2_normalize, load_pooling_model, load_pooling_model_with, ConvertOption,
+    DecoderEmbedder, EncoderBatch, EncoderWorkspace, PoolerConfig, PoolingMethod, PoolingModel,
+    PoolingModelInfo, PoolingOptions, PoolingTask,
 };
 pub use sampling::{
     argmax, log_sum_exp, token_logprobs, GrammarCompiler, GrammarMatcher, GrammarVocabulary,

@@ -19,6 +19,10 @@ pub struct LoadOptions {
     /// Expand quantized weights to f32 at load: exact weights and the dense f32 kernels, at
     /// 4-8x the memory. For accuracy checks and prefill-heavy work.
     pub dequantize_to_f32: bool,
+    /// Skip an untied output head (`output.weight` / `lm_head.weight`): the model then serves
+    /// [`CausalLm::forward_hidden`] only (decoder embedders; a checkpoint saved as a bare
+    /// `*Model` has no head) and `forward` is an error.
+    pub hidden_states_only: bool,
 }
 
 /// A causal language model over a paged KV cache: what the engine, `bench speed` and the
@@ -54,6 +58,19 @@ pub trait CausalLm: Send + Sync + std::fmt::Debug {
         kv: &mut KvCacheStorage,
         workspace: &mut Workspace,
         logits: &mut Vec<f32>,
+    ) -> Result<()>;
+
+    /// Runs the same step as [`CausalLm::forward`] but stops after the final norm: leaves
+    /// every token's last hidden state, `[batch.num_tokens()][hidden_size]`, in `hidden`
+    /// instead of logits (`logits_indices` is ignored). The pooling runner's decoder
+    /// embedders pool these rows.
+    fn forward_hidden(
+        &self,
+        pool: &ThreadPool,
+        batch: &BatchInput,
+        kv: &mut KvCacheStorage,
+        workspace: &mut Workspace,
+        hidden: &mut Vec<f32>,
     ) -> Result<()>;
 }
 

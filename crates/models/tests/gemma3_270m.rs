@@ -68,6 +68,7 @@ fn load_f32_model() -> Result<Box<dyn CausalLm>, String> {
     };
     let options = LoadOptions {
         dequantize_to_f32: true,
+        ..LoadOptions::default()
     };
     match load_model(&ModelSource::Gguf(path), &options) {
         Ok(model) => Ok(model),

@@ -223,6 +223,7 @@ impl TinyAdapter {
 fn options() -> LoadOptions {
     LoadOptions {
         dequantize_to_f32: false,
+        ..LoadOptions::default()
     }
 }
 

@@ -20,6 +20,7 @@ const PROMPT: [u32; 13] = [5, 17, 3, 88, 42, 42, 7, 0, 95, 61, 23, 9, 30];
 fn options() -> LoadOptions {
     LoadOptions {
         dequantize_to_f32: false,
+        ..LoadOptions::default()
     }
 }
 

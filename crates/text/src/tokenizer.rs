@@ -317,10 +317,23 @@ impl Tokenizer {
         };
         let mut encoding = encode(first)?;
         let mut pair = second.map(encode).transpose()?;
+        // A GGUF decoder's vocabulary has no post-processor: BOS/EOS are added by hand, as
+        // `encode` does (Qwen3-Embedding's GGUF sets `add_eos_token`).
+        let (bos, eos) = match (
+            add_special_tokens,
+            self.source,
+            self.inner.get_post_processor(),
+        ) {
+            (true, Source::Gguf, None) => (
+                self.bos_token_id.filter(|_| self.add_bos),
+                self.eos_token_id.filter(|_| self.add_eos),
+            ),
+            _ => (None, None),
+        };
         if let Some(max_len) = max_len {
             let added = match (add_special_tokens, self.inner.get_post_processor()) {
                 (true, Some(processor)) => processor.added_tokens(pair.is_some()),
-                _ => 0,
+                _ => usize::from(bos.is_some()) + usize::from(eos.is_some()),
             };
             let params = TruncationParams {
                 direction: TruncationDirection::Right,
@@ -335,7 +348,15 @@ impl Tokenizer {
             .inner
             .post_process(encoding, pair, add_special_tokens)
             .map_err(TextError::tokenizer)?;
-        Ok((joined.get_ids().to_vec(), joined.get_type_ids().to_vec()))
+        let mut ids = Vec::with_capacity(joined.len() + 2);
+        ids.extend(bos);
+        ids.extend_from_slice(joined.get_ids());
+        ids.extend(eos);
+        let mut types = Vec::with_capacity(ids.len());
+        types.extend(bos.map(|_| 0));
+        types.extend_from_slice(joined.get_type_ids());
+        types.extend(eos.map(|_| joined.get_type_ids().last().copied().unwrap_or(0)));
+        Ok((ids, types))
     }
 
     /// Text for `ids`. Incomplete UTF-8 at the end (a character split across tokens) decodes to

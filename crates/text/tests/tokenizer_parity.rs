@@ -143,3 +143,29 @@ fn hf_post_processor_decides_whether_bos_is_added() {
     let without_config = Tokenizer::from_file(&dir.path().join("tokenizer.json"), None).unwrap();
     assert_eq!(without_config.eos_token_ids(), Vec::<u32>::new());
 }
+
+/// A GGUF vocabulary has no post-processor: pooling inputs get BOS/EOS by hand per
+/// `add_bos_token` / `add_eos_token` (Qwen3-Embedding's GGUF appends its EOS), as `encode`
+/// does, and truncation keeps room for them.
+#[test]
+fn gguf_pooling_inputs_get_bos_and_eos_as_the_vocabulary_says() {
+    let file = tokenmill_gguf::GgufFile::open(&model_path()).unwrap();
+    let mut vocab = GgufVocab::from_gguf(&file).unwrap();
+    let text = "The capital of France is";
+    let plain = Tokenizer::from_gguf_vocab(&vocab).unwrap();
+    let (ids, _) = plain.encode_for_pooling(text, None, true, None).unwrap();
+    assert_eq!(ids, plain.encode(text, true).unwrap());
+    assert_eq!(ids, [504, 3575, 282, 4649, 314], "SmolLM2 adds neither");
+    vocab.add_bos_token = Some(true);
+    vocab.add_eos_token = Some(true);
+    let both = Tokenizer::from_gguf_vocab(&vocab).unwrap();
+    let eos = both.eos_token_id().unwrap();
+    let (ids, types) = both.encode_for_pooling(text, None, true, None).unwrap();
+    assert_eq!(ids, both.encode(text, true).unwrap());
+    assert_eq!(ids, [1, 504, 3575, 282, 4649, 314, eos]);
+    assert_eq!(types, [0; 7]);
+    let (cut, _) = both.encode_for_pooling(text, None, true, Some(4)).unwrap();
+    assert_eq!(cut, [1, 504, 3575, eos]);
+    let (bare, _) = both.encode_for_pooling(text, None, false, None).unwrap();
+    assert_eq!(bare, [504, 3575, 282, 4649, 314]);
+}

@@ -178,7 +178,7 @@ struct ClassifierHead {
 /// A BERT encoder (see the module docs).
 #[derive(Debug)]
 pub struct BertModel {
-    info: PoolingModelInfo,
+    pub(crate) info: PoolingModelInfo,
     config: BertConfig,
     word_embeddings: Linear,
     position_embeddings: Linear,

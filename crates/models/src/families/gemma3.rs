@@ -58,7 +58,7 @@ impl Gemma3Model {
         let config = ModelConfig::from_gguf(file)?;
         let store = TensorStore::from_gguf(file);
         let reader = WeightReader::new(&store, TensorNaming::Gguf, options.dequantize_to_f32);
-        Gemma3Model::from_reader(config, &reader)
+        Gemma3Model::from_reader(config, &reader, options.hidden_states_only)
     }
 
     /// Loads an HF directory (`config.json` + safetensors of a `Gemma3ForCausalLM`).
@@ -71,10 +71,14 @@ impl Gemma3Model {
             options.dequantize_to_f32,
         )
         .with_norm_shift(1.0);
-        Gemma3Model::from_reader(config, &reader)
+        Gemma3Model::from_reader(config, &reader, options.hidden_states_only)
     }
 
-    fn from_reader(config: ModelConfig, reader: &WeightReader<'_>) -> Result<Gemma3Model> {
+    fn from_reader(
+        config: ModelConfig,
+        reader: &WeightReader<'_>,
+        hidden_states_only: bool,
+    ) -> Result<Gemma3Model> {
         if config.architecture != Architecture::Gemma3 {
             return Err(ModelError::InvalidMetadata {
                 key: "general.architecture".into(),
@@ -86,7 +90,7 @@ impl Gemma3Model {
         }
         // llama.cpp multiplies by sqrtf(n_embd) in f32; HF rounds the scale to the weights'
         // dtype, which for bf16 checkpoints is 25.25 instead of 25.30 at hidden 640.
-        let ends = EmbeddingAndHead::load(reader, &config)?
+        let ends = EmbeddingAndHead::load(reader, &config, hidden_states_only)?
             .with_embedding_scale((config.hidden_size as f32).sqrt());
         let layers = (0..config.num_layers)
             .map(|layer| Gemma3Layer::load(reader, &config, layer))
@@ -107,6 +111,28 @@ impl Gemma3Model {
         workspace.prepare_residual(n, rows, config.hidden_size);
         workspace.attention.prepare(n, attention_shape(config));
         workspace.mlp.prepare(n, config.intermediate_size);
+    }
+
+    /// Validates the batch, embeds it and runs every block: the residual stream in
+    /// `workspace.hidden` is then ready for the final norm (sized for `rows` logits rows).
+    fn run_layers(
+        &self,
+        step: &Step<'_>,
+        kv: &mut KvCacheStorage,
+        workspace: &mut Workspace,
+        rows: usize,
+    ) -> Result<()> {
+        validate_batch(&self.config, step.batch, kv)?;
+        self.prepare(workspace, step.num_tokens(), rows);
+        self.ends.embed(step, workspace)?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            let rope = match (&self.local_rope, layer.local) {
+                (Some(local), true) => local,
+                _ => &self.global_rope,
+            };
+            layer.forward(step, rope, index, kv, workspace)?;
+        }
+        Ok(())
     }
 }
 
@@ -196,17 +222,21 @@ impl CausalLm for Gemma3Model {
         workspace: &mut Workspace,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        validate_batch(&self.config, batch, kv)?;
         let step = Step { pool, batch };
-        self.prepare(workspace, batch.num_tokens(), batch.logits_indices.len());
-        self.ends.embed(&step, workspace)?;
-        for (index, layer) in self.layers.iter().enumerate() {
-            let rope = match (&self.local_rope, layer.local) {
-                (Some(local), true) => local,
-                _ => &self.global_rope,
-            };
-            layer.forward(&step, rope, index, kv, workspace)?;
-        }
+        self.run_layers(&step, kv, workspace, batch.logits_indices.len())?;
         self.ends.logits(&step, workspace, logits)
+    }
+
+    fn forward_hidden(
+        &self,
+        pool: &ThreadPool,
+        batch: &BatchInput,
+        kv: &mut KvCacheStorage,
+        workspace: &mut Workspace,
+        hidden: &mut Vec<f32>,
+    ) -> Result<()> {
+        let step = Step { pool, batch };
+        self.run_layers(&step, kv, workspace, 0)?;
+        self.ends.final_hidden(&step, workspace, hidden)
     }
 }

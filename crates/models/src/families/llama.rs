@@ -97,7 +97,7 @@ impl LlamaModel {
             });
         }
         let reader = WeightReader::new(store, naming, options.dequantize_to_f32);
-        let ends = EmbeddingAndHead::load(&reader, &config)?;
+        let ends = EmbeddingAndHead::load(&reader, &config, options.hidden_states_only)?;
         let layers = (0..config.num_layers)
             .map(|layer| LlamaLayer::load(&reader, &config, layer))
             .collect::<Result<Vec<_>>>()?;
@@ -118,6 +118,24 @@ impl LlamaModel {
         workspace.prepare_residual(n, rows, config.hidden_size);
         workspace.attention.prepare(n, attention_shape(config));
         FeedForward::prepare(config, n, &mut workspace.mlp, &mut workspace.moe);
+    }
+
+    /// Validates the batch, embeds it and runs every block: the residual stream in
+    /// `workspace.hidden` is then ready for the final norm (sized for `rows` logits rows).
+    fn run_layers(
+        &self,
+        step: &Step<'_>,
+        kv: &mut KvCacheStorage,
+        workspace: &mut Workspace,
+        rows: usize,
+    ) -> Result<()> {
+        validate_batch(&self.config, step.batch, kv)?;
+        self.prepare(workspace, step.num_tokens(), rows);
+        self.ends.embed(step, workspace)?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            layer.forward(step, &self.rope, index, kv, workspace)?;
+        }
+        Ok(())
     }
 }
 
@@ -225,13 +243,21 @@ impl CausalLm for LlamaModel {
         workspace: &mut Workspace,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        validate_batch(&self.config, batch, kv)?;
         let step = Step { pool, batch };
-        self.prepare(workspace, batch.num_tokens(), batch.logits_indices.len());
-        self.ends.embed(&step, workspace)?;
-        for (index, layer) in self.layers.iter().enumerate() {
-            layer.forward(&step, &self.rope, index, kv, workspace)?;
-        }
+        self.run_layers(&step, kv, workspace, batch.logits_indices.len())?;
         self.ends.logits(&step, workspace, logits)
+    }
+
+    fn forward_hidden(
+        &self,
+        pool: &ThreadPool,
+        batch: &BatchInput,
+        kv: &mut KvCacheStorage,
+        workspace: &mut Workspace,
+        hidden: &mut Vec<f32>,
+    ) -> Result<()> {
+        let step = Step { pool, batch };
+        self.run_layers(&step, kv, workspace, 0)?;
+        self.ends.final_hidden(&step, workspace, hidden)
     }
 }

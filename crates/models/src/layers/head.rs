@@ -18,6 +18,8 @@ pub(crate) struct EmbeddingAndHead {
     output: Option<Linear>,
     /// `Some(c)`: logits become `c * tanh(logits / c)`.
     softcap: Option<f32>,
+    /// Loaded for hidden states only: there are no logits.
+    head_absent: bool,
     hidden: usize,
     vocab: usize,
 }
@@ -25,13 +27,22 @@ pub(crate) struct EmbeddingAndHead {
 impl EmbeddingAndHead {
     /// Reads `token_embd.weight`, `output_norm.weight` and, unless the head is tied,
     /// `output.weight`. A GGUF file without `output.weight` ties the head, as llama.cpp does.
-    pub fn load(reader: &WeightReader<'_>, config: &ModelConfig) -> Result<EmbeddingAndHead> {
+    /// With `hidden_states_only`, no untied head is read and [`EmbeddingAndHead::logits`]
+    /// is an error.
+    pub fn load(
+        reader: &WeightReader<'_>,
+        config: &ModelConfig,
+        hidden_states_only: bool,
+    ) -> Result<EmbeddingAndHead> {
         let (hidden, vocab) = (config.hidden_size, config.vocab_size);
         let embedding = reader.matrix("token_embd.weight", vocab, hidden)?;
         const OUTPUT: &str = "output.weight";
-        let output = if reader.contains(OUTPUT) {
+        let tied = config.tie_word_embeddings || reader.naming() == TensorNaming::Gguf;
+        let output = if hidden_states_only {
+            None
+        } else if reader.contains(OUTPUT) {
             Some(reader.matrix(OUTPUT, vocab, hidden)?)
-        } else if config.tie_word_embeddings || reader.naming() == TensorNaming::Gguf {
+        } else if tied {
             None
         } else {
             return Err(ModelError::MissingTensor(
@@ -44,6 +55,7 @@ impl EmbeddingAndHead {
             output_norm: reader.rms_norm("output_norm.weight", hidden, config.rms_norm_eps)?,
             output,
             softcap: config.final_logit_softcapping,
+            head_absent: hidden_states_only,
             hidden,
             vocab,
         })
@@ -84,6 +96,11 @@ impl EmbeddingAndHead {
 
     /// The logits of the batch's `logits_indices` rows into `logits` (`[rows][vocab]`).
     pub fn logits(&self, step: &Step<'_>, ws: &mut Workspace, logits: &mut Vec<f32>) -> Result<()> {
+        if self.head_absent {
+            return Err(ModelError::InvalidBatch(
+                "the model was loaded for hidden states only (no output head)".into(),
+            ));
+        }
         ws.final_logits(
             step,
             &self.output_norm,
@@ -96,5 +113,14 @@ impl EmbeddingAndHead {
             logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         }
         Ok(())
+    }
+
+    /// Every token's residual-stream row after the final norm into `out`
+    /// (`[num_tokens][hidden]`): the hidden states a decoder embedder pools.
+    pub fn final_hidden(&self, step: &Step<'_>, ws: &Workspace, out: &mut Vec<f32>) -> Result<()> {
+        let len = step.num_tokens() * self.hidden;
+        out.clear();
+        out.resize(len, 0.0);
+        self.output_norm.forward(&ws.hidden[..len], out)
     }
 }

@@ -184,6 +184,23 @@ impl SafetensorsStore {
             }
             files.push((path, file));
         }
+        // A decoder saved as its bare `*Model` (Qwen3-Embedding: `embed_tokens.weight`,
+        // `layers.N.…`, `norm.weight`) is read under the `*ForCausalLM` names, as vLLM's
+        // loader maps it.
+        if !tensors.contains_key("model.embed_tokens.weight")
+            && tensors.contains_key("embed_tokens.weight")
+        {
+            tensors = tensors
+                .into_iter()
+                .map(|(name, entry)| {
+                    if name.starts_with("lm_head.") {
+                        (name, entry)
+                    } else {
+                        (format!("model.{name}"), entry)
+                    }
+                })
+                .collect();
+        }
         Ok(SafetensorsStore { files, tensors })
     }
 

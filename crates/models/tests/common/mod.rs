@@ -38,7 +38,10 @@ pub fn default_model_path() -> PathBuf {
 pub fn load_default_model(dequantize_to_f32: bool) -> LlamaModel {
     LlamaModel::load(
         &ModelSource::Gguf(default_model_path()),
-        &LoadOptions { dequantize_to_f32 },
+        &LoadOptions {
+            dequantize_to_f32,
+            ..LoadOptions::default()
+        },
     )
     .unwrap()
 }

@@ -6,8 +6,13 @@
 //! reduced to one row, and nothing survives the step. [`PoolingModel::pool`] takes a
 //! flattened [`EncoderBatch`] of many sequences, as [`crate::CausalLm::forward`] does.
 
+mod decoder;
+mod options;
+
 use std::path::Path;
 
+pub use decoder::DecoderEmbedder;
+pub use options::{ConvertOption, PoolerConfig, PoolingOptions};
 use serde::Deserialize;
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::{EncoderSeq, ThreadPool};
@@ -161,6 +166,8 @@ pub struct EncoderWorkspace {
     pub(crate) pooled: Vec<f32>,
     pub(crate) scratch: Vec<f32>,
     pub(crate) linear: crate::layers::LinearScratch,
+    /// A decoder embedder's pass ([`DecoderEmbedder`]).
+    pub(crate) decoder: decoder::DecoderScratch,
 }
 
 impl EncoderWorkspace {
@@ -181,31 +188,64 @@ pub fn is_pooling_model(source: &ModelSource) -> bool {
     }
 }
 
-/// Loads a pooling model: an HF `BertModel` / `BertForSequenceClassification` directory, or
-/// a GGUF of llama.cpp's `bert` architecture.
+/// Loads a pooling model with the defaults ([`PoolingOptions::default`]).
 pub fn load_pooling_model(source: &ModelSource) -> Result<Box<dyn PoolingModel>> {
-    match source {
-        ModelSource::HfDirectory(dir) => {
-            let fields: ArchitectureFields = read_json(&dir.join("config.json"))?;
-            match fields.model_type.as_deref() {
-                Some("bert") => Ok(Box::new(BertModel::load_hf_directory(dir)?)),
-                other => Err(ModelError::UnsupportedArchitecture {
-                    name: other.unwrap_or("(no model_type)").to_string(),
-                    supported: "bert (the pooling runner)".into(),
-                }),
-            }
+    load_pooling_model_with(source, &PoolingOptions::default())
+}
+
+/// Loads a pooling model: an HF `BertModel` / `BertForSequenceClassification` directory, a
+/// GGUF of llama.cpp's `bert` architecture, or — unless `--convert none` — a decoder
+/// (Llama, Qwen2/3, Mistral, Phi-3, Gemma 3; GGUF or HF directory) as a [`DecoderEmbedder`].
+/// `options.pooler` then overrides the pooling method and normalization.
+pub fn load_pooling_model_with(
+    source: &ModelSource,
+    options: &PoolingOptions,
+) -> Result<Box<dyn PoolingModel>> {
+    let model: Box<dyn PoolingModel> = if is_pooling_model(source) {
+        let mut bert = match source {
+            ModelSource::HfDirectory(dir) => BertModel::load_hf_directory(dir)?,
+            ModelSource::Gguf(path) => BertModel::load_gguf(path)?,
+        };
+        if options.convert == ConvertOption::Embed && bert.info.task != PoolingTask::Embed {
+            return Err(ModelError::PoolingOption(format!(
+                "--convert embed: {} is a {} model",
+                bert.info.architecture,
+                bert.info.task.name()
+            )));
         }
-        ModelSource::Gguf(path) => {
-            let file = GgufFile::open(path)?;
-            match file.get_str("general.architecture") {
-                Some("bert") => Ok(Box::new(BertModel::load_gguf(path)?)),
-                other => Err(ModelError::UnsupportedArchitecture {
-                    name: other.unwrap_or("(no general.architecture)").to_string(),
-                    supported: "bert (the pooling runner)".into(),
-                }),
-            }
+        options.pooler.apply(&mut bert.info)?;
+        Box::new(bert)
+    } else {
+        let decoder = match source {
+            ModelSource::HfDirectory(dir) => decoder::hf_dir_is_decoder(dir),
+            ModelSource::Gguf(_) => true,
+        };
+        if !decoder {
+            let fields: ArchitectureFields = match source {
+                ModelSource::HfDirectory(dir) => read_json(&dir.join("config.json"))?,
+                ModelSource::Gguf(_) => ArchitectureFields { model_type: None },
+            };
+            return Err(ModelError::UnsupportedArchitecture {
+                name: fields
+                    .model_type
+                    .unwrap_or_else(|| "(no model_type)".into()),
+                supported: "bert, and decoders (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, \
+                            gemma3) as embedders"
+                    .into(),
+            });
         }
-    }
+        if options.convert == ConvertOption::None {
+            return Err(ModelError::PoolingOption(
+                "--convert none: a generative (decoder) model has no pooling head of its own; \
+                 the pooling runner serves it with --convert embed (or auto)"
+                    .into(),
+            ));
+        }
+        let mut embedder = DecoderEmbedder::load(source)?;
+        options.pooler.apply(&mut embedder.info)?;
+        Box::new(embedder)
+    };
+    Ok(model)
 }
 
 #[derive(Deserialize)]
