@@ -5,7 +5,7 @@
 mod common;
 
 use proptest::prelude::*;
-use tokenmill_core::{SchedulerConfig, SchedulingPolicy, StopParams};
+use tokenmill_core::{KvCacheGroups, SchedulerConfig, SchedulingPolicy, StopParams};
 
 use common::driver::{run, run_with_drafts, run_with_model_window, RequestSpec};
 use common::EOS;
@@ -139,6 +139,7 @@ fn scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
                     long_prefill_token_threshold,
                     enable_chunked_prefill: true,
                     sliding_window: None,
+                    kv_groups: KvCacheGroups::Single,
                 };
                 let requests = raws
                     .iter()

@@ -354,12 +354,12 @@ impl Driver<'_> {
                 format!("request {id}: samples flag wrong")
             })?;
             ensure(
-                scheduled.block_table.len() == (end + num_drafts).div_ceil(config.block_size),
+                scheduled.block_table().len() == (end + num_drafts).div_ceil(config.block_size),
                 || format!("request {id}: block table does not match its tokens"),
             )?;
             ensure(
                 self.scheduler.kv_cache_manager().block_table(id)
-                    == Some(&scheduled.block_table[..]),
+                    == Some(&scheduled.block_table()[..]),
                 || format!("request {id}: output table differs from the manager's"),
             )?;
             // Sliding window: exactly the blocks before the first query's window are released

@@ -119,7 +119,7 @@ impl PagedTokenExecutor {
                 // What the first new query reads of the hit.
                 let cached = scheduled.num_cached_tokens;
                 let first = self.first_visible(cached);
-                let hit = self.read(&scheduled.block_table, first..cached, *salt)?;
+                let hit = self.read(&scheduled.block_table(), first..cached, *salt)?;
                 if hit[..] != tokens[first..cached] {
                     return Err(format!(
                         "request {}: prefix hit holds {hit:?}, prompt is {tokens:?}",
@@ -129,7 +129,7 @@ impl PagedTokenExecutor {
             }
             for (offset, &token) in scheduled.token_ids.iter().enumerate() {
                 let position = scheduled.start_position + offset;
-                let slot = self.slot(&scheduled.block_table, position)?;
+                let slot = self.slot(&scheduled.block_table(), position)?;
                 self.slots[slot] = Some(SlotContent {
                     token,
                     position,
@@ -143,7 +143,7 @@ impl PagedTokenExecutor {
             let drafts = &scheduled.draft_token_ids;
             let end = scheduled.start_position + scheduled.token_ids.len() - drafts.len();
             let first = self.first_visible(end - 1);
-            let mut sequence = self.read(&scheduled.block_table, first..end, *salt)?;
+            let mut sequence = self.read(&scheduled.block_table(), first..end, *salt)?;
             if sequence[..] != tokens[first..end] {
                 return Err(format!(
                     "request {}: KV holds {sequence:?}, sequence is {tokens:?}",
@@ -164,7 +164,7 @@ impl PagedTokenExecutor {
                 }
                 let last = end + run.len();
                 let first = self.first_visible(last - 1);
-                sequence = self.read(&scheduled.block_table, first..last, *salt)?;
+                sequence = self.read(&scheduled.block_table(), first..last, *salt)?;
             }
             sampled.push((scheduled.request_id, run));
         }
