@@ -843,6 +843,18 @@ mod tests {
     }
 
     #[test]
+    fn disable_hybrid_kv_cache_manager_reaches_the_engine_config() {
+        assert!(
+            !serve_args(&[])
+                .unwrap()
+                .engine
+                .disable_hybrid_kv_cache_manager
+        );
+        let parsed = serve_args(&["--disable-hybrid-kv-cache-manager"]).unwrap();
+        assert!(parsed.engine.disable_hybrid_kv_cache_manager);
+    }
+
+    #[test]
     fn chunked_prefill_and_response_role_parse_as_in_vllm() {
         let parsed =
             serve_args(&["--no-enable-chunked-prefill", "--response-role", "bot"]).unwrap();
