@@ -442,18 +442,20 @@ impl Driver<'_> {
     }
 
     /// Block accounting from the outside: reference counts equal the number of running
-    /// requests' tables holding each block, waiting requests hold nothing, and
-    /// free + cached-free + used == total.
+    /// requests' tables (in every KV cache group) holding each block, waiting requests hold
+    /// nothing, and free + cached-free + used == total.
     fn check_blocks(&self) -> Result<(), String> {
         let kv = self.scheduler.kv_cache_manager();
         kv.verify().map_err(|e| e.to_string())?;
         let mut owners = vec![0u32; kv.num_blocks()];
         for &id in self.scheduler.running_request_ids() {
-            let table = kv
-                .owned_blocks(id)
-                .ok_or_else(|| format!("running request {id} has no table"))?;
-            for &block in table {
-                owners[block as usize] += 1;
+            for group in 0..kv.num_groups() {
+                let table = kv
+                    .group_owned_blocks(id, group)
+                    .ok_or_else(|| format!("running request {id} has no table"))?;
+                for &block in table {
+                    owners[block as usize] += 1;
+                }
             }
         }
         ensure(kv.num_tables() == self.scheduler.num_running(), || {

@@ -82,7 +82,7 @@ impl PagedTokenExecutor {
         self.windows[group].map_or(0, |window| (position + 1).saturating_sub(window))
     }
 
-    fn table<'a>(scheduled: &'a ScheduledRequest, group: usize) -> Result<&'a [u32], String> {
+    fn table(scheduled: &ScheduledRequest, group: usize) -> Result<&[u32], String> {
         scheduled
             .block_tables
             .get(group)
