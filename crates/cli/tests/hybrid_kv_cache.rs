@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn gemma3_path() -> Option<PathBuf> {
@@ -21,7 +21,7 @@ fn gemma3_path() -> Option<PathBuf> {
 }
 
 /// `tokenmill generate` of a few tokens; returns (stdout, stderr).
-fn generate(model: &PathBuf, extra: &[&str]) -> (String, String) {
+fn generate(model: &Path, extra: &[&str]) -> (String, String) {
     let output = Command::new(common::binary())
         .args(["generate", "--model"])
         .arg(model)

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{greedy, prompts, run_all, wait_idle};
 use tokenmill_engine::{Engine, EngineConfig, KvCacheSizing};
@@ -31,8 +31,8 @@ fn gemma3_path() -> Option<PathBuf> {
 
 /// A config over `model` whose KV budget holds `num_blocks` blocks of the hybrid layout (3
 /// layers each): with the hybrid manager disabled the same bytes hold a sixth as many.
-fn config(model: &PathBuf, num_blocks: usize) -> EngineConfig {
-    let mut config = EngineConfig::new(ModelSource::from_path(model.clone()));
+fn config(model: &Path, num_blocks: usize) -> EngineConfig {
+    let mut config = EngineConfig::new(ModelSource::from_path(model.to_path_buf()));
     let per_block = Engine::bytes_per_block_for(&config).unwrap();
     config.kv_cache = KvCacheSizing::Bytes((per_block * num_blocks) as u64);
     config.max_model_len = Some(MAX_MODEL_LEN);
