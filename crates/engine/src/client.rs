@@ -315,7 +315,9 @@ impl Engine {
             Some(speculative) => Some(SpecDecoder::new(
                 speculative.clone(),
                 &DraftSetup {
-                    num_blocks: num_blocks as usize,
+                    // Blocks per KV cache group: the positions the target holds (a hybrid
+                    // pool's block is a few layers, not a token's whole KV).
+                    num_blocks: num_blocks as usize / grouping.num_groups().max(1),
                     block_size: config.block_size,
                     vocab_size: loaded.config().vocab_size,
                     num_threads,
