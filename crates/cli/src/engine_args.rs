@@ -66,6 +66,11 @@ pub struct EngineArgs {
     pub enable_prefix_caching: bool,
     #[arg(long, help_heading = "Cache")]
     pub no_enable_prefix_caching: bool,
+    /// Keep every KV block for every layer: no KV cache groups for models mixing
+    /// full-attention and sliding-window layers (Gemma 3), and no release of blocks before
+    /// the window when every layer has one.
+    #[arg(long, help_heading = "Cache")]
+    pub disable_hybrid_kv_cache_manager: bool,
     /// Maximum sequences in one step.
     #[arg(long, default_value_t = 64, help_heading = "Scheduler")]
     pub max_num_seqs: usize,
@@ -132,6 +137,7 @@ impl EngineArgs {
         config.max_num_batched_tokens = self.max_num_batched_tokens;
         config.enable_chunked_prefill = !self.no_enable_chunked_prefill;
         config.enable_prefix_caching = !self.no_enable_prefix_caching;
+        config.disable_hybrid_kv_cache_manager = self.disable_hybrid_kv_cache_manager;
         config.json_grammar = self.structured_outputs.config()?.json;
         config.scheduling_policy = match self.scheduling_policy {
             PolicyArg::Fcfs => SchedulingPolicy::Fcfs,

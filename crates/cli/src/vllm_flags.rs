@@ -118,6 +118,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--kv-cache-dtype", "auto", Same, "KV element type (`auto` = the model dtype, 16-bit, see `--dtype`; `fp8`, `fp8_e4m3`, `fp8_e5m2`, `bfloat16`; tokenmill extensions `float16`, `float32`)"),
     row("--block-size", "16", Same, "tokens per KV block"),
     row("--enable-prefix-caching", "", Same, "on by default (`--no-enable-prefix-caching` turns it off)"),
+    row("--disable-hybrid-kv-cache-manager", "", Same, "every layer keeps every KV block: no per-attention-kind KV cache groups for models mixing sliding-window and full layers (Gemma 3), no release before the window for all-sliding ones"),
     row("--swap-space", "4", NoEffect, "preempted requests are recomputed from the prefix cache, nothing is swapped"),
     row("--cpu-offload-gb", "0", NoEffect, "weights already live in host memory"),
     row("--calculate-kv-scales", "", NoEffect, "fp8 KV uses a per-tensor scale of 1.0"),
@@ -844,6 +845,18 @@ mod tests {
         let error = serve_args(&["--config", bad.to_str().unwrap()]).unwrap_err();
         assert!(error.contains("mapping"), "{error}");
         assert!(serve_args(&["--config", "/nonexistent.yaml"]).is_err());
+    }
+
+    #[test]
+    fn disable_hybrid_kv_cache_manager_reaches_the_engine_config() {
+        assert!(
+            !serve_args(&[])
+                .unwrap()
+                .engine
+                .disable_hybrid_kv_cache_manager
+        );
+        let parsed = serve_args(&["--disable-hybrid-kv-cache-manager"]).unwrap();
+        assert!(parsed.engine.disable_hybrid_kv_cache_manager);
     }
 
     #[test]

@@ -5,7 +5,9 @@
 #![allow(clippy::expect_used)]
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use tokenmill_core::{Request, RequestId, Scheduler, SchedulerConfig, SchedulingPolicy};
+use tokenmill_core::{
+    KvCacheGroups, Request, RequestId, Scheduler, SchedulerConfig, SchedulingPolicy,
+};
 
 fn config(max_num_seqs: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -19,6 +21,7 @@ fn config(max_num_seqs: usize) -> SchedulerConfig {
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
         sliding_window: None,
+        kv_groups: KvCacheGroups::Single,
     }
 }
 

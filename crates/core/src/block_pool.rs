@@ -9,6 +9,11 @@
 //! Free and cached-free blocks sit in one queue; allocation pops from its head. Blocks without
 //! a hash are queued at the head (reusing them costs no cache entry), hashed blocks at the tail,
 //! so cached content is evicted least recently freed first.
+//!
+//! Cached content is keyed by its hash and the KV cache group the block serves (vLLM's hybrid
+//! manager: a sliding-window group's block for a hash holds other layers' K/V than the
+//! full-attention group's). The hashes the pool reports ([`Self::cached_hashes`],
+//! [`Self::take_removed`]) are group 0's, the group KV events describe.
 
 use std::collections::HashMap;
 
@@ -19,13 +24,13 @@ use crate::free_queue::FreeBlockQueue;
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     ref_counts: Vec<u32>,
-    block_hashes: Vec<Option<BlockHash>>,
-    cached_blocks: HashMap<BlockHash, u32>,
+    block_hashes: Vec<Option<(BlockHash, u32)>>,
+    cached_blocks: HashMap<(BlockHash, u32), u32>,
     free_queue: FreeBlockQueue,
     num_cached_free: usize,
     num_evictions: u64,
-    /// Hashes dropped from the cache since the last [`Self::take_removed`]; recorded only
-    /// while `record_removals` is set (KV events).
+    /// Group 0's hashes dropped from the cache since the last [`Self::take_removed`]; recorded
+    /// only while `record_removals` is set (KV events).
     removed: Vec<BlockHash>,
     record_removals: bool,
 }
@@ -78,7 +83,11 @@ impl BlockPool {
     }
 
     pub fn block_hash(&self, block: u32) -> Option<BlockHash> {
-        self.block_hashes.get(block as usize).copied().flatten()
+        self.block_hashes
+            .get(block as usize)
+            .copied()
+            .flatten()
+            .map(|(hash, _)| hash)
     }
 
     /// Starts recording the hashes that leave the cache (see [`Self::take_removed`]).
@@ -91,19 +100,30 @@ impl BlockPool {
         std::mem::take(&mut self.removed)
     }
 
-    /// How many hashes the cache holds (blocks in use and cached-free).
+    /// How many hashes group 0's cache holds (blocks in use and cached-free).
     pub fn num_cached_hashes(&self) -> usize {
-        self.cached_blocks.len()
+        self.cached_blocks
+            .keys()
+            .filter(|(_, group)| *group == 0)
+            .count()
     }
 
-    /// Every hash the cache holds, in no particular order.
+    /// Every hash group 0's cache holds, in no particular order.
     pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.cached_blocks.keys().copied()
+        self.cached_blocks
+            .keys()
+            .filter(|(_, group)| *group == 0)
+            .map(|&(hash, _)| hash)
     }
 
-    /// The block holding content `hash`, if it is still cached.
+    /// Group 0's block holding content `hash`, if it is still cached.
     pub fn cached_block(&self, hash: BlockHash) -> Option<u32> {
-        self.cached_blocks.get(&hash).copied()
+        self.cached_block_in(0, hash)
+    }
+
+    /// KV cache group `group`'s block holding content `hash`, if it is still cached.
+    pub fn cached_block_in(&self, group: u32, hash: BlockHash) -> Option<u32> {
+        self.cached_blocks.get(&(hash, group)).copied()
     }
 
     /// Takes `count` blocks from the head of the free queue, dropping any cached content they
@@ -120,12 +140,12 @@ impl BlockPool {
             let Some(block) = self.free_queue.pop_front() else {
                 break;
             };
-            if let Some(hash) = self.block_hashes[block as usize].take() {
-                self.cached_blocks.remove(&hash);
+            if let Some(key) = self.block_hashes[block as usize].take() {
+                self.cached_blocks.remove(&key);
                 self.num_cached_free -= 1;
                 self.num_evictions += 1;
-                if self.record_removals {
-                    self.removed.push(hash);
+                if self.record_removals && key.1 == 0 {
+                    self.removed.push(key.0);
                 }
             }
             self.ref_counts[block as usize] = 1;
@@ -169,15 +189,21 @@ impl BlockPool {
     /// Registers a used block's content hash. When another block already holds the same content
     /// (two requests computed it at once) this block stays unregistered and `false` is returned.
     pub fn cache_block(&mut self, block: u32, hash: BlockHash) -> bool {
+        self.cache_block_in(0, block, hash)
+    }
+
+    /// [`Self::cache_block`] for KV cache group `group`.
+    pub fn cache_block_in(&mut self, group: u32, block: u32, hash: BlockHash) -> bool {
         let i = block as usize;
-        if self.block_hashes[i] == Some(hash) {
+        let key = (hash, group);
+        if self.block_hashes[i] == Some(key) {
             return true;
         }
-        if self.block_hashes[i].is_some() || self.cached_blocks.contains_key(&hash) {
+        if self.block_hashes[i].is_some() || self.cached_blocks.contains_key(&key) {
             return false;
         }
-        self.cached_blocks.insert(hash, block);
-        self.block_hashes[i] = Some(hash);
+        self.cached_blocks.insert(key, block);
+        self.block_hashes[i] = Some(key);
         if self.ref_counts[i] == 0 {
             // Not expected (callers cache blocks they own), but keeps the counters exact.
             self.num_cached_free += 1;
@@ -195,10 +221,10 @@ impl BlockPool {
             .filter(|&b| self.block_hashes[b as usize].is_some())
             .collect();
         for block in free_cached {
-            if let Some(hash) = self.block_hashes[block as usize].take() {
-                self.cached_blocks.remove(&hash);
-                if self.record_removals {
-                    self.removed.push(hash);
+            if let Some(key) = self.block_hashes[block as usize].take() {
+                self.cached_blocks.remove(&key);
+                if self.record_removals && key.1 == 0 {
+                    self.removed.push(key.0);
                 }
                 self.free_queue.remove(block);
                 self.free_queue.push_front(block);

@@ -66,12 +66,11 @@ pub fn available_memory_line(budget_bytes: u64) -> String {
     )
 }
 
-/// `KV cache size: 613,024 tokens`
-pub fn kv_cache_size_line(num_blocks: u32, block_size: usize) -> String {
-    format!(
-        "KV cache size: {} tokens",
-        format_thousands(kv_cache_size_tokens(num_blocks, block_size))
-    )
+/// `KV cache size: 613,024 tokens` for a cache of `num_tokens` tokens (with several KV cache
+/// groups: the blocks per group times the block size, see
+/// [`crate::KvCacheConfig::num_tokens`]).
+pub fn kv_cache_size_line(num_tokens: usize) -> String {
+    format!("KV cache size: {} tokens", format_thousands(num_tokens))
 }
 
 /// `Maximum concurrency for 131,072 tokens per request: 4.68x`, where one such request holds
@@ -113,7 +112,7 @@ mod tests {
     fn vllm_startup_lines() {
         // 38,314 blocks of 16 = 613,024 tokens; 131,072 tokens need 8,192 blocks: 4.68x.
         assert_eq!(
-            kv_cache_size_line(38_314, 16),
+            kv_cache_size_line(kv_cache_size_tokens(38_314, 16)),
             "KV cache size: 613,024 tokens"
         );
         assert_eq!(

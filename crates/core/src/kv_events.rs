@@ -36,7 +36,7 @@ mod tests {
 
     use super::*;
     use crate::block_hash::{BlockHashChain, BlockHashExtraKeys};
-    use crate::kv_cache_manager::{KvCacheConfig, KvCacheManager};
+    use crate::kv_cache_manager::{KvCacheConfig, KvCacheGroups, KvCacheManager};
     use crate::request::RequestId;
 
     const BLOCK: usize = 4;
@@ -47,6 +47,7 @@ mod tests {
             block_size: BLOCK,
             enable_prefix_caching: true,
             sliding_window: None,
+            groups: KvCacheGroups::Single,
         })
         .unwrap();
         kv.enable_events();
@@ -102,6 +103,7 @@ mod tests {
             block_size: BLOCK,
             enable_prefix_caching: true,
             sliding_window: None,
+            groups: KvCacheGroups::Single,
         })
         .unwrap();
         let tokens: Vec<u32> = (0..9).collect();

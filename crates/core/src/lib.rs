@@ -30,6 +30,7 @@
 //!     long_prefill_token_threshold: None,
 //!     enable_chunked_prefill: true,
 //!     sliding_window: None,
+//!     kv_groups: tokenmill_core::KvCacheGroups::Single,
 //! })?;
 //! scheduler.add_request(Request::new(RequestId(1), vec![1, 2, 3, 4, 5], 3))?;
 //! while scheduler.has_unfinished_requests() {
@@ -63,7 +64,9 @@ mod scheduler;
 pub use block_hash::{hash_block, BlockHash, BlockHashChain, BlockHashExtraKeys};
 pub use block_pool::BlockPool;
 pub use error::{KvCacheError, SchedulerError};
-pub use kv_cache_manager::{ComputedBlocks, KvCacheConfig, KvCacheManager, PrefixCacheStats};
+pub use kv_cache_manager::{
+    ComputedBlocks, KvCacheConfig, KvCacheGroups, KvCacheManager, PrefixCacheStats,
+};
 pub use kv_events::KvCacheEvent;
 pub use request::{FinishReason, Request, RequestId, StopParams};
 pub use scheduler::{

@@ -3,7 +3,7 @@
 
 mod common;
 
-use tokenmill_core::{SchedulerConfig, SchedulingPolicy, StopParams};
+use tokenmill_core::{KvCacheGroups, SchedulerConfig, SchedulingPolicy, StopParams};
 
 use common::driver::{run, RequestSpec};
 use common::EOS;
@@ -42,6 +42,7 @@ fn config(
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
         sliding_window: None,
+        kv_groups: KvCacheGroups::Single,
     }
 }
 

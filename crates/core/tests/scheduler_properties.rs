@@ -5,7 +5,7 @@
 mod common;
 
 use proptest::prelude::*;
-use tokenmill_core::{SchedulerConfig, SchedulingPolicy, StopParams};
+use tokenmill_core::{KvCacheGroups, SchedulerConfig, SchedulingPolicy, StopParams};
 
 use common::driver::{run, run_with_drafts, run_with_model_window, RequestSpec};
 use common::EOS;
@@ -139,6 +139,7 @@ fn scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
                     long_prefill_token_threshold,
                     enable_chunked_prefill: true,
                     sliding_window: None,
+                    kv_groups: KvCacheGroups::Single,
                 };
                 let requests = raws
                     .iter()
@@ -291,6 +292,73 @@ proptest! {
         prop_assert_eq!(
             &speculative.unwrap_or_else(|_| unreachable!()).outcomes,
             &plain.unwrap_or_else(|_| unreachable!()).outcomes
+        );
+    }
+}
+
+/// [`scenario`] for a hybrid model (vLLM's hybrid KV cache manager): 1 or 2 full-attention
+/// groups and 1 to 3 sliding-window groups with a window of 1 to 12 positions, in a pool
+/// sized from what one request holds over all groups, often smaller than keeping every block
+/// in every group would need.
+fn hybrid_scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
+    (
+        scenario(with_aborts),
+        1usize..=12,
+        1usize..=2,
+        1usize..=3,
+        0usize..=6,
+    )
+        .prop_map(|(mut scenario, window, full, sliding, extra)| {
+            scenario.config.sliding_window = Some(window);
+            scenario.config.kv_groups = KvCacheGroups::Hybrid { full, sliding };
+            scenario.config.num_blocks = (scenario.config.max_blocks_per_request() + extra) as u32;
+            scenario
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Hybrid groups: every group's table is written and read back on its own (the sliding
+    /// groups only inside their window, the full groups whole), reference counts and
+    /// accounting hold over all groups after every step (prefix hits every group serves,
+    /// preemption, aborts), sliding groups release exactly the blocks before the window, and
+    /// every request finishes.
+    #[test]
+    fn hybrid_invariants_hold_and_every_request_finishes(scenario in hybrid_scenario(true)) {
+        let result = run(scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(result.is_ok(), "{}", result.err().unwrap_or_default());
+    }
+
+    /// The groups change no output: one group keeping every block (the
+    /// `--disable-hybrid-kv-cache-manager` path, roomy pool, no prefix cache, no preemption)
+    /// gives the same tokens, with and without prefix caching, and with speculative drafts.
+    #[test]
+    fn hybrid_outputs_equal_the_path_that_keeps_every_block(
+        scenario in hybrid_scenario(false), seed in any::<u64>(),
+    ) {
+        let keep_all = SchedulerConfig {
+            sliding_window: None,
+            kv_groups: KvCacheGroups::Single,
+            ..reference_config(&scenario)
+        };
+        let reference = run(keep_all, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(reference.is_ok(), "{}", reference.clone().err().unwrap_or_default());
+        let reference = reference.unwrap_or_else(|_| unreachable!());
+        for caching in [false, true] {
+            let config = SchedulerConfig { enable_prefix_caching: caching, ..scenario.config };
+            let result = run(config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+            prop_assert!(result.is_ok(), "{}", result.clone().err().unwrap_or_default());
+            let result = result.unwrap_or_else(|_| unreachable!());
+            prop_assert_eq!(&result.outcomes, &reference.outcomes, "caching={}", caching);
+        }
+        let speculative = run_with_drafts(
+            scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS, Some(seed),
+        );
+        prop_assert!(speculative.is_ok(), "{}", speculative.clone().err().unwrap_or_default());
+        prop_assert_eq!(
+            &speculative.unwrap_or_else(|_| unreachable!()).outcomes,
+            &reference.outcomes
         );
     }
 }

@@ -11,7 +11,7 @@ use tokenmill_metrics::{EngineMetrics, MetricsConfig, OtlpConfig, OtlpTraceExpor
 use tokenmill_core::{
     capacity, BlockHashExtraKeys, RequestId, Scheduler, SchedulerConfig, SchedulingPolicy,
 };
-use tokenmill_models::{kv_layout, read_model_config, JsonGrammarOptions, KvCacheStorage};
+use tokenmill_models::{kv_layout, read_model_config, JsonGrammarOptions, KvCacheGrouping};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::config::DEFAULT_MAX_NUM_BATCHED_TOKENS;
@@ -19,6 +19,7 @@ use crate::core_loop::{Command, EngineLoop, LoopParts, Shared};
 use crate::dp::{self, PrefixBalancer};
 use crate::executor::Executor;
 use crate::kv_events::KvEventPublisher;
+use crate::kv_groups::{longest_fitting_len, KvPlan};
 use crate::lora::LoraRegistry;
 use crate::model_runner::{LoadedModel, ModelRunner};
 use crate::request::{GenerateRequest, RequestEvent};
@@ -62,6 +63,9 @@ struct LoopSettings {
 struct CoreSetup<'a> {
     config: &'a EngineConfig,
     scheduler_config: SchedulerConfig,
+    /// How the runner's layers share block tables and buffers (matches the scheduler's
+    /// groups).
+    grouping: KvCacheGrouping,
     traces: Option<Arc<OtlpTraceExporter>>,
 }
 
@@ -114,34 +118,25 @@ impl Engine {
             None => None,
         };
         let kv_dtype = config.kv_storage()?;
-        let bytes_per_block =
-            KvCacheStorage::bytes_per_block(loaded.model.kv_layout(), config.block_size, kv_dtype);
+        let kv_plan = KvPlan::for_layout(
+            loaded.model.kv_layout(),
+            config.disable_hybrid_kv_cache_manager,
+        );
+        let bytes_per_block = kv_plan.bytes_per_block(config.block_size, kv_dtype);
         // Read once: every engine gets this budget (the flag is per engine, as in vLLM).
         let kv_bytes =
             config.kv_cache_bytes(available_before_load, loaded.model.weight_bytes() as u64);
         let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
-        let pool_tokens = capacity::kv_cache_size_tokens(num_blocks, config.block_size);
-        let sliding_window = if config.disable_hybrid_kv_cache_manager {
-            None
-        } else {
-            uniform_sliding_window(loaded.model.kv_layout())
-        };
-        let max_model_len = match config.max_model_len {
-            Some(len) => len,
-            // Under a window on every layer a request holds only the window's blocks.
-            None if sliding_window.is_some() => model_config.max_position_embeddings,
-            None => model_config.max_position_embeddings.min(pool_tokens),
-        };
-        let scheduler_config = SchedulerConfig {
-            max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(
-                if config.enable_chunked_prefill {
-                    DEFAULT_MAX_NUM_BATCHED_TOKENS
-                } else {
-                    max_model_len.max(2048)
-                },
-            ),
+        let sliding_window = kv_plan.sliding_window;
+        let pool_tokens =
+            capacity::kv_cache_size_tokens(num_blocks, config.block_size) / kv_plan.num_groups();
+        let mut scheduler_config = SchedulerConfig {
+            // Without chunked prefill the budget follows max_model_len, set below.
+            max_num_batched_tokens: config
+                .max_num_batched_tokens
+                .unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
             max_num_seqs: config.max_num_seqs,
-            max_model_len,
+            max_model_len: 2,
             block_size: config.block_size,
             num_blocks,
             enable_prefix_caching: config.enable_prefix_caching,
@@ -149,7 +144,23 @@ impl Engine {
             long_prefill_token_threshold: None,
             enable_chunked_prefill: config.enable_chunked_prefill,
             sliding_window,
+            kv_groups: kv_plan.groups,
         };
+        scheduler_config.max_model_len = match config.max_model_len {
+            Some(len) => len,
+            // Under a window on every layer a request holds only the window's blocks.
+            None if !kv_plan.is_hybrid() && sliding_window.is_some() => {
+                model_config.max_position_embeddings
+            }
+            None if !kv_plan.is_hybrid() => model_config.max_position_embeddings.min(pool_tokens),
+            // Hybrid: the full groups hold the sequence, the sliding ones at most a window.
+            None => longest_fitting_len(scheduler_config, model_config.max_position_embeddings),
+        };
+        let max_model_len = scheduler_config.max_model_len;
+        if !config.enable_chunked_prefill && config.max_num_batched_tokens.is_none() {
+            scheduler_config.max_num_batched_tokens = max_model_len.max(2048);
+        }
+        let scheduler_config = scheduler_config;
         let blocks_per_request = scheduler_config.max_blocks_per_request();
         let capacity = CapacityReport {
             kv_cache_bytes: kv_bytes,
@@ -159,6 +170,7 @@ impl Engine {
             block_size: config.block_size,
             max_model_len,
             blocks_per_request,
+            num_kv_cache_groups: kv_plan.num_groups(),
         };
         if (num_blocks as usize) < blocks_per_request {
             return Err(EngineError::Config(format!(
@@ -171,6 +183,13 @@ impl Engine {
             )));
         }
         match sliding_window {
+            Some(window) if kv_plan.is_hybrid() => tracing::info!(
+                "hybrid KV cache manager: {} KV cache groups ({:?}); blocks before the \
+                 {window}-token window are released in the sliding-window groups, a request \
+                 holds at most {blocks_per_request} blocks",
+                kv_plan.num_groups(),
+                kv_plan.groups
+            ),
             Some(window) => tracing::info!(
                 "sliding window {window} on every layer: KV blocks before the window are \
                  released, a request holds at most {blocks_per_request} blocks"
@@ -182,12 +201,8 @@ impl Engine {
                 .any(|l| l.sliding_window.is_some()) =>
             {
                 tracing::info!(
-                    "sliding-window layers keep every KV block ({})",
-                    if config.disable_hybrid_kv_cache_manager {
-                        "the hybrid KV cache manager is disabled"
-                    } else {
-                        "full-attention layers share the block tables"
-                    }
+                    "sliding-window layers keep every KV block (the hybrid KV cache manager \
+                     is disabled)"
                 )
             }
             None => {}
@@ -215,6 +230,7 @@ impl Engine {
         let setup = CoreSetup {
             config,
             scheduler_config,
+            grouping: kv_plan.grouping,
             traces,
         };
         let mut cores = Vec::with_capacity(ranks);
@@ -258,6 +274,7 @@ impl Engine {
         let CoreSetup {
             config,
             scheduler_config,
+            ref grouping,
             ..
         } = *setup;
         let SchedulerConfig {
@@ -270,6 +287,7 @@ impl Engine {
         let kv_dtype = config.kv_storage()?;
         let runner = ModelRunner::new(
             Arc::clone(&loaded),
+            grouping.clone(),
             num_blocks as usize,
             config.block_size,
             kv_dtype,
@@ -297,7 +315,9 @@ impl Engine {
             Some(speculative) => Some(SpecDecoder::new(
                 speculative.clone(),
                 &DraftSetup {
-                    num_blocks: num_blocks as usize,
+                    // Blocks per KV cache group: the positions the target holds (a hybrid
+                    // pool's block is a few layers, not a token's whole KV).
+                    num_blocks: num_blocks as usize / grouping.num_groups().max(1),
                     block_size: config.block_size,
                     vocab_size: loaded.config().vocab_size,
                     num_threads,
@@ -332,14 +352,15 @@ impl Engine {
         )
     }
 
-    /// Bytes one KV block takes for `config`'s model, read from its metadata only.
+    /// Bytes one KV block takes for `config`'s model (in its KV cache grouping), read from
+    /// its metadata only.
     pub fn bytes_per_block_for(config: &EngineConfig) -> Result<usize, EngineError> {
         let model_config = read_model_config(&config.model)?;
-        Ok(KvCacheStorage::bytes_per_block(
+        let plan = KvPlan::for_layout(
             &kv_layout(&model_config),
-            config.block_size,
-            config.kv_storage()?,
-        ))
+            config.disable_hybrid_kv_cache_manager,
+        );
+        Ok(plan.bytes_per_block(config.block_size, config.kv_storage()?))
     }
 
     /// Starts one engine thread over any executor.
@@ -682,17 +703,6 @@ impl Drop for RequestStream {
     }
 }
 
-/// The window the KV manager may release blocks for: `Some(w)` only when every layer has a
-/// sliding window (the largest, if they differ, so no layer loses a key it sees). A model with
-/// any full-attention layer (Gemma 3's global layers) keeps every block.
-fn uniform_sliding_window(layout: &[tokenmill_models::LayerKvLayout]) -> Option<usize> {
-    layout
-        .iter()
-        .map(|layer| layer.sliding_window)
-        .try_fold(0, |widest: usize, window| window.map(|w| widest.max(w)))
-        .filter(|&widest| widest > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use tokenmill_core::SchedulerOutput;
@@ -730,6 +740,7 @@ mod tests {
             block_size: 16,
             max_model_len: 64,
             blocks_per_request: 4,
+            num_kv_cache_groups: 1,
         };
         let metrics = small_metrics();
         let core = Engine::spawn_core(

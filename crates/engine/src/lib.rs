@@ -35,6 +35,7 @@ pub mod dp;
 mod error;
 mod executor;
 pub mod kv_events;
+mod kv_groups;
 mod lora;
 mod model_runner;
 mod offline;

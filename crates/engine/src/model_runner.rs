@@ -10,8 +10,9 @@ use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 use tokenmill_models::{
     load_gguf_model, load_model, token_logprobs, BatchInput, CausalLm, GrammarCompiler,
-    GrammarVocabulary, History, JsonGrammarOptions, KvCacheDType, KvCacheStorage, LoadOptions,
-    LoraAdapter, ModelConfig, ModelError, ModelSource, SampledToken, Sampler, Workspace,
+    GrammarVocabulary, History, JsonGrammarOptions, KvCacheDType, KvCacheGrouping, KvCacheStorage,
+    LoadOptions, LoraAdapter, ModelConfig, ModelError, ModelSource, SampledToken, Sampler,
+    Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -238,15 +239,17 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    /// A runner over a fresh KV cache of `num_blocks` blocks whose elements are `kv_dtype`.
+    /// A runner over a fresh KV cache of `num_blocks` blocks whose elements are `kv_dtype`,
+    /// its layers sharing block tables and buffers as `grouping` says (the scheduler's KV
+    /// cache groups).
     pub fn new(
         loaded: Arc<LoadedModel>,
+        grouping: KvCacheGrouping,
         num_blocks: usize,
         block_size: usize,
         kv_dtype: KvCacheDType,
     ) -> ModelRunner {
-        let kv_cache =
-            KvCacheStorage::with_dtype(loaded.model.kv_layout(), num_blocks, block_size, kv_dtype);
+        let kv_cache = KvCacheStorage::grouped(grouping, num_blocks, block_size, kv_dtype);
         ModelRunner {
             loaded,
             kv_cache,
@@ -292,10 +295,10 @@ impl Executor for ModelRunner {
         self.rows.clear();
         for scheduled in &output.scheduled {
             let query_start = self.batch.num_tokens();
-            self.batch.add_sequence(
+            self.batch.add_sequence_grouped(
                 &scheduled.token_ids,
                 scheduled.start_position,
-                &scheduled.block_table,
+                &scheduled.block_tables,
                 block_size,
                 false,
             )?;

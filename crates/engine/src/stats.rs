@@ -71,14 +71,21 @@ pub struct CapacityReport {
     pub num_blocks: u32,
     pub block_size: usize,
     pub max_model_len: usize,
-    /// The most blocks one max-length request holds at once: `max_model_len` in blocks, or
-    /// fewer when every layer has a sliding window and blocks before it are released.
+    /// The most blocks one max-length request holds at once, over all KV cache groups:
+    /// `max_model_len` in blocks per full-attention group, fewer in sliding-window groups
+    /// whose blocks before the window are released.
     pub blocks_per_request: usize,
+    /// KV cache groups sharing the pool (1 unless the hybrid KV cache manager groups the
+    /// layers): a sequence position takes one block slot in each.
+    pub num_kv_cache_groups: usize,
 }
 
 impl CapacityReport {
+    /// Tokens the cache holds: blocks per group times the block size (vLLM's
+    /// `num_blocks // len(kv_cache_groups) * block_size`).
     pub fn num_tokens(&self) -> usize {
-        capacity::kv_cache_size_tokens(self.num_blocks, self.block_size)
+        let blocks_per_group = self.num_blocks / self.num_kv_cache_groups.max(1) as u32;
+        capacity::kv_cache_size_tokens(blocks_per_group, self.block_size)
     }
 
     /// vLLM's start-up lines, one per element, after a line naming the cache's element type.
@@ -92,7 +99,7 @@ impl CapacityReport {
                 if bytes == 1 { "" } else { "s" }
             ),
             capacity::available_memory_line(self.kv_cache_bytes),
-            capacity::kv_cache_size_line(self.num_blocks, self.block_size),
+            capacity::kv_cache_size_line(self.num_tokens()),
             capacity::max_concurrency_line(
                 self.num_blocks,
                 self.blocks_per_request,
@@ -141,6 +148,7 @@ mod tests {
             block_size: 16,
             max_model_len: 131_072,
             blocks_per_request: 8_192,
+            num_kv_cache_groups: 1,
         };
         let [dtype, memory, size, concurrency] = report.log_lines();
         assert_eq!(
@@ -161,6 +169,17 @@ mod tests {
         assert_eq!(
             auto.log_lines()[0],
             "KV cache dtype: auto (stored as f16, 2 bytes per element)"
+        );
+        // Six groups share the blocks: each position takes one block slot in every group.
+        let hybrid = CapacityReport {
+            num_kv_cache_groups: 6,
+            blocks_per_request: 8_192 + 5 * 161,
+            ..report
+        };
+        assert_eq!(hybrid.log_lines()[2], "KV cache size: 102,160 tokens");
+        assert_eq!(
+            hybrid.log_lines()[3],
+            "Maximum concurrency for 131,072 tokens per request: 4.26x"
         );
     }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokenmill_core::{Scheduler, SchedulerConfig, SchedulingPolicy};
+use tokenmill_core::{KvCacheGroups, Scheduler, SchedulerConfig, SchedulingPolicy};
 use tokenmill_metrics::{EngineMetrics, MetricsConfig};
 
 /// `TOKENMILL_TEST_MODEL`, else the default model's cache path.
@@ -27,6 +27,7 @@ pub fn small_scheduler() -> Scheduler {
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
         sliding_window: None,
+        kv_groups: KvCacheGroups::Single,
     })
     .unwrap()
 }

@@ -23,9 +23,20 @@ pub struct BatchInput {
     pub seqs: Vec<AttentionSeq>,
     /// Block tables of all sequences, concatenated.
     pub block_tables: Vec<u32>,
+    /// KV cache groups 1.. of a hybrid model (`slot_mapping` and `block_tables` are group
+    /// 0's): each group's own slots and tables, laid out as group 0's, so the `seqs` serve
+    /// them all.
+    pub other_groups: Vec<GroupTables>,
     pub logits_indices: Vec<u32>,
     /// The step's LoRA adapters and each token's slot (0: the base model).
     pub lora: LoraBatch,
+}
+
+/// One KV cache group's slots and block tables (see [`BatchInput::other_groups`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupTables {
+    pub slot_mapping: Vec<u32>,
+    pub block_tables: Vec<u32>,
 }
 
 impl BatchInput {
@@ -36,6 +47,7 @@ impl BatchInput {
         self.slot_mapping.clear();
         self.seqs.clear();
         self.block_tables.clear();
+        self.other_groups.clear();
         self.logits_indices.clear();
         self.lora.clear();
     }
@@ -105,6 +117,74 @@ impl BatchInput {
             .extend_from_slice(&block_table[..num_blocks]);
         self.lora.slots.resize(self.token_ids.len(), 0);
         Ok(())
+    }
+
+    /// [`Self::add_sequence`] for a hybrid model: one block table per KV cache group, all
+    /// covering the sequence (group 0's first). Every sequence of a batch names the same
+    /// number of groups.
+    pub fn add_sequence_grouped<T: AsRef<[u32]>>(
+        &mut self,
+        tokens: &[u32],
+        start_position: usize,
+        block_tables: &[T],
+        block_size: usize,
+        wants_logits: bool,
+    ) -> Result<()> {
+        let Some((first, rest)) = block_tables.split_first() else {
+            return Err(ModelError::InvalidBatch(
+                "a sequence needs a block table".into(),
+            ));
+        };
+        if !self.seqs.is_empty() && rest.len() != self.other_groups.len() {
+            return Err(ModelError::InvalidBatch(format!(
+                "a sequence names {} KV cache groups, the batch {}",
+                block_tables.len(),
+                self.other_groups.len() + 1
+            )));
+        }
+        let context_len = start_position + tokens.len();
+        let num_blocks = context_len.div_ceil(block_size.max(1));
+        if let Some(short) = rest.iter().find(|table| table.as_ref().len() < num_blocks) {
+            return Err(ModelError::InvalidBatch(format!(
+                "{context_len} tokens need {num_blocks} blocks of {block_size}, a group's block \
+                 table has {}",
+                short.as_ref().len()
+            )));
+        }
+        self.add_sequence(
+            tokens,
+            start_position,
+            first.as_ref(),
+            block_size,
+            wants_logits,
+        )?;
+        self.other_groups
+            .resize_with(rest.len(), GroupTables::default);
+        for (group, table) in self.other_groups.iter_mut().zip(rest) {
+            let table = table.as_ref();
+            for position in start_position..context_len {
+                let block = table[position / block_size] as usize;
+                let slot = block * block_size + position % block_size;
+                group.slot_mapping.push(
+                    u32::try_from(slot).map_err(|_| {
+                        ModelError::InvalidBatch(format!("slot {slot} exceeds u32"))
+                    })?,
+                );
+            }
+            group.block_tables.extend_from_slice(&table[..num_blocks]);
+        }
+        Ok(())
+    }
+
+    /// KV cache group `group`'s slot mapping and block tables (group 0: the batch's own).
+    pub fn group_tables(&self, group: usize) -> Option<(&[u32], &[u32])> {
+        match group {
+            0 => Some((&self.slot_mapping, &self.block_tables)),
+            _ => self
+                .other_groups
+                .get(group - 1)
+                .map(|g| (g.slot_mapping.as_slice(), g.block_tables.as_slice())),
+        }
     }
 
     /// Runs the last added sequence's tokens through `adapter` (its LoRA updates are added

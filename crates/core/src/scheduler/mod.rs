@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::block_hash::{BlockHashChain, BlockHashExtraKeys};
 use crate::error::SchedulerError;
-use crate::kv_cache_manager::{KvCacheConfig, KvCacheManager};
+use crate::kv_cache_manager::{KvCacheConfig, KvCacheGroups, KvCacheManager};
 use crate::kv_events::KvCacheEvent;
 use crate::request::{FinishReason, Request, RequestId};
 
@@ -41,10 +41,13 @@ pub struct SchedulerConfig {
     /// (`--enable-chunked-prefill`, the default). Off, a prompt is scheduled whole or waits,
     /// and the budget must hold a whole `max_model_len` sequence, as vLLM requires.
     pub enable_chunked_prefill: bool,
-    /// Every layer of the model attends to the last `w` positions only: the KV manager
-    /// releases blocks before the window ([`KvCacheConfig::sliding_window`]). `None` for
-    /// full-attention and hybrid models.
+    /// The window of the sliding-window layers the KV manager releases blocks for
+    /// ([`KvCacheConfig::sliding_window`]): with [`KvCacheGroups::Single`] every layer has
+    /// it; `None` for full-attention models (and for every model run without the hybrid
+    /// manager).
     pub sliding_window: Option<usize>,
+    /// The KV cache groups (vLLM's hybrid KV cache manager, [`KvCacheGroups`]).
+    pub kv_groups: KvCacheGroups,
 }
 
 impl SchedulerConfig {
@@ -54,6 +57,7 @@ impl SchedulerConfig {
             block_size: self.block_size,
             enable_prefix_caching: self.enable_prefix_caching,
             sliding_window: self.sliding_window,
+            groups: self.kv_groups,
         }
     }
 
@@ -94,8 +98,8 @@ impl SchedulerConfig {
                 self.max_num_batched_tokens, self.max_model_len
             ));
         }
-        if self.sliding_window == Some(0) {
-            return invalid("sliding_window must be at least 1 when set".to_owned());
+        if let Some(reason) = self.kv_cache_config().invalid_reason() {
+            return invalid(reason);
         }
         // Otherwise a request of max_model_len could never be scheduled, even alone.
         let needed = self.max_blocks_per_request();
@@ -521,11 +525,7 @@ impl Scheduler {
             token_ids,
             draft_token_ids,
             start_position: start,
-            block_table: self
-                .kv
-                .block_table(plan.request_id)
-                .map(<[u32]>::to_vec)
-                .unwrap_or_default(),
+            block_tables: self.kv.block_tables(plan.request_id),
             samples: end == state.num_tokens(),
             num_cached_tokens: plan.num_cached_tokens,
         })

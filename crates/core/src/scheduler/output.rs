@@ -29,8 +29,9 @@ pub struct ScheduledRequest {
     pub draft_token_ids: Vec<u32>,
     /// Position of `token_ids[0]` in the sequence (the tokens computed before this step).
     pub start_position: usize,
-    /// The request's full block table; covers `start_position + token_ids.len()` tokens.
-    pub block_table: Vec<u32>,
+    /// The request's block tables, one per KV cache group (one unless the model is hybrid),
+    /// all of one length; each covers `start_position + token_ids.len()` tokens.
+    pub block_tables: Vec<Vec<u32>>,
     /// After this step every known token is computed, so the executor must return one sampled
     /// token for this request (the logits of the last fed token before the drafts), plus the
     /// drafts it accepts.
@@ -39,6 +40,13 @@ pub struct ScheduledRequest {
     /// `Continuing`). The `New` value is what `usage.prompt_tokens_details.cached_tokens`
     /// reports.
     pub num_cached_tokens: usize,
+}
+
+impl ScheduledRequest {
+    /// Group 0's block table (the only one unless the model is hybrid).
+    pub fn block_table(&self) -> &[u32] {
+        self.block_tables.first().map_or(&[][..], Vec::as_slice)
+    }
 }
 
 /// Everything the executor needs for one step.

@@ -104,6 +104,7 @@ pub(super) fn validate_run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_cache_manager::KvCacheGroups;
     use crate::request::{FinishReason, Request};
     use crate::scheduler::{SchedulerConfig, SchedulerOutput, SchedulingPolicy};
 
@@ -121,6 +122,7 @@ mod tests {
             long_prefill_token_threshold: None,
             enable_chunked_prefill: true,
             sliding_window: None,
+            kv_groups: KvCacheGroups::Single,
         })
         .unwrap()
     }
@@ -177,7 +179,7 @@ mod tests {
         assert_eq!(scheduled.draft_token_ids, vec![41, 42, 43, 44, 45]);
         assert!(scheduled.samples);
         assert_eq!(
-            scheduled.block_table.len(),
+            scheduled.block_table().len(),
             3,
             "12 positions, lookahead included"
         );

@@ -13,6 +13,7 @@ pub(super) fn config(num_blocks: u32, budget: usize) -> SchedulerConfig {
         long_prefill_token_threshold: None,
         enable_chunked_prefill: true,
         sliding_window: None,
+        kv_groups: KvCacheGroups::Single,
     }
 }
 
@@ -102,7 +103,7 @@ fn prefill_then_decode_until_length() {
     assert_eq!(first.kind, ScheduleKind::New);
     assert_eq!(first.token_ids, vec![100, 101, 102, 103, 104, 105]);
     assert_eq!(first.start_position, 0);
-    assert_eq!(first.block_table.len(), 2);
+    assert_eq!(first.block_table().len(), 2);
     assert!(first.samples);
     assert_eq!(updates[0].new_token_ids, vec![7]);
     assert_eq!(updates[0].finish_reason, None);
@@ -469,8 +470,8 @@ fn rescheduling_without_update_replans_the_same_tokens() {
     let second = scheduler.schedule();
     assert_eq!(first.scheduled[0].token_ids, second.scheduled[0].token_ids);
     assert_eq!(
-        first.scheduled[0].block_table,
-        second.scheduled[0].block_table
+        first.scheduled[0].block_table(),
+        second.scheduled[0].block_table()
     );
     assert!(scheduler
         .update_from_output(&first, &[(RequestId(1), 1)])

@@ -74,7 +74,14 @@ pub fn run_with_model_window(
     max_steps: usize,
     window: usize,
 ) -> Result<RunResult, String> {
-    run_inner(config, specs, eos_every, max_steps, None, Some(window))
+    run_inner(
+        config,
+        specs,
+        eos_every,
+        max_steps,
+        None,
+        Some(vec![Some(window)]),
+    )
 }
 
 /// [`run`] with speculative decoding: after every step each decoding request gets up to four
@@ -87,14 +94,7 @@ pub fn run_with_drafts(
     max_steps: usize,
     draft_seed: Option<u64>,
 ) -> Result<RunResult, String> {
-    run_inner(
-        config,
-        specs,
-        eos_every,
-        max_steps,
-        draft_seed,
-        config.sliding_window,
-    )
+    run_inner(config, specs, eos_every, max_steps, draft_seed, None)
 }
 
 fn run_inner(
@@ -103,15 +103,19 @@ fn run_inner(
     eos_every: u64,
     max_steps: usize,
     draft_seed: Option<u64>,
-    model_window: Option<usize>,
+    model_windows: Option<Vec<Option<usize>>>,
 ) -> Result<RunResult, String> {
+    // The "model" attends as the scheduler's KV cache groups say, unless told otherwise.
+    let kv = config.kv_cache_config();
+    let windows =
+        model_windows.unwrap_or_else(|| (0..kv.num_groups()).map(|g| kv.group_window(g)).collect());
     let scheduler = Scheduler::new(config).map_err(|e| e.to_string())?;
     let mut driver = Driver {
         config,
         specs,
         scheduler,
         executor: PagedTokenExecutor::new(config.num_blocks, config.block_size, eos_every)
-            .with_window(model_window),
+            .with_group_windows(windows),
         outputs: HashMap::new(),
         outcomes: BTreeMap::new(),
         admitted_once: HashSet::new(),
@@ -353,24 +357,32 @@ impl Driver<'_> {
             ensure(scheduled.samples == (end == tokens.len()), || {
                 format!("request {id}: samples flag wrong")
             })?;
-            ensure(
-                scheduled.block_table.len() == (end + num_drafts).div_ceil(config.block_size),
-                || format!("request {id}: block table does not match its tokens"),
-            )?;
-            ensure(
-                self.scheduler.kv_cache_manager().block_table(id)
-                    == Some(&scheduled.block_table[..]),
-                || format!("request {id}: output table differs from the manager's"),
-            )?;
-            // Sliding window: exactly the blocks before the first query's window are released
-            // (and never more than one request may hold are held).
             let kv = self.scheduler.kv_cache_manager();
-            let skipped = kv.num_skipped_blocks(id);
-            ensure(
-                skipped == config.kv_cache_config().num_skipped_blocks(start),
-                || format!("request {id}: {skipped} blocks skipped at position {start}"),
-            )?;
-            let held = kv.owned_blocks(id).map_or(0, <[u32]>::len);
+            ensure(scheduled.block_tables.len() == kv.num_groups(), || {
+                format!("request {id}: a table per group expected")
+            })?;
+            for (group, table) in scheduled.block_tables.iter().enumerate() {
+                ensure(
+                    table.len() == (end + num_drafts).div_ceil(config.block_size),
+                    || format!("request {id}: group {group}'s table does not match its tokens"),
+                )?;
+                ensure(kv.group_block_table(id, group) == Some(&table[..]), || {
+                    format!("request {id}: group {group}'s table differs from the manager's")
+                })?;
+                // Sliding window: exactly the blocks before the first query's window are
+                // released (and never more than one request may hold are held).
+                let skipped = kv.group_num_skipped_blocks(id, group);
+                ensure(
+                    skipped == config.kv_cache_config().group_skipped_blocks(group, start),
+                    || {
+                        format!(
+                            "request {id}: {skipped} blocks of group {group} skipped at \
+                             position {start}"
+                        )
+                    },
+                )?;
+            }
+            let held = kv.num_owned_blocks(id);
             ensure(held <= config.max_blocks_per_request(), || {
                 format!(
                     "request {id} holds {held} blocks, over {}",
@@ -430,18 +442,20 @@ impl Driver<'_> {
     }
 
     /// Block accounting from the outside: reference counts equal the number of running
-    /// requests' tables holding each block, waiting requests hold nothing, and
-    /// free + cached-free + used == total.
+    /// requests' tables (in every KV cache group) holding each block, waiting requests hold
+    /// nothing, and free + cached-free + used == total.
     fn check_blocks(&self) -> Result<(), String> {
         let kv = self.scheduler.kv_cache_manager();
         kv.verify().map_err(|e| e.to_string())?;
         let mut owners = vec![0u32; kv.num_blocks()];
         for &id in self.scheduler.running_request_ids() {
-            let table = kv
-                .owned_blocks(id)
-                .ok_or_else(|| format!("running request {id} has no table"))?;
-            for &block in table {
-                owners[block as usize] += 1;
+            for group in 0..kv.num_groups() {
+                let table = kv
+                    .group_owned_blocks(id, group)
+                    .ok_or_else(|| format!("running request {id} has no table"))?;
+                for &block in table {
+                    owners[block as usize] += 1;
+                }
             }
         }
         ensure(kv.num_tables() == self.scheduler.num_running(), || {

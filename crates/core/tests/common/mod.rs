@@ -4,7 +4,10 @@
 //! block table, position or prefix-cache hit changes what is read back, and with it the
 //! sampled tokens, exactly as it would corrupt a real model's attention. With a sliding window
 //! `w` the "model" reads back, and hashes, only the last `w` positions before each sampled
-//! token, as a sliding-window attention sees them; released blocks are then never read.
+//! token, as a sliding-window attention sees them; released blocks are then never read. With
+//! KV cache groups (a hybrid model) every group's table is written and read back on its own,
+//! each with its group's window, the slots remembering their group so a block two groups
+//! shared would show; the sample hashes what group 0 reads.
 
 #![allow(dead_code)]
 
@@ -12,7 +15,7 @@ pub mod driver;
 
 use std::collections::HashMap;
 
-use tokenmill_core::{RequestId, ScheduleKind, SchedulerOutput};
+use tokenmill_core::{RequestId, ScheduleKind, ScheduledRequest, SchedulerOutput};
 
 pub const VOCAB: u32 = 64;
 pub const EOS: u32 = 0;
@@ -22,6 +25,7 @@ struct SlotContent {
     token: u32,
     position: usize,
     salt: Option<u8>,
+    group: usize,
 }
 
 pub struct PagedTokenExecutor {
@@ -29,8 +33,9 @@ pub struct PagedTokenExecutor {
     slots: Vec<Option<SlotContent>>,
     /// Every how many sequence hashes one is turned into EOS (0: never).
     eos_every: u64,
-    /// The "model"'s sliding window: a query at `p` reads positions `(p - w, p]` only.
-    window: Option<usize>,
+    /// The "model"'s sliding window per KV cache group: a query at `p` reads positions
+    /// `(p - w, p]` only.
+    windows: Vec<Option<usize>>,
 }
 
 /// FNV-1a over the sequence: a pure function of the tokens, like greedy decoding.
@@ -56,20 +61,59 @@ impl PagedTokenExecutor {
             block_size,
             slots: vec![None; num_blocks as usize * block_size],
             eos_every,
-            window: None,
+            windows: vec![None],
         }
     }
 
-    /// The same executor with a sliding-window "model" of `window` positions.
-    pub fn with_window(mut self, window: Option<usize>) -> Self {
-        self.window = window;
+    /// The same executor with one group whose "model" has a sliding window of `window`
+    /// positions.
+    pub fn with_window(self, window: Option<usize>) -> Self {
+        self.with_group_windows(vec![window])
+    }
+
+    /// The same executor with one group per entry of `windows`, each with that window.
+    pub fn with_group_windows(mut self, windows: Vec<Option<usize>>) -> Self {
+        self.windows = windows;
         self
     }
 
-    /// First position a query at `position` reads.
-    fn first_visible(&self, position: usize) -> usize {
-        self.window
-            .map_or(0, |window| (position + 1).saturating_sub(window))
+    /// First position a query at `position` reads in group `group`.
+    fn first_visible(&self, group: usize, position: usize) -> usize {
+        self.windows[group].map_or(0, |window| (position + 1).saturating_sub(window))
+    }
+
+    fn table(scheduled: &ScheduledRequest, group: usize) -> Result<&[u32], String> {
+        scheduled
+            .block_tables
+            .get(group)
+            .map(Vec::as_slice)
+            .ok_or_else(|| {
+                format!(
+                    "request {} has no table of group {group}",
+                    scheduled.request_id
+                )
+            })
+    }
+
+    /// Reads `group`'s window of `..end` through its table and checks it against `tokens`;
+    /// returns what was read.
+    fn read_checked(
+        &self,
+        scheduled: &ScheduledRequest,
+        group: usize,
+        end: usize,
+        tokens: &[u32],
+        salt: Option<u8>,
+    ) -> Result<Vec<u32>, String> {
+        let first = self.first_visible(group, end - 1);
+        let read = self.read(Self::table(scheduled, group)?, group, first..end, salt)?;
+        if read[..] != tokens[first..end] {
+            return Err(format!(
+                "request {}: group {group}'s KV holds {read:?}, sequence is {tokens:?}",
+                scheduled.request_id
+            ));
+        }
+        Ok(read)
     }
 
     fn slot(&self, block_table: &[u32], position: usize) -> Result<usize, String> {
@@ -82,6 +126,7 @@ impl PagedTokenExecutor {
     fn read(
         &self,
         block_table: &[u32],
+        group: usize,
         range: std::ops::Range<usize>,
         salt: Option<u8>,
     ) -> Result<Vec<u32>, String> {
@@ -89,12 +134,17 @@ impl PagedTokenExecutor {
         for position in range {
             let slot = self.slot(block_table, position)?;
             match self.slots[slot] {
-                Some(content) if content.position == position && content.salt == salt => {
+                Some(content)
+                    if content.position == position
+                        && content.salt == salt
+                        && content.group == group =>
+                {
                     tokens.push(content.token)
                 }
                 other => {
                     return Err(format!(
-                        "slot for position {position} holds {other:?} (salt {salt:?})"
+                        "group {group}'s slot for position {position} holds {other:?} (salt \
+                         {salt:?})"
                     ))
                 }
             }
@@ -115,26 +165,31 @@ impl PagedTokenExecutor {
             let (tokens, salt) = truth
                 .get(&scheduled.request_id)
                 .ok_or_else(|| format!("unknown request {}", scheduled.request_id))?;
-            if scheduled.kind != ScheduleKind::Continuing && scheduled.num_cached_tokens > 0 {
-                // What the first new query reads of the hit.
-                let cached = scheduled.num_cached_tokens;
-                let first = self.first_visible(cached);
-                let hit = self.read(&scheduled.block_table, first..cached, *salt)?;
-                if hit[..] != tokens[first..cached] {
-                    return Err(format!(
-                        "request {}: prefix hit holds {hit:?}, prompt is {tokens:?}",
-                        scheduled.request_id
-                    ));
+            for group in 0..self.windows.len() {
+                let table = Self::table(scheduled, group)?;
+                if scheduled.kind != ScheduleKind::Continuing && scheduled.num_cached_tokens > 0 {
+                    // What the first new query reads of the hit.
+                    let cached = scheduled.num_cached_tokens;
+                    let first = self.first_visible(group, cached);
+                    let hit = self.read(table, group, first..cached, *salt)?;
+                    if hit[..] != tokens[first..cached] {
+                        return Err(format!(
+                            "request {}: group {group}'s prefix hit holds {hit:?}, prompt is \
+                             {tokens:?}",
+                            scheduled.request_id
+                        ));
+                    }
                 }
-            }
-            for (offset, &token) in scheduled.token_ids.iter().enumerate() {
-                let position = scheduled.start_position + offset;
-                let slot = self.slot(&scheduled.block_table, position)?;
-                self.slots[slot] = Some(SlotContent {
-                    token,
-                    position,
-                    salt: *salt,
-                });
+                for (offset, &token) in scheduled.token_ids.iter().enumerate() {
+                    let position = scheduled.start_position + offset;
+                    let slot = self.slot(table, position)?;
+                    self.slots[slot] = Some(SlotContent {
+                        token,
+                        position,
+                        salt: *salt,
+                        group,
+                    });
+                }
             }
         }
         let mut sampled = Vec::new();
@@ -142,19 +197,15 @@ impl PagedTokenExecutor {
             let (tokens, salt) = &truth[&scheduled.request_id];
             let drafts = &scheduled.draft_token_ids;
             let end = scheduled.start_position + scheduled.token_ids.len() - drafts.len();
-            let first = self.first_visible(end - 1);
-            let mut sequence = self.read(&scheduled.block_table, first..end, *salt)?;
-            if sequence[..] != tokens[first..end] {
-                return Err(format!(
-                    "request {}: KV holds {sequence:?}, sequence is {tokens:?}",
-                    scheduled.request_id
-                ));
+            let mut sequence = self.read_checked(scheduled, 0, end, tokens, *salt)?;
+            for group in 1..self.windows.len() {
+                self.read_checked(scheduled, group, end, tokens, *salt)?;
             }
             if !scheduled.samples {
                 continue;
             }
             // Speculative verification: each draft is checked against the "model" reading
-            // the sequence (drafts before it included) back through the block table.
+            // the sequence (drafts before it included) back through the block tables.
             let mut run = Vec::new();
             loop {
                 let token = next_token(&sequence, self.eos_every);
@@ -163,8 +214,12 @@ impl PagedTokenExecutor {
                     break;
                 }
                 let last = end + run.len();
-                let first = self.first_visible(last - 1);
-                sequence = self.read(&scheduled.block_table, first..last, *salt)?;
+                let mut fed = tokens[..end].to_vec();
+                fed.extend_from_slice(&drafts[..run.len()]);
+                sequence = self.read_checked(scheduled, 0, last, &fed, *salt)?;
+                for group in 1..self.windows.len() {
+                    self.read_checked(scheduled, group, last, &fed, *salt)?;
+                }
             }
             sampled.push((scheduled.request_id, run));
         }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokenmill_core::{KvCacheConfig, KvCacheManager, RequestId};
+use tokenmill_core::{KvCacheConfig, KvCacheGroups, KvCacheManager, RequestId};
 use tokenmill_models::{argmax, BatchInput, KvCacheDType, KvCacheStorage, ModelSource, Workspace};
 
 use super::{DraftRequest, Proposer};
@@ -85,6 +85,7 @@ impl DraftModelProposer {
             block_size: setup.block_size,
             enable_prefix_caching: false,
             sliding_window: None,
+            groups: KvCacheGroups::Single,
         })
         .map_err(|e| EngineError::Config(e.to_string()))?;
         tracing::info!(

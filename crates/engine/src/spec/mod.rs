@@ -226,7 +226,7 @@ impl SpecDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokenmill_core::{Request, SchedulerConfig, SchedulingPolicy};
+    use tokenmill_core::{KvCacheGroups, Request, SchedulerConfig, SchedulingPolicy};
 
     fn decoding_scheduler(num_requests: u64) -> Scheduler {
         let mut scheduler = Scheduler::new(SchedulerConfig {
@@ -240,6 +240,7 @@ mod tests {
             long_prefill_token_threshold: None,
             enable_chunked_prefill: true,
             sliding_window: None,
+            kv_groups: KvCacheGroups::Single,
         })
         .unwrap();
         for id in 0..num_requests {

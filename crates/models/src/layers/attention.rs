@@ -216,13 +216,24 @@ impl AttentionBlock {
             &batch.positions,
         )?;
         let block_size = kv.block_size();
-        let (key_cache, value_cache) = kv
+        let (group, key_cache, value_cache) = kv
             .layer_mut(layer)
             .ok_or_else(|| ModelError::InvalidBatch(format!("KV cache has no layer {layer}")))?;
+        let (slot_mapping, block_tables) = batch.group_tables(group).ok_or_else(|| {
+            ModelError::InvalidBatch(format!(
+                "the batch has no block tables of KV cache group {group}"
+            ))
+        })?;
+        if slot_mapping.len() != n {
+            return Err(ModelError::InvalidBatch(format!(
+                "{n} tokens but {} slots in KV cache group {group}",
+                slot_mapping.len()
+            )));
+        }
         write_kv(
             &b.k,
             &b.v,
-            &batch.slot_mapping,
+            slot_mapping,
             kv_dim,
             key_cache.as_slice_mut(),
             value_cache.as_slice_mut(),
@@ -242,7 +253,7 @@ impl AttentionBlock {
             key_cache.as_slice(),
             value_cache.as_slice(),
             &batch.seqs,
-            &batch.block_tables,
+            block_tables,
             &mut b.out,
         )?;
         self.output.forward(pool, &b.out, n, out, scratch)?;
