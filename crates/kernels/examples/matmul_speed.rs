@@ -3,7 +3,7 @@
 //! (default n = 1, 4, 16, 64, 256; not a criterion bench: best of a few short timing windows per
 //! case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]
 //! [TYPE|all] [ROWSxCOLS] [batch sizes, comma-separated]`. The AMX column is `QMatrix::matmul`
-//! itself, which takes the tiles from 8 rows (`matmul::amx::MIN_ROWS`; below that it is the best
+//! itself, which takes the tiles from 16 rows, 32 for Q4_K (`matmul::amx::min_rows`; below that it is the best
 //! `KernelPath`); `TOKENMILL_AMX=0` drops it.
 
 use std::time::Instant;
@@ -170,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         print!("{:>26}", path.to_string());
     }
     if amx {
-        print!("{:>26}", "AMX (from 8 rows)");
+        print!("{:>26}", "matmul (AMX from 16/32)");
     }
     println!();
     let mut runners: Vec<Runner> = paths.iter().map(|&path| Runner::Path(path)).collect();

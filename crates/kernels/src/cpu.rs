@@ -168,7 +168,7 @@ pub fn runtime_summary() -> String {
     #[cfg(target_arch = "x86_64")]
     if amx_enabled() {
         line.push_str(&format!(
-            " + AMX int8 tiles for batches of {}+ rows",
+            " + AMX int8 tiles for batches of {}+ rows (32+ for Q4_K)",
             crate::matmul::AMX_MIN_ROWS
         ));
     }

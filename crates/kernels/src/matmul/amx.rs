@@ -1,6 +1,6 @@
 //! AMX int8 tile kernels for the eight-row group layouts — `interleaved.rs` (Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q8_0, IQ4_NL, IQ4_XS) and `kquant.rs` (Q4_K, Q5_K, Q6_K) — at prefill and batches of
-//! [`MIN_ROWS`] rows or more.
+//! [`min_rows`] rows or more.
 //!
 //! One tile multiply (`tdpbssd`) yields the exact integer block dots of 16 activation rows
 //! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, read
@@ -34,13 +34,26 @@ use super::grouped::GroupedLayout;
 use super::interleaved::{GroupKind, Groups, GROUP, NIBBLE_BYTES};
 use super::kquant::{self, KGroups, KKind};
 use crate::cpu::{amx_enabled, CpuFeatures};
+use crate::dtype::DType;
 use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::{KVALUES_IQ4NL, QK, QK_K};
 
-/// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path: the measured
-/// crossover (bench/RESULTS.md) lies between 4 rows (even) and 8 (AMX 1.6x ahead); fewer rows
-/// keep the AVX2/scalar group kernels, whose per-row weight streaming wins for decode.
-pub(crate) const MIN_ROWS: usize = 8;
+/// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path for `dtype`: the
+/// crossover measured one thread per kernel on the Xeon (bench/RESULTS.md, 2026-11-26 ninth
+/// session): at 8 rows the tiles ran 0.56-0.85x the AVX-512 VNNI group kernels on 2048-wide
+/// matrices of every type (each call unpacks its weight blocks into tiles, paid back only over
+/// enough rows), about even at 12, and ahead at 16 for every type but Q4_K (0.97-0.98x at 16,
+/// 1.1-1.2x at 32). Fewer rows keep the group kernels, whose per-row weight streaming wins for
+/// decode and small batches.
+pub(crate) fn min_rows(dtype: DType) -> usize {
+    match dtype {
+        DType::Q4_K => 32,
+        _ => 16,
+    }
+}
+
+/// The smallest [`min_rows`] of any type (for the start-up line).
+pub(crate) const MIN_ROWS_ANY: usize = 16;
 /// Activation rows per A tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
 /// Weight rows per B tile: two interleaved groups.
@@ -807,7 +820,7 @@ mod tests {
 
     /// AMX results equal the scalar twin's bit for bit, for every covered type, batch sizes
     /// around the 16-row tile, odd output widths (a padded last group and a half-empty last
-    /// column tile) and several input widths; the public entry point (AMX from `MIN_ROWS`
+    /// column tile) and several input widths; the public entry point (AMX from `min_rows`
     /// rows, the grouped kernels below) agrees too.
     #[test]
     fn amx_equals_scalar_twin_bitwise() {

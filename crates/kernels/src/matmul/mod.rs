@@ -42,7 +42,7 @@ use crate::KernelError;
 
 pub use activation::QuantizedActivations;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use amx::MIN_ROWS as AMX_MIN_ROWS;
+pub(crate) use amx::MIN_ROWS_ANY as AMX_MIN_ROWS;
 pub use segmented::Segments;
 
 /// Activation rows processed together against each weight row.
@@ -316,11 +316,11 @@ impl QMatrix {
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
-        // The group layouts take AMX tiles from `amx::MIN_ROWS` rows where the process may use
+        // The group layouts take AMX tiles from `amx::min_rows` rows where the process may use
         // them (bitwise equal to the other paths).
         #[cfg(target_arch = "x86_64")]
         if let (Some(amx), Some(weights)) = (amx::Amx::detect(), self.amx_weights()) {
-            if n >= amx::MIN_ROWS {
+            if n >= amx::min_rows(self.dtype) {
                 return self.matmul_amx(amx, weights, pool, x, n, out, scratch);
             }
         }

@@ -127,7 +127,7 @@ impl QMatrix {
 /// same group kernels).
 fn shares_region(weight: &QMatrix, rows: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if super::amx::Amx::detect().is_some() && rows >= super::amx::MIN_ROWS {
+    if super::amx::Amx::detect().is_some() && rows >= super::amx::min_rows(weight.dtype) {
         return false;
     }
     rows > 0 && matches!(weight.storage, Storage::Interleaved(_) | Storage::KQuant(_))

@@ -738,12 +738,13 @@ fn untransposed_adds_are_twins_and_match_a_reference_row_by_row() {
 
 #[test]
 fn segments_equal_one_matmul_per_segment_bitwise() {
-    // Segment sizes around the AMX threshold (8 rows) and the row tile (4), and empty
-    // segments; several matrices per type, pools of one to three threads.
+    // Segment sizes around the AMX thresholds (16 rows, 32 for Q4_K) and the row tile (4),
+    // and empty segments; several matrices per type, pools of one to three threads.
     let mut rng = Rng::new(23);
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-    let layouts: [&[usize]; 3] = [
+    let layouts: [&[usize]; 4] = [
         &[0, 1, 4, 8, 8, 17, 19, 24, 24, 41],
+        &[0, 2, 35, 50, 66],
         &[0, 0, 1, 2, 5, 5, 7],
         &[0, 3],
     ];
