@@ -10,19 +10,76 @@
 //! Every output is one fused multiply-add chain over the inputs in index order, started from
 //! its bias (or zero): `acc = fma(x[k], w[k], acc)`. No output's arithmetic depends on which
 //! tile, task or batch it landed in, so a row's result does not depend on the other rows, and
-//! the AVX2 kernel is bitwise equal to its scalar twin (`f32::mul_add` is the same correctly
-//! rounded fused operation as `vfmadd`).
+//! the AVX2 and AVX-512 kernels are bitwise equal to their scalar twin (`f32::mul_add` is the
+//! same correctly rounded fused operation as `vfmadd`).
 
+use crate::cpu::{CpuFeatures, KernelPath};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::simd::VectorOps;
 use crate::KernelError;
 
-/// Output columns per packed panel (two AVX2 vectors).
+/// Output columns per packed panel (two AVX2 vectors, one AVX-512 vector).
 const NR: usize = 16;
-/// Most rows one micro-kernel call keeps in registers (12 accumulators of 16 registers).
-const MR: usize = 6;
-/// Rows per task: eight micro-tiles share each panel while it is in cache.
-const ROW_BLOCK: usize = 8 * MR;
+/// Most rows one micro-kernel call keeps in registers: 6 on AVX2 (12 accumulators of 16
+/// registers), 12 on AVX-512 (12 accumulators of 32, enough independent chains to keep both
+/// FMA ports busy).
+const MAX_MR: usize = 12;
+/// Rows per task: four to eight micro-tiles share each panel while it is in cache.
+const ROW_BLOCK: usize = 48;
+
+/// The micro-kernel a [`PanelMatrix`] product runs, picked at run time from [`KernelPath`]
+/// (so `TOKENMILL_KERNELS` narrows it as it does the quantized kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GemmKernel {
+    Scalar,
+    /// AVX2 + FMA: 6 rows × two 8-wide vectors.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// AVX-512 F: 12 rows × one 16-wide vector.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl GemmKernel {
+    /// The fastest kernel this process may run.
+    pub(crate) fn detect() -> GemmKernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if KernelPath::from(CpuFeatures::get()) == KernelPath::Avx512 {
+                return GemmKernel::Avx512;
+            }
+            if VectorOps::detect() == VectorOps::Avx2 {
+                return GemmKernel::Avx2;
+            }
+        }
+        GemmKernel::Scalar
+    }
+
+    /// Every kernel this process may run, the scalar twin first (for tests).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<GemmKernel> {
+        let mut kernels = vec![GemmKernel::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if VectorOps::detect() == VectorOps::Avx2 {
+                kernels.push(GemmKernel::Avx2);
+            }
+            if GemmKernel::detect() == GemmKernel::Avx512 {
+                kernels.push(GemmKernel::Avx512);
+            }
+        }
+        kernels
+    }
+
+    /// Rows per micro-tile.
+    fn rows(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            GemmKernel::Avx512 => MAX_MR,
+            _ => 6,
+        }
+    }
+}
 
 /// An f32 weight `[out_features, in_features]` packed for [`PanelMatrix::matmul`].
 #[derive(Debug, Clone)]
@@ -90,12 +147,12 @@ impl PanelMatrix {
         bias: Option<&[f32]>,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        self.matmul_with(VectorOps::detect(), pool, x, n, bias, out)
+        self.matmul_with(GemmKernel::detect(), pool, x, n, bias, out)
     }
 
     pub(crate) fn matmul_with(
         &self,
-        ops: VectorOps,
+        kernel: GemmKernel,
         pool: &ThreadPool,
         x: &[f32],
         n: usize,
@@ -140,10 +197,10 @@ impl PanelMatrix {
                 let init = panel_bias(bias, first_column, columns);
                 let mut row = rows.start;
                 while row < rows.end {
-                    let m = MR.min(rows.end - row);
-                    let mut tile = [[0.0f32; NR]; MR];
+                    let m = kernel.rows().min(rows.end - row);
+                    let mut tile = [[0.0f32; NR]; MAX_MR];
                     micro_tile(
-                        ops,
+                        kernel,
                         &x[row * k..(row + m) * k],
                         k,
                         weights,
@@ -174,21 +231,22 @@ fn panel_bias(bias: Option<&[f32]>, first_column: usize, columns: usize) -> [f32
     init
 }
 
-/// `tile[r][j] = init[j] + Σ_c x[r][c] · panel[c][j]` for the `x.len() / k` rows (≤ [`MR`]).
+/// `tile[r][j] = init[j] + Σ_c x[r][c] · panel[c][j]` for the `x.len() / k` rows (at most
+/// `kernel.rows()`).
 fn micro_tile(
-    ops: VectorOps,
+    kernel: GemmKernel,
     x: &[f32],
     k: usize,
     panel: &[f32],
     init: &[f32; NR],
-    tile: &mut [[f32; NR]; MR],
+    tile: &mut [[f32; NR]; MAX_MR],
 ) {
     let m = x.len() / k;
-    match ops {
+    match kernel {
         #[cfg(target_arch = "x86_64")]
-        VectorOps::Avx2 => {
-            // SAFETY: `VectorOps::Avx2` is only built after detecting AVX2 and FMA; `x` holds
-            // `m` rows of `k`, `panel` `k` rows of `NR`, and `m <= MR` (the caller's tiles).
+        GemmKernel::Avx2 => {
+            // SAFETY: `GemmKernel::Avx2` is only built after detecting AVX2 and FMA; `x` holds
+            // `m` rows of `k`, `panel` `k` rows of `NR`, and `m <= 6` (the caller's tiles).
             unsafe {
                 match m {
                     1 => avx2::micro_tile::<1>(x, k, panel, init, tile),
@@ -196,11 +254,33 @@ fn micro_tile(
                     3 => avx2::micro_tile::<3>(x, k, panel, init, tile),
                     4 => avx2::micro_tile::<4>(x, k, panel, init, tile),
                     5 => avx2::micro_tile::<5>(x, k, panel, init, tile),
-                    _ => avx2::micro_tile::<MR>(x, k, panel, init, tile),
+                    _ => avx2::micro_tile::<6>(x, k, panel, init, tile),
                 }
             }
         }
-        VectorOps::Scalar => scalar_micro_tile(x, k, panel, init, tile),
+        #[cfg(target_arch = "x86_64")]
+        GemmKernel::Avx512 => {
+            // SAFETY: `GemmKernel::Avx512` is only built when `KernelPath::Avx512` is usable
+            // (AVX-512 F detected); `x` holds `m` rows of `k`, `panel` `k` rows of `NR`, and
+            // `m <= MAX_MR` (the caller's tiles).
+            unsafe {
+                match m {
+                    1 => avx512::micro_tile::<1>(x, k, panel, init, tile),
+                    2 => avx512::micro_tile::<2>(x, k, panel, init, tile),
+                    3 => avx512::micro_tile::<3>(x, k, panel, init, tile),
+                    4 => avx512::micro_tile::<4>(x, k, panel, init, tile),
+                    5 => avx512::micro_tile::<5>(x, k, panel, init, tile),
+                    6 => avx512::micro_tile::<6>(x, k, panel, init, tile),
+                    7 => avx512::micro_tile::<7>(x, k, panel, init, tile),
+                    8 => avx512::micro_tile::<8>(x, k, panel, init, tile),
+                    9 => avx512::micro_tile::<9>(x, k, panel, init, tile),
+                    10 => avx512::micro_tile::<10>(x, k, panel, init, tile),
+                    11 => avx512::micro_tile::<11>(x, k, panel, init, tile),
+                    _ => avx512::micro_tile::<MAX_MR>(x, k, panel, init, tile),
+                }
+            }
+        }
+        GemmKernel::Scalar => scalar_micro_tile(x, k, panel, init, tile),
     }
 }
 
@@ -210,7 +290,7 @@ fn scalar_micro_tile(
     k: usize,
     panel: &[f32],
     init: &[f32; NR],
-    tile: &mut [[f32; NR]; MR],
+    tile: &mut [[f32; NR]; MAX_MR],
 ) {
     for (row, out) in x.chunks_exact(k).zip(tile.iter_mut()) {
         for (j, value) in out.iter_mut().enumerate() {
@@ -227,7 +307,7 @@ fn scalar_micro_tile(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{MR, NR};
+    use super::{MAX_MR, NR};
 
     /// `M` rows × 16 columns in 2·`M` accumulators; one broadcast per row and step.
     ///
@@ -239,9 +319,9 @@ mod avx2 {
         k: usize,
         panel: &[f32],
         init: &[f32; NR],
-        tile: &mut [[f32; NR]; MR],
+        tile: &mut [[f32; NR]; MAX_MR],
     ) {
-        debug_assert!(x.len() >= M * k && panel.len() >= k * NR && M <= MR);
+        debug_assert!(x.len() >= M * k && panel.len() >= k * NR && M <= 6);
         // SAFETY: the caller's contract bounds every pointer below: row `r < M` of `x` and
         // panel row `c < k` are in their slices.
         unsafe {
@@ -262,6 +342,45 @@ mod avx2 {
             for (a, out) in acc.iter().zip(tile.iter_mut()) {
                 _mm256_storeu_ps(out.as_mut_ptr(), a[0]);
                 _mm256_storeu_ps(out.as_mut_ptr().add(8), a[1]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{MAX_MR, NR};
+
+    /// `M` rows × 16 columns in `M` accumulators; one broadcast per row and step.
+    ///
+    /// # Safety
+    /// AVX-512 F; `x` holds at least `M` rows of `k`, `panel` at least `k` rows of `NR`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn micro_tile<const M: usize>(
+        x: &[f32],
+        k: usize,
+        panel: &[f32],
+        init: &[f32; NR],
+        tile: &mut [[f32; NR]; MAX_MR],
+    ) {
+        debug_assert!(x.len() >= M * k && panel.len() >= k * NR && M <= MAX_MR);
+        // SAFETY: the caller's contract bounds every pointer below: row `r < M` of `x` and
+        // panel row `c < k` are in their slices; `init` and each tile row hold `NR` = 16.
+        unsafe {
+            let mut acc = [_mm512_loadu_ps(init.as_ptr()); M];
+            let xp = x.as_ptr();
+            let wp = panel.as_ptr();
+            for c in 0..k {
+                let w = _mm512_loadu_ps(wp.add(c * NR));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let v = _mm512_set1_ps(*xp.add(r * k + c));
+                    *a = _mm512_fmadd_ps(v, w, *a);
+                }
+            }
+            for (a, out) in acc.iter().zip(tile.iter_mut()) {
+                _mm512_storeu_ps(out.as_mut_ptr(), *a);
             }
         }
     }
@@ -290,7 +409,26 @@ mod tests {
     fn matches_f64_reference_and_simd_equals_scalar_bitwise() {
         let mut rng = Rng::new(7);
         // Widths off the panel size, row counts off the tile and block sizes.
-        for (width, k, n) in [(37, 19, 1), (16, 8, 6), (40, 33, 53), (384, 64, 101)] {
+        let available = GemmKernel::available();
+        eprintln!("panel matmul kernels tested against the scalar twin: {available:?}");
+        #[cfg(target_arch = "x86_64")]
+        for (kernel, name) in [(GemmKernel::Avx2, "AVX2"), (GemmKernel::Avx512, "AVX-512")] {
+            if !available.contains(&kernel) {
+                eprintln!("skipped: {name} panel matmul (host or TOKENMILL_KERNELS lacks it)");
+            }
+        }
+        // Row counts around both tile heights (6, 12) and the row block (48).
+        for (width, k, n) in [
+            (37, 19, 1),
+            (16, 8, 6),
+            (40, 33, 53),
+            (384, 64, 101),
+            (20, 16, 11),
+            (33, 40, 13),
+            (16, 7, 60),
+            // Enough row blocks for four panels per task.
+            (72, 8, 600),
+        ] {
             let w = rng.vec(width * k, -1.0, 1.0);
             let x = rng.vec(n * k, -2.0, 2.0);
             let bias = rng.vec(width, -0.5, 0.5);
@@ -300,24 +438,23 @@ mod tests {
                 let expected = reference(&w, &x, n, k, bias);
                 let mut scalar = vec![0.0; n * width];
                 matrix
-                    .matmul_with(VectorOps::Scalar, &pool, &x, n, bias, &mut scalar)
+                    .matmul_with(GemmKernel::Scalar, &pool, &x, n, bias, &mut scalar)
                     .unwrap();
                 for (got, want) in scalar.iter().zip(&expected) {
                     assert!((f64::from(*got) - want).abs() < 1e-4, "{got} vs {want}");
                 }
-                let detected = VectorOps::detect();
-                if detected == VectorOps::Scalar {
-                    eprintln!("skipped: AVX2 panel matmul (host lacks AVX2/FMA)");
-                    continue;
+                let available = GemmKernel::available();
+                for kernel in &available[1..] {
+                    let mut simd = vec![0.0; n * width];
+                    matrix
+                        .matmul_with(*kernel, &pool, &x, n, bias, &mut simd)
+                        .unwrap();
+                    assert_eq!(
+                        simd.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        scalar.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{kernel:?} {width}x{k} n={n}"
+                    );
                 }
-                let mut simd = vec![0.0; n * width];
-                matrix
-                    .matmul_with(detected, &pool, &x, n, bias, &mut simd)
-                    .unwrap();
-                assert_eq!(
-                    simd.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    scalar.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                );
             }
         }
     }
