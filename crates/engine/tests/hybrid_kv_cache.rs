@@ -13,7 +13,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{greedy, prompts, run_all, wait_idle};
+use common::{greedy, greedy_token_ids, prompts, run_all, wait_idle};
 use tokenmill_engine::{Engine, EngineConfig, KvCacheSizing};
 use tokenmill_models::ModelSource;
 
@@ -63,21 +63,7 @@ fn long_prompts(count: usize, seed: u64) -> Vec<Vec<u32>> {
 }
 
 fn run(config: &EngineConfig, prompts: &[Vec<u32>], one_by_one: bool) -> Vec<Vec<u32>> {
-    let engine = Engine::start(config).unwrap();
-    let client = engine.client();
-    let requests = || prompts.iter().map(|p| greedy(p.clone(), MAX_TOKENS));
-    let out: Vec<Vec<u32>> = if one_by_one {
-        requests()
-            .map(|r| run_all(&client, vec![r])[0].token_ids.clone())
-            .collect()
-    } else {
-        run_all(&client, requests().collect())
-            .into_iter()
-            .map(|c| c.token_ids)
-            .collect()
-    };
-    engine.shutdown();
-    out
+    greedy_token_ids(config, prompts, MAX_TOKENS, one_by_one)
 }
 
 #[test]

@@ -125,6 +125,31 @@ pub fn run_all(client: &EngineClient, requests: Vec<GenerateRequest>) -> Vec<Col
         .collect()
 }
 
+/// The greedy token ids of `prompts` (`max_tokens` each) from a fresh engine for `config`,
+/// submitted one after another (`one_by_one`) or all together; the engine is shut down after.
+pub fn greedy_token_ids(
+    config: &EngineConfig,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+    one_by_one: bool,
+) -> Vec<Vec<u32>> {
+    let engine = Engine::start(config).unwrap();
+    let client = engine.client();
+    let requests = || prompts.iter().map(|p| greedy(p.clone(), max_tokens));
+    let out: Vec<Vec<u32>> = if one_by_one {
+        requests()
+            .map(|r| run_all(&client, vec![r])[0].token_ids.clone())
+            .collect()
+    } else {
+        run_all(&client, requests().collect())
+            .into_iter()
+            .map(|c| c.token_ids)
+            .collect()
+    };
+    engine.shutdown();
+    out
+}
+
 /// Waits until the engine reports no running or waiting requests.
 pub fn wait_idle(client: &EngineClient) -> tokenmill_engine::EngineStats {
     let deadline = Instant::now() + Duration::from_secs(30);
