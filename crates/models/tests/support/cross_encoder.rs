@@ -4,11 +4,12 @@
 //! of such words tokenizes to chosen ids). Shared by the models and server tests
 //! (`#[path]`-included).
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use safetensors::tensor::TensorView;
 use serde_json::{json, Value};
+
+#[path = "formula_safetensors.rs"]
+mod formula_safetensors;
 
 /// The fixture: config, tensor shapes and transformers' logits for token-id pairs.
 #[allow(clippy::unwrap_used)]
@@ -44,38 +45,7 @@ pub fn formula_weight(name: &str, shape: &[usize]) -> Vec<f32> {
 pub fn write_checkpoint(dir: &Path) {
     let data = fixture();
     std::fs::write(dir.join("config.json"), data["config"].to_string()).unwrap();
-    let shapes: HashMap<String, Vec<usize>> = data["tensors"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(name, shape)| {
-            let shape = shape
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize);
-            (name.clone(), shape.collect())
-        })
-        .collect();
-    let bytes: HashMap<String, Vec<u8>> = shapes
-        .iter()
-        .map(|(name, shape)| {
-            let values = formula_weight(name, shape);
-            (
-                name.clone(),
-                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = shapes
-        .iter()
-        .map(|(name, shape)| {
-            let view =
-                TensorView::new(safetensors::Dtype::F32, shape.clone(), &bytes[name]).unwrap();
-            (name.clone(), view)
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    formula_safetensors::write_safetensors(&data["tensors"], dir, formula_weight);
     let vocab_size = data["config"]["vocab_size"].as_u64().unwrap() as usize;
     let specials = ["[PAD]", "[CLS]", "[SEP]"];
     let mut vocab = serde_json::Map::new();

@@ -5,11 +5,12 @@
 //! Qwen3-Embedding's does), plus sentence-transformers' last-token pooling modules for the
 //! Qwen3 one. `#[path]`-included by the tests that use it.
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use safetensors::tensor::TensorView;
 use serde_json::{json, Value};
+
+#[path = "formula_safetensors.rs"]
+mod formula_safetensors;
 
 /// The fixture: per model its config, tensor shapes and transformers' pooled vectors.
 #[allow(clippy::unwrap_used)]
@@ -54,36 +55,7 @@ pub fn decoder_weight(name: &str, shape: &[usize]) -> Vec<f32> {
 #[allow(clippy::unwrap_used)]
 pub fn write_checkpoint(model: &Value, dir: &Path) {
     std::fs::write(dir.join("config.json"), model["config"].to_string()).unwrap();
-    let shapes: Vec<(String, Vec<usize>)> = model["tensors"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(name, shape)| {
-            let shape = shape
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize);
-            (name.clone(), shape.collect())
-        })
-        .collect();
-    let bytes: HashMap<String, Vec<u8>> = shapes
-        .iter()
-        .map(|(name, shape)| {
-            let values = decoder_weight(name, shape);
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (name.clone(), bytes)
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = shapes
-        .iter()
-        .map(|(name, shape)| {
-            let view =
-                TensorView::new(safetensors::Dtype::F32, shape.clone(), &bytes[name]).unwrap();
-            (name.clone(), view)
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    formula_safetensors::write_safetensors(&model["tensors"], dir, decoder_weight);
     let qwen3 = model["name"] == "qwen3";
     let vocab_size = model["config"]["vocab_size"].as_u64().unwrap() as usize;
     let eos = "<|endoftext|>";
