@@ -60,6 +60,20 @@ impl KvCacheGrouping {
         }
     }
 
+    /// One group whose layers all write and read one buffer (as wide as the widest layer):
+    /// for a one-shot forward pass that keeps no K/V after the step (a decoder embedder's),
+    /// where each layer writes its K/V and attends over them before the next layer overwrites
+    /// them, so the scratch is one layer big instead of `layout.len()`.
+    pub fn shared_scratch(layout: &[LayerKvLayout]) -> KvCacheGrouping {
+        KvCacheGrouping {
+            layers: vec![(0, 0); layout.len()],
+            buffer_kv_dims: vec![layout.iter().map(LayerKvLayout::kv_dim).max().unwrap_or(0)],
+            num_full_groups: 1,
+            num_sliding_groups: 0,
+            sliding_window: None,
+        }
+    }
+
     /// Groups by attention kind when `layout` mixes full-attention and sliding-window layers;
     /// `None` otherwise (all full: nothing to release; all sliding: one group releases for
     /// every layer). Sliding layers with different windows share the largest.
@@ -236,5 +250,37 @@ impl KvCacheStorage {
         let keys = self.keys.get_mut(buffer)?;
         let values = self.values.get_mut(buffer)?;
         Some((group, keys, values))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_scratch_is_one_buffer_as_wide_as_the_widest_layer() {
+        let layer = |num_kv_heads, sliding_window| LayerKvLayout {
+            num_kv_heads,
+            head_dim: 64,
+            sliding_window,
+        };
+        let layout = [layer(2, None), layer(4, Some(512)), layer(2, None)];
+        let shared = KvCacheGrouping::shared_scratch(&layout);
+        assert_eq!(shared.num_groups(), 1);
+        for index in 0..layout.len() {
+            assert_eq!(shared.layer(index), Some((0, 0)));
+        }
+        assert_eq!(shared.layer(layout.len()), None);
+        let storage = KvCacheStorage::grouped(shared, 3, 16, KvCacheDType::F32);
+        assert_eq!(storage.num_layers(), 3);
+        // One buffer of the widest layer (256 values per token), K and V, f32.
+        assert_eq!(
+            storage.grouping().bytes_per_block(16, KvCacheDType::F32),
+            2 * 16 * 256 * 4
+        );
+        assert_eq!(
+            KvCacheStorage::bytes_per_block(&layout, 16, KvCacheDType::F32),
+            2 * 16 * (128 + 256 + 128) * 4
+        );
     }
 }

@@ -5,12 +5,14 @@
 //!
 //! The pass needs K/V for its own sequences only: they go to a scratch cache in the
 //! [`EncoderWorkspace`] whose blocks are handed out afresh each step (sequence after
-//! sequence), so nothing is kept between steps and a row depends on its own tokens only.
+//! sequence), so nothing is kept between steps and a row depends on its own tokens only. Each
+//! layer attends only over the K/V it has just written, so all layers share one f32 buffer
+//! ([`KvCacheGrouping::shared_scratch`]): the scratch is one layer's K/V for the step's tokens.
 
 use std::path::Path;
 
 use serde::Deserialize;
-use tokenmill_kernels::ThreadPool;
+use tokenmill_kernels::{KvCacheDType, ThreadPool};
 
 use super::{
     pool_rows, read_json, sentence_transformers_max_len, sentence_transformers_pooling,
@@ -18,7 +20,7 @@ use super::{
 };
 use crate::batch::BatchInput;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCacheStorage;
+use crate::kv_cache::{KvCacheGrouping, KvCacheStorage};
 use crate::layers::Workspace;
 use crate::model::{load_model, CausalLm, LoadOptions};
 use crate::source::ModelSource;
@@ -150,10 +152,11 @@ impl PoolingModel for DecoderEmbedder {
         {
             // Drop the old cache before allocating the larger one.
             scratch.kv = None;
-            scratch.kv = Some(KvCacheStorage::new(
-                self.model.kv_layout(),
+            scratch.kv = Some(KvCacheStorage::grouped(
+                KvCacheGrouping::shared_scratch(self.model.kv_layout()),
                 blocks,
                 SCRATCH_BLOCK,
+                KvCacheDType::F32,
             ));
         }
         let Some(kv) = scratch.kv.as_mut() else {
