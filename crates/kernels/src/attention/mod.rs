@@ -486,6 +486,20 @@ trait TileSource {
         kv_dim: usize,
         d: usize,
     ) -> KeyTile<'_>;
+
+    /// Starts loading the K/V rows of `count` keys from element `base` (rows `kv_dim` apart,
+    /// `d` values each) into cache, ahead of their tiles.
+    fn prefetch(&self, base: usize, count: usize, kv_dim: usize, d: usize);
+}
+
+/// `count` rows of `d` elements from `base`, `kv_dim` apart.
+fn key_rows(base: usize, count: usize, kv_dim: usize, d: usize) -> Rows {
+    Rows {
+        start: base,
+        stride: kv_dim,
+        count,
+        width: d,
+    }
 }
 
 /// An f32 cache, read in place: the path every default-configured step takes.
@@ -511,6 +525,12 @@ impl TileSource for InPlaceTiles<'_> {
             stride: kv_dim,
             count: tile_len,
         }
+    }
+
+    fn prefetch(&self, base: usize, count: usize, kv_dim: usize, d: usize) {
+        let rows = key_rows(base, count, kv_dim, d);
+        KvCacheSlice::F32(self.keys).prefetch_rows(rows);
+        KvCacheSlice::F32(self.values).prefetch_rows(rows);
     }
 }
 
@@ -567,6 +587,12 @@ impl TileSource for DecodedTiles<'_> {
             stride: d,
             count: visible,
         }
+    }
+
+    fn prefetch(&self, base: usize, count: usize, kv_dim: usize, d: usize) {
+        let rows = key_rows(base, count, kv_dim, d);
+        self.keys.prefetch_rows(rows);
+        self.values.prefetch_rows(rows);
     }
 }
 
@@ -805,6 +831,16 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
             segment = block_index / segment_blocks;
         }
         let block_base = block_id as usize * p.block_size * kv_dim + work.kv_head * d;
+        // The next block sits elsewhere in the cache (a block table is no stream the hardware
+        // prefetcher can follow): start loading its rows while this block is folded in.
+        if let Some(&next) = table
+            .get(block_index + 1)
+            .filter(|_| block_index + 1 < n_blocks)
+        {
+            let keys = (last_position + 1 - (block_index + 1) * p.block_size).min(p.block_size);
+            let next_base = next as usize * p.block_size * kv_dim + work.kv_head * d;
+            source.prefetch(next_base, keys, kv_dim, d);
+        }
         for tile_start in (0..p.block_size).step_by(TILE) {
             let tile_first_position = block_index * p.block_size + tile_start;
             if tile_first_position > last_position {

@@ -204,6 +204,42 @@ impl KvCacheSlice<'_> {
         self.len() == 0
     }
 
+    /// Asks the CPU to start loading the cache lines of `rows` (a hint: it reads nothing into
+    /// the program and changes no result). Rows that do not fit the slice are skipped.
+    pub(crate) fn prefetch_rows(&self, rows: Rows) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            const LINE: usize = 64;
+            let (base, len, bytes) = match *self {
+                KvCacheSlice::F32(v) => (v.as_ptr().cast::<u8>(), v.len(), 4),
+                KvCacheSlice::F16(v) | KvCacheSlice::BF16(v) => {
+                    (v.as_ptr().cast::<u8>(), v.len(), 2)
+                }
+                KvCacheSlice::Fp8E4m3(v) | KvCacheSlice::Fp8E5m2(v) => (v.as_ptr(), v.len(), 1),
+            };
+            if rows.width == 0 {
+                return;
+            }
+            for row in 0..rows.count {
+                let start = rows.start + row * rows.stride;
+                if start + rows.width > len {
+                    break;
+                }
+                let (first, last) = (start * bytes, (start + rows.width) * bytes - 1);
+                let mut at = first;
+                while at <= last {
+                    // SAFETY: `at` lies inside the slice (`start + width <= len` elements);
+                    // a prefetch never faults and reads nothing into the program.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(at).cast::<i8>()) };
+                    at = (at / LINE + 1) * LINE;
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = rows;
+    }
+
     /// Decodes `out.len()` elements starting at element `start` into `out`. The caller keeps
     /// the range inside the slice (checked: an out-of-range call decodes nothing).
     pub(crate) fn decode_at(&self, codec: KvCodec, start: usize, out: &mut [f32]) {
