@@ -57,6 +57,9 @@ const MIN_TASKS_PER_THREAD: usize = 2;
 /// are split into across threads, and the points where every pair merges its running softmax.
 const SEGMENT_KEYS: usize = 128;
 
+/// Cache blocks whose K/V rows a task prefetches ahead of the block it folds in.
+const PREFETCH_BLOCKS: usize = 2;
+
 /// Floats stored per (pair, segment) state of a split sequence: max, sum, then the accumulator.
 const STATE_HEADER: usize = 2;
 
@@ -833,11 +836,16 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
         let block_base = block_id as usize * p.block_size * kv_dim + work.kv_head * d;
         // The next block sits elsewhere in the cache (a block table is no stream the hardware
         // prefetcher can follow): start loading its rows while this block is folded in.
-        if let Some(&next) = table
-            .get(block_index + 1)
-            .filter(|_| block_index + 1 < n_blocks)
-        {
-            let keys = (last_position + 1 - (block_index + 1) * p.block_size).min(p.block_size);
+        let ahead = if block_index == first_block {
+            block_index + 1..block_index + 1 + PREFETCH_BLOCKS
+        } else {
+            block_index + PREFETCH_BLOCKS..block_index + PREFETCH_BLOCKS + 1
+        };
+        for next_index in ahead.take_while(|&next| next < n_blocks) {
+            let Some(&next) = table.get(next_index) else {
+                break;
+            };
+            let keys = (last_position + 1 - next_index * p.block_size).min(p.block_size);
             let next_base = next as usize * p.block_size * kv_dim + work.kv_head * d;
             source.prefetch(next_base, keys, kv_dim, d);
         }
