@@ -8,8 +8,8 @@
 //! `maddubs` + `madd` pair and its i16 flush schedule. Signed weights avoid the sign transfer
 //! by a bias: Q8_0 bytes are read as `w + 128` (`w ^ 0x80`) and IQ4 levels looked up as
 //! `level + 128`, and `128 · Σx` (the activation block's exact integer sum) is subtracted from
-//! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`. Q6_K's scales change every 16
-//! elements, below the per-32 sums, so it keeps the sign transfer `|w| · (x · sign(w))`.
+//! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`; Q6_K, whose scales change every
+//! 16 elements, subtracts `32 · Σx` per 16-element half (`QuantizedRow::half_sums`).
 //!
 //! Every block dot is the exact integer the scalar twins compute, and the f32 operations per
 //! (weight row, activation row) are theirs in the same order, so results are bitwise equal to
@@ -290,8 +290,12 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
     }
 }
 
-/// Q6_K: signed weights `q - 32` by the sign transfer, each 16-element half's exact dot times
-/// its int8 scale, summed per 32-element block before the f32 step.
+/// Q6_K: the unsigned quants `q` (0..64) go straight into `vpdpbusd`; each 16-element half's
+/// accumulator starts at `-32 · Σx` over its activations (`half_sums`), so it ends at the exact
+/// `v = Σ (q - 32) · x`. The two halves' int8 scales are applied in f32, `s₀ · v₀` then
+/// `fma(s₁, v₁, ·)`, which is exact: `|v| ≤ 16 · 32 · 127`, so each product stays below 2²³ and
+/// their sum below 2²⁴, and the result is the scalar twin's integer block dot converted to f32.
+/// Blocks then enter the accumulator in the twin's order.
 #[inline(always)]
 unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     groups: GroupPair<'_>,
@@ -306,71 +310,86 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
             let base = groups.block(s, stride);
             let d = S::f16x8(base.add(D));
             for h in 0..2 {
-                // One call per block with its index `G` constant, so the high-bit shifts are
-                // immediates.
-                q6_k_block::<S, R, 0>(base, h, 8 * s + 4 * h, d, xs, &mut acc);
-                q6_k_block::<S, R, 1>(base, h, 8 * s + 4 * h + 1, d, xs, &mut acc);
-                q6_k_block::<S, R, 2>(base, h, 8 * s + 4 * h + 2, d, xs, &mut acc);
-                q6_k_block::<S, R, 3>(base, h, 8 * s + 4 * h + 3, d, xs, &mut acc);
+                let first = 8 * s + 4 * h;
+                let add = |acc: &mut [S::F; R], dots: [S::F; R], xb: usize| {
+                    for r in 0..R {
+                        let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
+                        acc[r] = S::fmadd(dx, dots[r], acc[r]);
+                    }
+                };
+                // Blocks 0 and 2 share a run of low bits, 1 and 3 the other; one call each
+                // pair, with its index constant so the high-bit shifts are immediates.
+                let [dots0, dots2] = q6_k_pair::<S, R, 0>(base, h, first, xs);
+                add(&mut acc, dots0, first);
+                let [dots1, dots3] = q6_k_pair::<S, R, 1>(base, h, first, xs);
+                add(&mut acc, dots1, first + 1);
+                add(&mut acc, dots2, first + 2);
+                add(&mut acc, dots3, first + 3);
             }
         }
         store_all::<S, R>(acc, out);
     }
 }
 
-/// Block `4h + G` of a Q6_K group-block at `base` against activation block `xb`, added to `acc`.
+/// Blocks `first + P` and `first + P + 2` (`first = 8s + 4h`, `P` 0 or 1) of the Q6_K
+/// group-block at `base`: per activation row, each block's exact integer dot as f32.
 ///
 /// # Safety
-/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, `xb` inside
-/// every activation row.
+/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, both blocks
+/// inside every activation row.
 #[inline(always)]
-unsafe fn q6_k_block<S: Lanes, const R: usize, const G: usize>(
+unsafe fn q6_k_pair<S: Lanes, const R: usize, const P: usize>(
     base: Bases,
     h: usize,
-    xb: usize,
-    d: S::F,
+    first: usize,
     xs: &[QuantizedRow<'_>; R],
-    acc: &mut [S::F; R],
-) {
+) -> [[S::F; R]; 2] {
     // SAFETY: (whole body) the caller's contract; every load lies in the group-block or in
-    // activation block xb.
+    // the two activation blocks.
     unsafe {
         let mask = S::splat8(0x0f);
-        let three = S::splat8(3);
-        let offset = S::splat8(32);
-        let low_run = base.add(Q6_LOW + (h * 2 + G % 2) * 8 * STEP);
+        let high_mask = S::splat8(0x30);
+        let low_run = base.add(Q6_LOW + (h * 2 + P) * 8 * STEP);
         let high_run = base.add(Q6_HIGH + h * 8 * STEP);
-        let mut dot = [S::zero(); R];
+        let blocks = [first + P, first + P + 2];
+        let mut dots = [[S::zero_f(); R]; 2];
         for half in 0..2 {
-            let mut sums = [S::zero(); R];
+            let mut sums: [[S::I; R]; 2] = std::array::from_fn(|g| {
+                std::array::from_fn(|r| S::splat32(-32 * xs[r].half_sums[2 * blocks[g] + half]))
+            });
             for kk in 4 * half..4 * half + 4 {
                 let packed = S::bytes32(low_run.add(kk * STEP));
-                let low = if G < 2 {
-                    S::and(packed, mask)
-                } else {
-                    S::and(S::shr4_16(packed), mask)
-                };
                 let bits = S::bytes32(high_run.add(kk * STEP));
-                let high = S::and(S::shr_16(bits, 2 * G as i32), three);
-                let q = S::or(low, S::shl4_16(high));
-                let w = S::sub8(q, offset);
-                let magnitude = S::abs8(w);
+                // Block g's two high bits are bits 2g..2g + 2 of `bits`; moved to bits 4..6.
+                let (high_low, high_high) = if P == 0 {
+                    (S::shl_16::<4>(bits), bits)
+                } else {
+                    (S::shl_16::<2>(bits), S::shr_16::<2>(bits))
+                };
+                let q_low = S::or_masked(S::and(packed, mask), high_low, high_mask);
+                let q_high = S::or_masked(S::and(S::shr4_16(packed), mask), high_high, high_mask);
                 for r in 0..R {
-                    let x = S::broadcast4(xs[r].quants.as_ptr().add(xb * QK + 4 * kk));
-                    let x = S::negate_where_negative(x, w);
-                    sums[r] = S::dot(sums[r], magnitude, x);
+                    let x = xs[r].quants.as_ptr().add(4 * kk);
+                    let x_low = S::broadcast4(x.add(blocks[0] * QK));
+                    let x_high = S::broadcast4(x.add(blocks[1] * QK));
+                    sums[0][r] = S::dot(sums[0][r], q_low, x_low);
+                    sums[1][r] = S::dot(sums[1][r], q_high, x_high);
                 }
             }
-            let sub = 8 * h + 2 * G + half;
-            let scales = S::i8x8(base.add(Q6_SCALES + sub * GROUP));
-            for r in 0..R {
-                dot[r] = S::add32(dot[r], S::mul32(sums[r], scales));
+            for g in 0..2 {
+                let sub = 8 * h + 2 * (P + 2 * g) + half;
+                let scale = S::to_f32(S::i8x8(base.add(Q6_SCALES + sub * GROUP)));
+                for r in 0..R {
+                    let v = S::to_f32(sums[g][r]);
+                    dots[g][r] = if half == 0 {
+                        S::mul_f(scale, v)
+                    } else {
+                        S::fmadd(scale, v, dots[g][r])
+                    };
+                }
             }
         }
-        for r in 0..R {
-            let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
-            acc[r] = S::fmadd(dx, S::to_f32(dot[r]), acc[r]);
-        }
+        dots
     }
 }
 
