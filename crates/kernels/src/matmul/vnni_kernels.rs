@@ -317,74 +317,102 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
                         acc[r] = S::fmadd(dx, dots[r], acc[r]);
                     }
                 };
-                // Blocks 0 and 2 share a run of low bits, 1 and 3 the other; one call each
-                // pair, with its index constant so the high-bit shifts are immediates.
-                let [dots0, dots2] = q6_k_pair::<S, R, 0>(base, h, first, xs);
-                add(&mut acc, dots0, first);
-                let [dots1, dots3] = q6_k_pair::<S, R, 1>(base, h, first, xs);
-                add(&mut acc, dots1, first + 1);
-                add(&mut acc, dots2, first + 2);
-                add(&mut acc, dots3, first + 3);
+                if R == 1 {
+                    // All four blocks from one pass over the runs (the high bits loaded once).
+                    let dots = q6_k_blocks::<S, R, 0, 1, 4>(base, h, first, xs);
+                    for (g, dots) in dots.into_iter().enumerate() {
+                        add(&mut acc, dots, first + g);
+                    }
+                } else {
+                    // Blocks 0 and 2 share a run of low bits, 1 and 3 the other: a pass each,
+                    // which keeps more rows' accumulators in registers.
+                    let [dots0, dots2] = q6_k_blocks::<S, R, 0, 2, 2>(base, h, first, xs);
+                    add(&mut acc, dots0, first);
+                    let [dots1, dots3] = q6_k_blocks::<S, R, 1, 2, 2>(base, h, first, xs);
+                    add(&mut acc, dots1, first + 1);
+                    add(&mut acc, dots2, first + 2);
+                    add(&mut acc, dots3, first + 3);
+                }
             }
         }
         store_all::<S, R>(acc, out);
     }
 }
 
-/// Blocks `first + P` and `first + P + 2` (`first = 8s + 4h`, `P` 0 or 1) of the Q6_K
-/// group-block at `base`: per activation row, each block's exact integer dot as f32.
+/// Blocks `first + G` for `G = G0, G0 + STRIDE, ..` (`N` of them; `first = 8s + 4h`) of the
+/// Q6_K group-block at `base`: per activation row, each block's exact integer dot as f32.
 ///
 /// # Safety
-/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, both blocks
+/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, the blocks
 /// inside every activation row.
 #[inline(always)]
-unsafe fn q6_k_pair<S: Lanes, const R: usize, const P: usize>(
+unsafe fn q6_k_blocks<
+    S: Lanes,
+    const R: usize,
+    const G0: usize,
+    const STRIDE: usize,
+    const N: usize,
+>(
     base: Bases,
     h: usize,
     first: usize,
     xs: &[QuantizedRow<'_>; R],
-) -> [[S::F; R]; 2] {
+) -> [[S::F; R]; N] {
     // SAFETY: (whole body) the caller's contract; every load lies in the group-block or in
-    // the two activation blocks.
+    // the blocks' activations.
     unsafe {
         let mask = S::splat8(0x0f);
         let high_mask = S::splat8(0x30);
-        let low_run = base.add(Q6_LOW + (h * 2 + P) * 8 * STEP);
+        let low_runs = [0, 1].map(|p| base.add(Q6_LOW + (h * 2 + p) * 8 * STEP));
         let high_run = base.add(Q6_HIGH + h * 8 * STEP);
-        let blocks = [first + P, first + P + 2];
-        let mut dots = [[S::zero_f(); R]; 2];
+        let block = |i: usize| G0 + i * STRIDE;
+        let mut dots = [[S::zero_f(); R]; N];
         for half in 0..2 {
-            let mut sums: [[S::I; R]; 2] = std::array::from_fn(|g| {
-                std::array::from_fn(|r| S::splat32(-32 * xs[r].half_sums[2 * blocks[g] + half]))
+            let mut sums: [[S::I; R]; N] = std::array::from_fn(|i| {
+                let halves = 2 * (first + block(i)) + half;
+                std::array::from_fn(|r| S::splat32(-32 * xs[r].half_sums[halves]))
             });
             for kk in 4 * half..4 * half + 4 {
-                let packed = S::bytes32(low_run.add(kk * STEP));
+                // Only the runs these blocks use (`block(i) % 2`) are loaded.
+                let packed = [0, 1].map(|p| {
+                    if (0..N).any(|i| block(i) % 2 == p) {
+                        S::bytes32(low_runs[p].add(kk * STEP))
+                    } else {
+                        S::zero()
+                    }
+                });
                 let bits = S::bytes32(high_run.add(kk * STEP));
-                // Block g's two high bits are bits 2g..2g + 2 of `bits`; moved to bits 4..6.
-                let (high_low, high_high) = if P == 0 {
-                    (S::shl_16::<4>(bits), bits)
-                } else {
-                    (S::shl_16::<2>(bits), S::shr_16::<2>(bits))
-                };
-                let q_low = S::or_masked(S::and(packed, mask), high_low, high_mask);
-                let q_high = S::or_masked(S::and(S::shr4_16(packed), mask), high_high, high_mask);
-                for r in 0..R {
-                    let x = xs[r].quants.as_ptr().add(4 * kk);
-                    let x_low = S::broadcast4(x.add(blocks[0] * QK));
-                    let x_high = S::broadcast4(x.add(blocks[1] * QK));
-                    sums[0][r] = S::dot(sums[0][r], q_low, x_low);
-                    sums[1][r] = S::dot(sums[1][r], q_high, x_high);
+                for (i, sums) in sums.iter_mut().enumerate() {
+                    let g = block(i);
+                    // Block g: low bits in the low (g < 2) or high nibbles of run g % 2, high
+                    // bits at bits 2g..2g + 2 of `bits`, moved to bits 4..6.
+                    let low = if g < 2 {
+                        S::and(packed[g % 2], mask)
+                    } else {
+                        S::and(S::shr4_16(packed[g % 2]), mask)
+                    };
+                    let high = match g {
+                        0 => S::shl_16::<4>(bits),
+                        1 => S::shl_16::<2>(bits),
+                        2 => bits,
+                        _ => S::shr_16::<2>(bits),
+                    };
+                    let q = S::or_masked(low, high, high_mask);
+                    for r in 0..R {
+                        let x = xs[r].quants.as_ptr().add((first + g) * QK + 4 * kk);
+                        sums[r] = S::dot(sums[r], q, S::broadcast4(x));
+                    }
                 }
             }
-            for g in 0..2 {
-                let sub = 8 * h + 2 * (P + 2 * g) + half;
+            for i in 0..N {
+                let sub = 8 * h + 2 * block(i) + half;
                 let scale = S::to_f32(S::i8x8(base.add(Q6_SCALES + sub * GROUP)));
                 for r in 0..R {
-                    let v = S::to_f32(sums[g][r]);
-                    dots[g][r] = if half == 0 {
+                    let v = S::to_f32(sums[i][r]);
+                    dots[i][r] = if half == 0 {
                         S::mul_f(scale, v)
                     } else {
-                        S::fmadd(scale, v, dots[g][r])
+                        S::fmadd(scale, v, dots[i][r])
                     };
                 }
             }
