@@ -75,13 +75,11 @@ pub(crate) trait Lanes {
     unsafe fn shl4_16(a: Self::I) -> Self::I;
     /// Each 16-bit word shifted right by 1.
     unsafe fn shr1_16(a: Self::I) -> Self::I;
-    /// Each 16-bit word shifted left by `N` (< 16; a constant, so the shift is an immediate
+    /// Each 16-bit word shifted right by `N` (< 16; a constant, so the shift is an immediate
     /// once inlined).
-    unsafe fn shl_16<const N: u32>(a: Self::I) -> Self::I;
-    /// Each 16-bit word shifted right by `N` (< 16).
     unsafe fn shr_16<const N: u32>(a: Self::I) -> Self::I;
-    /// `a | (b & mask)` (one `vpternlogd` on AVX-512).
-    unsafe fn or_masked(a: Self::I, b: Self::I, mask: Self::I) -> Self::I;
+    /// Bitwise `mask ? a : b`, i.e. `(a & mask) | (b & !mask)` (one `vpternlogd` on AVX-512).
+    unsafe fn select(mask: Self::I, a: Self::I, b: Self::I) -> Self::I;
     /// `16` in each byte whose bit `j` (< 8) is set in `bits`, else 0.
     unsafe fn bit_as_16(bits: Self::I, j: usize) -> Self::I;
     /// Each 32-bit lane shifted right by `count` (< 32).
@@ -216,19 +214,14 @@ impl Lanes for Ymm {
         unsafe { _mm256_srli_epi16::<1>(a) }
     }
     #[inline(always)]
-    unsafe fn shl_16<const N: u32>(a: __m256i) -> __m256i {
-        // SAFETY: see the impl note.
-        unsafe { _mm256_sll_epi16(a, _mm_cvtsi32_si128(N as i32)) }
-    }
-    #[inline(always)]
     unsafe fn shr_16<const N: u32>(a: __m256i) -> __m256i {
         // SAFETY: see the impl note.
         unsafe { _mm256_srl_epi16(a, _mm_cvtsi32_si128(N as i32)) }
     }
     #[inline(always)]
-    unsafe fn or_masked(a: __m256i, b: __m256i, mask: __m256i) -> __m256i {
+    unsafe fn select(mask: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: see the impl note.
-        unsafe { _mm256_or_si256(a, _mm256_and_si256(b, mask)) }
+        unsafe { _mm256_or_si256(_mm256_and_si256(a, mask), _mm256_andnot_si256(mask, b)) }
     }
     #[inline(always)]
     unsafe fn bit_as_16(bits: __m256i, j: usize) -> __m256i {
@@ -404,20 +397,15 @@ impl Lanes for Zmm {
         unsafe { _mm512_srli_epi16::<1>(a) }
     }
     #[inline(always)]
-    unsafe fn shl_16<const N: u32>(a: __m512i) -> __m512i {
-        // SAFETY: see the impl note.
-        unsafe { _mm512_sll_epi16(a, _mm_cvtsi32_si128(N as i32)) }
-    }
-    #[inline(always)]
     unsafe fn shr_16<const N: u32>(a: __m512i) -> __m512i {
         // SAFETY: see the impl note.
         unsafe { _mm512_srl_epi16(a, _mm_cvtsi32_si128(N as i32)) }
     }
     #[inline(always)]
-    unsafe fn or_masked(a: __m512i, b: __m512i, mask: __m512i) -> __m512i {
-        // SAFETY: see the impl note.
-        // 0xF8 is A | (B & C) on the truth-table inputs A = 0xF0, B = 0xCC, C = 0xAA.
-        unsafe { _mm512_ternarylogic_epi32::<0xF8>(a, b, mask) }
+    unsafe fn select(mask: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl note. 0xE4 is C ? A : B over the truth-table inputs A = 0xF0,
+        // B = 0xCC, C = 0xAA.
+        unsafe { _mm512_ternarylogic_epi32::<0xE4>(a, b, mask) }
     }
     #[inline(always)]
     unsafe fn bit_as_16(bits: __m512i, j: usize) -> __m512i {

@@ -20,7 +20,7 @@
 use super::activation::QuantizedRow;
 use super::grouped::{GroupPair, PairOut, GROUP};
 use super::interleaved::{GroupKind, NIBBLE_BYTES};
-use super::kquant::{KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_HIGH, Q6_LOW, Q6_SCALES, STEP};
+use super::kquant::{q6_run, KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_SCALES, STEP};
 use super::vnni::{Bases, Lanes, Ymm, Zmm};
 use crate::quant::{KVALUES_IQ4NL, QK};
 
@@ -292,10 +292,14 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
 
 /// Q6_K: the unsigned quants `q` (0..64) go straight into `vpdpbusd`; each 16-element half's
 /// accumulator starts at `-32 · Σx` over its activations (`half_sums`), so it ends at the exact
-/// `v = Σ (q - 32) · x`. The two halves' int8 scales are applied in f32, `s₀ · v₀` then
-/// `fma(s₁, v₁, ·)`, which is exact: `|v| ≤ 16 · 32 · 127`, so each product stays below 2²³ and
-/// their sum below 2²⁴, and the result is the scalar twin's integer block dot converted to f32.
-/// Blocks then enter the accumulator in the twin's order.
+/// `v = Σ (q - 32) · x`. Blocks `4h..4h + 3` are one mask of their run each; block `4h + 3`,
+/// gathered from the runs' top bit pairs, is formed as `4q` (bits 2..8, two fewer operations)
+/// and its `v` is then `4 · Σ (q - 32) · x`. The two halves' int8 scales are applied in f32,
+/// `s₀ · v₀` then `fma(s₁, v₁, ·)` (block `4h + 3`: `s / 4`, a power-of-two step), which is
+/// exact: `|v| ≤ 4 · 16 · 32 · 127 < 2²⁴` converts exactly, each product is the integer
+/// `s · Σ (q - 32) · x` of magnitude below 2²³ and their sum below 2²⁴, so the result is the
+/// scalar twin's integer block dot converted to f32. Blocks then enter the accumulator in the
+/// twin's order.
 #[inline(always)]
 unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     groups: GroupPair<'_>,
@@ -318,20 +322,25 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
                     }
                 };
                 if R == 1 {
-                    // All four blocks from one pass over the runs (the high bits loaded once).
-                    let dots = q6_k_blocks::<S, R, 0, 1, 4>(base, h, first, xs);
+                    // All four blocks from one pass over the three runs.
+                    let dots = q6_k_blocks::<S, R, 0, 4>(base, h, first, xs);
                     for (g, dots) in dots.into_iter().enumerate() {
                         add(&mut acc, dots, first + g);
                     }
                 } else {
-                    // Blocks 0 and 2 share a run of low bits, 1 and 3 the other: a pass each,
-                    // which keeps more rows' accumulators in registers.
-                    let [dots0, dots2] = q6_k_blocks::<S, R, 0, 2, 2>(base, h, first, xs);
-                    add(&mut acc, dots0, first);
-                    let [dots1, dots3] = q6_k_blocks::<S, R, 1, 2, 2>(base, h, first, xs);
-                    add(&mut acc, dots1, first + 1);
-                    add(&mut acc, dots2, first + 2);
-                    add(&mut acc, dots3, first + 3);
+                    // Two passes of two blocks keep more rows' accumulators in registers.
+                    for (g, dots) in q6_k_blocks::<S, R, 0, 2>(base, h, first, xs)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        add(&mut acc, dots, first + g);
+                    }
+                    for (g, dots) in q6_k_blocks::<S, R, 2, 2>(base, h, first, xs)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        add(&mut acc, dots, first + 2 + g);
+                    }
                 }
             }
         }
@@ -339,20 +348,14 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     }
 }
 
-/// Blocks `first + G` for `G = G0, G0 + STRIDE, ..` (`N` of them; `first = 8s + 4h`) of the
-/// Q6_K group-block at `base`: per activation row, each block's exact integer dot as f32.
+/// Blocks `first + G0 .. first + G0 + N` (`first = 8s + 4h`) of the Q6_K group-block at
+/// `base`: per activation row, each block's exact integer dot as f32.
 ///
 /// # Safety
 /// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, the blocks
 /// inside every activation row.
 #[inline(always)]
-unsafe fn q6_k_blocks<
-    S: Lanes,
-    const R: usize,
-    const G0: usize,
-    const STRIDE: usize,
-    const N: usize,
->(
+unsafe fn q6_k_blocks<S: Lanes, const R: usize, const G0: usize, const N: usize>(
     base: Bases,
     h: usize,
     first: usize,
@@ -361,43 +364,49 @@ unsafe fn q6_k_blocks<
     // SAFETY: (whole body) the caller's contract; every load lies in the group-block or in
     // the blocks' activations.
     unsafe {
-        let mask = S::splat8(0x0f);
-        let high_mask = S::splat8(0x30);
-        let low_runs = [0, 1].map(|p| base.add(Q6_LOW + (h * 2 + p) * 8 * STEP));
-        let high_run = base.add(Q6_HIGH + h * 8 * STEP);
-        let block = |i: usize| G0 + i * STRIDE;
+        let six_bits = S::splat8(0x3f);
+        let top_bits = S::splat8(-0x40);
+        let bits_4_6 = S::splat8(0x30);
+        let bits_0_4 = S::splat8(0x0f);
+        // (No `array::map` or `from_fn` over vectors here: those generic helpers carry no
+        // target features, so what they call would not be inlined.)
+        let runs = [
+            base.add(q6_run(h, 0)),
+            base.add(q6_run(h, 1)),
+            base.add(q6_run(h, 2)),
+        ];
+        let needs_run = |v: usize| (G0..G0 + N).any(|g| g == v || g == 3);
         let mut dots = [[S::zero_f(); R]; N];
         for half in 0..2 {
-            let mut sums: [[S::I; R]; N] = std::array::from_fn(|i| {
-                let halves = 2 * (first + block(i)) + half;
-                std::array::from_fn(|r| S::splat32(-32 * xs[r].half_sums[halves]))
-            });
+            let mut sums = [[S::zero(); R]; N];
+            for (i, sums) in sums.iter_mut().enumerate() {
+                let g = G0 + i;
+                // Block 3's quants enter as 4q (see `q6_k_tile`).
+                let factor = if g == 3 { 4 } else { 1 };
+                for r in 0..R {
+                    let sum = xs[r].half_sums[2 * (first + g) + half];
+                    sums[r] = S::splat32(-32 * factor * sum);
+                }
+            }
             for kk in 4 * half..4 * half + 4 {
-                // Only the runs these blocks use (`block(i) % 2`) are loaded.
-                let packed = [0, 1].map(|p| {
-                    if (0..N).any(|i| block(i) % 2 == p) {
-                        S::bytes32(low_runs[p].add(kk * STEP))
-                    } else {
-                        S::zero()
+                // Run v is read where block v or block 3 is computed.
+                let mut bytes = [S::zero(); 3];
+                for (v, bytes) in bytes.iter_mut().enumerate() {
+                    if needs_run(v) {
+                        *bytes = S::bytes32(runs[v].add(kk * STEP));
                     }
-                });
-                let bits = S::bytes32(high_run.add(kk * STEP));
+                }
                 for (i, sums) in sums.iter_mut().enumerate() {
-                    let g = block(i);
-                    // Block g: low bits in the low (g < 2) or high nibbles of run g % 2, high
-                    // bits at bits 2g..2g + 2 of `bits`, moved to bits 4..6.
-                    let low = if g < 2 {
-                        S::and(packed[g % 2], mask)
+                    let g = G0 + i;
+                    let q = if g < 3 {
+                        S::and(bytes[g], six_bits)
                     } else {
-                        S::and(S::shr4_16(packed[g % 2]), mask)
+                        // 4q: bits 2..4 from run 0's top pair, 4..6 from run 1's, 6..8 from
+                        // run 2's (16-bit shifts: what crosses bytes is masked off).
+                        let pair0 = S::shr_16::<4>(S::and(bytes[0], top_bits));
+                        let upper = S::select(bits_4_6, S::shr_16::<2>(bytes[1]), bytes[2]);
+                        S::select(bits_0_4, pair0, upper)
                     };
-                    let high = match g {
-                        0 => S::shl_16::<4>(bits),
-                        1 => S::shl_16::<2>(bits),
-                        2 => bits,
-                        _ => S::shr_16::<2>(bits),
-                    };
-                    let q = S::or_masked(low, high, high_mask);
                     for r in 0..R {
                         let x = xs[r].quants.as_ptr().add((first + g) * QK + 4 * kk);
                         sums[r] = S::dot(sums[r], q, S::broadcast4(x));
@@ -405,8 +414,12 @@ unsafe fn q6_k_blocks<
                 }
             }
             for i in 0..N {
-                let sub = 8 * h + 2 * block(i) + half;
-                let scale = S::to_f32(S::i8x8(base.add(Q6_SCALES + sub * GROUP)));
+                let g = G0 + i;
+                let sub = 8 * h + 2 * g + half;
+                let mut scale = S::to_f32(S::i8x8(base.add(Q6_SCALES + sub * GROUP)));
+                if g == 3 {
+                    scale = S::mul_f(scale, S::splat_f(0.25));
+                }
                 for r in 0..R {
                     let v = S::to_f32(sums[i][r]);
                     dots[i][r] = if half == 0 {
