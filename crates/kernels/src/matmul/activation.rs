@@ -14,6 +14,7 @@ pub struct QuantizedActivations {
     scales: Vec<f32>,
     block_sums: Vec<f32>,
     quant_sums: Vec<i32>,
+    half_sums: Vec<i32>,
     in_features: usize,
 }
 
@@ -25,6 +26,9 @@ pub(crate) struct QuantizedRow<'a> {
     pub(crate) block_sums: &'a [f32],
     /// Integer `Σ q` per block (the offset term of Q4_0).
     pub(crate) quant_sums: &'a [i32],
+    /// Integer `Σ q` per 16-element half block, two per block (the offset term of Q6_K, whose
+    /// scales change every 16 elements).
+    pub(crate) half_sums: &'a [i32],
 }
 
 impl QuantizedActivations {
@@ -48,6 +52,7 @@ impl QuantizedActivations {
                 &mut self.scales,
                 &mut self.block_sums,
                 &mut self.quant_sums,
+                &mut self.half_sums,
             );
             return Ok(());
         }
@@ -57,17 +62,19 @@ impl QuantizedActivations {
         let scales = SharedMut::new(&mut self.scales);
         let block_sums = SharedMut::new(&mut self.block_sums);
         let quant_sums = SharedMut::new(&mut self.quant_sums);
+        let half_sums = SharedMut::new(&mut self.half_sums);
         pool.parallel_for(n_tasks, &|task| {
             let first = task * blocks_per_task;
             let count = blocks_per_task.min(n_blocks - first);
-            // SAFETY: task `task` alone owns blocks first..first + count of all three buffers,
+            // SAFETY: task `task` alone owns blocks first..first + count of all the buffers,
             // which were resized to hold n_blocks blocks above and outlive the parallel_for.
-            let (quants, scales, block_sums, quant_sums) = unsafe {
+            let (quants, scales, block_sums, quant_sums, half_sums) = unsafe {
                 (
                     quants.slice_mut(first * QK, count * QK),
                     scales.slice_mut(first, count),
                     block_sums.slice_mut(first, count),
                     quant_sums.slice_mut(first, count),
+                    half_sums.slice_mut(2 * first, 2 * count),
                 )
             };
             quantize_blocks(
@@ -76,6 +83,7 @@ impl QuantizedActivations {
                 scales,
                 block_sums,
                 quant_sums,
+                half_sums,
             );
         });
         Ok(())
@@ -95,6 +103,7 @@ impl QuantizedActivations {
         self.scales.resize(n_blocks, 0.0);
         self.block_sums.resize(n_blocks, 0.0);
         self.quant_sums.resize(n_blocks, 0);
+        self.half_sums.resize(2 * n_blocks, 0);
         Ok(())
     }
 
@@ -110,7 +119,8 @@ impl QuantizedActivations {
             &mut self.quants[values],
             &mut self.scales[blocks.clone()],
             &mut self.block_sums[blocks.clone()],
-            &mut self.quant_sums[blocks],
+            &mut self.quant_sums[blocks.clone()],
+            &mut self.half_sums[2 * blocks.start..2 * blocks.end],
         );
     }
 
@@ -127,6 +137,7 @@ impl QuantizedActivations {
             scales: &self.scales[i * nb..(i + 1) * nb],
             block_sums: &self.block_sums[i * nb..(i + 1) * nb],
             quant_sums: &self.quant_sums[i * nb..(i + 1) * nb],
+            half_sums: &self.half_sums[2 * i * nb..2 * (i + 1) * nb],
         }
     }
 }
@@ -140,14 +151,15 @@ fn quantize_blocks(
     scales: &mut [f32],
     block_sums: &mut [f32],
     quant_sums: &mut [i32],
+    half_sums: &mut [i32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::CpuFeatures::get().avx2 {
         // SAFETY: AVX2 was detected.
-        unsafe { avx2::quantize_blocks(x, quants, scales, block_sums, quant_sums) };
+        unsafe { avx2::quantize_blocks(x, quants, scales, block_sums, quant_sums, half_sums) };
         return;
     }
-    quantize_blocks_scalar(x, quants, scales, block_sums, quant_sums);
+    quantize_blocks_scalar(x, quants, scales, block_sums, quant_sums, half_sums);
 }
 
 fn quantize_blocks_scalar(
@@ -156,15 +168,19 @@ fn quantize_blocks_scalar(
     scales: &mut [f32],
     block_sums: &mut [f32],
     quant_sums: &mut [i32],
+    half_sums: &mut [i32],
 ) {
-    for ((((values, quants), scale), block_sum), quant_sum) in x
+    for (((((values, quants), scale), block_sum), quant_sum), halves) in x
         .chunks_exact(QK)
         .zip(quants.chunks_exact_mut(QK))
         .zip(scales.iter_mut())
         .zip(block_sums.iter_mut())
         .zip(quant_sums.iter_mut())
+        .zip(half_sums.chunks_exact_mut(2))
     {
         let (block_scale, sum) = quantize_block(values, quants);
+        let first: i32 = quants[..QK / 2].iter().map(|&q| i32::from(q)).sum();
+        halves.copy_from_slice(&[first, sum - first]);
         // Stored rounded to f16, as llama.cpp's Q8_0/Q8_1 activation blocks are: the same
         // rounding keeps our greedy tokens on llama.cpp's path when logits nearly tie.
         *scale = round_to_f16(block_scale);
@@ -215,12 +231,14 @@ mod avx2 {
         scales: &mut [f32],
         block_sums: &mut [f32],
         quant_sums: &mut [i32],
+        half_sums: &mut [i32],
     ) {
         let n_blocks = (x.len() / QK)
             .min(quants.len() / QK)
             .min(scales.len())
             .min(block_sums.len())
-            .min(quant_sums.len());
+            .min(quant_sums.len())
+            .min(half_sums.len() / 2);
         let sign = _mm256_set1_ps(-0.0);
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let limit = _mm256_set1_epi32(127);
@@ -246,15 +264,17 @@ mod avx2 {
                         _mm256_sub_epi32(_mm256_setzero_si256(), limit),
                     )
                 });
-                let total =
-                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-                let t4 = _mm_add_epi32(
-                    _mm256_castsi256_si128(total),
-                    _mm256_extracti128_si256::<1>(total),
-                );
-                let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32::<0b01_00_11_10>(t4));
-                let t1 = _mm_add_epi32(t2, _mm_shuffle_epi32::<0b10_11_00_01>(t2));
-                let sum = _mm_cvtsi128_si32(t1);
+                let sum_of = |total: __m256i| {
+                    let t4 = _mm_add_epi32(
+                        _mm256_castsi256_si128(total),
+                        _mm256_extracti128_si256::<1>(total),
+                    );
+                    let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32::<0b01_00_11_10>(t4));
+                    let t1 = _mm_add_epi32(t2, _mm_shuffle_epi32::<0b10_11_00_01>(t2));
+                    _mm_cvtsi128_si32(t1)
+                };
+                let first = sum_of(_mm256_add_epi32(q[0], q[1]));
+                let sum = first + sum_of(_mm256_add_epi32(q[2], q[3]));
                 let words = _mm256_packs_epi16(
                     _mm256_packs_epi32(q[0], q[1]),
                     _mm256_packs_epi32(q[2], q[3]),
@@ -264,6 +284,8 @@ mod avx2 {
                 scales[b] = round_to_f16(scale);
                 block_sums[b] = round_to_f16(scale * sum as f32);
                 quant_sums[b] = sum;
+                half_sums[2 * b] = first;
+                half_sums[2 * b + 1] = sum - first;
             }
         }
     }
@@ -311,6 +333,8 @@ mod tests {
         assert_eq!(serial.quants, parallel.quants);
         assert_eq!(serial.scales, parallel.scales);
         assert_eq!(serial.block_sums, parallel.block_sums);
+        assert_eq!(serial.quant_sums, parallel.quant_sums);
+        assert_eq!(serial.half_sums, parallel.half_sums);
     }
 
     #[test]
@@ -327,15 +351,27 @@ mod tests {
         x[64] = 1e30;
         let run = |simd: bool| {
             let mut quants = vec![0i8; n_blocks * QK];
-            let (mut scales, mut sums, mut qsums) =
-                (vec![0.0; n_blocks], vec![0.0; n_blocks], vec![0; n_blocks]);
+            let (mut scales, mut sums, mut qsums, mut halves) = (
+                vec![0.0; n_blocks],
+                vec![0.0; n_blocks],
+                vec![0; n_blocks],
+                vec![0; 2 * n_blocks],
+            );
+            let buffers = (&mut quants, &mut scales, &mut sums, &mut qsums, &mut halves);
             if simd {
-                quantize_blocks(&x, &mut quants, &mut scales, &mut sums, &mut qsums);
+                quantize_blocks(&x, buffers.0, buffers.1, buffers.2, buffers.3, buffers.4);
             } else {
-                quantize_blocks_scalar(&x, &mut quants, &mut scales, &mut sums, &mut qsums);
+                quantize_blocks_scalar(&x, buffers.0, buffers.1, buffers.2, buffers.3, buffers.4);
+            }
+            // The half sums are those of the quants, and add up to the block sums.
+            for (b, q) in quants.chunks_exact(QK).enumerate() {
+                let first: i32 = q[..QK / 2].iter().map(|&v| i32::from(v)).sum();
+                let second: i32 = q[QK / 2..].iter().map(|&v| i32::from(v)).sum();
+                assert_eq!([halves[2 * b], halves[2 * b + 1]], [first, second]);
+                assert_eq!(first + second, qsums[b]);
             }
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            (quants, bits(&scales), bits(&sums), qsums)
+            (quants, bits(&scales), bits(&sums), qsums, halves)
         };
         assert_eq!(run(true), run(false));
     }

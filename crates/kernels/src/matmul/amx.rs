@@ -7,8 +7,8 @@
 //! in place from the quantized activations (row stride `in_features`); B is two eight-row
 //! groups of the block's weight levels unpacked to int8 in the tile's four-byte (VNNI) layout,
 //! `[8 k-quads][16 columns][4 bytes]` — exactly the layouts' steps, two groups side by side,
-//! so unpacking is a mask/shift (plus the Q4_0/Q5_0/Q6_K offset, the fifth bits, Q6_K's high
-//! bits or the IQ4 table) per 64 bytes; C is 16 × 16 i32. C is stored and the block's scales
+//! so unpacking is a mask/shift (plus the Q4_0/Q5_0/Q6_K offset, the fifth bits, the top bit
+//! pairs of Q6_K's fourth block or the IQ4 table) per 64 bytes; C is 16 × 16 i32. C is stored and the block's scales
 //! applied in AVX-512 floats with one accumulator per (activation row, weight row), in the
 //! scalar twins' order: for every block `acc = fma(d_w · d_x, dot, acc)`, then for Q4_1/Q5_1
 //! `acc = fma(m_w, d_x · Σx, acc)`; K-quants multiply the dot by the sub-block's integer scale
@@ -715,28 +715,29 @@ unsafe fn unpack_kquant(kind: KKind, first: &[u8], second: &[u8], b: usize, dst:
     unsafe {
         if kind == KKind::Q6 {
             let (h, g) = (j / 4, j % 4);
-            let low_run = base + kquant::Q6_LOW + (2 * h + g % 2) * 8 * kquant::STEP;
-            let high_run = base + kquant::Q6_HIGH + h * 8 * kquant::STEP;
-            let low_shift = _mm_cvtsi32_si128(4 * (g / 2) as i32);
-            let high_shift = _mm_cvtsi32_si128(2 * g as i32);
+            let runs = [0, 1, 2].map(|v| base + kquant::q6_run(h, v));
             let thirty_two = _mm512_set1_epi8(32);
+            let top_bits = _mm512_set1_epi8(-0x40);
             let zero = _mm512_setzero_si512();
             for kk in 0..8 {
-                let low = _mm512_and_si512(
-                    _mm512_srl_epi16(pair(first, second, low_run + kk * kquant::STEP), low_shift),
-                    mask,
-                );
-                let high = _mm512_and_si512(
-                    _mm512_srl_epi16(
-                        pair(first, second, high_run + kk * kquant::STEP),
-                        high_shift,
-                    ),
-                    _mm512_set1_epi8(3),
-                );
-                let level = _mm512_sub_epi8(
-                    _mm512_or_si512(low, _mm512_slli_epi16::<4>(high)),
-                    thirty_two,
-                );
+                let q = if g < 3 {
+                    let bytes = pair(first, second, runs[g] + kk * kquant::STEP);
+                    _mm512_and_si512(bytes, _mm512_set1_epi8(0x3f))
+                } else {
+                    // The three runs' top bit pairs, low to high (16-bit shifts of masked
+                    // bytes: nothing crosses into the neighbour byte).
+                    let mut top = [zero; 3];
+                    for (v, top) in top.iter_mut().enumerate() {
+                        let bytes = pair(first, second, runs[v] + kk * kquant::STEP);
+                        *top = _mm512_and_si512(bytes, top_bits);
+                    }
+                    _mm512_ternarylogic_epi32::<0xFE>(
+                        _mm512_srli_epi16::<6>(top[0]),
+                        _mm512_srli_epi16::<4>(top[1]),
+                        _mm512_srli_epi16::<2>(top[2]),
+                    )
+                };
+                let level = _mm512_sub_epi8(q, thirty_two);
                 let (own, other) = if kk < 4 {
                     (dst, dst.add(B_TILE_BYTES))
                 } else {

@@ -8,8 +8,7 @@
 //!                [4 chunks × 8 steps × (8 rows × 4 packed bytes)]
 //! Q5_K (1440 B): as Q4_K, with [8 steps × (8 rows × 4 high-bit bytes)] before the quants
 //! Q6_K (1680 B): [8 × f16 d] [16 sub × 8 rows i8 scale]
-//!                [2 halves × 2 sources × 8 steps × (8 rows × 4 low-bit bytes)]
-//!                [2 halves × 8 steps × (8 rows × 4 high-bit bytes)]
+//!                [2 halves × 3 runs × 8 steps × (8 rows × 4 six-bit bytes)]
 //! ```
 //!
 //! Step `kk` of a 32-byte run holds bytes `4kk..4kk + 4` of each row's run, so one 32-byte
@@ -17,9 +16,11 @@
 //! eight rows, and one `maddubs` against four broadcast activation bytes advances eight output
 //! columns (as in `interleaved.rs`). Q4_K/Q5_K chunk `c` holds sub-blocks `2c` (low nibbles)
 //! and `2c + 1` (high nibbles), the fifth bit of sub-block `j` is bit `j` of the high-bit
-//! bytes; Q6_K half `h`, source `s` holds the low nibbles of 32-element block `4h + s` and
-//! the high nibbles of `4h + s + 2`, and bits `2g..2g + 2` of the high-bit bytes complete
-//! block `4h + g`.
+//! bytes. Q6_K stores whole 6-bit quants: byte `l` of half `h`'s run `v` (0..3) holds quant
+//! `q` of element `l` of 32-element block `4h + v` in bits 0..6 and bits `2v..2v + 2` of block
+//! `4h + 3`'s quant in bits 6..8, so blocks `4h..4h + 3` are one mask each and block `4h + 3`
+//! is gathered from the three top bit pairs (GGML's file splits every quant into a nibble and
+//! a bit pair instead; the repacking moves bits, never values).
 //!
 //! Bytes: the 6-bit scales and mins of Q4_K/Q5_K are stored unpacked as bytes (16 instead of
 //! 12 per row and super-block), so those rows take 148 and 180 bytes per 256 weights against
@@ -54,10 +55,8 @@ pub(crate) const K_MINS: usize = 96;
 pub(crate) const Q5_HIGH: usize = 160;
 /// Q6_K: offset of the int8 scales, `[16-element sub-block][row]`.
 pub(crate) const Q6_SCALES: usize = 16;
-/// Q6_K: offset of the interleaved low four bits.
-pub(crate) const Q6_LOW: usize = 144;
-/// Q6_K: offset of the interleaved high two bits.
-pub(crate) const Q6_HIGH: usize = 1168;
+/// Q6_K: offset of the interleaved six-bit runs.
+pub(crate) const Q6_QUANTS: usize = 144;
 /// Bytes of one step: four bytes of each of the eight rows.
 pub(crate) const STEP: usize = 32;
 
@@ -104,14 +103,55 @@ impl KKind {
         match self {
             KKind::Q4 => 160,
             KKind::Q5 => 416,
-            KKind::Q6 => Q6_LOW,
+            KKind::Q6 => Q6_QUANTS,
         }
     }
 }
 
+/// Q6_K: offset of run `v` (0..3) of half `h` (0..2) in a group-block: 8 steps of 32 bytes.
+pub(crate) const fn q6_run(h: usize, v: usize) -> usize {
+    Q6_QUANTS + (3 * h + v) * 8 * STEP
+}
+
+/// Q6_K: quant `q` (0..64) of element `l` (0..32) of block `4h + g` of lane `lane` in
+/// group-block `block` (the layout's bit map, shared by the scalar twin and the unpacking).
+fn q6_quant(block: &[u8], lane: usize, h: usize, g: usize, l: usize) -> u8 {
+    let byte = |v: usize| lane_byte(block, q6_run(h, v), lane, l);
+    if g < 3 {
+        byte(g) & 63
+    } else {
+        (byte(0) >> 6) | ((byte(1) >> 6) << 2) | ((byte(2) >> 6) << 4)
+    }
+}
+
+/// Q6_K: stores quant `q` of element `l` of block `4h + g` of lane `lane` (inverse of
+/// [`q6_quant`]; the other bits of the bytes it touches are kept).
+fn set_q6_quant(block: &mut [u8], lane: usize, h: usize, g: usize, l: usize, q: u8) {
+    let at = |v: usize| q6_run(h, v) + (l / 4) * STEP + 4 * lane + l % 4;
+    if g < 3 {
+        let byte = &mut block[at(g)];
+        *byte = (*byte & 0xc0) | (q & 63);
+    } else {
+        for v in 0..3 {
+            let byte = &mut block[at(v)];
+            *byte = (*byte & 63) | (((q >> (2 * v)) & 3) << 6);
+        }
+    }
+}
+
+/// GGML Q6_K: byte offsets of element `e` (0..256)'s low nibble (and whether it is the high
+/// nibble) and of its two high bits (with their shift) in a 210-byte super-block.
+fn ggml_q6_position(e: usize) -> (usize, u32, usize, u32) {
+    let (n, j, l) = (e / 128, (e % 128) / 32, e % 32);
+    let low = n * 64 + (j % 2) * 32 + l;
+    let high = 128 + n * 32 + l;
+    (low, 4 * (j / 2) as u32, high, 2 * j as u32)
+}
+
 /// Calls `span(ggml_offset, group_offset, len)` for every byte range that lane `lane`'s
 /// GGML super-block and its group-block share verbatim: the one map both packing and
-/// unpacking follow. The Q4_K/Q5_K scales and mins, which change form, are not spans.
+/// unpacking follow. The Q4_K/Q5_K scales and mins and the Q6_K quants, which change form,
+/// are not spans.
 fn copied_spans(kind: KKind, lane: usize, mut span: impl FnMut(usize, usize, usize)) {
     match kind {
         KKind::Q4 | KKind::Q5 => {
@@ -131,24 +171,10 @@ fn copied_spans(kind: KKind, lane: usize, mut span: impl FnMut(usize, usize, usi
             }
         }
         KKind::Q6 => {
+            // The quants change form (see `set_q6_quant`).
             span(208, D + 2 * lane, 2);
             for sub in 0..16 {
                 span(192 + sub, Q6_SCALES + sub * GROUP + lane, 1);
-            }
-            for h in 0..2 {
-                for source in 0..2 {
-                    for kk in 0..8 {
-                        let at = Q6_LOW + ((h * 2 + source) * 8 + kk) * STEP + 4 * lane;
-                        span(h * 64 + source * 32 + 4 * kk, at, 4);
-                    }
-                }
-                for kk in 0..8 {
-                    span(
-                        128 + h * 32 + 4 * kk,
-                        Q6_HIGH + (h * 8 + kk) * STEP + 4 * lane,
-                        4,
-                    );
-                }
             }
         }
     }
@@ -197,7 +223,14 @@ impl KGroups {
                 copied_spans(kind, lane, |from, to, len| {
                     dst[to..to + len].copy_from_slice(&src[from..from + len]);
                 });
-                if kind != KKind::Q6 {
+                if kind == KKind::Q6 {
+                    for e in 0..QK_K {
+                        let (low, low_shift, high, high_shift) = ggml_q6_position(e);
+                        let q = ((src[low] >> low_shift) & 0x0f)
+                            | (((src[high] >> high_shift) & 3) << 4);
+                        set_q6_quant(dst, lane, e / 128, (e % 128) / 32, e % 32, q);
+                    }
+                } else {
                     for j in 0..8 {
                         let (scale, min) = scale_min_k4(j, &src[4..16]);
                         dst[K_SCALES + j * GROUP + lane] = scale;
@@ -247,7 +280,15 @@ impl KGroups {
             copied_spans(self.kind, lane, |from, to, len| {
                 ggml[from..from + len].copy_from_slice(&block[to..to + len]);
             });
-            if self.kind != KKind::Q6 {
+            if self.kind == KKind::Q6 {
+                ggml[..192].fill(0);
+                for e in 0..QK_K {
+                    let q = q6_quant(block, lane, e / 128, (e % 128) / 32, e % 32);
+                    let (low, low_shift, high, high_shift) = ggml_q6_position(e);
+                    ggml[low] |= (q & 0x0f) << low_shift;
+                    ggml[high] |= (q >> 4) << high_shift;
+                }
+            } else {
                 let lane_bytes = |at: usize| -> [u8; 8] {
                     std::array::from_fn(|j| block[at + j * GROUP + lane])
                 };
@@ -408,15 +449,11 @@ fn super_block_q6_k(
     let d = lane_f16(block, D, lane);
     for h in 0..2 {
         for g in 0..4 {
-            let low_run = Q6_LOW + (h * 2 + g % 2) * 8 * STEP;
-            let high_run = Q6_HIGH + h * 8 * STEP;
             let xb = 8 * s + 4 * h + g;
             let q = &x.quants[xb * QK..(xb + 1) * QK];
             let mut dot = 0i32;
             for (l, &xq) in q.iter().enumerate() {
-                let low = (lane_byte(block, low_run, lane, l) >> (4 * (g / 2))) & 0x0f;
-                let high = (lane_byte(block, high_run, lane, l) >> (2 * g)) & 3;
-                let w = i32::from(low | (high << 4)) - 32;
+                let w = i32::from(q6_quant(block, lane, h, g, l)) - 32;
                 let scale = block[Q6_SCALES + (8 * h + 2 * g + l / 16) * GROUP + lane] as i8;
                 dot += i32::from(scale) * w * i32::from(xq);
             }
@@ -452,7 +489,15 @@ mod tests {
                     ggml_hits[from..from + len].iter_mut().for_each(|h| *h += 1);
                     group_hits[to..to + len].iter_mut().for_each(|h| *h += 1);
                 });
-                if kind != KKind::Q6 {
+                if kind == KKind::Q6 {
+                    // The quants: every GGML quant byte, and this lane's four bytes of each
+                    // step of the six runs.
+                    ggml_hits[..192].iter_mut().for_each(|h| *h += 1);
+                    for kk in 0..16 * 3 {
+                        let at = Q6_QUANTS + kk * STEP + 4 * lane;
+                        group_hits[at..at + 4].iter_mut().for_each(|h| *h += 1);
+                    }
+                } else {
                     ggml_hits[4..16].iter_mut().for_each(|h| *h += 1);
                     for j in 0..8 {
                         group_hits[K_SCALES + j * GROUP + lane] += 1;
@@ -462,6 +507,30 @@ mod tests {
                 assert!(ggml_hits.iter().all(|&h| h == 1), "{kind:?} lane {lane}");
             }
             assert!(group_hits.iter().all(|&h| h == 1), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn q6_k_quants_round_trip_through_the_layout() {
+        // Every quant of random GGML super-blocks is read back from the layout, and the
+        // rebuilt GGML bytes are the original ones.
+        let mut rng = Rng::new(11);
+        for lane in 0..GROUP {
+            let src: Vec<u8> = (0..210).map(|_| rng.next_u64() as u8).collect();
+            let mut block = vec![0u8; KKind::Q6.stride()];
+            for e in 0..QK_K {
+                let (low, low_shift, high, high_shift) = ggml_q6_position(e);
+                let q = ((src[low] >> low_shift) & 0x0f) | (((src[high] >> high_shift) & 3) << 4);
+                set_q6_quant(&mut block, lane, e / 128, (e % 128) / 32, e % 32, q);
+            }
+            let mut rebuilt = vec![0u8; 192];
+            for e in 0..QK_K {
+                let q = q6_quant(&block, lane, e / 128, (e % 128) / 32, e % 32);
+                let (low, low_shift, high, high_shift) = ggml_q6_position(e);
+                rebuilt[low] |= (q & 0x0f) << low_shift;
+                rebuilt[high] |= (q >> 4) << high_shift;
+            }
+            assert_eq!(rebuilt, src[..192], "lane {lane}");
         }
     }
 }

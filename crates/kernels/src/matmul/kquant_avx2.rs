@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use super::activation::QuantizedRow;
 use super::grouped::GROUP;
-use super::kquant::{KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_HIGH, Q6_LOW, Q6_SCALES, STEP};
+use super::kquant::{q6_run, KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_SCALES, STEP};
 use crate::quant::QK;
 
 /// Eight u8 scales at `at` as i16 pairs `(scale, scale)`, one pair per 32-bit lane.
@@ -168,63 +168,88 @@ pub(crate) unsafe fn q6_k_tile<const R: usize>(
     let stride = KKind::Q6.stride();
     debug_assert!(group.len() >= n_super * stride);
     debug_assert!(xs.iter().all(|x| x.quants.len() >= n_super * 8 * QK));
-    let mask = _mm256_set1_epi8(0x0f);
-    let two = _mm256_set1_epi8(3);
-    let offset = _mm256_set1_epi8(32);
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..n_super {
         // SAFETY: group-block s's `stride` bytes lie inside `group`, and activation blocks
-        // 8s..8s + 8 inside every row (caller contract); every load stays in those ranges.
+        // 8s..8s + 8 inside every row (caller contract).
         unsafe {
             let base = group.as_ptr().add(s * stride);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base.add(D) as *const __m128i));
             for h in 0..2 {
-                for g in 0..4 {
-                    let low_run = base.add(Q6_LOW + (h * 2 + g % 2) * 8 * STEP);
-                    let high_run = base.add(Q6_HIGH + h * 8 * STEP);
-                    // A shift count rather than a branch per g keeps the step loop one body.
-                    let high_shift = _mm_cvtsi32_si128(2 * g as i32);
-                    let xb = 8 * s + 4 * h + g;
-                    let mut dot = [_mm256_setzero_si256(); R];
-                    for half in 0..2 {
-                        let mut sums = [_mm256_setzero_si256(); R];
-                        for kk in 4 * half..4 * half + 4 {
-                            let packed =
-                                _mm256_loadu_si256(low_run.add(kk * STEP) as *const __m256i);
-                            let low = if g < 2 {
-                                _mm256_and_si256(packed, mask)
-                            } else {
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask)
-                            };
-                            let bits =
-                                _mm256_loadu_si256(high_run.add(kk * STEP) as *const __m256i);
-                            let high = _mm256_and_si256(_mm256_srl_epi16(bits, high_shift), two);
-                            let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
-                            let w = _mm256_sub_epi8(q, offset);
-                            let magnitude = _mm256_sign_epi8(w, w);
-                            for (x, sum) in xs.iter().zip(sums.iter_mut()) {
-                                let x = broadcast4(x.quants.as_ptr().add(xb * QK + 4 * kk));
-                                let products =
-                                    _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
-                                *sum = _mm256_add_epi16(*sum, products);
-                            }
-                        }
-                        let sub = 8 * h + 2 * g + half;
-                        let scales = signed_scale_pairs(base.add(Q6_SCALES + sub * GROUP));
-                        for r in 0..R {
-                            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sums[r], scales));
-                        }
-                    }
-                    for r in 0..R {
-                        let dx = _mm256_mul_ps(d, _mm256_set1_ps(xs[r].scales[xb]));
-                        acc[r] = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(dot[r]), acc[r]);
-                    }
-                }
+                // One call per block with its index constant, so each unpacks without
+                // branches in the step loop.
+                let first = 8 * s + 4 * h;
+                q6_k_block::<R, 0>(base, h, first, d, xs, &mut acc);
+                q6_k_block::<R, 1>(base, h, first + 1, d, xs, &mut acc);
+                q6_k_block::<R, 2>(base, h, first + 2, d, xs, &mut acc);
+                q6_k_block::<R, 3>(base, h, first + 3, d, xs, &mut acc);
             }
         }
     }
     for r in 0..R {
         // SAFETY: `out[r]` holds exactly 8 f32.
         unsafe { _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]) };
+    }
+}
+
+/// Block `4h + G` of the Q6_K group-block at `base` against activation block `xb`, added to
+/// `acc` (inlined into [`q6_k_tile`], whose target features its intrinsics then run under).
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `base` a whole group-block, `xb` inside every row.
+#[inline(always)]
+unsafe fn q6_k_block<const R: usize, const G: usize>(
+    base: *const u8,
+    h: usize,
+    xb: usize,
+    d: __m256,
+    xs: &[QuantizedRow<'_>; R],
+    acc: &mut [__m256; R],
+) {
+    // SAFETY: (whole body) the caller's contract; every load lies in the group-block or in
+    // activation block xb.
+    unsafe {
+        let runs = [
+            base.add(q6_run(h, 0)),
+            base.add(q6_run(h, 1)),
+            base.add(q6_run(h, 2)),
+        ];
+        let mut dot = [_mm256_setzero_si256(); R];
+        for half in 0..2 {
+            let mut sums = [_mm256_setzero_si256(); R];
+            for kk in 4 * half..4 * half + 4 {
+                let load = |v: usize| runs[v].add(kk * STEP) as *const __m256i;
+                let q = if G < 3 {
+                    _mm256_and_si256(_mm256_loadu_si256(load(G)), _mm256_set1_epi8(0x3f))
+                } else {
+                    // The three runs' top bit pairs, low to high (16-bit shifts of masked
+                    // bytes: nothing crosses into the neighbour byte).
+                    let top_bits = _mm256_set1_epi8(-0x40);
+                    let p0 = _mm256_and_si256(_mm256_loadu_si256(load(0)), top_bits);
+                    let p1 = _mm256_and_si256(_mm256_loadu_si256(load(1)), top_bits);
+                    let p2 = _mm256_and_si256(_mm256_loadu_si256(load(2)), top_bits);
+                    _mm256_or_si256(
+                        _mm256_or_si256(_mm256_srli_epi16::<6>(p0), _mm256_srli_epi16::<4>(p1)),
+                        _mm256_srli_epi16::<2>(p2),
+                    )
+                };
+                let w = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+                let magnitude = _mm256_sign_epi8(w, w);
+                for (x, sum) in xs.iter().zip(sums.iter_mut()) {
+                    let x = broadcast4(x.quants.as_ptr().add(xb * QK + 4 * kk));
+                    let products = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
+                    *sum = _mm256_add_epi16(*sum, products);
+                }
+            }
+            let sub = 8 * h + 2 * G + half;
+            let scales = signed_scale_pairs(base.add(Q6_SCALES + sub * GROUP));
+            for r in 0..R {
+                dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sums[r], scales));
+            }
+        }
+        for r in 0..R {
+            let dx = _mm256_mul_ps(d, _mm256_set1_ps(xs[r].scales[xb]));
+            acc[r] = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(dot[r]), acc[r]);
+        }
     }
 }

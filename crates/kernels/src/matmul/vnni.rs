@@ -75,27 +75,22 @@ pub(crate) trait Lanes {
     unsafe fn shl4_16(a: Self::I) -> Self::I;
     /// Each 16-bit word shifted right by 1.
     unsafe fn shr1_16(a: Self::I) -> Self::I;
-    /// Each 16-bit word shifted right by `count` (< 16).
-    unsafe fn shr_16(a: Self::I, count: i32) -> Self::I;
+    /// Each 16-bit word shifted right by `N` (< 16; a constant, so the shift is an immediate
+    /// once inlined).
+    unsafe fn shr_16<const N: u32>(a: Self::I) -> Self::I;
+    /// Bitwise `mask ? a : b`, i.e. `(a & mask) | (b & !mask)` (one `vpternlogd` on AVX-512).
+    unsafe fn select(mask: Self::I, a: Self::I, b: Self::I) -> Self::I;
     /// `16` in each byte whose bit `j` (< 8) is set in `bits`, else 0.
     unsafe fn bit_as_16(bits: Self::I, j: usize) -> Self::I;
     /// Each 32-bit lane shifted right by `count` (< 32).
     unsafe fn shr_32(a: Self::I, count: i32) -> Self::I;
     /// Each 32-bit lane shifted left by 4.
     unsafe fn shl4_32(a: Self::I) -> Self::I;
-    unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
-    /// Bytewise `a - b` (wrapping).
-    unsafe fn sub8(a: Self::I, b: Self::I) -> Self::I;
     /// Low 32 bits of the lane products (exact where they fit, as every use here does).
     unsafe fn mul32(a: Self::I, b: Self::I) -> Self::I;
     /// Byte `i` of `table` picked by the low four bits of byte `i` of `index` (`pshufb`).
     unsafe fn lookup(table: Self::I, index: Self::I) -> Self::I;
-    /// Bytes as i8: `|a|`.
-    unsafe fn abs8(a: Self::I) -> Self::I;
-    /// Bytes as i8: `x`, negated where `sign < 0` (where `sign == 0` the byte is kept: the
-    /// callers multiply it by `|sign| = 0`).
-    unsafe fn negate_where_negative(x: Self::I, sign: Self::I) -> Self::I;
     /// `acc + Σ₄ u · s` per 32-bit lane, `u` unsigned and `s` signed bytes (`vpdpbusd`: exact,
     /// no saturation).
     unsafe fn dot(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
@@ -219,9 +214,14 @@ impl Lanes for Ymm {
         unsafe { _mm256_srli_epi16::<1>(a) }
     }
     #[inline(always)]
-    unsafe fn shr_16(a: __m256i, count: i32) -> __m256i {
+    unsafe fn shr_16<const N: u32>(a: __m256i) -> __m256i {
         // SAFETY: see the impl note.
-        unsafe { _mm256_srl_epi16(a, _mm_cvtsi32_si128(count)) }
+        unsafe { _mm256_srl_epi16(a, _mm_cvtsi32_si128(N as i32)) }
+    }
+    #[inline(always)]
+    unsafe fn select(mask: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: see the impl note.
+        unsafe { _mm256_or_si256(_mm256_and_si256(a, mask), _mm256_andnot_si256(mask, b)) }
     }
     #[inline(always)]
     unsafe fn bit_as_16(bits: __m256i, j: usize) -> __m256i {
@@ -243,19 +243,9 @@ impl Lanes for Ymm {
         unsafe { _mm256_slli_epi32::<4>(a) }
     }
     #[inline(always)]
-    unsafe fn add32(a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: see the impl note.
-        unsafe { _mm256_add_epi32(a, b) }
-    }
-    #[inline(always)]
     unsafe fn sub32(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: see the impl note.
         unsafe { _mm256_sub_epi32(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn sub8(a: __m256i, b: __m256i) -> __m256i {
-        // SAFETY: see the impl note.
-        unsafe { _mm256_sub_epi8(a, b) }
     }
     #[inline(always)]
     unsafe fn mul32(a: __m256i, b: __m256i) -> __m256i {
@@ -266,16 +256,6 @@ impl Lanes for Ymm {
     unsafe fn lookup(table: __m256i, index: __m256i) -> __m256i {
         // SAFETY: see the impl note.
         unsafe { _mm256_shuffle_epi8(table, index) }
-    }
-    #[inline(always)]
-    unsafe fn abs8(a: __m256i) -> __m256i {
-        // SAFETY: see the impl note.
-        unsafe { _mm256_abs_epi8(a) }
-    }
-    #[inline(always)]
-    unsafe fn negate_where_negative(x: __m256i, sign: __m256i) -> __m256i {
-        // SAFETY: see the impl note.
-        unsafe { _mm256_sign_epi8(x, sign) }
     }
     #[inline(always)]
     unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -417,9 +397,15 @@ impl Lanes for Zmm {
         unsafe { _mm512_srli_epi16::<1>(a) }
     }
     #[inline(always)]
-    unsafe fn shr_16(a: __m512i, count: i32) -> __m512i {
+    unsafe fn shr_16<const N: u32>(a: __m512i) -> __m512i {
         // SAFETY: see the impl note.
-        unsafe { _mm512_srl_epi16(a, _mm_cvtsi32_si128(count)) }
+        unsafe { _mm512_srl_epi16(a, _mm_cvtsi32_si128(N as i32)) }
+    }
+    #[inline(always)]
+    unsafe fn select(mask: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl note. 0xE4 is C ? A : B over the truth-table inputs A = 0xF0,
+        // B = 0xCC, C = 0xAA.
+        unsafe { _mm512_ternarylogic_epi32::<0xE4>(a, b, mask) }
     }
     #[inline(always)]
     unsafe fn bit_as_16(bits: __m512i, j: usize) -> __m512i {
@@ -440,19 +426,9 @@ impl Lanes for Zmm {
         unsafe { _mm512_slli_epi32::<4>(a) }
     }
     #[inline(always)]
-    unsafe fn add32(a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: see the impl note.
-        unsafe { _mm512_add_epi32(a, b) }
-    }
-    #[inline(always)]
     unsafe fn sub32(a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl note.
         unsafe { _mm512_sub_epi32(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn sub8(a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: see the impl note.
-        unsafe { _mm512_sub_epi8(a, b) }
     }
     #[inline(always)]
     unsafe fn mul32(a: __m512i, b: __m512i) -> __m512i {
@@ -463,16 +439,6 @@ impl Lanes for Zmm {
     unsafe fn lookup(table: __m512i, index: __m512i) -> __m512i {
         // SAFETY: see the impl note.
         unsafe { _mm512_shuffle_epi8(table, index) }
-    }
-    #[inline(always)]
-    unsafe fn abs8(a: __m512i) -> __m512i {
-        // SAFETY: see the impl note.
-        unsafe { _mm512_abs_epi8(a) }
-    }
-    #[inline(always)]
-    unsafe fn negate_where_negative(x: __m512i, sign: __m512i) -> __m512i {
-        // SAFETY: see the impl note.
-        unsafe { _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(sign), _mm512_setzero_si512(), x) }
     }
     #[inline(always)]
     unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {

@@ -8,8 +8,8 @@
 //! `maddubs` + `madd` pair and its i16 flush schedule. Signed weights avoid the sign transfer
 //! by a bias: Q8_0 bytes are read as `w + 128` (`w ^ 0x80`) and IQ4 levels looked up as
 //! `level + 128`, and `128 · Σx` (the activation block's exact integer sum) is subtracted from
-//! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`. Q6_K's scales change every 16
-//! elements, below the per-32 sums, so it keeps the sign transfer `|w| · (x · sign(w))`.
+//! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`; Q6_K, whose scales change every
+//! 16 elements, subtracts `32 · Σx` per 16-element half (`QuantizedRow::half_sums`).
 //!
 //! Every block dot is the exact integer the scalar twins compute, and the f32 operations per
 //! (weight row, activation row) are theirs in the same order, so results are bitwise equal to
@@ -20,7 +20,7 @@
 use super::activation::QuantizedRow;
 use super::grouped::{GroupPair, PairOut, GROUP};
 use super::interleaved::{GroupKind, NIBBLE_BYTES};
-use super::kquant::{KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_HIGH, Q6_LOW, Q6_SCALES, STEP};
+use super::kquant::{q6_run, KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_SCALES, STEP};
 use super::vnni::{Bases, Lanes, Ymm, Zmm};
 use crate::quant::{KVALUES_IQ4NL, QK};
 
@@ -290,8 +290,16 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
     }
 }
 
-/// Q6_K: signed weights `q - 32` by the sign transfer, each 16-element half's exact dot times
-/// its int8 scale, summed per 32-element block before the f32 step.
+/// Q6_K: the unsigned quants `q` (0..64) go straight into `vpdpbusd`; each 16-element half's
+/// accumulator starts at `-32 · Σx` over its activations (`half_sums`), so it ends at the exact
+/// `v = Σ (q - 32) · x`. Blocks `4h..4h + 3` are one mask of their run each; block `4h + 3`,
+/// gathered from the runs' top bit pairs, is formed as `4q` (bits 2..8, two fewer operations)
+/// and its `v` is then `4 · Σ (q - 32) · x`. The two halves' int8 scales are applied in f32,
+/// `s₀ · v₀` then `fma(s₁, v₁, ·)` (block `4h + 3`: `s / 4`, a power-of-two step), which is
+/// exact: `|v| ≤ 4 · 16 · 32 · 127 < 2²⁴` converts exactly, each product is the integer
+/// `s · Σ (q - 32) · x` of magnitude below 2²³ and their sum below 2²⁴, so the result is the
+/// scalar twin's integer block dot converted to f32. Blocks then enter the accumulator in the
+/// twin's order.
 #[inline(always)]
 unsafe fn q6_k_tile<S: Lanes, const R: usize>(
     groups: GroupPair<'_>,
@@ -306,71 +314,123 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
             let base = groups.block(s, stride);
             let d = S::f16x8(base.add(D));
             for h in 0..2 {
-                // One call per block with its index `G` constant, so the high-bit shifts are
-                // immediates.
-                q6_k_block::<S, R, 0>(base, h, 8 * s + 4 * h, d, xs, &mut acc);
-                q6_k_block::<S, R, 1>(base, h, 8 * s + 4 * h + 1, d, xs, &mut acc);
-                q6_k_block::<S, R, 2>(base, h, 8 * s + 4 * h + 2, d, xs, &mut acc);
-                q6_k_block::<S, R, 3>(base, h, 8 * s + 4 * h + 3, d, xs, &mut acc);
+                let first = 8 * s + 4 * h;
+                let add = |acc: &mut [S::F; R], dots: [S::F; R], xb: usize| {
+                    for r in 0..R {
+                        let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
+                        acc[r] = S::fmadd(dx, dots[r], acc[r]);
+                    }
+                };
+                if R == 1 {
+                    // All four blocks from one pass over the three runs.
+                    let dots = q6_k_blocks::<S, R, 0, 4>(base, h, first, xs);
+                    for (g, dots) in dots.into_iter().enumerate() {
+                        add(&mut acc, dots, first + g);
+                    }
+                } else {
+                    // Two passes of two blocks keep more rows' accumulators in registers.
+                    for (g, dots) in q6_k_blocks::<S, R, 0, 2>(base, h, first, xs)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        add(&mut acc, dots, first + g);
+                    }
+                    for (g, dots) in q6_k_blocks::<S, R, 2, 2>(base, h, first, xs)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        add(&mut acc, dots, first + 2 + g);
+                    }
+                }
             }
         }
         store_all::<S, R>(acc, out);
     }
 }
 
-/// Block `4h + G` of a Q6_K group-block at `base` against activation block `xb`, added to `acc`.
+/// Blocks `first + G0 .. first + G0 + N` (`first = 8s + 4h`) of the Q6_K group-block at
+/// `base`: per activation row, each block's exact integer dot as f32.
 ///
 /// # Safety
-/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, `xb` inside
-/// every activation row.
+/// As [`q6_k_tile`]'s body: the caller's features, `base` a whole group-block, the blocks
+/// inside every activation row.
 #[inline(always)]
-unsafe fn q6_k_block<S: Lanes, const R: usize, const G: usize>(
+unsafe fn q6_k_blocks<S: Lanes, const R: usize, const G0: usize, const N: usize>(
     base: Bases,
     h: usize,
-    xb: usize,
-    d: S::F,
+    first: usize,
     xs: &[QuantizedRow<'_>; R],
-    acc: &mut [S::F; R],
-) {
+) -> [[S::F; R]; N] {
     // SAFETY: (whole body) the caller's contract; every load lies in the group-block or in
-    // activation block xb.
+    // the blocks' activations.
     unsafe {
-        let mask = S::splat8(0x0f);
-        let three = S::splat8(3);
-        let offset = S::splat8(32);
-        let low_run = base.add(Q6_LOW + (h * 2 + G % 2) * 8 * STEP);
-        let high_run = base.add(Q6_HIGH + h * 8 * STEP);
-        let mut dot = [S::zero(); R];
+        let six_bits = S::splat8(0x3f);
+        let top_bits = S::splat8(-0x40);
+        let bits_4_6 = S::splat8(0x30);
+        let bits_0_4 = S::splat8(0x0f);
+        // (No `array::map` or `from_fn` over vectors here: those generic helpers carry no
+        // target features, so what they call would not be inlined.)
+        let runs = [
+            base.add(q6_run(h, 0)),
+            base.add(q6_run(h, 1)),
+            base.add(q6_run(h, 2)),
+        ];
+        let needs_run = |v: usize| (G0..G0 + N).any(|g| g == v || g == 3);
+        let mut dots = [[S::zero_f(); R]; N];
         for half in 0..2 {
-            let mut sums = [S::zero(); R];
-            for kk in 4 * half..4 * half + 4 {
-                let packed = S::bytes32(low_run.add(kk * STEP));
-                let low = if G < 2 {
-                    S::and(packed, mask)
-                } else {
-                    S::and(S::shr4_16(packed), mask)
-                };
-                let bits = S::bytes32(high_run.add(kk * STEP));
-                let high = S::and(S::shr_16(bits, 2 * G as i32), three);
-                let q = S::or(low, S::shl4_16(high));
-                let w = S::sub8(q, offset);
-                let magnitude = S::abs8(w);
+            let mut sums = [[S::zero(); R]; N];
+            for (i, sums) in sums.iter_mut().enumerate() {
+                let g = G0 + i;
+                // Block 3's quants enter as 4q (see `q6_k_tile`).
+                let factor = if g == 3 { 4 } else { 1 };
                 for r in 0..R {
-                    let x = S::broadcast4(xs[r].quants.as_ptr().add(xb * QK + 4 * kk));
-                    let x = S::negate_where_negative(x, w);
-                    sums[r] = S::dot(sums[r], magnitude, x);
+                    let sum = xs[r].half_sums[2 * (first + g) + half];
+                    sums[r] = S::splat32(-32 * factor * sum);
                 }
             }
-            let sub = 8 * h + 2 * G + half;
-            let scales = S::i8x8(base.add(Q6_SCALES + sub * GROUP));
-            for r in 0..R {
-                dot[r] = S::add32(dot[r], S::mul32(sums[r], scales));
+            for kk in 4 * half..4 * half + 4 {
+                // Run v is read where block v or block 3 is computed.
+                let mut bytes = [S::zero(); 3];
+                for (v, bytes) in bytes.iter_mut().enumerate() {
+                    if needs_run(v) {
+                        *bytes = S::bytes32(runs[v].add(kk * STEP));
+                    }
+                }
+                for (i, sums) in sums.iter_mut().enumerate() {
+                    let g = G0 + i;
+                    let q = if g < 3 {
+                        S::and(bytes[g], six_bits)
+                    } else {
+                        // 4q: bits 2..4 from run 0's top pair, 4..6 from run 1's, 6..8 from
+                        // run 2's (16-bit shifts: what crosses bytes is masked off).
+                        let pair0 = S::shr_16::<4>(S::and(bytes[0], top_bits));
+                        let upper = S::select(bits_4_6, S::shr_16::<2>(bytes[1]), bytes[2]);
+                        S::select(bits_0_4, pair0, upper)
+                    };
+                    for r in 0..R {
+                        let x = xs[r].quants.as_ptr().add((first + g) * QK + 4 * kk);
+                        sums[r] = S::dot(sums[r], q, S::broadcast4(x));
+                    }
+                }
+            }
+            for i in 0..N {
+                let g = G0 + i;
+                let sub = 8 * h + 2 * g + half;
+                let mut scale = S::to_f32(S::i8x8(base.add(Q6_SCALES + sub * GROUP)));
+                if g == 3 {
+                    scale = S::mul_f(scale, S::splat_f(0.25));
+                }
+                for r in 0..R {
+                    let v = S::to_f32(sums[i][r]);
+                    dots[i][r] = if half == 0 {
+                        S::mul_f(scale, v)
+                    } else {
+                        S::fmadd(scale, v, dots[i][r])
+                    };
+                }
             }
         }
-        for r in 0..R {
-            let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
-            acc[r] = S::fmadd(dx, S::to_f32(dot[r]), acc[r]);
-        }
+        dots
     }
 }
 
