@@ -13,7 +13,7 @@ mod bf16;
 mod gemm;
 mod vector;
 
-pub use bf16::Bf16PanelMatrix;
+pub use bf16::{Bf16PanelMatrix, VDPBF16PS_ENV};
 pub use gemm::PanelMatrix;
 
 use crate::simd::VectorOps;

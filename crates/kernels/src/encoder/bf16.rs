@@ -11,9 +11,11 @@
 //! ([`round_bf16`]): every product is then a multiple of 2^-126 and at least 2^-112, so every
 //! partial sum is zero or a normal number and the flushing never changes a result. That makes
 //! the chain exactly the f32 panel kernels' fused chain over the inputs with each pair swapped,
-//! so hosts without AVX-512 BF16 (AVX2, AVX-512 F, scalar) run the f32 micro-kernels on
-//! pair-swapped, bf16-valued f32 panels and are bitwise equal to the `vdpbf16ps` kernel (half
-//! the multiply instructions, half the weight bytes).
+//! so the f32 micro-kernels (scalar twin, AVX2, AVX-512 F) on pair-swapped, bf16-valued f32
+//! panels are bitwise equal to the `vdpbf16ps` kernel. They are the default: on the Xeon
+//! `vdpbf16ps` does fewer multiply-adds per cycle than `vfmadd231ps` (measured 0.4-0.5x), so
+//! it runs only when [`VDPBF16PS_ENV`] asks. Either way the bf16 path is about as fast as the
+//! f32 one; what it changes is the numerics (vLLM's `--dtype bfloat16`), not the speed.
 //!
 //! AMX's `tdpbf16ps` is not used: on this Xeon its sums are not any chain of rounded f32
 //! operations (within one instruction, small products are aligned to the largest product and
@@ -26,6 +28,23 @@ use super::gemm::{run_panels, Bias, GemmKernel, PanelMatrix, MAX_MR, NR};
 use crate::cpu::CpuFeatures;
 use crate::pool::{SharedMut, ThreadPool};
 use crate::KernelError;
+
+/// Set to `1` (or `on`, `true`, `yes`) to run the bf16 GEMM on `vdpbf16ps` where the CPU has
+/// AVX-512 BF16 (same results; see [`Bf16Kernel::detect`] for why it is off by default).
+pub const VDPBF16PS_ENV: &str = "TOKENMILL_VDPBF16PS";
+
+/// Whether [`VDPBF16PS_ENV`] asks for the `vdpbf16ps` kernel (read once).
+fn vdpbf16ps_requested() -> bool {
+    static REQUESTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REQUESTED.get_or_init(|| {
+        std::env::var(VDPBF16PS_ENV).is_ok_and(|value| {
+            matches!(
+                value.trim().to_ascii_lowercase().as_str(),
+                "1" | "on" | "true" | "yes"
+            )
+        })
+    })
+}
 
 /// bf16 exponent field below which [`round_bf16`] flushes to zero: 71 - 127 = -56.
 const MIN_EXPONENT_FIELD: u32 = 71;
@@ -66,14 +85,25 @@ pub(crate) enum Bf16Kernel {
 }
 
 impl Bf16Kernel {
-    /// The fastest kernel this process may run.
+    /// The kernel this process runs: the f32 panel kernel on pair-swapped bf16 values, or
+    /// `vdpbf16ps` where the CPU has AVX-512 BF16 and [`VDPBF16PS_ENV`] asks for it (on the
+    /// Xeon it retires one instruction per 2-3 cycles, 0.4-0.5x the multiply-adds of
+    /// `vfmadd231ps`, so it is not the default).
     pub(crate) fn detect() -> Bf16Kernel {
-        let gemm = GemmKernel::detect();
         #[cfg(target_arch = "x86_64")]
-        if gemm == GemmKernel::Avx512 && CpuFeatures::get().avx512bf16 {
-            return Bf16Kernel::Avx512Bf16;
+        if let Some(kernel) = Bf16Kernel::vdpbf16ps() {
+            if vdpbf16ps_requested() {
+                return kernel;
+            }
         }
-        Bf16Kernel::Fma(gemm)
+        Bf16Kernel::Fma(GemmKernel::detect())
+    }
+
+    /// The `vdpbf16ps` kernel if this process may run it.
+    #[cfg(target_arch = "x86_64")]
+    fn vdpbf16ps() -> Option<Bf16Kernel> {
+        (GemmKernel::detect() == GemmKernel::Avx512 && CpuFeatures::get().avx512bf16)
+            .then_some(Bf16Kernel::Avx512Bf16)
     }
 
     /// Every kernel this process may run, the scalar twin first (for tests).
@@ -84,9 +114,7 @@ impl Bf16Kernel {
             .map(Bf16Kernel::Fma)
             .collect();
         #[cfg(target_arch = "x86_64")]
-        if Bf16Kernel::detect() == Bf16Kernel::Avx512Bf16 {
-            kernels.push(Bf16Kernel::Avx512Bf16);
-        }
+        kernels.extend(Bf16Kernel::vdpbf16ps());
         kernels
     }
 }
@@ -153,7 +181,7 @@ impl Bf16PanelMatrix {
             });
         }
         #[cfg(target_arch = "x86_64")]
-        if kernel == Bf16Kernel::Avx512Bf16 && Bf16Kernel::detect() != kernel {
+        if kernel == Bf16Kernel::Avx512Bf16 && Bf16Kernel::vdpbf16ps().is_none() {
             return Err(KernelError::InvalidShape(
                 "the AVX-512 BF16 kernel on a CPU (or TOKENMILL_KERNELS) without it",
             ));
