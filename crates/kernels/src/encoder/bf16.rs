@@ -17,10 +17,15 @@
 //! it runs only when [`VDPBF16PS_ENV`] asks. Either way the bf16 path is about as fast as the
 //! f32 one; what it changes is the numerics (vLLM's `--dtype bfloat16`), not the speed.
 //!
-//! AMX's `tdpbf16ps` is not used: on this Xeon its sums are not any chain of rounded f32
-//! operations (within one instruction, small products are aligned to the largest product and
-//! truncated before a single rounding; see `amx_tile_sums_are_not_a_rounded_chain`), so no
-//! scalar twin of it was found and its results would depend on the host.
+//! AMX's `tdpbf16ps` is not used: on this Xeon its sums matched none of the scalar formulas
+//! tried (fused chains in either pair order, with or without denormal flushing; pair sums
+//! rounded, then accumulated in order or as a binary tree; the exact sum rounded once;
+//! products aligned to the largest one and truncated at 20 to 43 bits, then added to the
+//! accumulator). Within one instruction the products are summed before the accumulator
+//! (1 plus two half-ulp products gives 1 + ulp, where the chain gives 1), yet not exactly (0
+//! plus products 1 and four half-ulps gives 1 + ulp, not 1 + 2 ulp): see
+//! `amx_tile_sums_are_not_the_chain`. Without a scalar twin its results would depend on the
+//! host, so the bf16 GEMM stays on vector registers.
 
 use std::cell::RefCell;
 
@@ -577,14 +582,15 @@ mod tests {
         }
     }
 
-    /// Why AMX `tdpbf16ps` is not used: within one instruction its sum is no chain of
-    /// rounded f32 operations. Products 1, 2^-24, 2^-24, 2^-24, 2^-24 (exact sum 1 + 2^-22)
-    /// give 1 + 2^-23, which no order of round-to-nearest-even additions yields (each
-    /// 2^-24 added to 1 ties back to 1, and summed first they give 1 + 2^-22 or, rounding
-    /// 1 + 2^-23 + 2^-24, the even 1 + 2^-22); and 1 + 0.75 ulp rounds up (not truncation).
+    /// Why AMX `tdpbf16ps` is not used: it is not the kernels' chain. Products within one
+    /// instruction are summed before the accumulator (1 + two half-ulp products: 1 + ulp,
+    /// where the chain ties back to 1 twice), but not exactly (0 + 1 + four half-ulp products:
+    /// 1 + ulp, where the exact sum is 1 + 2 ulp, representable). No scalar formula tried
+    /// matched it on random inputs either (module docs); this fails if a CPU's tiles become
+    /// the chain, the cue to use them.
     #[test]
     #[cfg(target_arch = "x86_64")]
-    fn amx_tile_sums_are_not_a_rounded_chain() {
+    fn amx_tile_sums_are_not_the_chain() {
         use crate::cpu::tiles::{release_tiles, TileConfig};
         use std::arch::asm;
         let features = CpuFeatures::get();
@@ -625,21 +631,34 @@ mod tests {
         };
         let t = 2f32.powi(-12);
         let ulp = 2f32.powi(-23);
-        let observed = tile(0.0, &[(1.0, 1.0), (t, t), (t, t), (t, t), (t, t)]);
+        let chain = |acc: f32, products: &[(f32, f32)]| {
+            let mut acc = acc;
+            for pair in products.chunks(2) {
+                for &(x, w) in pair.iter().rev() {
+                    acc = x.mul_add(w, acc);
+                }
+            }
+            acc
+        };
+        let halves = [(t, t), (t, t)];
+        let first = tile(1.0, &halves);
+        eprintln!("tdpbf16ps: 1 + 2 x 2^-24 = 1 + {} ulp", (first - 1.0) / ulp);
+        assert_eq!(chain(1.0, &halves), 1.0);
+        let spread = [(1.0, 1.0), (t, t), (t, t), (t, t), (t, t)];
+        let second = tile(0.0, &spread);
         eprintln!(
             "tdpbf16ps: 0 + 1 + 4 x 2^-24 = 1 + {} ulp",
-            (observed - 1.0) / ulp
+            (second - 1.0) / ulp
         );
-        assert_ne!(observed, 1.0, "a chain adding to 1 first would give 1");
-        assert_ne!(
-            observed,
-            1.0 + 2.0 * ulp,
-            "summing the small products first gives 1 + 2^-22"
+        assert_eq!(chain(0.0, &spread), 1.0);
+        let exact = 1.0 + 2.0 * ulp;
+        assert!(
+            first != 1.0 || second != 1.0,
+            "tdpbf16ps matched the chain on both probes: it may serve as a bf16 kernel here"
         );
-        let rounded = tile(1.0, &[(t, 1.5 * t)]);
-        eprintln!(
-            "tdpbf16ps: 1 + 0.75 ulp = 1 + {} ulp",
-            (rounded - 1.0) / ulp
+        assert!(
+            first != 1.0 && second != exact,
+            "a new tile arithmetic: re-measure it"
         );
     }
 
