@@ -332,20 +332,25 @@ impl Bf16PanelMatrix {
 /// One row rounded to bf16 and widened, each pair `(2p, 2p+1)` stored swapped (odd first, as
 /// `vdpbf16ps` adds them); `out` is the row's `2 · pairs` values (a missing odd input zero).
 fn swap_pairs_widened(row: &[f32], out: &mut [f32]) {
-    for (p, pair) in out.chunks_exact_mut(2).enumerate() {
-        let even = row.get(2 * p).map_or(0, |&v| round_bf16(v));
-        let odd = row.get(2 * p + 1).map_or(0, |&v| round_bf16(v));
-        pair[0] = widen(odd);
-        pair[1] = widen(even);
+    let whole = row.len() / 2;
+    for (pair, values) in out.chunks_exact_mut(2).zip(row.chunks_exact(2)) {
+        pair[0] = widen(round_bf16(values[1]));
+        pair[1] = widen(round_bf16(values[0]));
+    }
+    if let (Some(&last), Some(pair)) = (row.get(2 * whole), out.chunks_exact_mut(2).nth(whole)) {
+        pair[0] = 0.0;
+        pair[1] = widen(round_bf16(last));
     }
 }
 
 /// One row rounded to bf16 pairs, `(x[2p], x[2p+1])` in the low and high halves.
 fn pack_pairs(row: &[f32], out: &mut [u32]) {
-    for (p, pair) in out.iter_mut().enumerate() {
-        let even = row.get(2 * p).map_or(0, |&v| round_bf16(v));
-        let odd = row.get(2 * p + 1).map_or(0, |&v| round_bf16(v));
-        *pair = u32::from(even) | (u32::from(odd) << 16);
+    let whole = row.len() / 2;
+    for (pair, values) in out.iter_mut().zip(row.chunks_exact(2)) {
+        *pair = u32::from(round_bf16(values[0])) | (u32::from(round_bf16(values[1])) << 16);
+    }
+    if let (Some(&last), Some(pair)) = (row.get(2 * whole), out.get_mut(whole)) {
+        *pair = u32::from(round_bf16(last));
     }
 }
 
