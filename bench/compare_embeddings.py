@@ -8,7 +8,12 @@ Run with the torch venv (sentence-transformers, fastembed), on a quiet machine:
 
     /work/cache/torchvenv/bin/python bench/compare_embeddings.py --threads 2 \
         [--model ~/.cache/tokenmill/models/all-MiniLM-L6-v2] [--sentences 1000] \
-        [--binary target/release/tokenmill] [--skip fastembed] [--rounds 3] [--json out.json]
+        [--binary target/release/tokenmill] [--skip fastembed] [--rounds 3] [--json out.json] \
+        [--bf16]
+
+`--bf16` adds two rows: `tokenmill-bf16` (`tokenmill embed --dtype bfloat16`: the encoder's
+linear layers in bf16) and `sentence-transformers-bf16` (the same model cast to
+torch.bfloat16). The ratio line compares the f32 rows (tokenmill vs the fastest f32 peer).
 
 fastembed loads an ONNX export of the same weights from `--fastembed-model-dir`, written by
 bench/export_minilm_onnx.py (fastembed's own download, Qdrant's export, needs Hugging Face).
@@ -64,7 +69,7 @@ def timed(embed):
     return run
 
 
-def tokenmill(args, sentences):
+def tokenmill(args, sentences, dtype="auto"):
     tmp = tempfile.mkdtemp(prefix="embed-bench-")
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     source = os.path.join(tmp, "in.jsonl")
@@ -78,7 +83,8 @@ def tokenmill(args, sentences):
         # ("embedded N texts ... in S s"), which is what is compared.
         done = subprocess.run(
             [args.binary, "embed", "--model", args.model, "--threads", str(args.threads),
-             "--input", source, "--output", target, "--truncate-prompt-tokens", "-1"],
+             "--input", source, "--output", target, "--truncate-prompt-tokens", "-1",
+             "--dtype", dtype],
             check=True, capture_output=True, text=True,
         )
         line = [l for l in done.stderr.splitlines() if l.startswith("embedded ")][-1]
@@ -91,12 +97,15 @@ def tokenmill(args, sentences):
     return run
 
 
-def sentence_transformers(args, sentences):
+def sentence_transformers(args, sentences, bf16=False):
     import torch
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(args.threads)
     model = SentenceTransformer(args.model, device="cpu")
+    if bf16:
+        model = model.to(torch.bfloat16)
+        return timed(lambda: model.encode(sentences, batch_size=32, convert_to_tensor=True).float().tolist())
     return timed(lambda: model.encode(sentences, batch_size=32).tolist())
 
 
@@ -128,9 +137,15 @@ def main():
         "--fastembed-model-dir", default=os.path.expanduser("~/.cache/tokenmill/fastembed/all-MiniLM-L6-v2")
     )
     parser.add_argument("--json")
+    parser.add_argument("--bf16", action="store_true", help="add tokenmill and sentence-transformers bf16 rows")
     args = parser.parse_args()
     sentences = corpus(args.sentences)
     engines = [("tokenmill", tokenmill), ("sentence-transformers", sentence_transformers), ("fastembed", fastembed)]
+    if args.bf16:
+        engines += [
+            ("tokenmill-bf16", lambda a, s: tokenmill(a, s, "bfloat16")),
+            ("sentence-transformers-bf16", lambda a, s: sentence_transformers(a, s, bf16=True)),
+        ]
     runners = {name: setup(args, sentences) for name, setup in engines if name not in args.skip}
     times, vectors = {name: [] for name in runners}, {}
     for round_ in range(args.rounds):
@@ -145,7 +160,7 @@ def main():
         best = min(seconds)
         results[name] = {"seconds": best, "sentences_per_s": len(sentences) / best, "rounds": seconds}
         print(f"{name:>22}: {len(sentences) / best:8.1f} sentences/s (best of {len(seconds)})")
-    peers = [results[n]["sentences_per_s"] for n in results if n != "tokenmill"]
+    peers = [results[n]["sentences_per_s"] for n in results if not n.startswith("tokenmill") and not n.endswith("-bf16")]
     if "tokenmill" in results and peers:
         print(f"tokenmill / fastest peer: {results['tokenmill']['sentences_per_s'] / max(peers):.2f}x")
     if "tokenmill" in vectors:

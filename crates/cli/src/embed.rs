@@ -34,6 +34,10 @@ pub struct EmbedArgs {
     /// Texts handed to the engine at once (it batches them under its token budget).
     #[arg(long, default_value_t = 256)]
     pub chunk: usize,
+    /// The model dtype, as `serve --dtype`: `bfloat16` runs a BERT encoder's linear layers
+    /// in bf16; auto, float32 (and float16, not computed in f16) keep them f32.
+    #[arg(long, default_value = "auto", help_heading = "Model")]
+    pub dtype: String,
 }
 
 #[derive(Deserialize)]
@@ -49,6 +53,10 @@ enum Line {
 pub fn run(args: EmbedArgs) -> anyhow::Result<()> {
     let mut config = args.engine.to_config()?;
     config.served_model_name = "embed".into();
+    config.dtype = args.dtype.parse()?;
+    if config.dtype == tokenmill_models::ModelDtype::Float16 {
+        eprintln!("warning: --dtype float16: the encoder computes in f32 (f16 is not implemented)");
+    }
     let runner = RunnerArgs {
         runner: RunnerArg::Pooling,
         task: TaskArg::Embed,

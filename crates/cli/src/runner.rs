@@ -6,7 +6,7 @@ use anyhow::bail;
 use clap::{Args, ValueEnum};
 use tokenmill_engine::{EngineConfig, PoolingEngine, PoolingEngineConfig};
 use tokenmill_models::{
-    is_pooling_model, ConvertOption, PoolerConfig, PoolingOptions, PoolingTask,
+    is_pooling_model, ConvertOption, ModelDtype, PoolerConfig, PoolingOptions, PoolingTask,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -70,6 +70,7 @@ impl PoolerArgs {
                 Some(text) => PoolerConfig::from_json(text)?,
                 None => PoolerConfig::default(),
             },
+            dtype: ModelDtype::Auto,
         })
     }
 
@@ -127,7 +128,10 @@ impl RunnerArgs {
         pooling.max_num_seqs = config.max_num_seqs;
         pooling.max_model_len = config.max_model_len;
         pooling.served_model_name = config.served_model_name.clone();
-        pooling.options = self.pooler.options()?;
+        pooling.options = PoolingOptions {
+            dtype: config.dtype,
+            ..self.pooler.options()?
+        };
         let engine = PoolingEngine::start(&pooling)?;
         let task = engine.model().info.task;
         let wanted = match self.task {

@@ -102,7 +102,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--download-dir", "/models", Same, "where HF repos and the default model are downloaded and looked up"),
     row("--max-model-len", "4096", Same, "context length (prompt + output)"),
     row("--seed", "0", Same, "seeds requests that bring no `seed` (reproducible across runs in arrival order)"),
-    row("--dtype", "auto", Restricted, "`auto`, `half`/`float16`, `bfloat16`, `float32`/`float`: activations are f32 on CPU and weights keep the file's types whatever it says; it sets what `--kv-cache-dtype auto` stores (`auto`: bf16 for a bfloat16 `config.json`, else f16; GGUF f16), a warning for the 16-bit values says so"),
+    row("--dtype", "auto", Restricted, "`auto`, `half`/`float16`, `bfloat16`, `float32`/`float`: `bfloat16` runs BERT encoders' linear layers in bf16 (weights rounded once, f32 accumulation; `auto` keeps them f32, where vLLM would downcast a float32 pooling model to float16); decoders' activations are f32 on CPU and weights keep the file's types whatever it says; it sets what `--kv-cache-dtype auto` stores (`auto`: bf16 for a bfloat16 `config.json`, else f16; GGUF f16), a warning for the 16-bit values says what they do"),
     row("--quantization", "gguf", Restricted, "`gguf` (or unset): the weights' types come from the file; AWQ/GPTQ/FP8/... are refused"),
     row("--load-format", "auto", Restricted, "`auto`, `gguf`, `safetensors`"),
     row("--trust-remote-code", "", NoEffect, "tokenmill runs no model code from the hub; supported architectures are built in"),
@@ -284,10 +284,17 @@ impl VllmArgs {
         let mut warnings = Vec::new();
         match self.model_dtype()? {
             ModelDtype::Auto | ModelDtype::Float32 => {}
-            dtype @ (ModelDtype::Float16 | ModelDtype::BFloat16) => warnings.push(format!(
-                "--dtype {dtype}: activations are computed in f32 on the CPU and the weights \
+            ModelDtype::Float16 => warnings.push(
+                "--dtype float16: activations are computed in f32 on the CPU and the weights \
                  keep their file types; the flag only sets what --kv-cache-dtype auto stores"
-            )),
+                    .to_string(),
+            ),
+            ModelDtype::BFloat16 => warnings.push(
+                "--dtype bfloat16: BERT encoders (--runner pooling) run their linear layers in \
+                 bf16 (f32 accumulation); decoders compute activations in f32 with the weights' \
+                 file types, the flag setting what --kv-cache-dtype auto stores"
+                    .to_string(),
+            ),
         }
         if let Some(quantization) = self.quantization.as_deref() {
             if !quantization.eq_ignore_ascii_case("gguf") {

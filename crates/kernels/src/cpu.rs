@@ -9,6 +9,8 @@ use std::fmt;
 use std::sync::OnceLock;
 
 mod kernel_path;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod tiles;
 
 pub use kernel_path::{KernelPath, KernelsOverride, KERNELS_ENV};
 
@@ -32,11 +34,15 @@ pub struct CpuFeatures {
     pub avx512vnni: bool,
     /// The same dot products on 256-bit vectors without AVX-512 (AVX-VNNI).
     pub avxvnni: bool,
+    /// AVX-512 BF16: bf16 pair dot products accumulating into f32 (`vdpbf16ps`).
+    pub avx512bf16: bool,
     /// AMX int8 tile multiplies (`tdpbssd`). Linux additionally wants a per-process permission
     /// request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`) before the first tile instruction.
     pub amx_int8: bool,
     /// AMX tile registers and their configuration.
     pub amx_tile: bool,
+    /// AMX bf16 tile multiplies (`tdpbf16ps`), the encoder's bf16 GEMM (same permission).
+    pub amx_bf16: bool,
     /// What `TOKENMILL_KERNELS` did to the fields above.
     pub kernels_override: KernelsOverride,
 }
@@ -51,8 +57,10 @@ impl CpuFeatures {
         avx512bw: false,
         avx512vnni: false,
         avxvnni: false,
+        avx512bf16: false,
         amx_int8: false,
         amx_tile: false,
+        amx_bf16: false,
         kernels_override: KernelsOverride::None,
     };
 
@@ -66,8 +74,10 @@ impl CpuFeatures {
         avx512bw: true,
         avx512vnni: true,
         avxvnni: true,
+        avx512bf16: true,
         amx_int8: true,
         amx_tile: true,
+        amx_bf16: true,
         kernels_override: KernelsOverride::None,
     };
 
@@ -91,8 +101,10 @@ impl CpuFeatures {
             avx512bw: std::is_x86_feature_detected!("avx512bw"),
             avx512vnni: std::is_x86_feature_detected!("avx512vnni"),
             avxvnni: extra.avxvnni,
+            avx512bf16: extra.avx512bf16 && std::is_x86_feature_detected!("avx512f"),
             amx_int8: extra.amx_int8,
             amx_tile: extra.amx_tile,
+            amx_bf16: extra.amx_bf16,
             kernels_override: KernelsOverride::None,
         }
     }
@@ -116,8 +128,10 @@ impl CpuFeatures {
             avx512bw: self.avx512bw && cpu.avx512bw,
             avx512vnni: self.avx512vnni && cpu.avx512vnni,
             avxvnni: self.avxvnni && cpu.avxvnni,
+            avx512bf16: self.avx512bf16 && cpu.avx512bf16,
             amx_int8: self.amx_int8 && cpu.amx_int8,
             amx_tile: self.amx_tile && cpu.amx_tile,
+            amx_bf16: self.amx_bf16 && cpu.amx_bf16,
             kernels_override: self.kernels_override,
         }
     }
@@ -139,8 +153,10 @@ impl fmt::Display for CpuFeatures {
             (self.avx512bw, "avx512bw"),
             (self.avx512vnni, "avx512vnni"),
             (self.avxvnni, "avxvnni"),
+            (self.avx512bf16, "avx512bf16"),
             (self.amx_int8, "amx_int8"),
             (self.amx_tile, "amx_tile"),
+            (self.amx_bf16, "amx_bf16"),
         ];
         let mut any = false;
         for (_, name) in named.iter().filter(|(present, _)| *present) {
@@ -279,8 +295,10 @@ mod x86 {
     #[derive(Debug, Default)]
     pub(super) struct Extra {
         pub(super) avxvnni: bool,
+        pub(super) avx512bf16: bool,
         pub(super) amx_int8: bool,
         pub(super) amx_tile: bool,
+        pub(super) amx_bf16: bool,
     }
 
     /// XCR0 bits the OS sets when it saves the register state: SSE and AVX (YMM), and AMX's
@@ -308,8 +326,11 @@ mod x86 {
         let os_amx = xcr0 & XCR0_AMX == XCR0_AMX;
         Extra {
             avxvnni: xcr0 & XCR0_AVX == XCR0_AVX && leaf7_1.eax & (1 << 4) != 0,
+            // The caller also requires AVX-512 F (whose detection checks the OS saves ZMM).
+            avx512bf16: leaf7_1.eax & (1 << 5) != 0,
             amx_tile: os_amx && leaf7.edx & (1 << 24) != 0,
             amx_int8: os_amx && leaf7.edx & (1 << 25) != 0,
+            amx_bf16: os_amx && leaf7.edx & (1 << 22) != 0,
         }
     }
 

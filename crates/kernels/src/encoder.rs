@@ -9,9 +9,11 @@
 
 use std::cell::RefCell;
 
+mod bf16;
 mod gemm;
 mod vector;
 
+pub use bf16::{Bf16PanelMatrix, VDPBF16PS_ENV};
 pub use gemm::PanelMatrix;
 
 use crate::simd::VectorOps;

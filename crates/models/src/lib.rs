@@ -77,7 +77,7 @@ pub use batch::{BatchInput, GroupTables};
 pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
 pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
-pub use families::{BertModel, Gemma3Model, LlamaModel};
+pub use families::{BertModel, EncoderPrecision, Gemma3Model, LlamaModel};
 pub use kv_cache::{KvCacheGrouping, KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;

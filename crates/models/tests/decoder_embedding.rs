@@ -64,6 +64,7 @@ fn with_pooling(method: &str) -> PoolingOptions {
     PoolingOptions {
         convert: ConvertOption::Embed,
         pooler: PoolerConfig::from_json(&format!("{{\"pooling_type\": \"{method}\"}}")).unwrap(),
+        ..PoolingOptions::default()
     }
 }
 
@@ -157,6 +158,7 @@ fn llama_embedder_matches_transformers() {
         &PoolingOptions {
             convert: ConvertOption::Auto,
             pooler: PoolerConfig::from_json(r#"{"normalize": false}"#).unwrap(),
+            ..PoolingOptions::default()
         },
     )
     .unwrap();
@@ -213,6 +215,7 @@ fn convert_none_and_classify_options_are_refused() {
     let none = PoolingOptions {
         convert: ConvertOption::None,
         pooler: PoolerConfig::default(),
+        ..PoolingOptions::default()
     };
     let error = load_pooling_model_with(&source, &none)
         .unwrap_err()

@@ -32,6 +32,7 @@ fn start(pooler: &str) -> (PoolingEngine, Router) {
     config.options = PoolingOptions {
         convert: ConvertOption::Embed,
         pooler: PoolerConfig::from_json(pooler).unwrap(),
+        ..PoolingOptions::default()
     };
     let engine = PoolingEngine::start(&config).unwrap();
     let state = PoolingState::new(

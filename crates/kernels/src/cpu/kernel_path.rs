@@ -94,8 +94,10 @@ impl KernelPath {
             avx512bw: features.avx512bw && keep_avx512,
             avx512vnni: features.avx512vnni && keep_avx512,
             avxvnni: features.avxvnni && self == KernelPath::AvxVnni,
+            avx512bf16: features.avx512bf16 && keep_avx512,
             amx_int8: false,
             amx_tile: false,
+            amx_bf16: false,
             kernels_override: KernelsOverride::Forced(self),
         }
     }
@@ -219,7 +221,7 @@ mod tests {
                     "{path} leaves {faster}"
                 );
             }
-            assert!(!forced.amx_int8 && !forced.amx_tile);
+            assert!(!forced.amx_int8 && !forced.amx_tile && !forced.amx_bf16);
         }
         // A path the CPU lacks, or an unknown value: ignored, the features stay the CPU's.
         let avx2_only = KernelPath::Avx2.narrow(&all);

@@ -19,11 +19,11 @@ use crate::simd::VectorOps;
 use crate::KernelError;
 
 /// Output columns per packed panel (two AVX2 vectors, one AVX-512 vector).
-const NR: usize = 16;
+pub(super) const NR: usize = 16;
 /// Most rows one micro-kernel call keeps in registers: 6 on AVX2 (12 accumulators of 16
 /// registers), 12 on AVX-512 (12 accumulators of 32, enough independent chains to keep both
 /// FMA ports busy).
-const MAX_MR: usize = 12;
+pub(super) const MAX_MR: usize = 12;
 /// Rows per task: four to eight micro-tiles share each panel while it is in cache.
 const ROW_BLOCK: usize = 48;
 
@@ -72,7 +72,7 @@ impl GemmKernel {
     }
 
     /// Rows per micro-tile.
-    fn rows(self) -> usize {
+    pub(super) fn rows(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
             GemmKernel::Avx512 => MAX_MR,
@@ -138,6 +138,11 @@ impl PanelMatrix {
         self.panels.len() * 4
     }
 
+    /// The packed panels, `[panel][in_features][NR]`.
+    pub(super) fn panels(&self) -> &[f32] {
+        &self.panels
+    }
+
     /// `out[n][out_features] = x[n][in_features] · Wᵀ + bias` on `pool` (no bias: zero).
     pub fn matmul(
         &self,
@@ -176,50 +181,110 @@ impl PanelMatrix {
         if n == 0 || width == 0 {
             return Ok(());
         }
-        let num_panels = width.div_ceil(NR);
-        let row_blocks = n.div_ceil(ROW_BLOCK);
-        // Few row blocks (short batches): one panel per task so every thread has work.
-        let panels_per_task = if row_blocks >= 4 * pool.num_threads() {
-            4
-        } else {
-            1
-        };
-        let panel_groups = num_panels.div_ceil(panels_per_task);
-        let output = SharedMut::new(out);
-        pool.parallel_for(row_blocks * panel_groups, &|task| {
-            let (block, group) = (task / panel_groups, task % panel_groups);
-            let rows = block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(n);
-            let first_panel = group * panels_per_task;
-            for panel in first_panel..(first_panel + panels_per_task).min(num_panels) {
-                let weights = &self.panels[panel * k * NR..(panel + 1) * k * NR];
-                let first_column = panel * NR;
-                let columns = NR.min(width - first_column);
-                let init = panel_bias(bias, first_column, columns);
-                let mut row = rows.start;
-                while row < rows.end {
-                    let m = kernel.rows().min(rows.end - row);
-                    let mut tile = [[0.0f32; NR]; MAX_MR];
-                    micro_tile(
-                        kernel,
-                        &x[row * k..(row + m) * k],
-                        k,
-                        weights,
-                        &init,
-                        &mut tile,
-                    );
-                    for (r, values) in tile[..m].iter().enumerate() {
-                        for (c, &value) in values[..columns].iter().enumerate() {
-                            // SAFETY: this task alone owns rows `rows` × the columns of its
-                            // panels, and the index lies inside `out` (lengths checked above).
-                            unsafe { output.write((row + r) * width + first_column + c, value) };
-                        }
-                    }
-                    row += m;
-                }
-            }
-        });
+        let bias = bias.map_or(Bias::None, Bias::Init);
+        run_panels(
+            pool,
+            x,
+            n,
+            k,
+            &self.panels,
+            width,
+            kernel.rows(),
+            bias,
+            out,
+            &|x, panel, init, tile| micro_tile(kernel, x, k, panel, init, tile),
+        );
         Ok(())
     }
+}
+
+/// Where a panel product's bias goes.
+#[derive(Clone, Copy)]
+pub(super) enum Bias<'a> {
+    None,
+    /// Each output's chain starts from its bias (the f32 path).
+    Init(&'a [f32]),
+    /// Chains start from zero; the bias is added to the finished sum and a NaN result is
+    /// written as the one canonical quiet NaN (the bf16 path, whose kernels may differ in NaN
+    /// payloads).
+    After(&'a [f32]),
+}
+
+/// One micro-tile: rows of `x` (each `k` elements) against one panel (`k` rows of [`NR`]),
+/// every output's chain started from `init`, into `tile`.
+pub(super) type MicroTile<'a, T> =
+    dyn Fn(&[T], &[T], &[f32; NR], &mut [[f32; NR]; MAX_MR]) + Sync + 'a;
+
+/// The panel product's driver, shared by the f32 and bf16 matrices: `out[n][width]` from
+/// `x[n][k]` and `panels[panel][k][NR]`, tasks over (row block, panel group) on `pool`, each
+/// output computed by one `micro` call whatever task or tile it lands in.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_panels<T: Copy + Sync>(
+    pool: &ThreadPool,
+    x: &[T],
+    n: usize,
+    k: usize,
+    panels: &[T],
+    width: usize,
+    tile_rows: usize,
+    bias: Bias<'_>,
+    out: &mut [f32],
+    micro: &MicroTile<'_, T>,
+) {
+    let num_panels = width.div_ceil(NR);
+    let row_blocks = n.div_ceil(ROW_BLOCK);
+    // Few row blocks (short batches): one panel per task so every thread has work.
+    let panels_per_task = if row_blocks >= 4 * pool.num_threads() {
+        4
+    } else {
+        1
+    };
+    let panel_groups = num_panels.div_ceil(panels_per_task);
+    let output = SharedMut::new(out);
+    pool.parallel_for(row_blocks * panel_groups, &|task| {
+        let (block, group) = (task / panel_groups, task % panel_groups);
+        let rows = block * ROW_BLOCK..((block + 1) * ROW_BLOCK).min(n);
+        let first_panel = group * panels_per_task;
+        for panel in first_panel..(first_panel + panels_per_task).min(num_panels) {
+            let weights = &panels[panel * k * NR..(panel + 1) * k * NR];
+            let first_column = panel * NR;
+            let columns = NR.min(width - first_column);
+            let (init, after) = match bias {
+                Bias::None => ([0.0; NR], None),
+                Bias::Init(bias) => (panel_bias(Some(bias), first_column, columns), None),
+                Bias::After(bias) => (
+                    [0.0; NR],
+                    Some(panel_bias(Some(bias), first_column, columns)),
+                ),
+            };
+            let mut row = rows.start;
+            while row < rows.end {
+                let m = tile_rows.min(rows.end - row);
+                let mut tile = [[0.0f32; NR]; MAX_MR];
+                micro(&x[row * k..(row + m) * k], weights, &init, &mut tile);
+                for (r, values) in tile[..m].iter().enumerate() {
+                    for (c, &value) in values[..columns].iter().enumerate() {
+                        let value = match &after {
+                            None => value,
+                            Some(bias) => {
+                                let sum = value + bias[c];
+                                if sum.is_nan() {
+                                    f32::NAN
+                                } else {
+                                    sum
+                                }
+                            }
+                        };
+                        // SAFETY: this task alone owns rows `rows` × the columns of its
+                        // panels, and the index lies inside `out` (the callers check its
+                        // length is n × width).
+                        unsafe { output.write((row + r) * width + first_column + c, value) };
+                    }
+                }
+                row += m;
+            }
+        }
+    });
 }
 
 /// The bias of one panel's columns, zero past the matrix's width.
@@ -233,7 +298,7 @@ fn panel_bias(bias: Option<&[f32]>, first_column: usize, columns: usize) -> [f32
 
 /// `tile[r][j] = init[j] + Σ_c x[r][c] · panel[c][j]` for the `x.len() / k` rows (at most
 /// `kernel.rows()`).
-fn micro_tile(
+pub(super) fn micro_tile(
     kernel: GemmKernel,
     x: &[f32],
     k: usize,

@@ -33,6 +33,7 @@ use super::activation::QuantizedActivations;
 use super::grouped::GroupedLayout;
 use super::interleaved::{GroupKind, Groups, GROUP, NIBBLE_BYTES};
 use super::kquant::{self, KGroups, KKind};
+use crate::cpu::tiles::{release_tiles, TileConfig};
 use crate::cpu::{amx_enabled, CpuFeatures};
 use crate::dtype::DType;
 use crate::pool::{SharedMut, ThreadPool};
@@ -85,46 +86,12 @@ impl Amx {
     }
 }
 
-/// A 64-byte tile configuration (palette 1): tmm0 = A (`rows` × 32 bytes), tmm1 and tmm4 = B
-/// (8 × 64 bytes), tmm2 and tmm3 = C (`rows` × 16 i32).
-#[repr(C, align(64))]
-struct TileConfig([u8; 64]);
-
-impl TileConfig {
-    fn new(rows: usize) -> TileConfig {
-        let mut bytes = [0u8; 64];
-        bytes[0] = 1;
-        let mut set = |tile: usize, rows: usize, row_bytes: u16| {
-            bytes[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&row_bytes.to_le_bytes());
-            bytes[48 + tile] = rows as u8;
-        };
-        set(0, rows, QK as u16);
-        set(1, QK / 4, (4 * TILE_COLS) as u16);
-        set(2, rows, (4 * TILE_COLS) as u16);
-        set(3, rows, (4 * TILE_COLS) as u16);
-        set(4, QK / 4, (4 * TILE_COLS) as u16);
-        TileConfig(bytes)
-    }
-
-    /// Loads this configuration into the calling thread's tile registers.
-    ///
-    /// # Safety
-    /// The CPU has AMX and the process holds the tile-data permission (an [`Amx`] token).
-    #[inline]
-    unsafe fn load(&self) {
-        // SAFETY: the caller's contract; `ldtilecfg` reads the 64 bytes of `self`.
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) self.0.as_ptr(), options(nostack, readonly)) };
-    }
-}
-
-/// Returns the thread's tile registers to their initial state.
-///
-/// # Safety
-/// As [`TileConfig::load`].
-#[inline]
-unsafe fn release_tiles() {
-    // SAFETY: the caller's contract.
-    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+/// The tile configuration for `rows` activation rows: tmm0 = A (`rows` × 32 bytes), tmm1 and
+/// tmm4 = B (8 × 64 bytes), tmm2 and tmm3 = C (`rows` × 16 i32).
+fn tile_config(rows: usize) -> TileConfig {
+    let b = (QK / 4, 4 * TILE_COLS);
+    let c = (rows, 4 * TILE_COLS);
+    TileConfig::new(&[(rows, QK), b, c, c, b])
 }
 
 /// How a block's integer dots become f32 (each the scalar twin's order per output element):
@@ -393,9 +360,9 @@ unsafe fn run_task(
     scratch.b_tiles.resize(blocks * tile_bytes, 0);
     scratch.params.resize(blocks, BlockParams::default());
 
-    let full = TileConfig::new(TILE_ROWS);
+    let full = tile_config(TILE_ROWS);
     let last_rows = n - (row_tiles - 1) * TILE_ROWS;
-    let partial = TileConfig::new(last_rows);
+    let partial = tile_config(last_rows);
     // SAFETY: `_amx` (the caller's contract).
     unsafe { full.load() };
     let mut configured_full = true;

@@ -9,10 +9,11 @@ use std::path::Path;
 use serde::Deserialize;
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::{
-    add_inplace, bidirectional_attention, gelu_erf_inplace, EncoderAttentionShape, PanelMatrix,
-    ThreadPool,
+    add_inplace, bidirectional_attention, gelu_erf_inplace, Bf16PanelMatrix, EncoderAttentionShape,
+    PanelMatrix, ThreadPool,
 };
 
+use crate::cache_dtype::ModelDtype;
 use crate::error::{ModelError, Result};
 use crate::layers::{embed, LayerNorm, Linear, LinearScratch, StackedLinear};
 use crate::loader::{TensorNaming, TensorStore, WeightReader};
@@ -64,11 +65,40 @@ fn default_position_embedding_type() -> String {
     "absolute".into()
 }
 
-/// A dense layer's weight: float weights (F32/F16/BF16) packed for the encoder GEMM, which
-/// also adds the bias; quantized ones (GGUF) keep their `QMatrix` kernel.
+/// The arithmetic of an encoder's float linear layers, from `--dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EncoderPrecision {
+    /// f32 weights and activations, one fused chain per output ([`PanelMatrix`]).
+    #[default]
+    F32,
+    /// Weights rounded to bf16 once at load, activations per product, f32 accumulation
+    /// ([`Bf16PanelMatrix`]), as vLLM runs a model under `--dtype bfloat16`.
+    Bf16,
+}
+
+impl EncoderPrecision {
+    /// `--dtype` for an encoder: `bfloat16` runs its linear layers in bf16; `float32` keeps
+    /// f32. `auto` keeps f32 too: vLLM's `auto` downcasts a float32 checkpoint, on x86 CPUs
+    /// to float16 for pooling models (its CPU platform lists bfloat16, float16, float32 and
+    /// pooling models prefer float16), which tokenmill does not compute; bf16 would pass the
+    /// parity bar (all-MiniLM-L6-v2's worst cosine 0.999963 against sentence-transformers'
+    /// f32 vectors, tests/bert_parity.rs) but is not faster on these CPUs (bench/RESULTS.md),
+    /// so it stays opt-in. `float16` also stays f32 (the CLI warns that it does).
+    pub fn for_dtype(dtype: ModelDtype) -> EncoderPrecision {
+        match dtype {
+            ModelDtype::BFloat16 => EncoderPrecision::Bf16,
+            ModelDtype::Auto | ModelDtype::Float16 | ModelDtype::Float32 => EncoderPrecision::F32,
+        }
+    }
+}
+
+/// A dense layer's weight: float weights (F32/F16/BF16) packed for the encoder GEMM (f32, or
+/// bf16 under `--dtype bfloat16`), which also adds the bias; quantized ones (GGUF) keep their
+/// `QMatrix` kernel.
 #[derive(Debug)]
 enum DenseWeight {
     Panel(PanelMatrix),
+    Bf16(Bf16PanelMatrix),
     Quantized(StackedLinear),
 }
 
@@ -81,13 +111,20 @@ struct Dense {
 }
 
 impl Dense {
-    fn load(reader: &WeightReader<'_>, name: &str, rows: usize, columns: usize) -> Result<Dense> {
-        Dense::load_stacked(reader, &[name.to_string()], rows, columns)
+    fn load(
+        reader: &WeightReader<'_>,
+        precision: EncoderPrecision,
+        name: &str,
+        rows: usize,
+        columns: usize,
+    ) -> Result<Dense> {
+        Dense::load_stacked(reader, precision, &[name.to_string()], rows, columns)
     }
 
     /// `names` (without `.weight` / `.bias`), each `rows` outputs, stacked in order.
     fn load_stacked(
         reader: &WeightReader<'_>,
+        precision: EncoderPrecision,
         names: &[String],
         rows: usize,
         columns: usize,
@@ -96,13 +133,15 @@ impl Dense {
             .iter()
             .map(|name| (format!("{name}.weight"), rows))
             .collect();
-        let weight = match reader.float_rows_named(&parts, columns)? {
-            Some(values) => DenseWeight::Panel(PanelMatrix::from_rows(
-                names.len() * rows,
-                columns,
-                &values,
-            )?),
-            None => DenseWeight::Quantized(reader.stacked_named(&parts, columns)?),
+        let out_features = names.len() * rows;
+        let weight = match (reader.float_rows_named(&parts, columns)?, precision) {
+            (Some(values), EncoderPrecision::F32) => {
+                DenseWeight::Panel(PanelMatrix::from_rows(out_features, columns, &values)?)
+            }
+            (Some(values), EncoderPrecision::Bf16) => {
+                DenseWeight::Bf16(Bf16PanelMatrix::from_rows(out_features, columns, &values)?)
+            }
+            (None, _) => DenseWeight::Quantized(reader.stacked_named(&parts, columns)?),
         };
         let mut bias = Vec::with_capacity(names.len() * rows);
         for name in names {
@@ -114,6 +153,7 @@ impl Dense {
     fn storage_bytes(&self) -> usize {
         let weight = match &self.weight {
             DenseWeight::Panel(matrix) => matrix.storage_bytes(),
+            DenseWeight::Bf16(matrix) => matrix.storage_bytes(),
             DenseWeight::Quantized(linear) => linear.storage_bytes(),
         };
         weight + self.bias.len() * 4
@@ -129,6 +169,7 @@ impl Dense {
     ) -> Result<()> {
         match &self.weight {
             DenseWeight::Panel(matrix) => Ok(matrix.matmul(pool, x, n, Some(&self.bias), out)?),
+            DenseWeight::Bf16(matrix) => Ok(matrix.matmul(pool, x, n, Some(&self.bias), out)?),
             DenseWeight::Quantized(linear) => {
                 linear.forward(pool, x, n, out, scratch)?;
                 add_bias(out, &self.bias)
@@ -192,7 +233,7 @@ impl BertModel {
     /// Loads an HF directory: `config.json`, `model.safetensors` (names with or without the
     /// `bert.` prefix classification checkpoints use) and, for embedders,
     /// sentence-transformers' `modules.json` for the pooling method and normalization.
-    pub fn load_hf_directory(dir: &Path) -> Result<BertModel> {
+    pub fn load_hf_directory(dir: &Path, precision: EncoderPrecision) -> Result<BertModel> {
         let config: BertConfig = read_json(&dir.join("config.json"))?;
         check_config(&config)?;
         let classify = config
@@ -251,13 +292,13 @@ impl BertModel {
         };
         let store = TensorStore::from_hf_directory(dir)?;
         let reader = WeightReader::new(&store, TensorNaming::HuggingFace, false);
-        BertModel::from_reader(config, info, &reader, false)
+        BertModel::from_reader(config, info, &reader, false, precision)
     }
 
     /// Loads a GGUF of llama.cpp's `bert` architecture (its converter's tensor names and
     /// `bert.*` keys; `bert.pooling_type` gives the method). Embedders only: llama.cpp's
     /// classifier heads (`cls.*`) are refused. Vectors are normalized, as llama.cpp's are.
-    pub fn load_gguf(path: &Path) -> Result<BertModel> {
+    pub fn load_gguf(path: &Path, precision: EncoderPrecision) -> Result<BertModel> {
         let file = GgufFile::open(path)?;
         let store = TensorStore::from_gguf(&file);
         let key = |k: &str| format!("bert.{k}");
@@ -326,7 +367,7 @@ impl BertModel {
             matryoshka_dimensions: None,
         };
         let reader = WeightReader::new(&store, TensorNaming::Gguf, false);
-        BertModel::from_reader(config, info, &reader, true)
+        BertModel::from_reader(config, info, &reader, true, precision)
     }
 
     fn from_reader(
@@ -334,6 +375,7 @@ impl BertModel {
         info: PoolingModelInfo,
         reader: &WeightReader<'_>,
         gguf: bool,
+        precision: EncoderPrecision,
     ) -> Result<BertModel> {
         let prefix = if reader.contains_named("bert.embeddings.word_embeddings.weight") {
             "bert."
@@ -366,8 +408,14 @@ impl BertModel {
                 .map(|p| layer(&format!("attention.self.{p}")))
                 .collect();
             layers.push(BertLayer {
-                qkv: Dense::load_stacked(reader, &qkv, h, h)?,
-                attention_output: Dense::load(reader, &layer("attention.output.dense"), h, h)?,
+                qkv: Dense::load_stacked(reader, precision, &qkv, h, h)?,
+                attention_output: Dense::load(
+                    reader,
+                    precision,
+                    &layer("attention.output.dense"),
+                    h,
+                    h,
+                )?,
                 attention_norm: load_layer_norm(
                     reader,
                     &layer("attention.output.LayerNorm"),
@@ -376,18 +424,25 @@ impl BertModel {
                 )?,
                 intermediate: Dense::load(
                     reader,
+                    precision,
                     &layer("intermediate.dense"),
                     config.intermediate_size,
                     h,
                 )?,
-                output: Dense::load(reader, &layer("output.dense"), h, config.intermediate_size)?,
+                output: Dense::load(
+                    reader,
+                    precision,
+                    &layer("output.dense"),
+                    h,
+                    config.intermediate_size,
+                )?,
                 output_norm: load_layer_norm(reader, &layer("output.LayerNorm"), h, eps)?,
             });
         }
         let head = match info.task {
             PoolingTask::Classify => Some(ClassifierHead {
-                pooler: Dense::load(reader, &name("pooler.dense"), h, h)?,
-                classifier: Dense::load(reader, "classifier", info.output_dim, h)?,
+                pooler: Dense::load(reader, precision, &name("pooler.dense"), h, h)?,
+                classifier: Dense::load(reader, precision, "classifier", info.output_dim, h)?,
             }),
             PoolingTask::Embed => None,
         };

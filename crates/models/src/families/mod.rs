@@ -7,7 +7,7 @@ mod bert;
 mod gemma3;
 mod llama;
 
-pub use bert::BertModel;
+pub use bert::{BertModel, EncoderPrecision};
 pub use gemma3::Gemma3Model;
 pub(crate) use llama::kv_layout as llama_kv_layout;
 pub use llama::LlamaModel;

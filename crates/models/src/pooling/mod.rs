@@ -18,7 +18,7 @@ use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::{EncoderSeq, ThreadPool};
 
 use crate::error::{io_error, ModelError, Result};
-use crate::families::BertModel;
+use crate::families::{BertModel, EncoderPrecision};
 use crate::source::ModelSource;
 
 /// How hidden states become one vector (sentence-transformers' `1_Pooling/config.json`,
@@ -202,9 +202,10 @@ pub fn load_pooling_model_with(
     options: &PoolingOptions,
 ) -> Result<Box<dyn PoolingModel>> {
     let model: Box<dyn PoolingModel> = if is_pooling_model(source) {
+        let precision = EncoderPrecision::for_dtype(options.dtype);
         let mut bert = match source {
-            ModelSource::HfDirectory(dir) => BertModel::load_hf_directory(dir)?,
-            ModelSource::Gguf(path) => BertModel::load_gguf(path)?,
+            ModelSource::HfDirectory(dir) => BertModel::load_hf_directory(dir, precision)?,
+            ModelSource::Gguf(path) => BertModel::load_gguf(path, precision)?,
         };
         if options.convert == ConvertOption::Embed && bert.info.task != PoolingTask::Embed {
             return Err(ModelError::PoolingOption(format!(

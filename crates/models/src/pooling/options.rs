@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::{PoolingMethod, PoolingModelInfo, PoolingTask};
+use crate::cache_dtype::ModelDtype;
 use crate::error::{ModelError, Result};
 
 /// vLLM's `--convert`: what a model without a pooling head of its own becomes.
@@ -157,6 +158,10 @@ fn parse_pooling_type(name: &str) -> std::result::Result<PoolingMethod, String> 
 pub struct PoolingOptions {
     pub convert: ConvertOption,
     pub pooler: PoolerConfig,
+    /// `--dtype`: an encoder's linear layers in bf16 or f32
+    /// ([`crate::EncoderPrecision::for_dtype`]); decoder embedders compute in f32 whatever it
+    /// says.
+    pub dtype: ModelDtype,
 }
 
 #[cfg(test)]
