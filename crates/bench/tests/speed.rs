@@ -259,10 +259,10 @@ fn only_selects_figures_and_bad_options_are_refused() {
         args(&all)
     };
     let report = run_speed(&with(&["--only", "decode"])).expect("decode only");
-    let keys: Vec<&str> = report.phases.iter().map(|p| p.phase.key()).collect();
+    let keys: Vec<String> = report.phases.iter().map(|p| p.phase.key()).collect();
     assert_eq!(keys, ["decode", "decode_long"]);
     let report = run_speed(&with(&["--only", "prefill,batched"])).expect("two figures");
-    let keys: Vec<&str> = report.phases.iter().map(|p| p.phase.key()).collect();
+    let keys: Vec<String> = report.phases.iter().map(|p| p.phase.key()).collect();
     assert_eq!(keys, ["prefill", "batched"]);
     let report = run_speed(&with(&["--only", "batched", "--only", "prefill"])).expect("repeated");
     assert_eq!(report.phases.len(), 2);
@@ -280,4 +280,106 @@ fn only_selects_figures_and_bad_options_are_refused() {
     }
     let missing = run_speed(&args(&["--model", "/nonexistent/model.gguf"]));
     assert!(missing.is_err());
+}
+
+#[test]
+fn verify_figures_time_each_row_count_against_one_row_at_a_fixed_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&model);
+    let json = dir.path().join("verify.json");
+    let report = run_speed(&args(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--prompt-len",
+        "20",
+        "--decode-len",
+        "3",
+        "--repeats",
+        "2",
+        "--probe-mib",
+        "1",
+        "--probe-seconds",
+        "0.01",
+        "--only",
+        "verify",
+        "--verify-rows",
+        "5,2,5",
+        "--json",
+        json.to_str().unwrap(),
+    ]))
+    .expect("verify figures run");
+    // The one-row base is added, duplicates dropped, the counts ascending.
+    let keys: Vec<String> = report.phases.iter().map(|p| p.phase.key()).collect();
+    assert_eq!(keys, ["verify_1", "verify_2", "verify_5"]);
+    let value: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(
+        value["settings"]["verify_rows"],
+        serde_json::json!([1, 2, 5])
+    );
+    for rows in [1u64, 2, 5] {
+        let phase = &value["phases"][format!("verify_{rows}")];
+        assert_eq!(
+            phase["label"],
+            format!("verify {rows} rows/step tok/s (ctx 20)")
+        );
+        assert_eq!(phase["sequences"], 1);
+        assert_eq!(phase["steps"], 3);
+        assert_eq!(phase["tokens"], 3 * rows);
+        // Every step rewrites positions 20..20 + rows: the context does not grow.
+        assert_eq!(phase["context_start"], 20);
+        assert_eq!(phase["context_end"], 20 + rows);
+        assert_eq!(phase["runs_s"].as_array().map(Vec::len), Some(2));
+        let ms = positive(phase, "/ms_per_step");
+        let base = positive(&value, "/phases/verify_1/ms_per_step");
+        let ratio = positive(phase, "/vs_one_row");
+        assert!((ratio - ms / base).abs() < 1e-9 * ratio, "{phase:#}");
+        positive(phase, "/attention_gflop");
+    }
+    assert_eq!(value["phases"]["verify_1"]["vs_one_row"], 1.0);
+    // Not measured unless asked for by name.
+    let plain = run_speed(&args(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--prompt-len",
+        "8",
+        "--decode-len",
+        "2",
+        "--batch",
+        "2",
+        "--batch-prompt-len",
+        "3",
+        "--batch-decode-steps",
+        "2",
+        "--repeats",
+        "1",
+        "--probe-mib",
+        "1",
+        "--probe-seconds",
+        "0.01",
+    ]))
+    .expect("default figures run");
+    assert!(plain
+        .phases
+        .iter()
+        .all(|p| !matches!(p.phase, tokenmill_bench::Phase::Verify(_))));
+    let zero = args(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--only",
+        "verify",
+        "--verify-rows",
+        "0,2",
+    ]);
+    let error = run_speed(&zero).expect_err("zero rows refused");
+    assert!(
+        error
+            .to_string()
+            .contains("--verify-rows must be at least 1"),
+        "{error}"
+    );
 }

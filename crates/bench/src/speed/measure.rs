@@ -77,10 +77,12 @@ pub fn measure(
     let mut timings = Vec::new();
     let repeats = settings.repeats;
 
+    let verify_rows = settings.verify_rows();
     let single_phases = [Phase::Prefill, Phase::Decode, Phase::DecodeLong];
-    if single_phases.iter().any(|&phase| settings.wants(phase)) {
+    if !verify_rows.is_empty() || single_phases.iter().any(|&phase| settings.wants(phase)) {
         let (prompt_len, decode_len) = (settings.prompt_len, settings.decode_len);
-        let blocks = (prompt_len + decode_len).div_ceil(block_size);
+        let most_rows = verify_rows.iter().copied().max().unwrap_or(0);
+        let blocks = (prompt_len + decode_len.max(most_rows)).div_ceil(block_size);
         let kv_dtype = settings.kv_storage;
         let mut kv = KvCacheStorage::with_dtype(model.kv_layout(), blocks, block_size, kv_dtype);
         let table: Vec<u32> = (0..blocks as u32).collect();
@@ -100,8 +102,10 @@ pub fn measure(
         }
 
         // Prefill: the whole prompt in one forward call, logits for the last token only. It
-        // runs (untimed) even when not selected if the long decode needs the prompt's KV.
-        if settings.wants(Phase::Prefill) || settings.wants(Phase::DecodeLong) {
+        // runs (untimed) even when not selected if the long decode or verification needs the
+        // prompt's KV.
+        let needs_prompt = settings.wants(Phase::DecodeLong) || !verify_rows.is_empty();
+        if settings.wants(Phase::Prefill) || needs_prompt {
             let timed = settings.wants(Phase::Prefill);
             let runs = if timed { repeats } else { 1 };
             let mut runs_s = Vec::with_capacity(runs);
@@ -152,6 +156,54 @@ pub fn measure(
                 decode_len,
                 runs_s,
             ));
+        }
+
+        // Verification steps after the prompt, the row counts interleaved within each repeat
+        // so drift on a shared machine spreads over all of them.
+        if !verify_rows.is_empty() {
+            progress(&format!(
+                "verify: rows {verify_rows:?} at ctx {prompt_len}, {decode_len} steps × {repeats} runs"
+            ));
+            let prompt_rows = prompt_tokens(most_rows, 1, vocab);
+            let mut runs_s = vec![Vec::with_capacity(repeats); verify_rows.len()];
+            for _ in 0..repeats {
+                for (&rows, runs) in verify_rows.iter().zip(&mut runs_s) {
+                    let started = Instant::now();
+                    for _ in 0..decode_len {
+                        batch.clear();
+                        // Logits for every row, as the engine asks for a verification.
+                        batch.add_sequence(
+                            &prompt_rows[..rows],
+                            prompt_len,
+                            &table,
+                            block_size,
+                            false,
+                        )?;
+                        batch.logits_indices.extend(0..rows as u32);
+                        with_adapter(&mut batch, single)?;
+                        model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
+                        if logits.len() != rows * vocab {
+                            return Err(BenchError::Task(format!(
+                                "a {rows}-row verification step returned {} logits",
+                                logits.len()
+                            )));
+                        }
+                    }
+                    runs.push(started.elapsed().as_secs_f64());
+                }
+            }
+            for (rows, runs_s) in verify_rows.iter().zip(runs_s) {
+                timings.push(PhaseTiming {
+                    phase: Phase::Verify(*rows),
+                    sequences: 1,
+                    steps: decode_len as u64,
+                    tokens: (rows * decode_len) as u64,
+                    logit_rows: (rows * decode_len) as u64,
+                    context_start: prompt_len as u64,
+                    context_end: (prompt_len + rows) as u64,
+                    runs_s,
+                });
+            }
         }
 
         // Decode from an empty context, like llama-bench's tg: positions 0..decode_len.

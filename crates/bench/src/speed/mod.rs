@@ -1,6 +1,7 @@
 //! `tokenmill bench speed`: offline forward-pass throughput on one machine — prefill tok/s,
 //! single-stream decode tok/s (from an empty context, like llama-bench's tg, and after the long
-//! prompt) and batched decode tok/s — each with achieved GFLOP/s and weight GB/s next to the
+//! prompt), speculative verification steps (k + 1 rows with logits at a fixed context, against a
+//! one-row step) and batched decode tok/s — each with achieved GFLOP/s and weight GB/s next to the
 //! machine's peaks, measured at start-up by two quick probes. `bench/llamacpp_speed.py` writes
 //! the same JSON for llama.cpp, and `bench/compare_speed.sh` puts the two side by side.
 
@@ -21,11 +22,13 @@ pub use cost::ModelCost;
 pub use measure::PhaseTiming;
 pub use report::{format_report, median, MachinePeak, PhaseResult, SpeedReport};
 
-/// The figures `--only` can select. `decode` covers both single-stream decode figures.
+/// The figures `--only` can select. `decode` covers both single-stream decode figures,
+/// `verify` one figure per `--verify-rows` count (and the one-row step they are compared to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PhaseSelection {
     Prefill,
     Decode,
+    Verify,
     Batched,
 }
 
@@ -38,18 +41,24 @@ pub enum Phase {
     Decode,
     /// `--decode-len` single-token steps right after the `--prompt-len` prompt.
     DecodeLong,
+    /// `--decode-len` steps of this many rows (a speculative verification step: the last
+    /// token and k drafts, logits for every row) at positions `--prompt-len..` after the
+    /// prompt; each step rewrites the same positions (the rows are rolled back, as rejected
+    /// drafts are), so the context stays `--prompt-len` throughout.
+    Verify(usize),
     /// `--batch-decode-steps` steps of `--batch` sequences after `--batch-prompt-len` prompts.
     Batched,
 }
 
 impl Phase {
     /// The key of this figure in the JSON result (shared with `bench/llamacpp_speed.py`).
-    pub fn key(self) -> &'static str {
+    pub fn key(self) -> String {
         match self {
-            Phase::Prefill => "prefill",
-            Phase::Decode => "decode",
-            Phase::DecodeLong => "decode_long",
-            Phase::Batched => "batched",
+            Phase::Prefill => "prefill".into(),
+            Phase::Decode => "decode".into(),
+            Phase::DecodeLong => "decode_long".into(),
+            Phase::Verify(rows) => format!("verify_{rows}"),
+            Phase::Batched => "batched".into(),
         }
     }
 }
@@ -66,9 +75,13 @@ pub struct BenchSpeedArgs {
     /// Prompt length of the prefill figure, and the context the long decode starts from.
     #[arg(long, default_value_t = 512)]
     pub prompt_len: usize,
-    /// Single-stream decode steps per run.
+    /// Single-stream decode steps per run (also the steps per run of each verify figure).
     #[arg(long, default_value_t = 128)]
     pub decode_len: usize,
+    /// Rows per step of the verify figures (k + 1 for k draft tokens; comma-separated). A
+    /// one-row figure at the same context is always measured too, as the ratio's base.
+    #[arg(long, value_delimiter = ',', default_values_t = [2, 5, 9])]
+    pub verify_rows: Vec<usize>,
     /// Sequences decoded together in the batched figure.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
@@ -81,7 +94,7 @@ pub struct BenchSpeedArgs {
     /// Runs of each figure; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Measure only these figures (repeatable or comma-separated; default: all).
+    /// Measure only these figures (repeatable or comma-separated; default: all but verify).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<PhaseSelection>,
     /// Write the results as JSON to this file.
@@ -134,6 +147,17 @@ impl SpeedSettings {
     pub fn wants(&self, phase: Phase) -> bool {
         self.phases.contains(&phase)
     }
+
+    /// The rows per step of the verify figures, ascending (1 first when any is measured).
+    pub fn verify_rows(&self) -> Vec<usize> {
+        self.phases
+            .iter()
+            .filter_map(|phase| match *phase {
+                Phase::Verify(rows) => Some(rows),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 impl BenchSpeedArgs {
@@ -150,7 +174,16 @@ impl BenchSpeedArgs {
             ("--probe-mib", self.probe_mib),
             ("--lora-rank", self.lora_rank),
         ];
-        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+        let zero_rows = self
+            .verify_rows
+            .contains(&0)
+            .then_some(("--verify-rows", 0));
+        if let Some((name, _)) = positive
+            .iter()
+            .copied()
+            .chain(zero_rows)
+            .find(|(_, value)| *value == 0)
+        {
             return Err(BenchError::InvalidArgument(format!(
                 "{name} must be at least 1"
             )));
@@ -176,6 +209,14 @@ impl BenchSpeedArgs {
         }
         if selected(PhaseSelection::Decode) {
             phases.extend([Phase::Decode, Phase::DecodeLong]);
+        }
+        // Verification is a figure of its own, measured only when asked for by name.
+        if self.only.contains(&PhaseSelection::Verify) {
+            let mut rows = self.verify_rows.clone();
+            rows.push(1);
+            rows.sort_unstable();
+            rows.dedup();
+            phases.extend(rows.into_iter().map(Phase::Verify));
         }
         if selected(PhaseSelection::Batched) {
             phases.push(Phase::Batched);

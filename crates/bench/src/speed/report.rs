@@ -66,6 +66,9 @@ pub struct PhaseResult {
     pub pct_peak_gflops: f64,
     pub weight_gbs: f64,
     pub pct_peak_read_gbs: f64,
+    /// Verify figures: ms/step over the one-row verify figure's (same context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_one_row: Option<f64>,
 }
 
 /// Everything `tokenmill bench speed` measured (serialized as its `--json` file).
@@ -92,6 +95,8 @@ pub struct SettingsRecord {
     pub batch: usize,
     pub batch_prompt_len: usize,
     pub batch_decode_steps: usize,
+    /// Rows per step of the verify figures measured (empty when none were).
+    pub verify_rows: Vec<usize>,
     pub repeats: usize,
     pub block_size: usize,
     /// `--kv-cache-dtype` as given.
@@ -137,7 +142,13 @@ impl PhaseResult {
         let seconds = median(&timing.runs_s);
         let rate = |amount: f64| if seconds > 0.0 { amount / seconds } else { 0.0 };
         let matmul = cost.matmul_flops(timing.tokens, timing.logit_rows);
-        let attention = timing.sequences as f64
+        // A verify figure's steps each process the same positions again.
+        let repeated = match timing.phase {
+            Phase::Verify(_) => timing.steps as f64,
+            _ => 1.0,
+        };
+        let attention = repeated
+            * timing.sequences as f64
             * cost.attention_flops(timing.context_start, timing.context_end);
         let gflops = rate(matmul + attention) / 1e9;
         let weight_gbs = rate(decode_weight_bytes as f64 * timing.steps as f64) / 1e9;
@@ -159,6 +170,7 @@ impl PhaseResult {
             pct_peak_gflops: percent(gflops, machine.peak_gflops),
             weight_gbs,
             pct_peak_read_gbs: percent(weight_gbs, machine.peak_read_gbs),
+            vs_one_row: None,
         }
     }
 }
@@ -169,6 +181,7 @@ pub fn label(timing: &PhaseTiming) -> String {
     match timing.phase {
         Phase::Prefill => format!("prefill tok/s ({})", timing.tokens),
         Phase::Decode | Phase::DecodeLong => format!("decode tok/s (ctx {start}→{end})"),
+        Phase::Verify(rows) => format!("verify {rows} rows/step tok/s (ctx {start})"),
         Phase::Batched => format!(
             "batched decode tok/s ({} seqs, ctx {start}→{end})",
             timing.sequences
@@ -192,6 +205,17 @@ impl SpeedReport {
             .map(|timing| PhaseResult::from_timing(timing, &cost, decode_weight_bytes, &machine))
             .collect();
         phases.sort_by_key(|phase| phase.phase);
+        let one_row = phases
+            .iter()
+            .find(|phase| phase.phase == Phase::Verify(1))
+            .map(|phase| phase.ms_per_step);
+        for phase in &mut phases {
+            if let (Phase::Verify(_), Some(base)) = (phase.phase, one_row) {
+                if base > 0.0 {
+                    phase.vs_one_row = Some(phase.ms_per_step / base);
+                }
+            }
+        }
         SpeedReport {
             engine: "tokenmill".into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -213,6 +237,7 @@ impl SpeedReport {
                 batch: settings.batch,
                 batch_prompt_len: settings.batch_prompt_len,
                 batch_decode_steps: settings.batch_decode_steps,
+                verify_rows: settings.verify_rows(),
                 repeats: settings.repeats,
                 block_size: settings.block_size,
                 kv_cache_dtype: settings.kv_cache_dtype.as_str().into(),
@@ -269,9 +294,13 @@ pub fn format_report(report: &SpeedReport) -> String {
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
     for phase in &report.phases {
+        let ratio = phase
+            .vs_one_row
+            .map(|ratio| format!(", {ratio:.2}× one row"))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "| {} | {:.1} | {:.2} | {:.1} | {:.1} % | {:.2} | {:.1} % |",
+            "| {}{ratio} | {:.1} | {:.2} | {:.1} | {:.1} % | {:.2} | {:.1} % |",
             phase.label,
             phase.tok_s,
             phase.ms_per_step,
