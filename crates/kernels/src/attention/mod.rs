@@ -408,6 +408,9 @@ fn attention_with(
         }
     }
     // Split sequences: merge every pair's segment states in segment order.
+    if total_states == 0 {
+        return Ok(());
+    }
     let d = p.head_dim;
     let q_dim = p.num_heads * d;
     let mut running = vec![0.0f32; d];
@@ -576,12 +579,7 @@ impl TileSource for DecodedTiles<'_> {
             self.scratch.resize(2 * size, 0.0);
         }
         let (keys, values) = self.scratch.split_at_mut(size);
-        let rows = Rows {
-            start: base,
-            stride: kv_dim,
-            count: visible,
-            width: d,
-        };
+        let rows = key_rows(base, visible, kv_dim, d);
         self.keys.decode_rows(self.codec, rows, keys);
         self.values.decode_rows(self.codec, rows, values);
         KeyTile {
