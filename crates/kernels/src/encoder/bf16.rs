@@ -667,21 +667,10 @@ mod tests {
         );
     }
 
+    /// The f64 reference of `x · wᵀ + bias` over the bf16-rounded operands.
     fn reference(w: &[f32], x: &[f32], n: usize, k: usize, bias: &[f32]) -> Vec<f64> {
-        let width = w.len() / k;
-        let mut out = vec![0.0f64; n * width];
-        for i in 0..n {
-            for j in 0..width {
-                let dot: f64 = (0..k)
-                    .map(|c| {
-                        f64::from(widen(round_bf16(x[i * k + c])))
-                            * f64::from(widen(round_bf16(w[j * k + c])))
-                    })
-                    .sum();
-                out[i * width + j] = dot + f64::from(bias[j]);
-            }
-        }
-        out
+        let rounded = |v: &[f32]| v.iter().map(|&v| widen(round_bf16(v))).collect::<Vec<_>>();
+        super::super::gemm::tests::reference(&rounded(w), &rounded(x), n, k, Some(bias))
     }
 
     fn bits(values: &[f32]) -> Vec<u32> {
@@ -778,26 +767,10 @@ mod tests {
 
     #[test]
     fn a_row_is_the_same_alone_and_in_a_batch() {
-        let mut rng = Rng::new(11);
-        let (width, k, n) = (50, 24, 131);
-        let matrix = Bf16PanelMatrix::from_rows(width, k, &rng.vec(width * k, -1.0, 1.0)).unwrap();
-        let x = rng.vec(n * k, -1.0, 1.0);
-        let mut batched = vec![0.0; n * width];
-        matrix
-            .matmul(&ThreadPool::new(2), &x, n, None, &mut batched)
-            .unwrap();
-        let single = ThreadPool::new(1);
-        for i in [0, 5, 47, 48, 130] {
-            let mut alone = vec![0.0; width];
-            matrix
-                .matmul(&single, &x[i * k..(i + 1) * k], 1, None, &mut alone)
-                .unwrap();
-            assert_eq!(
-                bits(&alone),
-                bits(&batched[i * width..(i + 1) * width]),
-                "row {i}"
-            );
-        }
+        super::super::gemm::tests::check_rows_alone_equal_batched(|width, k, w| {
+            let matrix = Bf16PanelMatrix::from_rows(width, k, w).unwrap();
+            Box::new(move |pool, x, n, out| matrix.matmul(pool, x, n, None, out).unwrap())
+        });
     }
 
     #[test]

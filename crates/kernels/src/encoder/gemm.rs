@@ -452,11 +452,19 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::test_util::Rng;
 
-    fn reference(w: &[f32], x: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f64> {
+    /// `x · wᵀ + bias` in f64 (`w` is `[width][k]`, `x` is `[n][k]`); the bf16 GEMM's tests
+    /// use it on their rounded values.
+    pub(in crate::encoder) fn reference(
+        w: &[f32],
+        x: &[f32],
+        n: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Vec<f64> {
         let width = w.len() / k;
         let mut out = vec![0.0f64; n * width];
         for i in 0..n {
@@ -524,24 +532,36 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_row_is_the_same_alone_and_in_a_batch() {
+    /// Rows of a random `[131][24]` batch through a 50-wide matrix, bitwise the same alone
+    /// (one thread) as in the batch (two threads); `matmul(pool, x, n, out)` is the GEMM.
+    pub(in crate::encoder) fn check_rows_alone_equal_batched(
+        from_rows: impl Fn(usize, usize, &[f32]) -> Box<dyn Fn(&ThreadPool, &[f32], usize, &mut [f32])>,
+    ) {
         let mut rng = Rng::new(11);
         let (width, k, n) = (50, 24, 131);
-        let matrix = PanelMatrix::from_rows(width, k, &rng.vec(width * k, -1.0, 1.0)).unwrap();
+        let matmul = from_rows(width, k, &rng.vec(width * k, -1.0, 1.0));
         let x = rng.vec(n * k, -1.0, 1.0);
         let mut batched = vec![0.0; n * width];
-        matrix
-            .matmul(&ThreadPool::new(2), &x, n, None, &mut batched)
-            .unwrap();
+        matmul(&ThreadPool::new(2), &x, n, &mut batched);
         let single = ThreadPool::new(1);
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for i in [0, 5, 47, 48, 130] {
             let mut alone = vec![0.0; width];
-            matrix
-                .matmul(&single, &x[i * k..(i + 1) * k], 1, None, &mut alone)
-                .unwrap();
-            assert_eq!(alone, batched[i * width..(i + 1) * width], "row {i}");
+            matmul(&single, &x[i * k..(i + 1) * k], 1, &mut alone);
+            assert_eq!(
+                bits(&alone),
+                bits(&batched[i * width..(i + 1) * width]),
+                "row {i}"
+            );
         }
+    }
+
+    #[test]
+    fn a_row_is_the_same_alone_and_in_a_batch() {
+        check_rows_alone_equal_batched(|width, k, w| {
+            let matrix = PanelMatrix::from_rows(width, k, w).unwrap();
+            Box::new(move |pool, x, n, out| matrix.matmul(pool, x, n, None, out).unwrap())
+        });
     }
 
     #[test]
