@@ -627,49 +627,61 @@ struct TaskInputs<'a> {
 /// How `paged_attention` cuts a batch into tasks. Any cut gives the same results (each
 /// (row, head) pair's operations do not depend on its task), so the plan only balances reuse
 /// of each K/V tile across a task's pairs against keeping every thread busy.
+///
+/// A sequence with few query rows (a decode or verification step) takes all kv heads whose
+/// pairs fit one task (`kv_span_of`): its cache blocks hold every kv head's row of a token
+/// side by side, so such a task streams whole blocks front to back instead of picking one
+/// kv head's slice out of each token (a strided read the hardware prefetchers follow poorly
+/// once the cache no longer fits in L2).
 #[derive(Debug, Clone, Copy)]
 struct Plan {
     params: AttentionParams,
     /// Query heads sharing one kv head.
     group: usize,
-    /// Each kv head's query heads are split into this many contiguous parts.
+    /// Each kv head's query heads are split into this many contiguous parts (a task then
+    /// covers one kv head).
     parts: usize,
-    /// Query rows per task.
-    rows: usize,
     /// A sequence whose rows fit one task has its segments split into up to this many
     /// contiguous ranges, one task each (1: no split).
     segment_parts: usize,
+    /// Most kv heads one task covers.
+    max_kv_span: usize,
 }
 
-/// One task: query rows `rows` (relative to the sequence) of query heads `heads`, all of which
-/// read kv head `kv_head`, over the keys of `segments`.
+/// One task: query rows `rows` (relative to the sequence) of the query heads `heads` (relative
+/// to their group) of every kv head in `kv_heads`, over the keys of `segments`.
+#[derive(Debug)]
 struct TaskWork {
-    kv_head: usize,
+    kv_heads: std::ops::Range<usize>,
     heads: std::ops::Range<usize>,
     rows: std::ops::Range<usize>,
     segments: std::ops::Range<usize>,
+}
+
+impl TaskWork {
+    /// The task's query heads (absolute), kv head by kv head.
+    #[cfg(test)]
+    fn query_heads(&self, group: usize) -> impl Iterator<Item = usize> + '_ {
+        self.kv_heads
+            .clone()
+            .flat_map(move |kv| self.heads.clone().map(move |h| kv * group + h))
+    }
 }
 
 impl Plan {
     fn new(p: &AttentionParams, seqs: &[AttentionSeq], threads: usize) -> Plan {
         let group = p.num_heads / p.num_kv_heads;
         let max_heads = (ACC_CAPACITY / p.head_dim).clamp(1, MAX_PAIRS).min(group);
-        let plan_with = |parts: usize, segment_parts: usize| {
-            let heads = group.div_ceil(parts);
-            let rows = (ACC_CAPACITY / (heads * p.head_dim))
-                .min(MAX_PAIRS / heads)
-                .clamp(1, QUERY_CHUNK);
-            Plan {
-                params: *p,
-                group,
-                parts,
-                rows,
-                segment_parts,
-            }
+        let plan_with = |parts: usize, segment_parts: usize, max_kv_span: usize| Plan {
+            params: *p,
+            group,
+            parts,
+            segment_parts,
+            max_kv_span,
         };
         let target = MIN_TASKS_PER_THREAD * threads;
         let tasks = |plan: &Plan| -> usize { seqs.iter().map(|seq| plan.tasks_per_seq(seq)).sum() };
-        let mut plan = plan_with(group.div_ceil(max_heads), 1);
+        let mut plan = plan_with(group.div_ceil(max_heads), 1, p.num_kv_heads);
         if threads < 2 {
             return plan;
         }
@@ -681,18 +693,59 @@ impl Plan {
             .max()
             .unwrap_or(1);
         while tasks(&plan) < target && plan.segment_parts < most_segments {
-            plan = plan_with(plan.parts, plan.segment_parts + 1);
+            plan = plan_with(plan.parts, plan.segment_parts + 1, plan.max_kv_span);
+        }
+        // ... then kv heads ...
+        while tasks(&plan) < target && plan.max_kv_span > 1 {
+            plan = plan_with(plan.parts, plan.segment_parts, plan.max_kv_span - 1);
         }
         // ... then head groups, until every thread has some.
         while plan.parts < group && tasks(&plan) < target {
-            plan = plan_with(plan.parts + 1, plan.segment_parts);
+            plan = plan_with(plan.parts + 1, plan.segment_parts, 1);
         }
         plan
     }
 
+    /// Query rows per task when each task covers `heads` query heads.
+    fn rows_for(&self, heads: usize) -> usize {
+        (ACC_CAPACITY / (heads * self.params.head_dim))
+            .min(MAX_PAIRS / heads)
+            .clamp(1, QUERY_CHUNK)
+    }
+
+    /// Query heads of one kv head that a task covers (the larger parts).
+    fn part_heads(&self) -> usize {
+        self.group.div_ceil(self.parts)
+    }
+
+    /// Kv heads per task for `seq`: with whole head groups, the most (a divisor of the kv
+    /// heads, at most `max_kv_span`) whose pairs for all of `seq`'s rows, up to a chunk, fit
+    /// one task; else 1.
+    fn kv_span_of(&self, seq: &AttentionSeq) -> usize {
+        if self.parts > 1 {
+            return 1;
+        }
+        let rows = seq.query_len.clamp(1, QUERY_CHUNK);
+        let kv_heads = self.params.num_kv_heads;
+        (1..=self.max_kv_span.min(kv_heads))
+            .rev()
+            .filter(|span| kv_heads.is_multiple_of(*span))
+            .find(|span| {
+                let pairs = span * self.group * rows;
+                pairs <= MAX_PAIRS && pairs * self.params.head_dim <= ACC_CAPACITY
+            })
+            .unwrap_or(1)
+    }
+
+    /// Query rows per task for `seq`.
+    fn rows_of(&self, seq: &AttentionSeq) -> usize {
+        let span = self.kv_span_of(seq);
+        self.rows_for(span * self.part_heads())
+    }
+
     /// Segment ranges `seq` is split into (1: its tasks merge their segments themselves).
     fn segment_parts_of(&self, seq: &AttentionSeq) -> usize {
-        if seq.query_len > self.rows {
+        if seq.query_len > self.rows_of(seq) {
             return 1;
         }
         self.segment_parts
@@ -706,9 +759,9 @@ impl Plan {
     }
 
     fn tasks_per_seq(&self, seq: &AttentionSeq) -> usize {
-        self.params.num_kv_heads
+        self.params.num_kv_heads / self.kv_span_of(seq)
             * self.parts
-            * seq.query_len.div_ceil(self.rows)
+            * seq.query_len.div_ceil(self.rows_of(seq))
             * self.segment_parts_of(seq)
     }
 
@@ -716,31 +769,33 @@ impl Plan {
     /// earlier head parts and segment ranges are at least as large), which helps the pool's
     /// dynamic hand-out.
     fn task(&self, seq: &AttentionSeq, local: usize) -> TaskWork {
-        let num_kv_heads = self.params.num_kv_heads;
-        let kv_head = local % num_kv_heads;
-        let part = (local / num_kv_heads) % self.parts;
+        let span = self.kv_span_of(seq);
+        let rows = self.rows_of(seq);
+        let kv_tasks = self.params.num_kv_heads / span;
+        let first_kv = (local % kv_tasks) * span;
+        let part = (local / kv_tasks) % self.parts;
         let split = self.segment_parts_of(seq);
-        let range = (local / (num_kv_heads * self.parts)) % split;
-        let chunks = seq.query_len.div_ceil(self.rows);
-        let chunk = chunks - 1 - local / (num_kv_heads * self.parts * split);
-        let first_head = kv_head * self.group;
-        let rows_start = chunk * self.rows;
+        let range = (local / (kv_tasks * self.parts)) % split;
+        let chunks = seq.query_len.div_ceil(rows);
+        let chunk = chunks - 1 - local / (kv_tasks * self.parts * split);
+        let rows_start = chunk * rows;
         let all = self.params.segments(seq);
         let n = all.len();
         TaskWork {
-            kv_head,
-            heads: first_head + (part * self.group).div_ceil(self.parts)
-                ..first_head + ((part + 1) * self.group).div_ceil(self.parts),
-            rows: rows_start..(rows_start + self.rows).min(seq.query_len),
+            kv_heads: first_kv..first_kv + span,
+            heads: (part * self.group).div_ceil(self.parts)
+                ..((part + 1) * self.group).div_ceil(self.parts),
+            rows: rows_start..(rows_start + rows).min(seq.query_len),
             segments: all.start + range * n / split..all.start + (range + 1) * n / split,
         }
     }
 }
 
 /// Online-softmax attention for every (row, head) pair of one task. Keys are walked in cache
-/// blocks, in tiles of at most `TILE` keys at fixed offsets inside each block; each tile is
-/// folded into every pair that can see it while its K/V rows are hot in L1. Each segment starts
-/// from an empty state; a finished segment goes to the task's [`Sink`].
+/// blocks, in tiles of at most `TILE` keys at fixed offsets inside each block; within a block,
+/// kv head after kv head, each tile is folded into every pair of that kv head that can see it
+/// while its K/V rows are hot in L1. Each segment starts from an empty state; a finished
+/// segment goes to the task's [`Sink`].
 fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     let TaskInputs {
         kernels,
@@ -754,17 +809,26 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     let d = p.head_dim;
     let q_dim = p.num_heads * d;
     let kv_dim = p.num_kv_heads * d;
+    let group = p.num_heads / p.num_kv_heads;
     let n_heads = work.heads.len();
-    let n_pairs = n_heads * work.rows.len();
+    let n_rows = work.rows.len();
+    // Pairs of one kv head; the task's pairs are kv head-major.
+    let per_kv = n_heads * n_rows;
+    let n_pairs = per_kv * work.kv_heads.len();
     if n_pairs == 0 || n_pairs > MAX_PAIRS {
         return;
     }
     let first_position = seq.context_len - seq.query_len;
-    // Pair `i` is row `work.rows.start + i / n_heads`, head `work.heads.start + i % n_heads`.
-    let row_of = |pair: usize| seq.query_start + work.rows.start + pair / n_heads;
-    let position_of = |pair: usize| first_position + work.rows.start + pair / n_heads;
+    // Pair `i` is kv head `work.kv_heads.start + i / per_kv`; within it, row
+    // `work.rows.start + (i % per_kv) / n_heads` and head `i % n_heads` of the task's part.
+    let row_of = |pair: usize| seq.query_start + work.rows.start + (pair % per_kv) / n_heads;
+    let head_of = |pair: usize| {
+        (work.kv_heads.start + pair / per_kv) * group + work.heads.start + pair % n_heads
+    };
+    // Positions depend on the row only: the same for pair `i` of every kv head.
+    let position_of = |local: usize| first_position + work.rows.start + local / n_heads;
     let query_of = |pair: usize| {
-        let start = row_of(pair) * q_dim + (work.heads.start + pair % n_heads) * d;
+        let start = row_of(pair) * q_dim + head_of(pair) * d;
         &q[start..start + d]
     };
     let mut stack = [0.0f32; 2 * ACC_CAPACITY];
@@ -779,59 +843,60 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     let (accumulators, running_accs) = buffers.split_at_mut(n_pairs * d);
     let mut states = [OnlineSoftmax::EMPTY; MAX_PAIRS];
     let mut running = [OnlineSoftmax::EMPTY; MAX_PAIRS];
-    let mut finish_segment = |segment: usize,
-                              states: &mut [OnlineSoftmax],
-                              accumulators: &mut [f32]| {
-        for (pair, (state, acc)) in states[..n_pairs]
-            .iter_mut()
-            .zip(accumulators.chunks_exact_mut(d))
-            .enumerate()
-        {
-            match sink {
-                Sink::Output(_) => merge_segment(
-                    &mut running[pair],
-                    &mut running_accs[pair * d..(pair + 1) * d],
-                    *state,
-                    acc,
-                ),
-                Sink::States {
-                    states: stored,
-                    start,
-                    first_segment,
-                    n_segments,
-                } => {
-                    let row = work.rows.start + pair / n_heads;
-                    let head = work.heads.start + pair % n_heads;
-                    let index = (row * p.num_heads + head) * n_segments + (segment - first_segment);
-                    let len = STATE_HEADER + d;
-                    // SAFETY: each (row, head, segment) state belongs to exactly one task
-                    // (pairs are disjoint across tasks of a sequence, segment ranges too),
-                    // and the sequence's states lie inside the buffer (sized by the plan).
-                    let target = unsafe { stored.slice_mut(start + index * len, len) };
-                    target[0] = state.max;
-                    target[1] = state.sum;
-                    target[STATE_HEADER..].copy_from_slice(acc);
+    let mut finish_segment =
+        |segment: usize, states: &mut [OnlineSoftmax], accumulators: &mut [f32]| {
+            for (pair, (state, acc)) in states[..n_pairs]
+                .iter_mut()
+                .zip(accumulators.chunks_exact_mut(d))
+                .enumerate()
+            {
+                match sink {
+                    Sink::Output(_) => merge_segment(
+                        &mut running[pair],
+                        &mut running_accs[pair * d..(pair + 1) * d],
+                        *state,
+                        acc,
+                    ),
+                    Sink::States {
+                        states: stored,
+                        start,
+                        first_segment,
+                        n_segments,
+                    } => {
+                        let row = row_of(pair) - seq.query_start;
+                        let index = (row * p.num_heads + head_of(pair)) * n_segments
+                            + (segment - first_segment);
+                        let len = STATE_HEADER + d;
+                        // SAFETY: each (row, head, segment) state belongs to exactly one task
+                        // (pairs are disjoint across tasks of a sequence, segment ranges too),
+                        // and the sequence's states lie inside the buffer (sized by the plan).
+                        let target = unsafe { stored.slice_mut(start + index * len, len) };
+                        target[0] = state.max;
+                        target[1] = state.sum;
+                        target[STATE_HEADER..].copy_from_slice(acc);
+                    }
                 }
+                *state = OnlineSoftmax::EMPTY;
+                acc.fill(0.0);
             }
-            *state = OnlineSoftmax::EMPTY;
-            acc.fill(0.0);
-        }
-    };
-    let last_position = position_of(n_pairs - 1);
+        };
+    let last_position = position_of(per_kv - 1);
     let segment_blocks = p.segment_keys() / p.block_size;
     let n_blocks = (last_position + 1)
         .div_ceil(p.block_size)
         .min(work.segments.end * segment_blocks);
     // Keys of pair `i` are positions `first_of(i)..=position_of(i)`; both ends grow with `i`.
-    let first_of = |pair: usize| p.first_visible(position_of(pair));
+    let first_of = |local: usize| p.first_visible(position_of(local));
     let first_block = (first_of(0) / p.block_size).max(work.segments.start * segment_blocks);
+    // The task's kv heads sit side by side in every token's row.
+    let kv_offset = work.kv_heads.start * d;
+    let kv_width = work.kv_heads.len() * d;
     let mut segment = first_block / segment_blocks;
     for (block_index, &block_id) in table.iter().enumerate().take(n_blocks).skip(first_block) {
         if block_index / segment_blocks != segment {
             finish_segment(segment, &mut states, accumulators);
             segment = block_index / segment_blocks;
         }
-        let block_base = block_id as usize * p.block_size * kv_dim + work.kv_head * d;
         // The next block sits elsewhere in the cache (a block table is no stream the hardware
         // prefetcher can follow): start loading its rows while this block is folded in.
         let ahead = if block_index == first_block {
@@ -844,61 +909,68 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
                 break;
             };
             let keys = (last_position + 1 - next_index * p.block_size).min(p.block_size);
-            let next_base = next as usize * p.block_size * kv_dim + work.kv_head * d;
-            source.prefetch(next_base, keys, kv_dim, d);
+            let next_base = next as usize * p.block_size * kv_dim + kv_offset;
+            source.prefetch(next_base, keys, kv_dim, kv_width);
         }
-        for tile_start in (0..p.block_size).step_by(TILE) {
-            let tile_first_position = block_index * p.block_size + tile_start;
-            if tile_first_position > last_position {
-                break;
-            }
-            let tile_len = TILE.min(p.block_size - tile_start);
-            // The keys of the tile pair `i` sees: rows `skip..count` of it.
-            let span_of = |pair: usize| {
-                let count = (position_of(pair) + 1 - tile_first_position).min(tile_len);
-                (first_of(pair).saturating_sub(tile_first_position), count)
-            };
-            // Pairs come in row order, so the ones that see the tile form a contiguous range:
-            // from the first whose position reaches the tile to the last whose window does.
-            let mut pair = tile_first_position.saturating_sub(position_of(0)) * n_heads;
-            let (skip, count) = span_of(pair);
-            if skip >= count {
-                // Every pair that reaches this tile has its window past it already.
-                continue;
-            }
-            let base = block_base + tile_start * kv_dim;
-            let visible = (last_position + 1 - tile_first_position).min(tile_len);
-            let tile = source.tile(base, tile_len, visible, kv_dim, d);
-            // Runs of consecutive pairs that see the same keys of the tile go through one
-            // grouped step (at most GROUP pairs; a run of four splits 2 + 2), which loads each
-            // K/V row once for all of them.
-            while pair < n_pairs {
-                let span = span_of(pair);
-                let (skip, count) = span;
-                if skip >= count {
+        for kv in 0..work.kv_heads.len() {
+            let block_base =
+                block_id as usize * p.block_size * kv_dim + (work.kv_heads.start + kv) * d;
+            let pairs_start = kv * per_kv;
+            for tile_start in (0..p.block_size).step_by(TILE) {
+                let tile_first_position = block_index * p.block_size + tile_start;
+                if tile_first_position > last_position {
                     break;
                 }
-                let mut run = 1;
-                while pair + run < n_pairs && run < 2 * GROUP && span_of(pair + run) == span {
-                    run += 1;
+                let tile_len = TILE.min(p.block_size - tile_start);
+                // The keys of the tile local pair `i` sees: rows `skip..count` of it.
+                let span_of = |local: usize| {
+                    let count = (position_of(local) + 1 - tile_first_position).min(tile_len);
+                    (first_of(local).saturating_sub(tile_first_position), count)
+                };
+                // Pairs come in row order, so the ones that see the tile form a contiguous
+                // range: from the first whose position reaches the tile to the last whose
+                // window does.
+                let mut local = tile_first_position.saturating_sub(position_of(0)) * n_heads;
+                let (skip, count) = span_of(local);
+                if skip >= count {
+                    // Every pair that reaches this tile has its window past it already.
+                    continue;
                 }
-                let take = if run == GROUP + 1 { 2 } else { run.min(GROUP) };
-                let queries: [&[f32]; GROUP] =
-                    std::array::from_fn(|i| query_of(pair + i.min(take - 1)));
-                let offset = skip * tile.stride;
-                kernels.attend_group(
-                    &queries[..take],
-                    KeyTile {
-                        keys: &tile.keys[offset..],
-                        values: &tile.values[offset..],
-                        stride: tile.stride,
-                        count: count - skip,
-                    },
-                    p.scale,
-                    &mut states[pair..pair + take],
-                    &mut accumulators[pair * d..(pair + take) * d],
-                );
-                pair += take;
+                let base = block_base + tile_start * kv_dim;
+                let visible = (last_position + 1 - tile_first_position).min(tile_len);
+                let tile = source.tile(base, tile_len, visible, kv_dim, d);
+                // Runs of consecutive pairs that see the same keys of the tile go through one
+                // grouped step (at most GROUP pairs; a run of four splits 2 + 2), which loads
+                // each K/V row once for all of them.
+                while local < per_kv {
+                    let span = span_of(local);
+                    let (skip, count) = span;
+                    if skip >= count {
+                        break;
+                    }
+                    let mut run = 1;
+                    while local + run < per_kv && run < 2 * GROUP && span_of(local + run) == span {
+                        run += 1;
+                    }
+                    let take = if run == GROUP + 1 { 2 } else { run.min(GROUP) };
+                    let pair = pairs_start + local;
+                    let queries: [&[f32]; GROUP] =
+                        std::array::from_fn(|i| query_of(pair + i.min(take - 1)));
+                    let offset = skip * tile.stride;
+                    kernels.attend_group(
+                        &queries[..take],
+                        KeyTile {
+                            keys: &tile.keys[offset..],
+                            values: &tile.values[offset..],
+                            stride: tile.stride,
+                            count: count - skip,
+                        },
+                        p.scale,
+                        &mut states[pair..pair + take],
+                        &mut accumulators[pair * d..(pair + take) * d],
+                    );
+                    local += take;
+                }
             }
         }
     }
@@ -909,7 +981,7 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
             .zip(running_accs.chunks_exact(d))
             .enumerate()
         {
-            let start = row_of(pair) * q_dim + (work.heads.start + pair % n_heads) * d;
+            let start = row_of(pair) * q_dim + head_of(pair) * d;
             // SAFETY: each (row, head) pair belongs to exactly one task, rows of different
             // sequences are disjoint (validated), and the range lies inside `out` (validated
             // against q's shape).

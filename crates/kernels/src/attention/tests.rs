@@ -505,7 +505,10 @@ fn plans_cover_every_pair_once() {
                         let mut seen = vec![0u32; seq.query_len * num_heads * segments.len()];
                         for local in 0..plan.tasks_per_seq(seq) {
                             let work = plan.task(seq, local);
-                            assert!(work.heads.len() * work.rows.len() <= MAX_PAIRS);
+                            assert!(
+                                work.kv_heads.len() * work.heads.len() * work.rows.len()
+                                    <= MAX_PAIRS
+                            );
                             assert!(!work.heads.is_empty() && !work.rows.is_empty());
                             assert!(!work.segments.is_empty());
                             assert!(
@@ -514,8 +517,9 @@ fn plans_cover_every_pair_once() {
                             );
                             // A task that does not cover all segments stores them for the merge.
                             assert!(work.segments == segments || plan.splits(seq));
-                            for head in work.heads.clone() {
-                                assert_eq!(head / group, work.kv_head);
+                            assert!(work.kv_heads.end <= num_kv_heads);
+                            assert!(work.heads.end <= group);
+                            for head in work.query_heads(group) {
                                 for row in work.rows.clone() {
                                     for segment in work.segments.clone() {
                                         let pair = row * num_heads + head;
