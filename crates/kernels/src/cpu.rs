@@ -231,8 +231,8 @@ pub fn amx_enabled() -> bool {
     })
 }
 
-/// Whether an [`AMX_ENV`] value switches AMX off.
-fn switched_off(value: &str) -> bool {
+/// Whether an [`AMX_ENV`] (or other on/off switch) value switches the feature off.
+pub(crate) fn switched_off(value: &str) -> bool {
     matches!(
         value.trim().to_ascii_lowercase().as_str(),
         "0" | "off" | "false" | "no"

@@ -30,7 +30,9 @@
 //!   by output rows; from 16 activation rows (32 for Q4_K) the quantized group layouts run on AMX int8 tiles
 //!   where the process may use them ([`amx_enabled`]: AMX present, the Linux tile-data
 //!   permission granted — requested once, by [`ThreadPool::new`] — and [`AMX_ENV`] not `0`),
-//!   bitwise equal to the AVX2 and scalar paths. F16/BF16 weights are widened to f32 at load (2x memory).
+//!   bitwise equal to the AVX2 and scalar paths. F16/BF16 weights stay 16-bit and are widened in
+//!   registers. Repacked weights live in huge-page-backed buffers where Linux allows it
+//!   ([`HUGE_PAGES_ENV`]`=0` switches that off).
 //! - Elementwise: [`rms_norm`], [`silu_mul`], [`gelu_tanh_mul`], [`add_inplace`],
 //!   [`softmax_inplace`].
 //! - Encoders (BERT): [`layer_norm`] (with bias), [`gelu_erf_inplace`] (exact GELU) and
@@ -102,6 +104,7 @@ mod rope;
 mod simd;
 #[cfg(test)]
 mod test_util;
+mod weight_buf;
 
 pub use attention::{
     paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
@@ -127,6 +130,7 @@ pub use quant::{
     quantize_row_q5_1, quantize_row_q8_0, KVALUES_IQ4NL, QK, QK_K,
 };
 pub use rope::{apply_rope, RopeCache, RopeScaling, RopeStyle};
+pub use weight_buf::HUGE_PAGES_ENV;
 
 /// Errors from kernel entry points: always a caller's shape or type mistake.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

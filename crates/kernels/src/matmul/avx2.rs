@@ -16,7 +16,7 @@ use crate::quant::{KVALUES_IQ4NL, QK};
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn horizontal_sum(v: __m256) -> f32 {
+pub(crate) fn horizontal_sum(v: __m256) -> f32 {
     let low = _mm256_castps256_ps128(v);
     let high = _mm256_extractf128_ps::<1>(v);
     let sum4 = _mm_add_ps(low, high);
@@ -104,45 +104,51 @@ pub(crate) unsafe fn weight_at<const KIND: u8>(w: *const u8, j: usize) -> f32 {
     }
 }
 
-/// `out[r] = w · xs[r]` for one float weight row of `k` elements stored as `KIND`: two 8-lane
-/// FMA accumulators per activation row over 16-element steps, then the tail in order;
-/// `scalar::dot_tile` is the twin.
+/// `out[i][r] = W_i · xs[r]` for `ROWS` float weight rows of `k` elements stored as `KIND`
+/// (`ws[i]` points at row `i`): two 8-lane FMA accumulators per (weight row, activation row)
+/// over 16-element steps, then the tail in order; `scalar::dot_tile` is the twin of each pair.
+/// Several weight rows per call only interleave independent FMA chains (and share the
+/// activation loads): each output's operations are those of a one-row call.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `w` points at `k` weights of `KIND`; every row
-/// of `xs` holds at least `k` values.
+/// The CPU must support AVX2, FMA and F16C; each `ws[i]` points at `k` weights of `KIND`;
+/// every row of `xs` holds at least `k` values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_float<const R: usize, const KIND: u8>(
+pub(crate) unsafe fn dot_float<const ROWS: usize, const R: usize, const KIND: u8>(
     k: usize,
-    w: *const u8,
+    ws: [*const u8; ROWS],
     xs: &Tile<'_, R>,
-    out: &mut [f32; R],
+    out: &mut [[f32; R]; ROWS],
 ) {
     debug_assert!(xs.iter().all(|x| x.len() >= k));
-    let mut acc0 = [_mm256_setzero_ps(); R];
-    let mut acc1 = [_mm256_setzero_ps(); R];
+    let mut acc0 = [[_mm256_setzero_ps(); R]; ROWS];
+    let mut acc1 = [[_mm256_setzero_ps(); R]; ROWS];
     let mut c = 0;
     while c + 16 <= k {
-        // SAFETY: c + 16 <= k: inside the weight row and every activation row.
+        // SAFETY: c + 16 <= k: inside every weight row and every activation row.
         unsafe {
-            let (w0, w1) = load16::<KIND>(w, c);
-            for r in 0..R {
-                let x0 = _mm256_loadu_ps(xs[r].as_ptr().add(c));
-                let x1 = _mm256_loadu_ps(xs[r].as_ptr().add(c + 8));
-                acc0[r] = _mm256_fmadd_ps(w0, x0, acc0[r]);
-                acc1[r] = _mm256_fmadd_ps(w1, x1, acc1[r]);
+            for i in 0..ROWS {
+                let (w0, w1) = load16::<KIND>(ws[i], c);
+                for r in 0..R {
+                    let x0 = _mm256_loadu_ps(xs[r].as_ptr().add(c));
+                    let x1 = _mm256_loadu_ps(xs[r].as_ptr().add(c + 8));
+                    acc0[i][r] = _mm256_fmadd_ps(w0, x0, acc0[i][r]);
+                    acc1[i][r] = _mm256_fmadd_ps(w1, x1, acc1[i][r]);
+                }
             }
         }
         c += 16;
     }
-    for r in 0..R {
-        let mut tail = 0.0f32;
-        for (j, &x) in xs[r].iter().enumerate().take(k).skip(c) {
-            // SAFETY: j < k, inside the weight row.
-            tail += unsafe { weight_at::<KIND>(w, j) } * x;
+    for i in 0..ROWS {
+        for r in 0..R {
+            let mut tail = 0.0f32;
+            for (j, &x) in xs[r].iter().enumerate().take(k).skip(c) {
+                // SAFETY: j < k, inside the weight row.
+                tail += unsafe { weight_at::<KIND>(ws[i], j) } * x;
+            }
+            out[i][r] = horizontal_sum(_mm256_add_ps(acc0[i][r], acc1[i][r])) + tail;
         }
-        out[r] = horizontal_sum(_mm256_add_ps(acc0[r], acc1[r])) + tail;
     }
 }
 

@@ -38,6 +38,7 @@ use super::Isa;
 use crate::dtype::DType;
 use crate::pool::ThreadPool;
 use crate::quant::{iq4_xs_scale, KVALUES_IQ4NL, QK, QK_K};
+use crate::weight_buf::WeightBuf;
 use crate::{f16_to_f32, KernelError};
 
 pub(crate) use super::grouped::GROUP;
@@ -172,7 +173,7 @@ pub(crate) struct Groups {
     out_features: usize,
     /// Stored blocks per row (of `kind.block_elems()` elements).
     n_blocks: usize,
-    bytes: Vec<u8>,
+    bytes: WeightBuf<u8>,
 }
 
 impl Groups {
@@ -193,7 +194,7 @@ impl Groups {
         let (second, high_bits, quant_start) = kind.source_offsets();
         let n_groups = out_features.div_ceil(GROUP);
         let stride = kind.block_stride();
-        let mut bytes = vec![0u8; n_groups * n_blocks * stride];
+        let mut bytes = WeightBuf::zeroed(n_groups * n_blocks * stride)?;
         for row in 0..out_features {
             let (group, lane) = (row / GROUP, row % GROUP);
             for b in 0..n_blocks {

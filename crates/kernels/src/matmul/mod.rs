@@ -19,6 +19,9 @@ mod activation;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod float;
+#[cfg(target_arch = "x86_64")]
+mod float_avx512;
 mod grouped;
 mod interleaved;
 mod kquant;
@@ -35,29 +38,26 @@ mod vnni;
 mod vnni_kernels;
 
 use crate::cpu::{CpuFeatures, KernelPath};
-use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
-use crate::pool::{SharedMut, ThreadPool};
+use crate::dtype::DType;
+use crate::pool::ThreadPool;
 use crate::quant::dequantize;
+use crate::weight_buf::WeightBuf;
 use crate::KernelError;
 
 pub use activation::QuantizedActivations;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use amx::MIN_ROWS_ANY as AMX_MIN_ROWS;
+use float::{half_widener, FloatWeights};
 pub use segmented::Segments;
-
-/// Activation rows processed together against each weight row.
-const ROW_TILE: usize = 4;
-/// Weight rows visited for all activation tiles before moving on, sized to stay in L2.
-const WEIGHT_ROWS_PER_PASS: usize = 32;
 
 /// How a matrix's weights are held in memory after repacking.
 #[derive(Debug, Clone)]
 pub(crate) enum Storage {
     /// F32 weights, `[out][in]`.
-    Float { values: Vec<f32> },
+    Float { values: WeightBuf<f32> },
     /// F16 or BF16 weights kept as their 16-bit patterns, `[out][in]`: half the bytes of
     /// widened f32, widened exactly inside the dot kernel, so results equal the f32 path's.
-    Half { bits: Vec<u16>, dtype: DType },
+    Half { bits: WeightBuf<u16>, dtype: DType },
     /// Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / IQ4_XS: eight rows interleaved per block
     /// (see `interleaved.rs`).
     Interleaved(interleaved::Groups),
@@ -172,17 +172,17 @@ impl QMatrix {
         }
         let storage = match dtype {
             DType::F32 => {
-                let mut values = vec![0.0f32; out_features * in_features];
+                let mut values = WeightBuf::zeroed(out_features * in_features)?;
                 dequantize(dtype, bytes, &mut values)?;
                 Storage::Float { values }
             }
-            DType::F16 | DType::BF16 => Storage::Half {
-                bits: bytes
-                    .chunks_exact(2)
-                    .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
-                    .collect(),
-                dtype,
-            },
+            DType::F16 | DType::BF16 => {
+                let mut bits = WeightBuf::zeroed(out_features * in_features)?;
+                for (value, pair) in bits.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *value = u16::from_le_bytes([pair[0], pair[1]]);
+                }
+                Storage::Half { bits, dtype }
+            }
             DType::Q8_0
             | DType::Q4_0
             | DType::Q4_1
@@ -228,7 +228,7 @@ impl QMatrix {
             out_features,
             in_features,
             storage: Storage::Float {
-                values: values.to_vec(),
+                values: WeightBuf::from_slice(values)?,
             },
         })
     }
@@ -423,153 +423,6 @@ impl QMatrix {
             Storage::KQuant(groups) => groups.matmul(isa, pool, &scratch.activations, n, out),
         }
         Ok(())
-    }
-
-    /// The f32 path: weight rows split over the pool, activation rows in tiles of
-    /// [`ROW_TILE`] with a separate accumulator each.
-    fn float_matmul(
-        &self,
-        isa: Isa,
-        pool: &ThreadPool,
-        weights: FloatWeights<'_>,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-    ) {
-        let in_features = self.in_features;
-        let tile = |first: usize| -> Tile<'_, ROW_TILE> {
-            std::array::from_fn(|r| &x[(first + r) * in_features..(first + r + 1) * in_features])
-        };
-        let single = |i: usize| -> Tile<'_, 1> { [&x[i * in_features..(i + 1) * in_features]] };
-        let row = |j: usize| weights.row(j, in_features);
-        let out_features = self.out_features;
-        let target_tasks = pool.num_threads() * 4;
-        let rows_per_task = out_features
-            .div_ceil(target_tasks)
-            .next_multiple_of(ROW_TILE)
-            .max(ROW_TILE);
-        let n_tasks = out_features.div_ceil(rows_per_task);
-        let output = SharedMut::new(out);
-        pool.parallel_for(n_tasks, &|task| {
-            let first = task * rows_per_task;
-            let last = (first + rows_per_task).min(out_features);
-            let mut pass_start = first;
-            while pass_start < last {
-                let pass_end = (pass_start + WEIGHT_ROWS_PER_PASS).min(last);
-                let rows = pass_start..pass_end;
-                let mut i = 0;
-                while i + ROW_TILE <= n {
-                    let mut results = [[0.0f32; ROW_TILE]; WEIGHT_ROWS_PER_PASS];
-                    kernel_pass(isa, &row, rows.clone(), &tile(i), &mut results);
-                    for (j, values) in rows.clone().zip(&results) {
-                        for (r, value) in values.iter().enumerate() {
-                            // SAFETY: this task alone owns output columns first..last, and
-                            // (i + r, j) lies inside `out` (lengths checked by the caller).
-                            unsafe { output.write((i + r) * out_features + j, *value) };
-                        }
-                    }
-                    i += ROW_TILE;
-                }
-                while i < n {
-                    let mut results = [[0.0f32; 1]; WEIGHT_ROWS_PER_PASS];
-                    kernel_pass(isa, &row, rows.clone(), &single(i), &mut results);
-                    for (j, values) in rows.clone().zip(&results) {
-                        // SAFETY: as above.
-                        unsafe { output.write(i * out_features + j, values[0]) };
-                    }
-                    i += 1;
-                }
-                pass_start = pass_end;
-            }
-        });
-    }
-}
-
-/// A float matrix's weights as the dot kernels read them.
-#[derive(Clone, Copy)]
-enum FloatWeights<'a> {
-    F32(&'a [f32]),
-    F16(&'a [u16]),
-    Bf16(&'a [u16]),
-}
-
-impl<'a> FloatWeights<'a> {
-    fn row(self, j: usize, k: usize) -> FloatWeights<'a> {
-        match self {
-            FloatWeights::F32(w) => FloatWeights::F32(&w[j * k..(j + 1) * k]),
-            FloatWeights::F16(w) => FloatWeights::F16(&w[j * k..(j + 1) * k]),
-            FloatWeights::Bf16(w) => FloatWeights::Bf16(&w[j * k..(j + 1) * k]),
-        }
-    }
-}
-
-/// The exact f32 value of one 16-bit weight of `dtype` (F16 or BF16).
-fn half_widener(dtype: DType) -> fn(u16) -> f32 {
-    match dtype {
-        DType::BF16 => bf16_to_f32,
-        _ => f16_to_f32,
-    }
-}
-
-/// Computes `out[j - rows.start][r] = W[j] · tile[r]` for the float weight rows in `rows`.
-fn kernel_pass<'w, const R: usize>(
-    isa: Isa,
-    row: &dyn Fn(usize) -> FloatWeights<'w>,
-    rows: std::ops::Range<usize>,
-    tile: &Tile<'_, R>,
-    out: &mut [[f32; R]],
-) {
-    for (j, results) in rows.zip(out.iter_mut()) {
-        match (isa, row(j)) {
-            // SAFETY (the three AVX2 arms): the SIMD `Isa`s are only constructed after
-            // detecting (at least) AVX2, FMA and F16C; each weight row holds `in_features` elements of its type and
-            // every activation row `in_features` values.
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::F32(w)) => {
-                // SAFETY: as above.
-                unsafe {
-                    avx2::dot_float::<R, { avx2::F32_WEIGHTS }>(
-                        w.len(),
-                        w.as_ptr().cast(),
-                        tile,
-                        results,
-                    );
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::F16(w)) => {
-                // SAFETY: as above.
-                unsafe {
-                    avx2::dot_float::<R, { avx2::F16_WEIGHTS }>(
-                        w.len(),
-                        w.as_ptr().cast(),
-                        tile,
-                        results,
-                    );
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2 | Isa::AvxVnni | Isa::Avx512, FloatWeights::Bf16(w)) => {
-                // SAFETY: as above.
-                unsafe {
-                    avx2::dot_float::<R, { avx2::BF16_WEIGHTS }>(
-                        w.len(),
-                        w.as_ptr().cast(),
-                        tile,
-                        results,
-                    );
-                }
-            }
-            (Isa::Scalar, FloatWeights::F32(w)) => {
-                scalar::dot_tile::<R>(w.len(), |c| w[c], tile, results);
-            }
-            (Isa::Scalar, FloatWeights::F16(w)) => {
-                scalar::dot_tile::<R>(w.len(), |c| f16_to_f32(w[c]), tile, results);
-            }
-            (Isa::Scalar, FloatWeights::Bf16(w)) => {
-                scalar::dot_tile::<R>(w.len(), |c| bf16_to_f32(w[c]), tile, results);
-            }
-        }
     }
 }
 
