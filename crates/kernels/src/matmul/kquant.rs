@@ -41,6 +41,7 @@ use super::Isa;
 use crate::dtype::DType;
 use crate::pool::ThreadPool;
 use crate::quant::{dequantize, scale_min_k4, QK, QK_K};
+use crate::weight_buf::WeightBuf;
 use crate::{f16_to_f32, KernelError};
 
 /// Offset of the eight f16 super-block scales `d` in every group-block.
@@ -197,7 +198,7 @@ pub(crate) struct KGroups {
     kind: KKind,
     out_features: usize,
     n_super: usize,
-    bytes: Vec<u8>,
+    bytes: WeightBuf<u8>,
 }
 
 impl KGroups {
@@ -214,7 +215,7 @@ impl KGroups {
         let n_super = in_features / QK_K;
         let src_block = dtype.block_bytes();
         let stride = kind.stride();
-        let mut bytes = vec![0u8; out_features.div_ceil(GROUP) * n_super * stride];
+        let mut bytes = WeightBuf::zeroed(out_features.div_ceil(GROUP) * n_super * stride)?;
         for row in 0..out_features {
             let (group, lane) = (row / GROUP, row % GROUP);
             for s in 0..n_super {
