@@ -276,38 +276,18 @@ fn keep_nucleus(candidates: &mut Vec<(u32, f32)>, top_p: f32, max_scaled: f32) {
     }
 }
 
-/// Index of the largest finite-or-infinite logit, lowest id on ties; `None` if all are -inf
-/// (NaN logits are skipped).
-///
-/// Two passes that the compiler vectorizes (a batched step takes the argmax of every row of
-/// a 49k-128k vocabulary): the largest non-NaN value, lane-wise over 16 lanes, then the first
-/// index holding a value equal to it (±0 compare equal, as in a one-pass "keep the first
-/// strictly greater" scan, so the same id).
+/// Index of the largest finite-or-infinite logit, lowest id on ties; `None` if all are -inf.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
-    const LANES: usize = 16;
-    let (chunks, rest) = logits.as_chunks::<LANES>();
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            // `max` ignores a NaN operand.
-            *lane = lane.max(v);
+    let mut best: Option<(usize, f32)> = None;
+    for (id, &logit) in logits.iter().enumerate() {
+        if logit == f32::NEG_INFINITY || logit.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, best_logit)| logit > best_logit) {
+            best = Some((id, logit));
         }
     }
-    let best = rest
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if best == f32::NEG_INFINITY {
-        return None;
-    }
-    let chunk = chunks
-        .iter()
-        .position(|chunk| chunk.iter().fold(false, |hit, &v| hit | (v == best)))
-        .unwrap_or(chunks.len());
-    logits[chunk * LANES..]
-        .iter()
-        .position(|&v| v == best)
-        .map(|i| (chunk * LANES + i) as u32)
+    best.map(|(id, _)| id as u32)
 }
 
 #[cfg(test)]
@@ -338,59 +318,6 @@ mod tests {
             1
         );
         assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), None);
-    }
-
-    /// The one-pass definition `argmax` must equal.
-    fn argmax_one_pass(logits: &[f32]) -> Option<u32> {
-        let mut best: Option<(usize, f32)> = None;
-        for (id, &logit) in logits.iter().enumerate() {
-            if logit == f32::NEG_INFINITY || logit.is_nan() {
-                continue;
-            }
-            if best.is_none_or(|(_, best_logit)| logit > best_logit) {
-                best = Some((id, logit));
-            }
-        }
-        best.map(|(id, _)| id as u32)
-    }
-
-    #[test]
-    fn argmax_equals_the_one_pass_scan_with_ties_nans_infinities_and_zeros() {
-        let specials = [
-            f32::NAN,
-            f32::NEG_INFINITY,
-            f32::INFINITY,
-            0.0,
-            -0.0,
-            1.0,
-            -1.0,
-            f32::MAX,
-            f32::MIN,
-        ];
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        assert_eq!(argmax(&[]), None);
-        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), None);
-        assert_eq!(argmax(&[-0.0, 0.0]), Some(0));
-        assert_eq!(argmax(&[0.0, -0.0]), Some(0));
-        for trial in 0..4000 {
-            let len = (next() % 70) as usize;
-            let logits: Vec<f32> = (0..len)
-                .map(|_| {
-                    let r = next();
-                    match (r % 4, trial % 3) {
-                        (0, _) | (_, 0) => specials[(r >> 8) as usize % specials.len()],
-                        _ => ((r >> 16) % 7) as f32 - 3.0,
-                    }
-                })
-                .collect();
-            assert_eq!(argmax(&logits), argmax_one_pass(&logits), "{logits:?}");
-        }
     }
 
     #[test]
