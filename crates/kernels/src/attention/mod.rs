@@ -125,7 +125,7 @@ pub struct AttentionSeq {
 pub const PADDING_SLOT: u32 = u32::MAX;
 
 /// Stores each token's K and V rows (`[n_tokens][kv_dim]`) into the cache at its slot,
-/// converted to the cache's type (round-to-nearest-even, saturating; see [`KvCacheDType`]).
+/// converted to the cache's type (round-to-nearest-even, saturating; see [`KvCacheDType`](crate::KvCacheDType)).
 /// Tokens whose slot is [`PADDING_SLOT`] are skipped.
 pub fn write_kv(
     k: &[f32],
