@@ -3,8 +3,10 @@
 //! [`min_rows`] rows or more.
 //!
 //! One tile multiply (`tdpbssd`) yields the exact integer block dots of 16 activation rows
-//! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, read
-//! in place from the quantized activations (row stride `in_features`); B is two eight-row
+//! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, 512
+//! contiguous bytes of a per-call copy of the activations tiled `[row tile][block][16 rows]`
+//! (`tile_activations`; read in place, rows `in_features` apart, the A loads cost ~8-15 % more
+//! on 8192-wide matrices); B is two eight-row
 //! groups of the block's weight levels unpacked to int8 in the tile's four-byte (VNNI) layout,
 //! `[8 k-quads][16 columns][4 bytes]` — exactly the layouts' steps, two groups side by side,
 //! so unpacking is a mask/shift (plus the Q4_0/Q5_0/Q6_K offset, the fifth bits, the top bit
@@ -138,6 +140,30 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The calling thread's [`tile_activations`] buffer, shared read-only with the workers.
+    static TILED_A: RefCell<Vec<i8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Bytes of one A tile in the tiled activations: 16 rows of one 32-element block.
+const A_TILE_BYTES: usize = TILE_ROWS * QK;
+
+/// Copies `n` rows of int8 activations (`in_features` each, row-major) into `dst` as
+/// `[row tile][block][16 rows][32 bytes]`, so every A tile is 512 contiguous bytes (rows
+/// `in_features` apart alias a few cache sets and each A load would touch 16 half-used lines).
+/// The last tile's rows past `n` keep whatever `dst` held: no output is read from them.
+fn tile_activations(quants: &[i8], n: usize, in_features: usize, dst: &mut Vec<i8>) {
+    let blocks = in_features / QK;
+    dst.resize(n.div_ceil(TILE_ROWS) * blocks * A_TILE_BYTES, 0);
+    for (i, row) in quants[..n * in_features]
+        .chunks_exact(in_features)
+        .enumerate()
+    {
+        let (t, r) = (i / TILE_ROWS, i % TILE_ROWS);
+        for (b, block) in row.chunks_exact(QK).enumerate() {
+            let at = (t * blocks + b) * A_TILE_BYTES + r * QK;
+            dst[at..at + QK].copy_from_slice(block);
+        }
+    }
 }
 
 /// A matrix the AMX kernels read: eight-row groups of a 32-element-block type or a K-quant.
@@ -301,54 +327,81 @@ pub(crate) fn matmul(
     let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
     let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
     let output = SharedMut::new(out);
-    pool.parallel_for(n_tasks, &|task| {
-        let first = task * tiles_per_task;
-        let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
-        SCRATCH.with_borrow_mut(|scratch| {
-            let target = |row: usize, col: usize| {
-                let lanes = TILE_COLS.min(out_features - col);
-                // SAFETY: this task alone owns output columns of its column tiles, and
-                // row < n, so the range lies inside `out` (length checked by the caller).
-                unsafe { output.slice_mut(row * out_features + col, lanes) }
-            };
-            // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; the activations hold
-            // `n` rows of the matrix's `in_features`.
-            unsafe { run_task(amx, weights, activations, n, col_tiles, scratch, target) };
-        });
-    });
-}
-
-/// One task: column tiles `col_tiles` against all `n` activation rows.
-///
-/// # Safety
-/// `_amx` is a genuine token (AMX usable in this process, AVX-512 F/BW present), and
-/// `activations` holds `n` quantized rows of the weights' input width.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn run_task<'o>(
-    _amx: Amx,
-    weights: Weights<'_>,
-    activations: &QuantizedActivations,
-    n: usize,
-    col_tiles: std::ops::Range<usize>,
-    scratch: &mut Scratch,
-    mut target: impl FnMut(usize, usize) -> &'o mut [f32],
-) {
-    let blocks = weights.blocks();
-    let in_features = blocks * QK;
-    let n_groups = weights.out_features().div_ceil(GROUP);
-    let row_tiles = n.div_ceil(TILE_ROWS);
+    let in_features = weights.blocks() * QK;
     let quants = activations.quants();
     assert!(
         quants.len() >= n * in_features,
         "activations shorter than n rows"
     );
+    TILED_A.with_borrow_mut(|tiled| {
+        tile_activations(quants, n, in_features, tiled);
+        let tiled: &[i8] = tiled;
+        pool.parallel_for(n_tasks, &|task| {
+            let first = task * tiles_per_task;
+            let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
+            SCRATCH.with_borrow_mut(|scratch| {
+                let target = |row: usize, col: usize| {
+                    let lanes = TILE_COLS.min(out_features - col);
+                    // SAFETY: this task alone owns output columns of its column tiles, and
+                    // row < n, so the range lies inside `out` (length checked by the caller).
+                    unsafe { output.slice_mut(row * out_features + col, lanes) }
+                };
+                let rows = Rows {
+                    activations,
+                    tiled,
+                    n,
+                };
+                // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; the activations hold
+                // `n` rows of the matrix's `in_features`, tiled in `tiled`.
+                unsafe { run_task(amx, weights, rows, col_tiles, scratch, target) };
+            });
+        });
+    });
+}
+
+/// The activation rows of one matmul: quantized, and their int8 quants tiled for A loads.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    activations: &'a QuantizedActivations,
+    /// [`tile_activations`] of `activations`.
+    tiled: &'a [i8],
+    /// Rows.
+    n: usize,
+}
+
+/// One task: column tiles `col_tiles` against all `rows.n` activation rows.
+///
+/// # Safety
+/// `_amx` is a genuine token (AMX usable in this process, AVX-512 F/BW present), and
+/// `rows.activations` holds `rows.n` quantized rows of the weights' input width.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn run_task<'o>(
+    _amx: Amx,
+    weights: Weights<'_>,
+    rows: Rows<'_>,
+    col_tiles: std::ops::Range<usize>,
+    scratch: &mut Scratch,
+    mut target: impl FnMut(usize, usize) -> &'o mut [f32],
+) {
+    let Rows {
+        activations,
+        tiled,
+        n,
+    } = rows;
+    let blocks = weights.blocks();
+    let n_groups = weights.out_features().div_ceil(GROUP);
+    let row_tiles = n.div_ceil(TILE_ROWS);
+    assert!(
+        tiled.len() >= row_tiles * blocks * A_TILE_BYTES,
+        "tiled activations shorter than n rows"
+    );
 
     // Activation scales and sums, transposed to [row tile][block][16 rows], zero past n.
-    let tiled = row_tiles * blocks * TILE_ROWS;
+    let params_len = row_tiles * blocks * TILE_ROWS;
     scratch.x_scales.clear();
-    scratch.x_scales.resize(tiled, 0.0);
+    scratch.x_scales.resize(params_len, 0.0);
     scratch.x_sums.clear();
-    scratch.x_sums.resize(tiled, 0.0);
+    scratch.x_sums.resize(params_len, 0.0);
     for i in 0..n {
         let row = activations.row(i);
         let (t, r) = (i / TILE_ROWS, i % TILE_ROWS);
@@ -406,8 +459,7 @@ unsafe fn run_task<'o>(
             let mut results = [[0.0f32; TILE_COLS]; TILE_ROWS];
             let x_at = t * blocks * TILE_ROWS;
             let args = TileArgs {
-                a: quants[t * TILE_ROWS * in_features..].as_ptr(),
-                a_stride: in_features,
+                a: tiled[t * blocks * A_TILE_BYTES..].as_ptr(),
                 blocks,
                 b_tiles: scratch.b_tiles.as_ptr(),
                 params: scratch.params.as_ptr(),
@@ -442,10 +494,8 @@ unsafe fn run_task<'o>(
 
 /// Pointers for one activation tile against one column tile.
 struct TileArgs {
-    /// First activation row of the tile (block 0).
+    /// The tile's first A tile (block 0) in the tiled activations ([`tile_activations`]).
     a: *const i8,
-    /// Bytes between activation rows (`in_features`).
-    a_stride: usize,
     /// 32-element blocks per row.
     blocks: usize,
     /// The unpacked B tiles, one (Q6_K: two) per block.
@@ -482,8 +532,8 @@ unsafe fn multiply_block<const E: u8>(args: &TileArgs, b: usize) {
             "tileloadd tmm1, [{b} + {row_bytes}*1]",
             "tilezero tmm2",
             "tdpbssd tmm2, tmm0, tmm1",
-            a = in(reg) args.a.add(b * QK),
-            a_stride = in(reg) args.a_stride,
+            a = in(reg) args.a.add(b * A_TILE_BYTES),
+            a_stride = in(reg) QK,
             b = in(reg) b_tile,
             row_bytes = in(reg) row_bytes,
             options(nostack),
