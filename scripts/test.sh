@@ -25,6 +25,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
+echo "== cargo doc (intra-doc links)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
+
 echo "== cargo test"
 cargo test --release --workspace
 

@@ -18,7 +18,9 @@ the real model's.
 F16, Q8_0 and Q4_0 are written here with gguf-py (every 2-D weight in that type, 1-D norms F32,
 as llama.cpp's converter does); any llama.cpp K-quant mix (e.g. Q4_K_M) is made from the F16
 file by llama.cpp's own `llama-quantize` (built by bench/common.sh's ensure_llamacpp_native), so
-its tensor-type choices are exactly llama.cpp's.
+its tensor-type choices are exactly llama.cpp's; `--kquant-source Q4_0` makes them from a Q4_0 file
+instead (`--allow-requantize`), for shapes whose F16 file does not fit the disk (Llama-3.1-8B:
+16 GB F16 against 4.7 GB Q4_0).
 
 Files go to a git-ignored cache, `.cache/shapes/<shape>-v<vocab>.<TYPE>.gguf`; existing files
 are kept. Run with the pinned gguf-py, e.g.:
@@ -257,14 +259,23 @@ def main() -> None:
     parser.add_argument("--tokenizer-from", default=DEFAULT_TOKENIZER)
     parser.add_argument("--llama-quantize", default=DEFAULT_QUANTIZE)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kquant-source",
+        choices=["F16", "Q8_0", "Q4_0"],
+        default="F16",
+        help="direct type llama-quantize reads for the other types (with --allow-requantize "
+        "unless F16): Q4_0 needs a quarter of F16's disk (an 8B F16 file is 16 GB); the "
+        "tensor-type mix is llama-quantize's either way, only the random values differ",
+    )
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     vocab = args.vocab or shape["vocab"]
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, f"{args.shape}-v{vocab}")
     wanted = [t.upper() for t in args.types]
-    needs_f16 = any(t not in DIRECT_TYPES for t in wanted)
-    for type_name in [t for t in DIRECT_TYPES if t in wanted or (t == "F16" and needs_f16)]:
+    source = args.kquant_source
+    needs_source = any(t not in DIRECT_TYPES for t in wanted)
+    for type_name in [t for t in DIRECT_TYPES if t in wanted or (t == source and needs_source)]:
         path = f"{stem}.{type_name}.gguf"
         if not os.path.exists(path):
             print(f"writing {path}", flush=True)
@@ -279,8 +290,9 @@ def main() -> None:
                 "ensure_llamacpp_native .cache/bench, or pass --llama-quantize"
             )
         print(f"writing {path} (llama-quantize)", flush=True)
+        requantize = [] if source == "F16" else ["--allow-requantize"]
         subprocess.run(
-            [args.llama_quantize, f"{stem}.F16.gguf", path + ".tmp", type_name, "2"],
+            [args.llama_quantize, *requantize, f"{stem}.{source}.gguf", path + ".tmp", type_name, "2"],
             check=True,
             stdout=subprocess.DEVNULL,
         )

@@ -263,7 +263,7 @@ impl PoolingClient {
         Ok(rows)
     }
 
-    /// Fails every input not yet in a pass with [`ABORTED`] (the pass under way finishes):
+    /// Fails every input not yet in a pass with `ABORTED` (the pass under way finishes):
     /// the server calls this when its shutdown drain times out, as the generation engine
     /// aborts its requests.
     pub fn abort_queued(&self) {

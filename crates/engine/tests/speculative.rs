@@ -339,8 +339,14 @@ fn structured_outputs_with_speculation_match_plain_decoding() {
 /// first): same shapes, vocabulary and tokenizer, finite weights, different predictions.
 #[allow(clippy::unwrap_used)]
 fn scrambled_draft_path() -> std::path::PathBuf {
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("draft-scrambled-{}.gguf", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join("draft-scrambled.gguf");
+    if path.exists() {
+        return path;
+    }
+    // Written under a per-process name and renamed into place: concurrent test processes
+    // never read a partial file, and later runs reuse it.
+    let partial = dir.join(format!("draft-scrambled.gguf.{}", std::process::id()));
     let file = tokenmill_gguf::GgufFile::open(&common::model_path()).unwrap();
     let mut writer = tokenmill_gguf::GgufWriter::new();
     for (key, value) in file.metadata() {
@@ -368,7 +374,8 @@ fn scrambled_draft_path() -> std::path::PathBuf {
         let data = file.tensor_data(source).unwrap().to_vec();
         writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
     }
-    writer.write_to(&path).unwrap();
+    writer.write_to(&partial).unwrap();
+    std::fs::rename(&partial, &path).unwrap();
     path
 }
 

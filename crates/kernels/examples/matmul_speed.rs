@@ -4,7 +4,8 @@
 //! case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]
 //! [TYPE|all] [ROWSxCOLS] [batch sizes, comma-separated]`. The AMX column is `QMatrix::matmul`
 //! itself, which takes the tiles from 16 rows, 32 for Q4_K (`matmul::amx::min_rows`; below that it is the best
-//! `KernelPath`); `TOKENMILL_AMX=0` drops it.
+//! `KernelPath`); `TOKENMILL_AMX=0` drops it. `MATMUL_SPEED_PATHS=matmul` (or a comma-separated
+//! list of path names as printed, and/or `matmul`) times only those columns.
 
 use std::time::Instant;
 
@@ -152,8 +153,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut scratch = MatmulScratch::new();
     let mut seed = 0x1234_5678_9abc_def0u64;
     let cpu = CpuFeatures::get();
+    let wanted = std::env::var("MATMUL_SPEED_PATHS").ok();
+    let wants = |name: &str| {
+        wanted
+            .as_deref()
+            .is_none_or(|list| list.split(',').any(|w| w.eq_ignore_ascii_case(name)))
+    };
     let paths: Vec<KernelPath> = KernelPath::ALL
         .into_iter()
+        .filter(|path| wants(&path.to_string()))
         .filter(|path| {
             let missing = path.missing(cpu);
             if !missing.is_empty() {
@@ -162,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             missing.is_empty()
         })
         .collect();
-    let amx = amx_enabled();
+    let amx = amx_enabled() && wants("matmul");
     println!("# {} amx={amx}", cpu.summary());
     println!("# threads={threads} weights {rows}x{cols}; per path: us per call, GFLOP/s");
     print!("{:<7}{:>5}", "type", "n");

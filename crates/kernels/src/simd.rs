@@ -1,6 +1,7 @@
 //! f32 vector primitives for attention: one online-softmax step over a tile of at most
-//! [`TILE`] keys for one (query row, head) pair, with an AVX2 path and a scalar fallback of the
-//! same structure (the two agree to rounding, not bitwise).
+//! [`TILE`] keys for one (query row, head) pair, with an AVX2 path and a scalar twin that does
+//! the same operations in the same order (fused multiply-adds where AVX2 fuses, the same
+//! polynomial exponential, [`scalar_exp`]), so the two are bitwise equal.
 //!
 //! The AVX2 path scores eight keys at a time with independent accumulators and one transposing
 //! reduction, so every key's dot product is summed in the same fixed order
@@ -257,17 +258,81 @@ impl VectorOps {
     }
 }
 
-/// Turns raw scores into tile weights and updates the softmax state; returns the factor the
-/// accumulator must be rescaled by.
-fn softmax_tile_weights(scores: &mut [f32], state: &mut OnlineSoftmax) -> f32 {
-    let tile_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    let new_max = state.max.max(tile_max);
-    let correction = (state.max - new_max).exp();
-    let mut tile_sum = 0.0f32;
-    for score in scores.iter_mut() {
-        *score = (*score - new_max).exp();
-        tile_sum += *score;
+/// `e^x` exactly as the AVX2 path's `exp8` computes each lane: the same clamping, range
+/// reduction `x = n·ln2 + r` (two fused steps), degree-6 polynomial in fused multiply-adds and
+/// power-of-two scaling; inputs below -87.3 (and -inf) give exactly 0.
+pub(crate) fn scalar_exp(x: f32) -> f32 {
+    const LOW: f32 = -87.336_55;
+    const HIGH: f32 = 88.376_26;
+    let underflow = x < LOW;
+    // `max_ps(x, LOW)` / `min_ps(., HIGH)`: the bound unless the comparison holds (NaN too).
+    let x = if x > LOW { x } else { LOW };
+    let x = if x < HIGH { x } else { HIGH };
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (-n).mul_add(0.693_359_4, x);
+    let r = (-n).mul_add(-2.121_944_4e-4, r);
+    let mut y = 1.987_569_1e-4f32;
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        y = y.mul_add(r, c);
     }
+    let r2 = r * r;
+    let y = y.mul_add(r2, r) + 1.0;
+    // n is integral and within [-126, 128] here.
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if underflow {
+        0.0
+    } else {
+        y * scale
+    }
+}
+
+/// `q·k` as the AVX2 path sums it: eight lanes, each a chain of fused multiply-adds over the
+/// 8-wide chunks in order (the last chunk zero-padded), reduced as
+/// `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`.
+fn scalar_dot(query: &[f32], key: &[f32]) -> f32 {
+    let d = query.len().min(key.len());
+    let mut lanes = [0.0f32; 8];
+    for c in (0..d).step_by(8) {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let (q, k) = if c + l < d {
+                (query[c + l], key[c + l])
+            } else {
+                (0.0, 0.0)
+            };
+            *lane = q.mul_add(k, *lane);
+        }
+    }
+    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+}
+
+/// Turns a tile's scaled scores into weights and updates the softmax state as the AVX2 path
+/// does (the lanes of a 16-wide tile, absent keys at -inf); returns the factor the accumulator
+/// must be rescaled by.
+fn softmax_tile_weights(scores: &mut [f32], state: &mut OnlineSoftmax) -> f32 {
+    let tile_max = scores
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &s| if m > s { m } else { s });
+    let new_max = if tile_max > state.max {
+        tile_max
+    } else {
+        state.max
+    };
+    let correction = scalar_exp(state.max - new_max);
+    let mut lanes = [0.0f32; TILE];
+    for (lane, score) in lanes.iter_mut().zip(scores.iter_mut()) {
+        *score = scalar_exp(*score - new_max);
+        *lane = *score;
+    }
+    // `sum_all(w0 + w1)`: the two 8-lane halves added, then the halves of that, in pairs.
+    let v: [f32; 8] = std::array::from_fn(|i| lanes[i] + lanes[i + 8]);
+    let tile_sum = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
     state.sum = state.sum * correction + tile_sum;
     state.max = new_max;
     correction
@@ -296,7 +361,7 @@ fn scalar_accumulate(tile: KeyTile<'_>, weights: &TileWeights, acc: &mut [f32]) 
     for (j, a) in acc.iter_mut().enumerate() {
         let mut value = *a * weights.correction;
         for (t, &weight) in weights.weights[..weights.count].iter().enumerate() {
-            value += weight * tile.values[t * tile.stride + j];
+            value = weight.mul_add(tile.values[t * tile.stride + j], value);
         }
         *a = value;
     }
@@ -314,28 +379,9 @@ fn scalar_attend_tile(
     scalar_accumulate(tile, &weights, acc);
 }
 
-fn scalar_dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let n = a.len().min(b.len());
-    let mut chunks_a = a[..n].chunks_exact(8);
-    let mut chunks_b = b[..n].chunks_exact(8);
-    for (ca, cb) in (&mut chunks_a).zip(&mut chunks_b) {
-        for l in 0..8 {
-            lanes[l] += ca[l] * cb[l];
-        }
-    }
-    let mut tail = 0.0f32;
-    for (x, y) in chunks_a.remainder().iter().zip(chunks_b.remainder()) {
-        tail += x * y;
-    }
-    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
-        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
-        + tail
-}
-
 fn scalar_silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + scalar_exp(0.0 - *g)) * u;
     }
 }
 
@@ -990,6 +1036,10 @@ mod avx2 {
 mod tests {
     use super::*;
 
+    fn bits(values: &[f32]) -> Vec<u32> {
+        values.iter().map(|v| v.to_bits()).collect()
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vector_exp_matches_libm() {
@@ -1068,16 +1118,72 @@ mod tests {
                     ops.attend_tile(&query, tile, 0.7, &mut state_a, &mut acc_a);
                     scalar_attend_tile(&query, tile, 0.7, &mut state_b, &mut acc_b);
                 }
-                assert!((state_a.max - state_b.max).abs() < 1e-5);
-                assert!((state_a.sum - state_b.sum).abs() < 1e-4 * state_b.sum);
-                for (x, y) in acc_a.iter().zip(&acc_b) {
-                    assert!(
-                        (x - y).abs() < 1e-4 * (1.0 + y.abs()),
-                        "d={d} count={count}"
-                    );
-                }
+                // Bitwise: the scalar twin does the SIMD path's operations in its order.
+                assert_eq!(
+                    state_a.max.to_bits(),
+                    state_b.max.to_bits(),
+                    "d={d} count={count}"
+                );
+                assert_eq!(
+                    state_a.sum.to_bits(),
+                    state_b.sum.to_bits(),
+                    "d={d} count={count}"
+                );
+                assert_eq!(bits(&acc_a), bits(&acc_b), "d={d} count={count}");
             }
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn scalar_exp_is_bitwise_exp8() {
+        use std::arch::x86_64::*;
+        if VectorOps::detect() == VectorOps::Scalar {
+            eprintln!("scalar_exp_is_bitwise_exp8: skipped, this CPU has no AVX2+FMA path");
+            return;
+        }
+        let mut rng = crate::test_util::Rng::new(29);
+        let mut inputs = rng.vec(20_000, -100.0, 100.0);
+        inputs.extend(rng.vec(4_000, -1.0, 1.0));
+        inputs.extend([
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            -87.336_55,
+            -87.336_5,
+            -87.4,
+            88.376_26,
+            88.5,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            -1e-30,
+            0.5 * std::f32::consts::LN_2,
+        ]);
+        for chunk in inputs.chunks(8) {
+            let mut lanes = [0.0f32; 8];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            let mut result = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA were detected above; both arrays hold 8 f32.
+            unsafe {
+                let x = _mm256_loadu_ps(lanes.as_ptr());
+                _mm256_storeu_ps(result.as_mut_ptr(), avx2::exp8(x));
+            }
+            for (got, &x) in result.iter().zip(&lanes) {
+                assert_eq!(got.to_bits(), scalar_exp(x).to_bits(), "exp({x})");
+            }
+        }
+    }
+
+    #[test]
+    fn silu_mul_simd_is_bitwise_its_scalar_twin() {
+        let mut rng = crate::test_util::Rng::new(31);
+        let mut gate = rng.vec(1003, -30.0, 30.0);
+        gate.extend([0.0, -0.0, 90.0, -90.0, 1e-30]);
+        let up = rng.vec(gate.len(), -2.0, 2.0);
+        let mut simd = gate.clone();
+        VectorOps::detect().silu_mul(&mut simd, &up);
+        scalar_silu_mul(&mut gate, &up);
+        assert_eq!(bits(&simd), bits(&gate));
     }
 
     #[test]
@@ -1109,7 +1215,6 @@ mod tests {
                     let (mut x, mut y) = (start[0].clone(), start[1].clone());
                     ops.accumulate(tile, &weights[0], &mut x);
                     ops.accumulate(tile, &weights[1], &mut y);
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&a), bits(&x), "{ops:?} d={d} count={count}");
                     assert_eq!(bits(&b), bits(&y), "{ops:?} d={d} count={count}");
                 }
@@ -1120,7 +1225,6 @@ mod tests {
     #[test]
     fn grouped_pairs_are_bitwise_the_same_as_one_by_one() {
         let mut rng = crate::test_util::Rng::new(29);
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         for ops in [VectorOps::detect(), VectorOps::Scalar] {
             for d in [3usize, 8, 17, 48, 64, 80, 130] {
                 for count in [1usize, 3, 4, 5, 8, 9, 12, 16] {

@@ -54,8 +54,8 @@ pub struct DecodeOptions {
     /// decodes the ordinary runs between added tokens separately and joins them with the added
     /// tokens' text and nothing else, as Hugging Face's slow path does: a decoder that turns
     /// a leading "▁" into a space and strips it at the start of the text (SentencePiece
-    /// with a space prefix) then adds no space after an added token ("<s>Hello", not
-    /// "<s> Hello"). Byte-level vocabularies (GPT-2 style: SmolLM2, Llama 3, Qwen2) map
+    /// with a space prefix) then adds no space after an added token ("`<s>Hello`", not
+    /// "`<s> Hello`"). Byte-level vocabularies (GPT-2 style: SmolLM2, Llama 3, Qwen2) map
     /// each token to its own bytes, so there the two settings always give the same text.
     pub spaces_between_special_tokens: bool,
 }

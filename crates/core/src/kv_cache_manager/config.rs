@@ -90,12 +90,12 @@ impl KvCacheConfig {
         }
     }
 
-    /// [`Self::skipped_blocks_for`] the sliding-window groups' window (0 without one).
+    /// `Self::skipped_blocks_for` the sliding-window groups' window (0 without one).
     pub fn num_skipped_blocks(&self, num_computed_tokens: usize) -> usize {
         self.skipped_blocks_for(self.sliding_window, num_computed_tokens)
     }
 
-    /// [`Self::skipped_blocks_for`] group `group`'s window.
+    /// `Self::skipped_blocks_for` group `group`'s window.
     pub fn group_skipped_blocks(&self, group: usize, num_computed_tokens: usize) -> usize {
         self.skipped_blocks_for(self.group_window(group), num_computed_tokens)
     }

@@ -30,12 +30,18 @@ pub fn model_path() -> PathBuf {
 
 /// The default model with a sliding window of `SLIDING_WINDOW` positions on every layer
 /// (`llama.attention.sliding_window`, as a Mistral-style file declares it): its GGUF with that
-/// one key added, written once per test process.
+/// one key added, written once (to a per-process name, then renamed into place, so test
+/// processes running at once never see a partial file) and reused by later runs.
 pub fn sliding_window_model_path() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "default-model-window-{SLIDING_WINDOW}-{}.gguf",
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join(format!("default-model-window-{SLIDING_WINDOW}.gguf"));
+        if path.exists() {
+            return path;
+        }
+        let partial = dir.join(format!(
+            "default-model-window-{SLIDING_WINDOW}.gguf.{}",
             std::process::id()
         ));
         let file = tokenmill_gguf::GgufFile::open(&model_path()).unwrap();
@@ -51,7 +57,8 @@ pub fn sliding_window_model_path() -> PathBuf {
             let data = file.tensor_data(info).unwrap().to_vec();
             writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
         }
-        writer.write_to(&path).unwrap();
+        writer.write_to(&partial).unwrap();
+        std::fs::rename(&partial, &path).unwrap();
         path
     })
     .clone()

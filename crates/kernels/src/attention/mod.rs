@@ -36,7 +36,7 @@ use std::cell::RefCell;
 
 use crate::kv_dtype::{KvCacheSlice, KvCacheSliceMut, KvCodec, Rows};
 use crate::pool::{SharedMut, ThreadPool};
-use crate::simd::{KeyTile, OnlineSoftmax, VectorOps, GROUP, TILE};
+use crate::simd::{scalar_exp, KeyTile, OnlineSoftmax, VectorOps, GROUP, TILE};
 use crate::KernelError;
 
 /// Most query rows handled by one attention task.
@@ -125,7 +125,7 @@ pub struct AttentionSeq {
 pub const PADDING_SLOT: u32 = u32::MAX;
 
 /// Stores each token's K and V rows (`[n_tokens][kv_dim]`) into the cache at its slot,
-/// converted to the cache's type (round-to-nearest-even, saturating; see [`KvCacheDType`]).
+/// converted to the cache's type (round-to-nearest-even, saturating; see [`KvCacheDType`](crate::KvCacheDType)).
 /// Tokens whose slot is [`PADDING_SLOT`] are skipped.
 pub fn write_kv(
     k: &[f32],
@@ -457,8 +457,9 @@ fn merge_segment(
         return;
     }
     let max = running.max.max(segment.max);
-    let keep = (running.max - max).exp();
-    let add = (segment.max - max).exp();
+    // The tile kernels' exponential, so no result depends on the C library's `expf`.
+    let keep = scalar_exp(running.max - max);
+    let add = scalar_exp(segment.max - max);
     running.sum = running.sum * keep + segment.sum * add;
     running.max = max;
     for (r, &s) in running_acc.iter_mut().zip(segment_acc) {

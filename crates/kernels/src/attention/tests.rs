@@ -165,6 +165,7 @@ fn matches_reference_on_mixed_batches() {
         ];
         let batch = random_batch(&mut rng, params, &shapes);
         let expected = reference(&batch);
+        let scalar = run_with(VectorOps::Scalar, &pool, &batch);
         for kernels in [VectorOps::detect(), VectorOps::Scalar] {
             let out = run_with(kernels, &pool, &batch);
             for (i, (a, b)) in out.iter().zip(&expected).enumerate() {
@@ -173,6 +174,9 @@ fn matches_reference_on_mixed_batches() {
                     "{params:?} {kernels:?} element {i}: {a} vs {b}"
                 );
             }
+            // The SIMD path is bitwise its scalar twin.
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out), bits(&scalar), "{params:?} {kernels:?}");
         }
     }
 }

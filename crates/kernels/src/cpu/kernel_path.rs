@@ -116,7 +116,7 @@ impl fmt::Display for KernelPath {
 
 impl From<&CpuFeatures> for KernelPath {
     /// The fastest path whose features `features` has and this CPU has too
-    /// ([`CpuFeatures::usable`]).
+    /// (`CpuFeatures::usable`).
     fn from(features: &CpuFeatures) -> KernelPath {
         let usable = features.usable();
         KernelPath::ALL

@@ -35,7 +35,7 @@ use crate::pool::{SharedMut, ThreadPool};
 use crate::KernelError;
 
 /// Set to `1` (or `on`, `true`, `yes`) to run the bf16 GEMM on `vdpbf16ps` where the CPU has
-/// AVX-512 BF16 (same results; see [`Bf16Kernel::detect`] for why it is off by default).
+/// AVX-512 BF16 (same results; see `Bf16Kernel::detect` for why it is off by default).
 pub const VDPBF16PS_ENV: &str = "TOKENMILL_VDPBF16PS";
 
 /// Whether [`VDPBF16PS_ENV`] asks for the `vdpbf16ps` kernel (read once).

@@ -3,8 +3,10 @@
 //! [`min_rows`] rows or more.
 //!
 //! One tile multiply (`tdpbssd`) yields the exact integer block dots of 16 activation rows
-//! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, read
-//! in place from the quantized activations (row stride `in_features`); B is two eight-row
+//! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, 512
+//! contiguous bytes of a per-call copy of the activations tiled `[row tile][block][16 rows]`
+//! (`tile_activations`; read in place, rows `in_features` apart, the A loads cost ~8-15 % more
+//! on 8192-wide matrices); B is two eight-row
 //! groups of the block's weight levels unpacked to int8 in the tile's four-byte (VNNI) layout,
 //! `[8 k-quads][16 columns][4 bytes]` — exactly the layouts' steps, two groups side by side,
 //! so unpacking is a mask/shift (plus the Q4_0/Q5_0/Q6_K offset, the fifth bits, the top bit
@@ -19,7 +21,10 @@
 //!
 //! A task owns a range of 16-column tiles; for each it unpacks every block's B tile and column
 //! parameters once into a per-thread buffer and then sweeps all activation rows, 16 at a time
-//! (the last tile shorter, with its own tile configuration). Tile state is configured at the
+//! (the last tile shorter, with its own tile configuration). Per activation tile, block
+//! `b + 1`'s tile multiply is issued right after block `b`'s C tile is stored, so the tile unit
+//! runs while block `b`'s epilogue does (the order of the float operations per output element
+//! is unchanged). Tile state is configured at the
 //! start of each task and released at its end. Only runs with an [`Amx`] token, which exists
 //! only once the CPU, the OS permission (`crate::cpu::amx_enabled`) and AVX-512 F/BW are all
 //! there.
@@ -135,6 +140,30 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The calling thread's [`tile_activations`] buffer, shared read-only with the workers.
+    static TILED_A: RefCell<Vec<i8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Bytes of one A tile in the tiled activations: 16 rows of one 32-element block.
+const A_TILE_BYTES: usize = TILE_ROWS * QK;
+
+/// Copies `n` rows of int8 activations (`in_features` each, row-major) into `dst` as
+/// `[row tile][block][16 rows][32 bytes]`, so every A tile is 512 contiguous bytes (rows
+/// `in_features` apart alias a few cache sets and each A load would touch 16 half-used lines).
+/// The last tile's rows past `n` keep whatever `dst` held: no output is read from them.
+fn tile_activations(quants: &[i8], n: usize, in_features: usize, dst: &mut Vec<i8>) {
+    let blocks = in_features / QK;
+    dst.resize(n.div_ceil(TILE_ROWS) * blocks * A_TILE_BYTES, 0);
+    for (i, row) in quants[..n * in_features]
+        .chunks_exact(in_features)
+        .enumerate()
+    {
+        let (t, r) = (i / TILE_ROWS, i % TILE_ROWS);
+        for (b, block) in row.chunks_exact(QK).enumerate() {
+            let at = (t * blocks + b) * A_TILE_BYTES + r * QK;
+            dst[at..at + QK].copy_from_slice(block);
+        }
+    }
 }
 
 /// A matrix the AMX kernels read: eight-row groups of a 32-element-block type or a K-quant.
@@ -298,55 +327,81 @@ pub(crate) fn matmul(
     let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
     let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
     let output = SharedMut::new(out);
-    pool.parallel_for(n_tasks, &|task| {
-        let first = task * tiles_per_task;
-        let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
-        SCRATCH.with_borrow_mut(|scratch| {
-            let write = |row: usize, col: usize, values: &[f32; TILE_COLS]| {
-                let lanes = TILE_COLS.min(out_features - col);
-                // SAFETY: this task alone owns output columns of its column tiles, and
-                // row < n, so the range lies inside `out` (length checked by the caller).
-                let target = unsafe { output.slice_mut(row * out_features + col, lanes) };
-                target.copy_from_slice(&values[..lanes]);
-            };
-            // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; the activations hold
-            // `n` rows of the matrix's `in_features`.
-            unsafe { run_task(amx, weights, activations, n, col_tiles, scratch, write) };
-        });
-    });
-}
-
-/// One task: column tiles `col_tiles` against all `n` activation rows.
-///
-/// # Safety
-/// `_amx` is a genuine token (AMX usable in this process, AVX-512 F/BW present), and
-/// `activations` holds `n` quantized rows of the weights' input width.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn run_task(
-    _amx: Amx,
-    weights: Weights<'_>,
-    activations: &QuantizedActivations,
-    n: usize,
-    col_tiles: std::ops::Range<usize>,
-    scratch: &mut Scratch,
-    mut write: impl FnMut(usize, usize, &[f32; TILE_COLS]),
-) {
-    let blocks = weights.blocks();
-    let in_features = blocks * QK;
-    let n_groups = weights.out_features().div_ceil(GROUP);
-    let row_tiles = n.div_ceil(TILE_ROWS);
+    let in_features = weights.blocks() * QK;
     let quants = activations.quants();
     assert!(
         quants.len() >= n * in_features,
         "activations shorter than n rows"
     );
+    TILED_A.with_borrow_mut(|tiled| {
+        tile_activations(quants, n, in_features, tiled);
+        let tiled: &[i8] = tiled;
+        pool.parallel_for(n_tasks, &|task| {
+            let first = task * tiles_per_task;
+            let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
+            SCRATCH.with_borrow_mut(|scratch| {
+                let target = |row: usize, col: usize| {
+                    let lanes = TILE_COLS.min(out_features - col);
+                    // SAFETY: this task alone owns output columns of its column tiles, and
+                    // row < n, so the range lies inside `out` (length checked by the caller).
+                    unsafe { output.slice_mut(row * out_features + col, lanes) }
+                };
+                let rows = Rows {
+                    activations,
+                    tiled,
+                    n,
+                };
+                // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; the activations hold
+                // `n` rows of the matrix's `in_features`, tiled in `tiled`.
+                unsafe { run_task(amx, weights, rows, col_tiles, scratch, target) };
+            });
+        });
+    });
+}
+
+/// The activation rows of one matmul: quantized, and their int8 quants tiled for A loads.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    activations: &'a QuantizedActivations,
+    /// [`tile_activations`] of `activations`.
+    tiled: &'a [i8],
+    /// Rows.
+    n: usize,
+}
+
+/// One task: column tiles `col_tiles` against all `rows.n` activation rows.
+///
+/// # Safety
+/// `_amx` is a genuine token (AMX usable in this process, AVX-512 F/BW present), and
+/// `rows.activations` holds `rows.n` quantized rows of the weights' input width.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn run_task<'o>(
+    _amx: Amx,
+    weights: Weights<'_>,
+    rows: Rows<'_>,
+    col_tiles: std::ops::Range<usize>,
+    scratch: &mut Scratch,
+    mut target: impl FnMut(usize, usize) -> &'o mut [f32],
+) {
+    let Rows {
+        activations,
+        tiled,
+        n,
+    } = rows;
+    let blocks = weights.blocks();
+    let n_groups = weights.out_features().div_ceil(GROUP);
+    let row_tiles = n.div_ceil(TILE_ROWS);
+    assert!(
+        tiled.len() >= row_tiles * blocks * A_TILE_BYTES,
+        "tiled activations shorter than n rows"
+    );
 
     // Activation scales and sums, transposed to [row tile][block][16 rows], zero past n.
-    let tiled = row_tiles * blocks * TILE_ROWS;
+    let params_len = row_tiles * blocks * TILE_ROWS;
     scratch.x_scales.clear();
-    scratch.x_scales.resize(tiled, 0.0);
+    scratch.x_scales.resize(params_len, 0.0);
     scratch.x_sums.clear();
-    scratch.x_sums.resize(tiled, 0.0);
+    scratch.x_sums.resize(params_len, 0.0);
     for i in 0..n {
         let row = activations.row(i);
         let (t, r) = (i / TILE_ROWS, i % TILE_ROWS);
@@ -366,6 +421,9 @@ unsafe fn run_task(
     // SAFETY: `_amx` (the caller's contract).
     unsafe { full.load() };
     let mut configured_full = true;
+    // Initialized once per task: a partial row tile stores fewer rows than the epilogue
+    // reads, and those rows' results are never written out.
+    let mut c_tiles = CTiles([[0; TILE_ROWS * TILE_COLS]; 2]);
     for col_tile in col_tiles {
         let g0 = 2 * col_tile;
         // A missing second group (odd group count) repeats the first; its columns are never
@@ -401,8 +459,7 @@ unsafe fn run_task(
             let mut results = [[0.0f32; TILE_COLS]; TILE_ROWS];
             let x_at = t * blocks * TILE_ROWS;
             let args = TileArgs {
-                a: quants[t * TILE_ROWS * in_features..].as_ptr(),
-                a_stride: in_features,
+                a: tiled[t * blocks * A_TILE_BYTES..].as_ptr(),
                 blocks,
                 b_tiles: scratch.b_tiles.as_ptr(),
                 params: scratch.params.as_ptr(),
@@ -414,14 +471,20 @@ unsafe fn run_task(
             // `blocks` entries from the given offsets.
             unsafe {
                 match weights.epilogue() {
-                    PLAIN => tile_dots::<PLAIN>(&args, &mut results),
-                    MIN => tile_dots::<MIN>(&args, &mut results),
-                    K_MIN => tile_dots::<K_MIN>(&args, &mut results),
-                    _ => tile_dots::<Q6>(&args, &mut results),
+                    PLAIN => tile_dots::<PLAIN>(&args, &mut c_tiles, &mut results),
+                    MIN => tile_dots::<MIN>(&args, &mut c_tiles, &mut results),
+                    K_MIN => tile_dots::<K_MIN>(&args, &mut c_tiles, &mut results),
+                    _ => tile_dots::<Q6>(&args, &mut c_tiles, &mut results),
                 }
             }
             for (r, values) in results.iter().enumerate().take(rows) {
-                write(t * TILE_ROWS + r, col_tile * TILE_COLS, values);
+                let dst = target(t * TILE_ROWS + r, col_tile * TILE_COLS);
+                let lanes = dst.len().min(TILE_COLS);
+                let mask = (u32::MAX >> (32 - lanes)) as u16;
+                // SAFETY: AVX-512 F (caller); the mask keeps the store inside `dst`.
+                unsafe {
+                    _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, _mm512_loadu_ps(values.as_ptr()))
+                };
             }
         }
     }
@@ -431,10 +494,8 @@ unsafe fn run_task(
 
 /// Pointers for one activation tile against one column tile.
 struct TileArgs {
-    /// First activation row of the tile (block 0).
+    /// The tile's first A tile (block 0) in the tiled activations ([`tile_activations`]).
     a: *const i8,
-    /// Bytes between activation rows (`in_features`).
-    a_stride: usize,
     /// 32-element blocks per row.
     blocks: usize,
     /// The unpacked B tiles, one (Q6_K: two) per block.
@@ -447,6 +508,76 @@ struct TileArgs {
     x_sums: *const f32,
 }
 
+/// The stored C tiles of one block: one (Q6_K: two, one per 16-element half).
+#[repr(C, align(64))]
+struct CTiles([[i32; TILE_ROWS * TILE_COLS]; 2]);
+
+/// Starts block `b`'s tile multiply (Q6_K: two): A into tmm0, B into tmm1 (Q6_K: and tmm4),
+/// the dots into tmm2 (and tmm3). Not stored yet (see [`store_block`]), so the tile unit
+/// works while the epilogue of the block before runs.
+///
+/// # Safety
+/// As [`tile_dots`]; the previous block's C tiles are stored.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn multiply_block<const E: u8>(args: &TileArgs, b: usize) {
+    let tile_bytes = if E == Q6 { 2 } else { 1 } * B_TILE_BYTES;
+    let row_bytes = 4 * TILE_COLS;
+    // SAFETY: the caller's contract: A block b of each configured row and B tile(s) b are in
+    // bounds; the tiles are configured.
+    unsafe {
+        let b_tile = args.b_tiles.add(b * tile_bytes);
+        asm!(
+            "tileloadd tmm0, [{a} + {a_stride}*1]",
+            "tileloadd tmm1, [{b} + {row_bytes}*1]",
+            "tilezero tmm2",
+            "tdpbssd tmm2, tmm0, tmm1",
+            a = in(reg) args.a.add(b * A_TILE_BYTES),
+            a_stride = in(reg) QK,
+            b = in(reg) b_tile,
+            row_bytes = in(reg) row_bytes,
+            options(nostack),
+        );
+        if E == Q6 {
+            asm!(
+                "tileloadd tmm4, [{b} + {row_bytes}*1]",
+                "tilezero tmm3",
+                "tdpbssd tmm3, tmm0, tmm4",
+                b = in(reg) b_tile.add(B_TILE_BYTES),
+                row_bytes = in(reg) row_bytes,
+                options(nostack),
+            );
+        }
+    }
+}
+
+/// Stores the C tile(s) [`multiply_block`] left in tmm2 (and tmm3) into `c`.
+///
+/// # Safety
+/// As [`tile_dots`], after a [`multiply_block`] with the same `E`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn store_block<const E: u8>(c: &mut CTiles) {
+    let row_bytes = 4 * TILE_COLS;
+    // SAFETY: the caller's contract; each C buffer holds 16 rows of 64 bytes.
+    unsafe {
+        asm!(
+            "tilestored [{c} + {row_bytes}*1], tmm2",
+            row_bytes = in(reg) row_bytes,
+            c = in(reg) c.0[0].as_mut_ptr(),
+            options(nostack),
+        );
+        if E == Q6 {
+            asm!(
+                "tilestored [{c} + {row_bytes}*1], tmm3",
+                row_bytes = in(reg) row_bytes,
+                c = in(reg) c.0[1].as_mut_ptr(),
+                options(nostack),
+            );
+        }
+    }
+}
+
 /// `out[r][c]` = activation row `r` against weight column `c`, over all blocks in order, with
 /// epilogue `E` ([`PLAIN`], [`MIN`], [`K_MIN`], [`Q6`]).
 ///
@@ -454,43 +585,28 @@ struct TileArgs {
 /// AMX usable, tiles configured for the tile's row count, AVX-512 F/BW; `args` valid for
 /// `args.blocks` blocks.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn tile_dots<const E: u8>(args: &TileArgs, out: &mut [[f32; TILE_COLS]; TILE_ROWS]) {
-    #[repr(C, align(64))]
-    struct CTiles([[i32; TILE_ROWS * TILE_COLS]; 2]);
-    let mut c = CTiles([[0; TILE_ROWS * TILE_COLS]; 2]);
+unsafe fn tile_dots<const E: u8>(
+    args: &TileArgs,
+    c: &mut CTiles,
+    out: &mut [[f32; TILE_COLS]; TILE_ROWS],
+) {
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
-    let tile_bytes = if E == Q6 { 2 } else { 1 } * B_TILE_BYTES;
-    let row_bytes = 4 * TILE_COLS;
+    if args.blocks > 0 {
+        // SAFETY: the caller's contract.
+        unsafe { multiply_block::<E>(args, 0) };
+    }
     for b in 0..args.blocks {
-        // SAFETY: the caller's contract: A block b of each configured row, B tile(s) b, the
-        // parameters and the 64-byte rows of `c` are in bounds; the tiles are configured.
+        // Block b's dots to memory, then block b + 1's multiply (running in the tile unit
+        // while block b's dots are scaled below).
+        // SAFETY: the caller's contract; block b was multiplied last.
+        unsafe { store_block::<E>(c) };
+        if b + 1 < args.blocks {
+            // SAFETY: as above, block b + 1 < blocks.
+            unsafe { multiply_block::<E>(args, b + 1) };
+        }
+        // SAFETY: the caller's contract: the parameters and activation scales of block b are
+        // in bounds; `c` holds block b's stored dots.
         unsafe {
-            let b_tile = args.b_tiles.add(b * tile_bytes);
-            asm!(
-                "tileloadd tmm0, [{a} + {a_stride}*1]",
-                "tileloadd tmm1, [{b} + {row_bytes}*1]",
-                "tilezero tmm2",
-                "tdpbssd tmm2, tmm0, tmm1",
-                "tilestored [{c} + {row_bytes}*1], tmm2",
-                a = in(reg) args.a.add(b * QK),
-                a_stride = in(reg) args.a_stride,
-                b = in(reg) b_tile,
-                row_bytes = in(reg) row_bytes,
-                c = in(reg) c.0[0].as_mut_ptr(),
-                options(nostack),
-            );
-            if E == Q6 {
-                asm!(
-                    "tileloadd tmm4, [{b} + {row_bytes}*1]",
-                    "tilezero tmm3",
-                    "tdpbssd tmm3, tmm0, tmm4",
-                    "tilestored [{c} + {row_bytes}*1], tmm3",
-                    b = in(reg) b_tile.add(B_TILE_BYTES),
-                    row_bytes = in(reg) row_bytes,
-                    c = in(reg) c.0[1].as_mut_ptr(),
-                    options(nostack),
-                );
-            }
             let params = &*args.params.add(b);
             let w_scale = _mm512_load_ps(params.scale.as_ptr());
             let x_scales = args.x_scales.add(b * TILE_ROWS);
@@ -533,13 +649,17 @@ unsafe fn tile_dots<const E: u8>(args: &TileArgs, out: &mut [[f32; TILE_COLS]; T
                 let mins: [__m512; 8] = std::array::from_fn(|j| {
                     _mm512_load_ps((*args.params.add(first + j)).min.as_ptr())
                 });
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let mut m = _mm512_setzero_ps();
+                // The per-row sums first (their own buffer), then one pass over `acc` with
+                // constant indices, so the accumulators stay in registers.
+                let mut m = [_mm512_setzero_ps(); TILE_ROWS];
+                for (r, m) in m.iter_mut().enumerate() {
                     for (j, min) in mins.iter().enumerate() {
                         let sum = *args.x_sums.add((first + j) * TILE_ROWS + r);
-                        m = _mm512_fmadd_ps(*min, _mm512_set1_ps(sum), m);
+                        *m = _mm512_fmadd_ps(*min, _mm512_set1_ps(sum), *m);
                     }
-                    *acc = _mm512_fmadd_ps(neg_dmin, m, *acc);
+                }
+                for (acc, m) in acc.iter_mut().zip(&m) {
+                    *acc = _mm512_fmadd_ps(neg_dmin, *m, *acc);
                 }
             }
         }

@@ -201,7 +201,7 @@ impl LoraStack {
     }
 }
 
-/// A loaded adapter: per layer, one optional [`LoraStack`] per [`LoraGroup`].
+/// A loaded adapter: per layer, one optional `LoraStack` per `LoraGroup`.
 #[derive(Debug)]
 pub struct LoraAdapter {
     path: PathBuf,
