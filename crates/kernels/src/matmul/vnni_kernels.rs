@@ -52,22 +52,25 @@ impl GroupPair<'_> {
     }
 }
 
-/// Group-blocks ahead of the one being computed that [`prefetch_ahead`] asks the caches for:
-/// one-row calls alternating 0/1/2/4 blocks ahead in one process (Xeon, two threads, 128256 ×
-/// 2048 Q6_K and 131072 × 2048 Q4_K, memory-bound) took 28.1/22.6/23.9/25.2 ms and
-/// 20.3/17.5/17.6/21.0 ms (medians).
-const PREFETCH_AHEAD: usize = 1;
+/// How far ahead of the group-block being computed [`prefetch_ahead`] asks the caches for data:
+/// the first whole group-block at least this many bytes on. K-quant super-blocks (1152-1680
+/// bytes per group) are one block ahead: one-row calls alternating 0/1/2/4 blocks ahead in one
+/// process (Xeon, two threads, 128256 × 2048 Q6_K and 131072 × 2048 Q4_K, memory-bound) took
+/// 28.1/22.6/23.9/25.2 ms and 20.3/17.5/17.6/21.0 ms (medians); the 32-element block types
+/// (144-272 bytes per group) are four to seven blocks ahead.
+const PREFETCH_AHEAD_BYTES: usize = 1024;
 
-/// Prefetches, into L1, the group-block [`PREFETCH_AHEAD`] blocks after `base` of both groups
-/// (past a group's last block that is the next group's first, which the next call reads): a
-/// hint only, results do not depend on it. One-row calls only: those stream the weights once
-/// and wait on memory; more rows per weight byte keep the hardware prefetchers ahead.
+/// Prefetches, into L1, the group-block [`PREFETCH_AHEAD_BYTES`] (rounded up to whole blocks,
+/// one at least) after `base` of both groups (past a group's last block that is the next
+/// group's first, which the next call reads): a hint only, results do not depend on it.
+/// One-row calls only: those stream the weights once and wait on memory; more rows per weight
+/// byte keep the hardware prefetchers ahead.
 #[inline(always)]
 unsafe fn prefetch_ahead(base: Bases, stride: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let ahead = PREFETCH_AHEAD * stride;
+        let ahead = PREFETCH_AHEAD_BYTES.div_ceil(stride).max(1) * stride;
         let mut line = 0;
         while line < stride {
             // SAFETY: prefetching never faults, whatever the address (wrapping arithmetic:
@@ -110,6 +113,9 @@ unsafe fn q4_tile<S: Lanes, const R: usize, const FIVE: bool>(
         let mut acc = [S::zero_f(); R];
         for b in 0..groups.blocks {
             let base = groups.block(b, stride);
+            if R == 1 {
+                prefetch_ahead(base, stride);
+            }
             let scales = S::f16x8(base);
             let quants = base.add(kind.quant_offset());
             let (mut high_of_low, mut high_of_high) = if FIVE {
@@ -171,6 +177,9 @@ unsafe fn q8_tile<S: Lanes, const R: usize>(
         let mut acc = [S::zero_f(); R];
         for b in 0..groups.blocks {
             let base = groups.block(b, stride);
+            if R == 1 {
+                prefetch_ahead(base, stride);
+            }
             let scales = S::f16x8(base);
             let quants = base.add(kind.quant_offset());
             let mut dots = [S::zero(); R];
@@ -213,6 +222,9 @@ unsafe fn iq4_tile<S: Lanes, const R: usize, const XS: bool>(
         let mut acc = [S::zero_f(); R];
         for b in 0..groups.blocks {
             let base = groups.block(b, stride);
+            if R == 1 {
+                prefetch_ahead(base, stride);
+            }
             let d = S::f16x8(base);
             let (scales_h, scales_l) = if XS {
                 (
