@@ -40,13 +40,18 @@ pub fn fma_peak_gflops(threads: usize, duration: Duration) -> f64 {
 /// Measures the streaming read bandwidth in GB/s (1e9 bytes per second): `threads` threads sum
 /// disjoint parts of a `bytes`-sized buffer, pass after pass for about `duration` (at least
 /// two passes); the fastest pass counts. The buffer is written once first so that every page
-/// is backed by its own memory.
+/// is backed by its own memory, and it is a [`WeightBuf`](crate::weight_buf::WeightBuf) like the
+/// repacked weights (huge pages where the OS grants them), so a decode's weight GB/s compares
+/// with a peak read the same way. Returns 0 if the buffer cannot be sized.
 pub fn read_bandwidth_gbs(threads: usize, bytes: usize, duration: Duration) -> f64 {
     let threads = threads.max(1);
     let words = (bytes / 8).max(threads * 64);
-    let buffer: Vec<u64> = (0..words as u64)
-        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-        .collect();
+    let Ok(mut buffer) = crate::weight_buf::WeightBuf::<u64>::zeroed(words) else {
+        return 0.0;
+    };
+    for (i, word) in buffer.iter_mut().enumerate() {
+        *word = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
     let part = words.div_ceil(threads);
     let started = Instant::now();
     let mut best = f64::INFINITY;

@@ -30,6 +30,7 @@ pub(crate) trait Plain: Copy + Send + Sync + 'static {}
 impl Plain for u8 {}
 impl Plain for u16 {}
 impl Plain for f32 {}
+impl Plain for u64 {}
 
 /// An owned `[T]` of fixed length, zero-initialised, huge-page backed when large (see the
 /// module notes). Dereferences to a slice.
