@@ -40,7 +40,7 @@ pub fn fma_peak_gflops(threads: usize, duration: Duration) -> f64 {
 /// Measures the streaming read bandwidth in GB/s (1e9 bytes per second): `threads` threads sum
 /// disjoint parts of a `bytes`-sized buffer, pass after pass for about `duration` (at least
 /// two passes); the fastest pass counts. The buffer is written once first so that every page
-/// is backed by its own memory, and it is a [`WeightBuf`](crate::weight_buf::WeightBuf) like the
+/// is backed by its own memory, and it is a `WeightBuf` like the
 /// repacked weights (huge pages where the OS grants them), so a decode's weight GB/s compares
 /// with a peak read the same way. Returns 0 if the buffer cannot be sized.
 pub fn read_bandwidth_gbs(threads: usize, bytes: usize, duration: Duration) -> f64 {
