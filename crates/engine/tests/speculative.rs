@@ -339,44 +339,36 @@ fn structured_outputs_with_speculation_match_plain_decoding() {
 /// first): same shapes, vocabulary and tokenizer, finite weights, different predictions.
 #[allow(clippy::unwrap_used)]
 fn scrambled_draft_path() -> std::path::PathBuf {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let path = dir.join("draft-scrambled.gguf");
-    if path.exists() {
-        return path;
-    }
-    // Written under a per-process name and renamed into place: concurrent test processes
-    // never read a partial file, and later runs reuse it.
-    let partial = dir.join(format!("draft-scrambled.gguf.{}", std::process::id()));
-    let file = tokenmill_gguf::GgufFile::open(&common::model_path()).unwrap();
-    let mut writer = tokenmill_gguf::GgufWriter::new();
-    for (key, value) in file.metadata() {
-        writer.add_metadata(key, value.clone());
-    }
-    let by_name: std::collections::HashMap<&str, &tokenmill_gguf::TensorInfo> = file
-        .tensors()
-        .iter()
-        .map(|info| (info.name.as_str(), info))
-        .collect();
-    let num_layers = (0..)
-        .take_while(|i| by_name.keys().any(|n| n.starts_with(&format!("blk.{i}."))))
-        .count();
-    for info in file.tensors() {
-        let source = info
-            .name
-            .strip_prefix("blk.")
-            .and_then(|rest| rest.split_once('.'))
-            .and_then(|(layer, tail)| {
-                let next = (layer.parse::<usize>().ok()? + 1) % num_layers;
-                by_name.get(format!("blk.{next}.{tail}").as_str()).copied()
-            })
-            .filter(|other| other.dims == info.dims && other.ggml_type == info.ggml_type)
-            .unwrap_or(info);
-        let data = file.tensor_data(source).unwrap().to_vec();
-        writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
-    }
-    writer.write_to(&partial).unwrap();
-    std::fs::rename(&partial, &path).unwrap();
-    path
+    common::derived_gguf("draft-scrambled.gguf", || {
+        let file = tokenmill_gguf::GgufFile::open(&common::model_path()).unwrap();
+        let mut writer = tokenmill_gguf::GgufWriter::new();
+        for (key, value) in file.metadata() {
+            writer.add_metadata(key, value.clone());
+        }
+        let by_name: std::collections::HashMap<&str, &tokenmill_gguf::TensorInfo> = file
+            .tensors()
+            .iter()
+            .map(|info| (info.name.as_str(), info))
+            .collect();
+        let num_layers = (0..)
+            .take_while(|i| by_name.keys().any(|n| n.starts_with(&format!("blk.{i}."))))
+            .count();
+        for info in file.tensors() {
+            let source = info
+                .name
+                .strip_prefix("blk.")
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(layer, tail)| {
+                    let next = (layer.parse::<usize>().ok()? + 1) % num_layers;
+                    by_name.get(format!("blk.{next}.{tail}").as_str()).copied()
+                })
+                .filter(|other| other.dims == info.dims && other.ggml_type == info.ggml_type)
+                .unwrap_or(info);
+            let data = file.tensor_data(source).unwrap().to_vec();
+            writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
+        }
+        writer
+    })
 }
 
 /// A draft that mostly guesses wrong: drafts are rejected, and greedy output is still exactly

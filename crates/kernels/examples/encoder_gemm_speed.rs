@@ -10,16 +10,9 @@ use std::time::Instant;
 
 use tokenmill_kernels::{Bf16PanelMatrix, CpuFeatures, PanelMatrix, ThreadPool};
 
-fn random_values(n: usize, seed: &mut u64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed ^= *seed << 13;
-            *seed ^= *seed >> 7;
-            *seed ^= *seed << 17;
-            (*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
+mod common;
+
+use common::random_values;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

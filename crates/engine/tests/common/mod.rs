@@ -28,38 +28,46 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// `CARGO_TARGET_TMPDIR/name`, written by `build` unless a complete file is already there: the
+/// writer goes to a per-process name first and is renamed into place, so test processes
+/// running at once never see a partial file, and later runs reuse it.
+pub fn derived_gguf(name: &str, build: impl FnOnce() -> tokenmill_gguf::GgufWriter) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(name);
+    if path.exists() {
+        return path;
+    }
+    let partial = dir.join(format!("{name}.{}", std::process::id()));
+    build().write_to(&partial).unwrap();
+    std::fs::rename(&partial, &path).unwrap();
+    path
+}
+
 /// The default model with a sliding window of `SLIDING_WINDOW` positions on every layer
 /// (`llama.attention.sliding_window`, as a Mistral-style file declares it): its GGUF with that
-/// one key added, written once (to a per-process name, then renamed into place, so test
-/// processes running at once never see a partial file) and reused by later runs.
+/// one key added ([`derived_gguf`]).
 pub fn sliding_window_model_path() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let path = dir.join(format!("default-model-window-{SLIDING_WINDOW}.gguf"));
-        if path.exists() {
-            return path;
-        }
-        let partial = dir.join(format!(
-            "default-model-window-{SLIDING_WINDOW}.gguf.{}",
-            std::process::id()
-        ));
-        let file = tokenmill_gguf::GgufFile::open(&model_path()).unwrap();
-        let mut writer = tokenmill_gguf::GgufWriter::new();
-        for (key, value) in file.metadata() {
-            writer.add_metadata(key, value.clone());
-        }
-        writer.add_metadata(
-            "llama.attention.sliding_window",
-            tokenmill_gguf::MetadataValue::U32(SLIDING_WINDOW as u32),
-        );
-        for info in file.tensors() {
-            let data = file.tensor_data(info).unwrap().to_vec();
-            writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
-        }
-        writer.write_to(&partial).unwrap();
-        std::fs::rename(&partial, &path).unwrap();
-        path
+        derived_gguf(
+            &format!("default-model-window-{SLIDING_WINDOW}.gguf"),
+            || {
+                let file = tokenmill_gguf::GgufFile::open(&model_path()).unwrap();
+                let mut writer = tokenmill_gguf::GgufWriter::new();
+                for (key, value) in file.metadata() {
+                    writer.add_metadata(key, value.clone());
+                }
+                writer.add_metadata(
+                    "llama.attention.sliding_window",
+                    tokenmill_gguf::MetadataValue::U32(SLIDING_WINDOW as u32),
+                );
+                for info in file.tensors() {
+                    let data = file.tensor_data(info).unwrap().to_vec();
+                    writer.add_tensor(&info.name, &info.dims, info.ggml_type, data);
+                }
+                writer
+            },
+        )
     })
     .clone()
 }
