@@ -33,6 +33,14 @@ cargo test --release --workspace
 
 echo "== deployment assets"; scripts/check-deploy.sh
 
+if [ "${TOKENMILL_CI:-0}" = 1 ]; then
+  # CI (.ci/run) only: the Python tests need target/release/tokenmill (a hard link that
+  # survives this), not the test binaries, rlibs and docs; the venv needs their disk.
+  echo "== CI: dropping build intermediates before the Python venv"
+  rm -rf target/release/deps target/release/build target/release/incremental target/debug target/doc
+fi
+df -h . | tail -1 | awk '{print "== disk: " $4 " free"}'
+
 if [ -x scripts/test-python.sh ]; then
   echo "== python client tests"
   scripts/test-python.sh
