@@ -270,12 +270,25 @@ impl Weights<'_> {
                             );
                         }
                     } else {
-                        let at = base + kquant::K_MINS + j * GROUP;
-                        let min =
-                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pair8(first, second, at)));
-                        _mm512_store_ps(params.min.as_mut_ptr(), min);
-                        let at = base + kquant::K_SCALES + j * GROUP;
-                        let scales = _mm512_cvtepu8_epi32(pair8(first, second, at));
+                        // `kquant::scale_min`'s bit map, sixteen rows at once.
+                        let at = base + kquant::K_LOW + j * GROUP;
+                        let low = _mm512_cvtepu8_epi32(pair8(first, second, at));
+                        let at = base + kquant::K_HIGH + (j % 4) * GROUP;
+                        let high = _mm512_cvtepu8_epi32(pair8(first, second, at));
+                        let high = _mm512_srl_epi32(high, _mm_cvtsi32_si128(4 * (j / 4) as i32));
+                        let three = _mm512_set1_epi32(3);
+                        let min = _mm512_or_si512(
+                            _mm512_srli_epi32::<4>(low),
+                            _mm512_slli_epi32::<4>(_mm512_and_si512(
+                                _mm512_srli_epi32::<2>(high),
+                                three,
+                            )),
+                        );
+                        _mm512_store_ps(params.min.as_mut_ptr(), _mm512_cvtepi32_ps(min));
+                        let scales = _mm512_or_si512(
+                            _mm512_and_si512(low, _mm512_set1_epi32(0x0f)),
+                            _mm512_slli_epi32::<4>(_mm512_and_si512(high, three)),
+                        );
                         _mm512_store_ps(
                             params.int_scale[0].as_mut_ptr(),
                             _mm512_cvtepi32_ps(scales),

@@ -4,9 +4,9 @@
 //! holds its 256-element super-blocks in order, one group-block per super-block:
 //!
 //! ```text
-//! Q4_K (1184 B): [8 × f16 d] [8 × f16 dmin] [8 sub × 8 rows u8 scale] [8 sub × 8 rows u8 min]
-//!                [4 chunks × 8 steps × (8 rows × 4 packed bytes)]
-//! Q5_K (1440 B): as Q4_K, with [8 steps × (8 rows × 4 high-bit bytes)] before the quants
+//! Q4_K (1152 B): [8 × f16 d] [8 × f16 dmin] [8 sub × 8 rows: scale & 15 | (min & 15) << 4]
+//!                [4 subs × 8 rows: top bit pairs] [4 chunks × 8 steps × (8 rows × 4 packed bytes)]
+//! Q5_K (1408 B): as Q4_K, with [8 steps × (8 rows × 4 high-bit bytes)] before the quants
 //! Q6_K (1680 B): [8 × f16 d] [16 sub × 8 rows i8 scale]
 //!                [2 halves × 3 runs × 8 steps × (8 rows × 4 six-bit bytes)]
 //! ```
@@ -22,9 +22,12 @@
 //! is gathered from the three top bit pairs (GGML's file splits every quant into a nibble and
 //! a bit pair instead; the repacking moves bits, never values).
 //!
-//! Bytes: the 6-bit scales and mins of Q4_K/Q5_K are stored unpacked as bytes (16 instead of
-//! 12 per row and super-block), so those rows take 148 and 180 bytes per 256 weights against
-//! GGUF's 144 and 176 (+0.125 bit per weight); Q6_K keeps GGUF's 210.
+//! Q4_K/Q5_K's 6-bit scales and mins take 12 bytes per row and super-block, as in GGUF, split
+//! for SIMD unpacking: the low-nibble bytes hold sub-block `j`'s scale and min low four bits,
+//! and top-bit byte `[j % 4][row]` holds the scale's and min's top two bits at bits
+//! `4 · (j / 4)..+2` and `4 · (j / 4) + 2..+2`, so one 32-byte load of the top bits serves
+//! sub-blocks `0..4` and `4..8` with masks alone (see [`scale_min`]). Every row therefore
+//! takes GGUF's bytes per 256 weights: 144 (Q4_K), 176 (Q5_K), 210 (Q6_K).
 //!
 //! Arithmetic per (weight row, activation row), shared by the scalar and AVX2 kernels so both
 //! give bitwise-equal results, with activations quantized per 32 elements (`d_x`, see
@@ -48,12 +51,17 @@ use crate::{f16_to_f32, KernelError};
 pub(crate) const D: usize = 0;
 /// Q4_K/Q5_K: offset of the eight f16 `dmin`.
 pub(crate) const DMIN: usize = 16;
-/// Q4_K/Q5_K: offset of the unpacked 6-bit scales, `[sub-block][row]`.
-pub(crate) const K_SCALES: usize = 32;
-/// Q4_K/Q5_K: offset of the unpacked 6-bit mins, `[sub-block][row]`.
-pub(crate) const K_MINS: usize = 96;
+/// Q4_K/Q5_K: offset of the scales' and mins' low nibbles, `[sub-block][row]`.
+pub(crate) const K_LOW: usize = 32;
+/// Q4_K/Q5_K: offset of the scales' and mins' top bit pairs, `[sub-block % 4][row]`.
+pub(crate) const K_HIGH: usize = 96;
 /// Q5_K: offset of the interleaved fifth bits.
-pub(crate) const Q5_HIGH: usize = 160;
+pub(crate) const Q5_HIGH: usize = 128;
+/// Q4_K/Q5_K scales and mins unpacked to bytes ([`scale_min`], or the AVX2
+/// `unpack_scales_mins` for a whole group-block): offset of the scales, `[sub-block][row]`.
+pub(crate) const UNPACKED_SCALES: usize = 0;
+/// Offset of the mins in unpacked scales and mins, `[sub-block][row]`.
+pub(crate) const UNPACKED_MINS: usize = 64;
 /// Q6_K: offset of the int8 scales, `[16-element sub-block][row]`.
 pub(crate) const Q6_SCALES: usize = 16;
 /// Q6_K: offset of the interleaved six-bit runs.
@@ -93,8 +101,8 @@ impl KKind {
     /// Bytes of one group-block (eight rows, one super-block).
     pub(crate) const fn stride(self) -> usize {
         match self {
-            KKind::Q4 => 1184,
-            KKind::Q5 => 1440,
+            KKind::Q4 => 1152,
+            KKind::Q5 => 1408,
             KKind::Q6 => 1680,
         }
     }
@@ -102,8 +110,8 @@ impl KKind {
     /// Offset of the interleaved 4-bit runs (Q6_K: its low four bits).
     pub(crate) const fn quants(self) -> usize {
         match self {
-            KKind::Q4 => 160,
-            KKind::Q5 => 416,
+            KKind::Q4 => 128,
+            KKind::Q5 => 384,
             KKind::Q6 => Q6_QUANTS,
         }
     }
@@ -181,6 +189,26 @@ fn copied_spans(kind: KKind, lane: usize, mut span: impl FnMut(usize, usize, usi
     }
 }
 
+/// Q4_K/Q5_K: the 6-bit scale and min of sub-block `j` (0..8) of lane `lane` in group-block
+/// `block` (the layout's bit map, shared by the scalar twin and the unpacking).
+pub(crate) fn scale_min(block: &[u8], j: usize, lane: usize) -> (u8, u8) {
+    let low = block[K_LOW + j * GROUP + lane];
+    let high = block[K_HIGH + (j % 4) * GROUP + lane] >> (4 * (j / 4));
+    (
+        (low & 0x0f) | ((high & 3) << 4),
+        (low >> 4) | (((high >> 2) & 3) << 4),
+    )
+}
+
+/// Stores the 6-bit `scale` and `min` of sub-block `j` of lane `lane` (inverse of
+/// [`scale_min`]; the other bits of the top-bit byte are kept).
+fn set_scale_min(block: &mut [u8], j: usize, lane: usize, scale: u8, min: u8) {
+    block[K_LOW + j * GROUP + lane] = (scale & 0x0f) | ((min & 0x0f) << 4);
+    let shift = 4 * (j / 4);
+    let high = &mut block[K_HIGH + (j % 4) * GROUP + lane];
+    *high = (*high & !(0x0f << shift)) | ((((scale >> 4) & 3) | (((min >> 4) & 3) << 2)) << shift);
+}
+
 /// Packs eight 6-bit scales and mins back into GGML's 12 bytes (inverse of [`scale_min_k4`]).
 fn pack_scale_min_k4(scales: [u8; 8], mins: [u8; 8]) -> [u8; 12] {
     let mut packed = [0u8; 12];
@@ -234,8 +262,7 @@ impl KGroups {
                 } else {
                     for j in 0..8 {
                         let (scale, min) = scale_min_k4(j, &src[4..16]);
-                        dst[K_SCALES + j * GROUP + lane] = scale;
-                        dst[K_MINS + j * GROUP + lane] = min;
+                        set_scale_min(dst, j, lane, scale, min);
                     }
                 }
             }
@@ -290,11 +317,9 @@ impl KGroups {
                     ggml[high] |= (q >> 4) << high_shift;
                 }
             } else {
-                let lane_bytes = |at: usize| -> [u8; 8] {
-                    std::array::from_fn(|j| block[at + j * GROUP + lane])
-                };
+                let pairs: [(u8, u8); 8] = std::array::from_fn(|j| scale_min(block, j, lane));
                 ggml[4..16]
-                    .copy_from_slice(&pack_scale_min_k4(lane_bytes(K_SCALES), lane_bytes(K_MINS)));
+                    .copy_from_slice(&pack_scale_min_k4(pairs.map(|p| p.0), pairs.map(|p| p.1)));
             }
             dequantize(dtype, ggml, out)?;
         }
@@ -428,12 +453,12 @@ fn super_block_k4_k5(
             }
             dot += i32::from(w) * i32::from(xq);
         }
-        let scale = i32::from(block[K_SCALES + j * GROUP + lane]);
+        let scale = i32::from(scale_min(block, j, lane).0);
         acc = (d * x.scales[xb]).mul_add((scale * dot) as f32, acc);
     }
     let mut m = 0.0f32;
     for j in 0..8 {
-        let min = f32::from(block[K_MINS + j * GROUP + lane]);
+        let min = f32::from(scale_min(block, j, lane).1);
         m = min.mul_add(x.block_sums[8 * s + j], m);
     }
     (-lane_f16(block, DMIN, lane)).mul_add(m, acc)
@@ -499,15 +524,51 @@ mod tests {
                         group_hits[at..at + 4].iter_mut().for_each(|h| *h += 1);
                     }
                 } else {
+                    // The scales and mins: eight low-nibble bytes, four top-bit bytes.
                     ggml_hits[4..16].iter_mut().for_each(|h| *h += 1);
                     for j in 0..8 {
-                        group_hits[K_SCALES + j * GROUP + lane] += 1;
-                        group_hits[K_MINS + j * GROUP + lane] += 1;
+                        group_hits[K_LOW + j * GROUP + lane] += 1;
+                    }
+                    for j in 0..4 {
+                        group_hits[K_HIGH + j * GROUP + lane] += 1;
                     }
                 }
                 assert!(ggml_hits.iter().all(|&h| h == 1), "{kind:?} lane {lane}");
             }
             assert!(group_hits.iter().all(|&h| h == 1), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn k4_scales_and_mins_round_trip_through_the_layout() {
+        // Random 6-bit scales and mins of all eight lanes, stored in any order, read back
+        // exactly; the unpacked form (scalar, and AVX2 where the host has it) agrees.
+        let mut rng = Rng::new(13);
+        for _ in 0..200 {
+            let values: [[(u8, u8); 8]; GROUP] = std::array::from_fn(|_| {
+                std::array::from_fn(|_| (rng.next_u64() as u8 & 63, rng.next_u64() as u8 & 63))
+            });
+            let mut block = vec![0u8; KKind::Q5.stride()];
+            for j in [3, 7, 0, 4, 1, 5, 2, 6] {
+                for (lane, lane_values) in values.iter().enumerate() {
+                    let (scale, min) = lane_values[j];
+                    set_scale_min(&mut block, j, lane, scale, min);
+                }
+            }
+            let mut unpacked = [0u8; 128];
+            for (lane, lane_values) in values.iter().enumerate() {
+                for (j, &pair) in lane_values.iter().enumerate() {
+                    assert_eq!(scale_min(&block, j, lane), pair, "lane {lane} sub {j}");
+                    unpacked[UNPACKED_SCALES + j * GROUP + lane] = pair.0;
+                    unpacked[UNPACKED_MINS + j * GROUP + lane] = pair.1;
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 detected; `block` is a whole Q5_K group-block.
+                let simd = unsafe { super::super::kquant_avx2::unpack_scales_mins(block.as_ptr()) };
+                assert_eq!(simd, unpacked);
+            }
         }
     }
 

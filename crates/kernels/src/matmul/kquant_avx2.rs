@@ -7,8 +7,52 @@ use std::arch::x86_64::*;
 
 use super::activation::QuantizedRow;
 use super::grouped::GROUP;
-use super::kquant::{q6_run, KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_SCALES, STEP};
+use super::kquant::{
+    q6_run, KKind, D, DMIN, K_HIGH, K_LOW, Q5_HIGH, Q6_SCALES, STEP, UNPACKED_MINS, UNPACKED_SCALES,
+};
 use crate::quant::QK;
+
+/// The 6-bit scales and mins of the Q4_K/Q5_K group-block at `base`, unpacked to bytes
+/// (`UNPACKED_SCALES`/`UNPACKED_MINS`, `[sub-block][row]`): what `kquant::scale_min` gives
+/// for every sub-block and row, 32 bytes per operation. The top-bit byte of sub-blocks `j`
+/// and `j + 4` is shared, so one load of it serves both halves with masks; the 16-bit shifts
+/// move only masked bits that stay inside their byte.
+///
+/// # Safety
+/// AVX2 available; `base` a whole Q4_K/Q5_K group-block.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn unpack_scales_mins(base: *const u8) -> [u8; 128] {
+    let mut unpacked = [0u8; 128];
+    // SAFETY: the low nibbles (64 bytes at K_LOW) and top bits (32 at K_HIGH) lie inside the
+    // group-block (caller contract); the stores fill `unpacked`'s four 32-byte quarters.
+    unsafe {
+        let low0 = _mm256_loadu_si256(base.add(K_LOW) as *const __m256i);
+        let low1 = _mm256_loadu_si256(base.add(K_LOW + 32) as *const __m256i);
+        let high = _mm256_loadu_si256(base.add(K_HIGH) as *const __m256i);
+        let nibble = _mm256_set1_epi8(0x0f);
+        let bits = |mask: i8| _mm256_and_si256(high, _mm256_set1_epi8(mask));
+        let scales0 = _mm256_or_si256(
+            _mm256_and_si256(low0, nibble),
+            _mm256_slli_epi16::<4>(bits(0x03)),
+        );
+        let scales1 = _mm256_or_si256(_mm256_and_si256(low1, nibble), bits(0x30));
+        let mins0 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(low0), nibble),
+            _mm256_slli_epi16::<2>(bits(0x0c)),
+        );
+        let mins1 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(low1), nibble),
+            _mm256_srli_epi16::<2>(bits(-0x40)),
+        );
+        let out = unpacked.as_mut_ptr();
+        _mm256_storeu_si256(out.add(UNPACKED_SCALES) as *mut __m256i, scales0);
+        _mm256_storeu_si256(out.add(UNPACKED_SCALES + 32) as *mut __m256i, scales1);
+        _mm256_storeu_si256(out.add(UNPACKED_MINS) as *mut __m256i, mins0);
+        _mm256_storeu_si256(out.add(UNPACKED_MINS + 32) as *mut __m256i, mins1);
+    }
+    unpacked
+}
 
 /// Eight u8 scales at `at` as i16 pairs `(scale, scale)`, one pair per 32-bit lane.
 ///
@@ -81,13 +125,16 @@ pub(crate) unsafe fn q4_k_tile<const R: usize, const FIVE_BITS: bool>(
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..n_super {
         // SAFETY: group-block s's `stride` bytes lie inside `group`, and activation blocks
-        // 8s..8s + 8 inside every row (caller contract); every load stays in those ranges.
+        // 8s..8s + 8 inside every row (caller contract); every load stays in those ranges
+        // or in the 128 unpacked bytes.
         unsafe {
             let base = group.as_ptr().add(s * stride);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base.add(D) as *const __m128i));
+            let unpacked = unpack_scales_mins(base);
+            let scales = unpacked.as_ptr().add(UNPACKED_SCALES);
             for c in 0..4 {
-                let scale_low = unsigned_scale_pairs(base.add(K_SCALES + 2 * c * GROUP));
-                let scale_high = unsigned_scale_pairs(base.add(K_SCALES + (2 * c + 1) * GROUP));
+                let scale_low = unsigned_scale_pairs(scales.add(2 * c * GROUP));
+                let scale_high = unsigned_scale_pairs(scales.add((2 * c + 1) * GROUP));
                 let run = base.add(kind.quants() + c * 8 * STEP);
                 let mut dot_low = [_mm256_setzero_si256(); R];
                 let mut dot_high = [_mm256_setzero_si256(); R];
@@ -132,7 +179,8 @@ pub(crate) unsafe fn q4_k_tile<const R: usize, const FIVE_BITS: bool>(
             let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(DMIN) as *const __m128i));
             let mut m = [_mm256_setzero_ps(); R];
             for j in 0..8 {
-                let mins = _mm_loadl_epi64(base.add(K_MINS + j * GROUP) as *const __m128i);
+                let at = unpacked.as_ptr().add(UNPACKED_MINS + j * GROUP);
+                let mins = _mm_loadl_epi64(at as *const __m128i);
                 let mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mins));
                 for r in 0..R {
                     let sum = _mm256_set1_ps(xs[r].block_sums[8 * s + j]);

@@ -122,6 +122,20 @@ fn every_isa_is_bitwise_equal_to_scalar_for_every_quantized_type() {
 }
 
 #[test]
+fn repacked_quantized_weights_take_the_files_bytes() {
+    // Whole groups of rows: every repacked layout holds exactly the GGUF bytes (the last group
+    // of a row count that is not a multiple of eight is padded with zero rows).
+    let mut rng = Rng::new(43);
+    for dtype in QUANTIZED {
+        let (rows, cols) = (16, 2 * 256);
+        let bytes = random_weights(&mut rng, dtype, rows, cols);
+        let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        assert_eq!(bytes.len(), rows * dtype.row_bytes(cols).unwrap());
+        assert_eq!(matrix.storage_bytes(), bytes.len(), "{dtype}");
+    }
+}
+
+#[test]
 fn kernel_paths_are_chosen_and_forced_from_the_features() {
     let cpu = CpuFeatures::get();
     assert_eq!(KernelPath::from(&CpuFeatures::NONE), KernelPath::Scalar);

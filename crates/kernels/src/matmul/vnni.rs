@@ -42,6 +42,8 @@ impl Bases {
 pub(crate) trait Lanes {
     type I: Copy;
     type F: Copy;
+    /// Whether the second base is read (`Zmm`: two groups per call).
+    const PAIRED: bool;
 
     /// 32 bytes at each base.
     unsafe fn bytes32(at: Bases) -> Self::I;
@@ -117,6 +119,7 @@ pub(crate) struct Zmm;
 impl Lanes for Ymm {
     type I = __m256i;
     type F = __m256;
+    const PAIRED: bool = false;
 
     #[inline(always)]
     unsafe fn bytes32(at: Bases) -> __m256i {
@@ -287,6 +290,7 @@ impl Lanes for Ymm {
 impl Lanes for Zmm {
     type I = __m512i;
     type F = __m512;
+    const PAIRED: bool = true;
 
     #[inline(always)]
     unsafe fn bytes32(at: Bases) -> __m512i {

@@ -20,7 +20,10 @@
 use super::activation::QuantizedRow;
 use super::grouped::{GroupPair, PairOut, GROUP};
 use super::interleaved::{GroupKind, NIBBLE_BYTES};
-use super::kquant::{q6_run, KKind, D, DMIN, K_MINS, K_SCALES, Q5_HIGH, Q6_SCALES, STEP};
+use super::kquant::{
+    q6_run, KKind, D, DMIN, Q5_HIGH, Q6_SCALES, STEP, UNPACKED_MINS, UNPACKED_SCALES,
+};
+use super::kquant_avx2::unpack_scales_mins;
 use super::vnni::{Bases, Lanes, Ymm, Zmm};
 use crate::quant::{KVALUES_IQ4NL, QK};
 
@@ -277,7 +280,8 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
 ) {
     let kind = if FIVE_BITS { KKind::Q5 } else { KKind::Q4 };
     let stride = kind.stride();
-    // SAFETY: (whole body) as in `q4_tile` (super-block s holds activation blocks 8s..8s + 8).
+    // SAFETY: (whole body) as in `q4_tile` (super-block s holds activation blocks 8s..8s + 8);
+    // the scales and mins are read from each group's 128 unpacked bytes.
     unsafe {
         let mask = S::splat8(0x0f);
         let mut acc = [S::zero_f(); R];
@@ -287,9 +291,17 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
                 prefetch_ahead(base, stride);
             }
             let d = S::f16x8(base.add(D));
+            let first = unpack_scales_mins(base.0);
+            let second = if S::PAIRED {
+                unpack_scales_mins(base.1)
+            } else {
+                first
+            };
+            let unpacked = Bases(first.as_ptr(), second.as_ptr());
+            let scales = unpacked.add(UNPACKED_SCALES);
             for c in 0..4 {
-                let scale_low = S::u8x8(base.add(K_SCALES + 2 * c * GROUP));
-                let scale_high = S::u8x8(base.add(K_SCALES + (2 * c + 1) * GROUP));
+                let scale_low = S::u8x8(scales.add(2 * c * GROUP));
+                let scale_high = S::u8x8(scales.add((2 * c + 1) * GROUP));
                 let run = base.add(kind.quants() + c * 8 * STEP);
                 let mut dot_low = [S::zero(); R];
                 let mut dot_high = [S::zero(); R];
@@ -321,7 +333,7 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
             let dmin = S::f16x8(base.add(DMIN));
             let mut m = [S::zero_f(); R];
             for j in 0..8 {
-                let mins = S::to_f32(S::u8x8(base.add(K_MINS + j * GROUP)));
+                let mins = S::to_f32(S::u8x8(unpacked.add(UNPACKED_MINS + j * GROUP)));
                 for r in 0..R {
                     m[r] = S::fmadd(mins, S::splat_f(xs[r].block_sums[8 * s + j]), m[r]);
                 }
