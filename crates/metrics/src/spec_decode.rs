@@ -41,6 +41,8 @@ pub struct SpecDecodeStats {
     pub num_accepted_tokens_per_pos: Vec<u64>,
     /// Request-steps decoded without drafts by the skip rule, by [`SpecSkipReason::ALL`] index.
     pub num_skipped: [u64; 2],
+    /// Drafts cut to the probe length (the request's previous draft was not accepted whole).
+    pub num_probes: u64,
 }
 
 impl SpecDecodeStats {
@@ -65,6 +67,10 @@ impl SpecDecodeStats {
         self.num_skipped[reason as usize] += 1;
     }
 
+    pub fn observe_probe(&mut self) {
+        self.num_probes += 1;
+    }
+
     fn add(&mut self, other: &SpecDecodeStats) {
         self.num_drafts += other.num_drafts;
         self.num_draft_tokens += other.num_draft_tokens;
@@ -79,6 +85,7 @@ impl SpecDecodeStats {
         for (sum, count) in self.num_skipped.iter_mut().zip(other.num_skipped) {
             *sum += count;
         }
+        self.num_probes += other.num_probes;
     }
 }
 
@@ -100,6 +107,7 @@ pub(crate) struct SpecDecodeMetrics {
     num_accepted_tokens: Counter,
     per_pos: Vec<Counter>,
     skipped: [Counter; 2],
+    probes: Counter,
 }
 
 impl SpecDecodeMetrics {
@@ -124,6 +132,7 @@ impl SpecDecodeMetrics {
             num_accepted_tokens: Counter::default(),
             per_pos,
             skipped,
+            probes: Counter::default(),
         };
         engine.register(
             "vllm:spec_decode_num_drafts",
@@ -150,6 +159,11 @@ impl SpecDecodeMetrics {
             "Request-steps decoded without drafts by the skip rule, by reason",
             skipped_family,
         );
+        engine.register(
+            "tokenmill:spec_decode_probe_drafts",
+            "Drafts cut to the probe length because the request's previous draft was not accepted whole",
+            metrics.probes.clone(),
+        );
         metrics
     }
 
@@ -163,6 +177,7 @@ impl SpecDecodeMetrics {
         for (counter, &count) in self.skipped.iter().zip(&stats.num_skipped) {
             counter.inc_by(count);
         }
+        self.probes.inc_by(stats.num_probes);
     }
 }
 
@@ -290,6 +305,7 @@ mod tests {
         let mut step = crate::StepMetrics::default();
         step.spec_decode.observe_draft(3, 2);
         step.spec_decode.observe_skip(SpecSkipReason::BatchSize);
+        step.spec_decode.observe_probe();
         metrics.record_step(&step);
         let scrape = metrics.encode().unwrap();
         let labels = "model_name=\"m\",engine=\"0\"";
@@ -304,6 +320,7 @@ mod tests {
                 "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position=\"2\"}} 0"
             ),
             format!("tokenmill:spec_decode_skipped_total{{{labels},reason=\"batch_size\"}} 1"),
+            format!("tokenmill:spec_decode_probe_drafts_total{{{labels}}} 1"),
         ] {
             assert!(scrape.contains(&line), "{line} missing from\n{scrape}");
         }

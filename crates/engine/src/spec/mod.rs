@@ -13,8 +13,19 @@
 //!    [`MIN_ACCEPTANCE`] the request decodes without drafts for [`BACKOFF_STEPS`] steps,
 //!    then tries again from an average of [`MIN_ACCEPTANCE`] × 2.
 //!
-//! Both skips are counted in `tokenmill:spec_decode_skipped_total{reason}`; drafts and
-//! acceptance in vLLM's `vllm:spec_decode_*` counters and the `SpecDecoding metrics` line.
+//! 3. *Probe drafts* (`ngram` and `suffix`): a request drafts its full `k` only right after a
+//!    verification that accepted every draft token; otherwise (its first draft, after any
+//!    rejection, or after a step with nothing to draft) it drafts at most [`PROBE_DRAFTS`].
+//!    Lookup drafts are all or nothing: a continuation that matches the output is copied on
+//!    for many tokens (later positions then accept at 0.9+), while a fresh match fails at its
+//!    first tokens about half the time, and every verified row costs about a quarter of a
+//!    one-row step whether accepted or not. Replaying the input-grounded benchmark's greedy
+//!    outputs through this rule with the measured row costs gave 1.96× no speculation at
+//!    `k` = 8 against 1.86× drafting `k` every step (`bench/RESULTS.md`).
+//!
+//! Skips are counted in `tokenmill:spec_decode_skipped_total{reason}`, drafts cut to the probe
+//! length in `tokenmill:spec_decode_probe_drafts_total`; drafts and acceptance in vLLM's
+//! `vllm:spec_decode_*` counters and the `SpecDecoding metrics` line.
 
 mod config;
 mod draft_model;
@@ -42,6 +53,8 @@ pub const ACCEPTANCE_EMA_WEIGHT: f64 = 0.3;
 pub const MIN_ACCEPTANCE: f64 = 0.1;
 /// Steps a request decodes without drafts after its acceptance fell below [`MIN_ACCEPTANCE`].
 pub const BACKOFF_STEPS: u32 = 16;
+/// Most draft tokens of a lookup method's request whose previous draft was not accepted whole.
+pub const PROBE_DRAFTS: usize = 2;
 
 /// One decoding request a proposer drafts for.
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +110,8 @@ pub trait Proposer: Send {
 struct Acceptance {
     average: f64,
     backoff_left: u32,
+    /// The request's last step verified drafts and accepted all of them.
+    whole: bool,
 }
 
 impl Default for Acceptance {
@@ -104,6 +119,7 @@ impl Default for Acceptance {
         Acceptance {
             average: 1.0,
             backoff_left: 0,
+            whole: false,
         }
     }
 }
@@ -194,11 +210,19 @@ impl SpecDecoder {
         let drafts = &mut self.drafts[..requests.len()];
         self.proposer
             .propose_all(&requests, self.config.num_speculative_tokens, drafts);
+        let probes = self.config.method.drafts_by_lookup();
         let ids: Vec<RequestId> = requests.iter().map(|r| r.request_id).collect();
-        for (request_id, drafts) in ids.into_iter().zip(&self.drafts) {
-            if !drafts.is_empty() {
-                scheduler.set_draft_token_ids(request_id, drafts);
+        for (request_id, drafts) in ids.into_iter().zip(&mut self.drafts) {
+            let acceptance = self.acceptance.entry(request_id).or_default();
+            if drafts.is_empty() {
+                acceptance.whole = false;
+                continue;
             }
+            if probes && !acceptance.whole && drafts.len() > PROBE_DRAFTS {
+                drafts.truncate(PROBE_DRAFTS);
+                stats.observe_probe();
+            }
+            scheduler.set_draft_token_ids(request_id, drafts);
         }
     }
 
@@ -208,6 +232,7 @@ impl SpecDecoder {
             return;
         }
         let acceptance = self.acceptance.entry(request_id).or_default();
+        acceptance.whole = num_accepted == num_drafts;
         let rate = num_accepted as f64 / num_drafts as f64;
         acceptance.average =
             (1.0 - ACCEPTANCE_EMA_WEIGHT) * acceptance.average + ACCEPTANCE_EMA_WEIGHT * rate;
@@ -229,6 +254,12 @@ mod tests {
     use tokenmill_core::{KvCacheGroups, Request, SchedulerConfig, SchedulingPolicy};
 
     fn decoding_scheduler(num_requests: u64) -> Scheduler {
+        let prompts = vec![vec![1, 2, 3, 4, 1, 2, 3]; num_requests as usize];
+        scheduler_with(&prompts)
+    }
+
+    /// One request per prompt (ids 0, 1, ...), each prefilled and given the token 4.
+    fn scheduler_with(prompts: &[Vec<u32>]) -> Scheduler {
         let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: 256,
             max_num_seqs: 16,
@@ -243,10 +274,9 @@ mod tests {
             kv_groups: KvCacheGroups::Single,
         })
         .unwrap();
-        for id in 0..num_requests {
-            let prompt = vec![1, 2, 3, 4, 1, 2, 3];
+        for (id, prompt) in prompts.iter().enumerate() {
             scheduler
-                .add_request(Request::new(RequestId(id), prompt, 16))
+                .add_request(Request::new(RequestId(id as u64), prompt.clone(), 16))
                 .unwrap();
         }
         let output = scheduler.schedule();
@@ -281,9 +311,11 @@ mod tests {
         let mut stats = SpecDecodeStats::default();
         ngram(2).propose(&mut scheduler, &mut stats);
         let output = scheduler.schedule();
-        // [1 2 3 4 1 2 3 4]: "2 3 4" occurred before, followed by "1 2 3".
-        assert_eq!(output.scheduled[0].draft_token_ids, vec![1, 2, 3]);
+        // [1 2 3 4 1 2 3 4]: "2 3 4" occurred before, followed by "1 2 3"; a first draft is a
+        // probe.
+        assert_eq!(output.scheduled[0].draft_token_ids, vec![1, 2]);
         assert_eq!(stats.num_skipped, [0, 0]);
+        assert_eq!(stats.num_probes, 2);
 
         let mut scheduler = decoding_scheduler(3);
         ngram(2).propose(&mut scheduler, &mut stats);
@@ -311,7 +343,33 @@ mod tests {
         decoder.propose(&mut scheduler, &mut stats);
         assert_eq!(
             scheduler.schedule().scheduled[0].draft_token_ids,
-            vec![1, 2, 3]
+            vec![1, 2]
         );
+    }
+
+    #[test]
+    fn lookup_drafts_are_probes_until_one_is_accepted_whole() {
+        let mut stats = SpecDecodeStats::default();
+        let mut decoder = ngram(4);
+        let drafts = |decoder: &mut SpecDecoder, stats: &mut SpecDecodeStats| {
+            let mut scheduler = decoding_scheduler(1);
+            decoder.propose(&mut scheduler, stats);
+            scheduler.schedule().scheduled[0].draft_token_ids.clone()
+        };
+        assert_eq!(drafts(&mut decoder, &mut stats), vec![1, 2]);
+        // Both probe tokens accepted: the full k next.
+        decoder.observe(RequestId(0), 2, 2);
+        assert_eq!(drafts(&mut decoder, &mut stats), vec![1, 2, 3]);
+        decoder.observe(RequestId(0), 3, 3);
+        assert_eq!(drafts(&mut decoder, &mut stats), vec![1, 2, 3]);
+        // A rejection, even late in the draft: back to a probe.
+        decoder.observe(RequestId(0), 3, 2);
+        assert_eq!(drafts(&mut decoder, &mut stats), vec![1, 2]);
+        assert_eq!(stats.num_probes, 2);
+        // A step with nothing to draft (no repeat in 5 6 7 4) also ends a run of whole
+        // acceptances.
+        decoder.observe(RequestId(0), 2, 2);
+        decoder.propose(&mut scheduler_with(&[vec![5, 6, 7]]), &mut stats);
+        assert_eq!(drafts(&mut decoder, &mut stats), vec![1, 2]);
     }
 }
