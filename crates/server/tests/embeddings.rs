@@ -357,3 +357,42 @@ async fn a_pooling_model_refuses_generation_and_reports_itself() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn tokenize_and_detokenize_as_the_pooling_routes_encode() {
+    let Some((_engine, app)) = start() else {
+        return;
+    };
+    let (status, body) = post(&app, "/tokenize", json!({"prompt": "Hello world."})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The ids the embeddings test feeds as a token list: the same vector as the text.
+    assert_eq!(body["tokens"], json!([101, 7592, 2088, 1012, 102]));
+    assert_eq!(body["count"], 5);
+    assert_eq!(body["max_model_len"], 256);
+    let (_, bare) = post(
+        &app,
+        "/tokenize",
+        json!({"model": NAME, "prompt": "Hello world.", "add_special_tokens": false, "return_token_strs": true}),
+    )
+    .await;
+    assert_eq!(bare["tokens"], json!([7592, 2088, 1012]));
+    assert_eq!(bare["token_strs"], json!(["hello", "world", "."]));
+    let (status, text) = post(&app, "/detokenize", json!({"tokens": [7592, 2088, 1012]})).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(text["prompt"], "hello world.");
+    assert_bad_request(
+        post(&app, "/detokenize", json!({"tokens": [7592, 999_999]})).await,
+        "999999",
+    );
+    assert_bad_request(
+        post(
+            &app,
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await,
+        "chat template",
+    );
+    let (status, _) = post(&app, "/tokenize", json!({"model": "other", "prompt": "hi"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

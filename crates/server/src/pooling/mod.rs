@@ -1,9 +1,11 @@
 //! The pooling server (`tokenmill serve MODEL --runner pooling`): vLLM's pooling routes over
 //! a [`PoolingClient`], with the generation server's layers (auth, access log, metrics,
-//! CORS, `--root-path`) and lifecycle. Generation routes answer 400 here, and the pooling
-//! routes answer 400 on the generation server ([`not_a_pooling_model`]).
+//! CORS, `--root-path`) and lifecycle, and `/tokenize` / `/detokenize` as vLLM serves them for
+//! any model. Generation routes answer 400 here, and the pooling routes answer 400 on the
+//! generation server ([`not_a_pooling_model`]).
 
 mod handlers;
+mod tokenize;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -152,6 +154,8 @@ pub fn pooling_router(state: PoolingState) -> Router {
         .route("/v1/rerank", post(handlers::rerank))
         .route("/v2/rerank", post(handlers::rerank))
         .route("/classify", post(handlers::classify))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/completions", post(not_a_generative_model))
         .route("/v1/chat/completions", post(not_a_generative_model))
         .route("/v1/models", get(models))
