@@ -14,6 +14,9 @@ Run with the torch venv (sentence-transformers, fastembed), on a quiet machine:
 `--bf16` adds two rows: `tokenmill-bf16` (`tokenmill embed --dtype bfloat16`: the encoder's
 linear layers in bf16) and `sentence-transformers-bf16` (the same model cast to
 torch.bfloat16). The ratio line compares the f32 rows (tokenmill vs the fastest f32 peer).
+`--gguf PATH` adds `tokenmill-gguf`: `tokenmill embed` over a GGUF export of the same model
+(e.g. convert_hf_to_gguf.py's `--outtype q8_0`), whose quantized linear layers take the int8
+matmul kernels (AVX-512 VNNI / AMX tiles); its mean cosine with the f32 peers is printed.
 
 fastembed loads an ONNX export of the same weights from `--fastembed-model-dir`, written by
 bench/export_minilm_onnx.py (fastembed's own download, Qdrant's export, needs Hugging Face).
@@ -69,7 +72,7 @@ def timed(embed):
     return run
 
 
-def tokenmill(args, sentences, dtype="auto"):
+def tokenmill(args, sentences, dtype="auto", model=None):
     tmp = tempfile.mkdtemp(prefix="embed-bench-")
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     source = os.path.join(tmp, "in.jsonl")
@@ -82,7 +85,7 @@ def tokenmill(args, sentences, dtype="auto"):
         # Model load is inside the process; the binary reports its own embedding time
         # ("embedded N texts ... in S s"), which is what is compared.
         done = subprocess.run(
-            [args.binary, "embed", "--model", args.model, "--threads", str(args.threads),
+            [args.binary, "embed", "--model", model or args.model, "--threads", str(args.threads),
              "--input", source, "--output", target, "--truncate-prompt-tokens", "-1",
              "--dtype", dtype],
             check=True, capture_output=True, text=True,
@@ -138,6 +141,7 @@ def main():
     )
     parser.add_argument("--json")
     parser.add_argument("--bf16", action="store_true", help="add tokenmill and sentence-transformers bf16 rows")
+    parser.add_argument("--gguf", help="add a tokenmill row over this GGUF export of the model")
     args = parser.parse_args()
     sentences = corpus(args.sentences)
     engines = [("tokenmill", tokenmill), ("sentence-transformers", sentence_transformers), ("fastembed", fastembed)]
@@ -146,6 +150,8 @@ def main():
             ("tokenmill-bf16", lambda a, s: tokenmill(a, s, "bfloat16")),
             ("sentence-transformers-bf16", lambda a, s: sentence_transformers(a, s, bf16=True)),
         ]
+    if args.gguf:
+        engines.append(("tokenmill-gguf", lambda a, s: tokenmill(a, s, model=args.gguf)))
     runners = {name: setup(args, sentences) for name, setup in engines if name not in args.skip}
     times, vectors = {name: [] for name in runners}, {}
     for round_ in range(args.rounds):
@@ -161,6 +167,8 @@ def main():
         results[name] = {"seconds": best, "sentences_per_s": len(sentences) / best, "rounds": seconds}
         print(f"{name:>22}: {len(sentences) / best:8.1f} sentences/s (best of {len(seconds)})")
     peers = [results[n]["sentences_per_s"] for n in results if not n.startswith("tokenmill") and not n.endswith("-bf16")]
+    if "tokenmill-gguf" in results and peers:
+        print(f"tokenmill-gguf / fastest f32 peer: {results['tokenmill-gguf']['sentences_per_s'] / max(peers):.2f}x")
     if "tokenmill" in results and peers:
         print(f"tokenmill / fastest peer: {results['tokenmill']['sentences_per_s'] / max(peers):.2f}x")
     if "tokenmill" in vectors:

@@ -3,7 +3,9 @@
 //! bench), SmolLM2-135M's head shape (9 query heads, 3 kv heads, head_dim 64, blocks of 16).
 //! Prints milliseconds per decode step (all layers) and the K/V bytes read per second.
 //! Run: `cargo run --release -p tokenmill-kernels --example attention_speed [threads]
-//! [context,...] [batch] [f16|bf16|f32|fp8_e4m3|fp8_e5m2] [layers]`.
+//! [context,...] [batch] [f16|bf16|f32|fp8_e4m3|fp8_e5m2] [layers] [kv heads] [rows]`; `rows`
+//! query rows per sequence (default 1; k + 1 for a speculative verification of k drafts, the
+//! last rows of the context).
 
 use std::time::Instant;
 
@@ -35,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let layers: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(30);
     let kv_heads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let rows: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
     let params = AttentionParams {
         num_heads: 3 * kv_heads,
         num_kv_heads: kv_heads,
@@ -46,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = ThreadPool::new(threads);
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     let kv_dim = params.num_kv_heads * params.head_dim;
-    println!("threads {threads}, batch {batch}, {layers} layers, kv cache {dtype}");
+    println!("threads {threads}, batch {batch}, {rows} query rows each, {layers} layers, kv cache {dtype}");
     for context in contexts {
         let num_blocks = context.div_ceil(params.block_size);
         let cache_len = batch * num_blocks * params.block_size * kv_dim;
@@ -67,14 +70,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         let seqs: Vec<AttentionSeq> = (0..batch)
             .map(|i| AttentionSeq {
-                query_start: i,
-                query_len: 1,
+                query_start: i * rows,
+                query_len: rows,
                 context_len: context,
                 block_table_start: i * num_blocks,
                 num_blocks,
             })
             .collect();
-        let q = random_values(batch * params.num_heads * params.head_dim, &mut seed);
+        let q = random_values(batch * rows * params.num_heads * params.head_dim, &mut seed);
         let mut out = vec![0.0f32; q.len()];
         let mut step = || -> Result<(), Box<dyn std::error::Error>> {
             for (k, v) in &caches {
@@ -103,10 +106,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let bytes = 2 * layers * batch * context * kv_dim * dtype.element_bytes();
         println!(
-            "context {context:>6}: {:7.3} ms/step, {:6.2} GB/s of K/V, {:5.1} ns per key and kv head",
+            "context {context:>6}: {:7.3} ms/step, {:6.2} GB/s of K/V, {:5.1} ns per key and kv head, {:5.2} ns per key and query head",
             best * 1e3,
             bytes as f64 / best / 1e9,
             best * 1e9 / (layers * batch * context * params.num_kv_heads) as f64,
+            best * 1e9 / (layers * batch * rows * context * params.num_heads) as f64,
         );
     }
     Ok(())

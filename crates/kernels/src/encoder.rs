@@ -206,21 +206,28 @@ fn attend_head<'o>(
             keys_t[d * padded + j] = k;
         }
     }
+    // Scores and their exponentials are computed for all `padded` columns, so the vector
+    // paths cover every key with no scalar tail (each column is its own chain, so the real
+    // keys' values do not change); the padding columns are zero keys and are never read.
+    for row in keys_t.chunks_exact_mut(padded) {
+        row[seq.len..].fill(0.0);
+    }
     let values = &qkv[seq.start * stride + 2 * hidden + column..];
-    let scores = &mut scratch.scores[..seq.len];
+    let scores = &mut scratch.scores[..padded];
     for i in 0..seq.len {
         let query = (seq.start + i) * stride + column;
         vector::key_scores(ops, &qkv[query..query + head_dim], keys_t, padded, scores);
         let mut max = f32::NEG_INFINITY;
-        for score in scores.iter_mut() {
+        for score in &mut scores[..seq.len] {
             *score *= shape.scale;
             max = max.max(*score);
         }
         vector::exp_shifted(ops, scores, max);
-        let sum: f32 = scores.iter().sum();
+        let weights = &scores[..seq.len];
+        let sum: f32 = weights.iter().sum();
         let inverse = 1.0 / sum;
         let out = dst(i);
-        vector::weighted_values(ops, scores, values, stride, out);
+        vector::weighted_values(ops, weights, values, stride, out);
         out.iter_mut().for_each(|d| *d *= inverse);
     }
 }
