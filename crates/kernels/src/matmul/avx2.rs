@@ -104,6 +104,26 @@ pub(crate) unsafe fn weight_at<const KIND: u8>(w: *const u8, j: usize) -> f32 {
     }
 }
 
+/// `Σ w[j] · x[j]` for `j` in `from..k`, in order, unfused: the float dot kernels' tail
+/// (AVX2 and AVX-512 alike, so their results stay bitwise equal).
+///
+/// # Safety
+/// `w` points at a row of at least `k` weights of `KIND`.
+#[inline]
+pub(crate) unsafe fn dot_tail<const KIND: u8>(
+    w: *const u8,
+    x: &[f32],
+    from: usize,
+    k: usize,
+) -> f32 {
+    let mut tail = 0.0f32;
+    for (j, &x) in x.iter().enumerate().take(k).skip(from) {
+        // SAFETY: j < k, inside the weight row (the caller's contract).
+        tail += unsafe { weight_at::<KIND>(w, j) } * x;
+    }
+    tail
+}
+
 /// `out[i][r] = W_i · xs[r]` for `ROWS` float weight rows of `k` elements stored as `KIND`
 /// (`ws[i]` points at row `i`): two 8-lane FMA accumulators per (weight row, activation row)
 /// over 16-element steps, then the tail in order; `scalar::dot_tile` is the twin of each pair.
@@ -142,11 +162,8 @@ pub(crate) unsafe fn dot_float<const ROWS: usize, const R: usize, const KIND: u8
     }
     for i in 0..ROWS {
         for r in 0..R {
-            let mut tail = 0.0f32;
-            for (j, &x) in xs[r].iter().enumerate().take(k).skip(c) {
-                // SAFETY: j < k, inside the weight row.
-                tail += unsafe { weight_at::<KIND>(ws[i], j) } * x;
-            }
+            // SAFETY: each weight row holds k weights (the caller's contract).
+            let tail = unsafe { dot_tail::<KIND>(ws[i], xs[r], c, k) };
             out[i][r] = horizontal_sum(_mm256_add_ps(acc0[i][r], acc1[i][r])) + tail;
         }
     }

@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{horizontal_sum, weight_at, F16_WEIGHTS, F32_WEIGHTS};
+use super::avx2::{dot_tail, horizontal_sum, F16_WEIGHTS, F32_WEIGHTS};
 use super::Tile;
 
 /// Weights `c..c + 16` of a `KIND` row as one 16-lane f32 vector.
@@ -68,11 +68,8 @@ pub(crate) unsafe fn dot_float<const ROWS: usize, const R: usize, const KIND: u8
     }
     for i in 0..ROWS {
         for r in 0..R {
-            let mut tail = 0.0f32;
-            for (j, &x) in xs[r].iter().enumerate().take(k).skip(c) {
-                // SAFETY: j < k, inside the weight row.
-                tail += unsafe { weight_at::<KIND>(ws[i], j) } * x;
-            }
+            // SAFETY: each weight row holds k weights (the caller's contract).
+            let tail = unsafe { dot_tail::<KIND>(ws[i], xs[r], c, k) };
             let halves = _mm256_add_ps(
                 _mm512_castps512_ps256(acc[i][r]),
                 _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[i][r]))),
