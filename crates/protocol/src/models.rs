@@ -226,13 +226,15 @@ pub struct DetokenizeRequest {
 impl DetokenizeRequest {
     /// Rejects token ids outside the vocabulary.
     pub fn validate(&self, limits: &ValidationLimits) -> Result<(), ProtocolError> {
-        match self.tokens.iter().find(|&&id| id >= limits.vocab_size) {
+        self.validate_vocabulary(limits.vocab_size)
+    }
+
+    /// Rejects token ids at or above `vocab_size`.
+    pub fn validate_vocabulary(&self, vocab_size: u32) -> Result<(), ProtocolError> {
+        match self.tokens.iter().find(|&&id| id >= vocab_size) {
             Some(id) => Err(ProtocolError::invalid(
                 "tokens",
-                format!(
-                    "Token id {id} is out of vocabulary (size {}).",
-                    limits.vocab_size
-                ),
+                format!("Token id {id} is out of vocabulary (size {vocab_size})."),
             )),
             None => Ok(()),
         }

@@ -6,14 +6,12 @@
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
-use tokenmill_protocol::{
-    DetokenizeRequest, DetokenizeResponse, TokenizeInput, TokenizeRequest, TokenizeResponse,
-};
+use tokenmill_protocol::{DetokenizeRequest, TokenizeInput, TokenizeRequest};
 
 use super::PoolingState;
 use crate::error::ApiError;
-use crate::generation::token_text;
-use crate::routes::{check_model, json_response, read_json};
+use crate::routes::tokenize::{detokenize_response, tokenize_response};
+use crate::routes::{check_model, read_json};
 
 pub(super) async fn tokenize(
     State(state): State<PoolingState>,
@@ -37,18 +35,12 @@ pub(super) async fn tokenize(
         .tokenizer
         .encode_for_pooling(&text, None, add_special_tokens, None)
         .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
-    let token_strs = request.return_token_strs().then(|| {
-        tokens
-            .iter()
-            .map(|&id| token_text(&model.tokenizer, id))
-            .collect()
-    });
-    Ok(json_response(&TokenizeResponse {
-        count: tokens.len(),
-        max_model_len: u32::try_from(model.max_model_len).unwrap_or(u32::MAX),
+    Ok(tokenize_response(
+        &request,
+        &model.tokenizer,
         tokens,
-        token_strs,
-    }))
+        u32::try_from(model.max_model_len).unwrap_or(u32::MAX),
+    ))
 }
 
 pub(super) async fn detokenize(
@@ -58,15 +50,6 @@ pub(super) async fn detokenize(
     let request: DetokenizeRequest = read_json(&state, body).await?;
     check_model(&state, request.model.as_deref())?;
     let tokenizer = &state.inner.model.tokenizer;
-    let vocab_size = tokenizer.vocab_size();
-    if let Some(id) = request.tokens.iter().find(|&&id| id as usize >= vocab_size) {
-        return Err(ApiError::invalid_param(
-            "tokens",
-            format!("Token id {id} is out of vocabulary (size {vocab_size})."),
-        ));
-    }
-    let prompt = tokenizer
-        .decode(&request.tokens, false)
-        .map_err(|e| ApiError::invalid_param("tokens", e.to_string()))?;
-    Ok(json_response(&DetokenizeResponse { prompt }))
+    let vocab_size = u32::try_from(tokenizer.vocab_size()).unwrap_or(u32::MAX);
+    detokenize_response(&request, tokenizer, vocab_size)
 }

@@ -6,7 +6,7 @@ mod chat;
 mod completions;
 pub(crate) mod info;
 mod lora;
-mod tokenize;
+pub(crate) mod tokenize;
 
 use std::time::Instant;
 

@@ -8,7 +8,7 @@ use tokenmill_protocol::{
     prepare_tool_history, ChatTemplateOptions, ConversationMessage, DetokenizeRequest,
     DetokenizeResponse, TokenizeInput, TokenizeRequest, TokenizeResponse,
 };
-use tokenmill_text::{ChatTemplate, RenderOptions, TextError};
+use tokenmill_text::{ChatTemplate, RenderOptions, TextError, Tokenizer};
 
 use crate::error::ApiError;
 use crate::generation::token_text;
@@ -58,18 +58,31 @@ pub(crate) async fn tokenize(
             encode(&state, &prompt, add_special_tokens)?
         }
     };
-    let token_strs = request.return_token_strs().then(|| {
-        tokens
-            .iter()
-            .map(|&id| token_text(&state.inner.model.tokenizer, id))
-            .collect()
-    });
-    Ok(json_response(&TokenizeResponse {
+    Ok(tokenize_response(
+        &request,
+        &state.inner.model.tokenizer,
+        tokens,
+        state.inner.limits.max_model_len,
+    ))
+}
+
+/// `/tokenize`'s answer for `tokens` (with each token's text when the request asks), shared
+/// by the generation and pooling servers.
+pub(crate) fn tokenize_response(
+    request: &TokenizeRequest,
+    tokenizer: &Tokenizer,
+    tokens: Vec<u32>,
+    max_model_len: u32,
+) -> Response {
+    let token_strs = request
+        .return_token_strs()
+        .then(|| tokens.iter().map(|&id| token_text(tokenizer, id)).collect());
+    json_response(&TokenizeResponse {
         count: tokens.len(),
-        max_model_len: state.inner.limits.max_model_len,
+        max_model_len,
         tokens,
         token_strs,
-    }))
+    })
 }
 
 pub(crate) async fn detokenize(
@@ -78,11 +91,22 @@ pub(crate) async fn detokenize(
 ) -> Result<Response, ApiError> {
     let request: DetokenizeRequest = read_json(&state, body).await?;
     check_model(&state, request.model.as_deref())?;
-    request.validate(&state.inner.limits)?;
-    let prompt = state
-        .inner
-        .model
-        .tokenizer
+    detokenize_response(
+        &request,
+        &state.inner.model.tokenizer,
+        state.inner.limits.vocab_size,
+    )
+}
+
+/// `/detokenize`'s answer: the request's token ids, each below `vocab_size`, as text; shared
+/// by the generation and pooling servers.
+pub(crate) fn detokenize_response(
+    request: &DetokenizeRequest,
+    tokenizer: &Tokenizer,
+    vocab_size: u32,
+) -> Result<Response, ApiError> {
+    request.validate_vocabulary(vocab_size)?;
+    let prompt = tokenizer
         .decode(&request.tokens, false)
         .map_err(|e| ApiError::invalid_param("tokens", e.to_string()))?;
     Ok(json_response(&DetokenizeResponse { prompt }))
