@@ -9,11 +9,14 @@ Run with the torch venv (sentence-transformers, fastembed), on a quiet machine:
     /work/cache/torchvenv/bin/python bench/compare_embeddings.py --threads 2 \
         [--model ~/.cache/tokenmill/models/all-MiniLM-L6-v2] [--sentences 1000] \
         [--binary target/release/tokenmill] [--skip fastembed] [--rounds 3] [--json out.json] \
-        [--bf16]
+        [--bf16] [--f32]
 
 `--bf16` adds two rows: `tokenmill-bf16` (`tokenmill embed --dtype bfloat16`: the encoder's
 linear layers in bf16) and `sentence-transformers-bf16` (the same model cast to
 torch.bfloat16). The ratio line compares the f32 rows (tokenmill vs the fastest f32 peer).
+`tokenmill` runs `--dtype auto`: on a CPU with AMX int8 tiles the encoder's linear layers are
+int8 pairs (15-bit fixed point, exact integer sums), elsewhere f32; `--f32` adds
+`tokenmill-f32` (`--dtype float32`, one fused f32 chain per output).
 `--gguf PATH` adds `tokenmill-gguf`: `tokenmill embed` over a GGUF export of the same model
 (e.g. convert_hf_to_gguf.py's `--outtype q8_0`), whose quantized linear layers take the int8
 matmul kernels (AVX-512 VNNI / AMX tiles); its mean cosine with the f32 peers is printed.
@@ -141,6 +144,7 @@ def main():
     )
     parser.add_argument("--json")
     parser.add_argument("--bf16", action="store_true", help="add tokenmill and sentence-transformers bf16 rows")
+    parser.add_argument("--f32", action="store_true", help="add a tokenmill --dtype float32 row")
     parser.add_argument("--gguf", help="add a tokenmill row over this GGUF export of the model")
     args = parser.parse_args()
     sentences = corpus(args.sentences)
@@ -150,6 +154,8 @@ def main():
             ("tokenmill-bf16", lambda a, s: tokenmill(a, s, "bfloat16")),
             ("sentence-transformers-bf16", lambda a, s: sentence_transformers(a, s, bf16=True)),
         ]
+    if args.f32:
+        engines.append(("tokenmill-f32", lambda a, s: tokenmill(a, s, "float32")))
     if args.gguf:
         engines.append(("tokenmill-gguf", lambda a, s: tokenmill(a, s, model=args.gguf)))
     runners = {name: setup(args, sentences) for name, setup in engines if name not in args.skip}
@@ -169,14 +175,18 @@ def main():
     peers = [results[n]["sentences_per_s"] for n in results if not n.startswith("tokenmill") and not n.endswith("-bf16")]
     if "tokenmill-gguf" in results and peers:
         print(f"tokenmill-gguf / fastest f32 peer: {results['tokenmill-gguf']['sentences_per_s'] / max(peers):.2f}x")
+    if "tokenmill-f32" in results and peers:
+        print(f"tokenmill-f32 / fastest f32 peer: {results['tokenmill-f32']['sentences_per_s'] / max(peers):.2f}x")
     if "tokenmill" in results and peers:
         print(f"tokenmill / fastest peer: {results['tokenmill']['sentences_per_s'] / max(peers):.2f}x")
     if "tokenmill" in vectors:
         for name, vecs in vectors.items():
             if name != "tokenmill":
-                mean = sum(cosine(a, b) for a, b in zip(vectors["tokenmill"], vecs)) / len(vecs)
+                cosines = [cosine(a, b) for a, b in zip(vectors["tokenmill"], vecs)]
+                mean = sum(cosines) / len(cosines)
                 results[name]["mean_cosine_with_tokenmill"] = mean
-                print(f"{'':>22}  mean cosine tokenmill vs {name}: {mean:.6f}")
+                results[name]["worst_cosine_with_tokenmill"] = min(cosines)
+                print(f"{'':>22}  cosine tokenmill vs {name}: mean {mean:.6f}, worst {min(cosines):.6f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "sentences": len(sentences), "results": results}, f, indent=2)

@@ -35,7 +35,8 @@ pub struct EmbedArgs {
     #[arg(long, default_value_t = 256)]
     pub chunk: usize,
     /// The model dtype, as `serve --dtype`: `bfloat16` runs a BERT encoder's linear layers
-    /// in bf16; auto, float32 (and float16, not computed in f16) keep them f32.
+    /// in bf16; `auto` as int8 pairs (15-bit fixed point on AMX tiles) where AMX is usable,
+    /// else f32; float32 (and float16, not computed in f16) keep them f32.
     #[arg(long, default_value = "auto", help_heading = "Model")]
     pub dtype: String,
 }

@@ -1,4 +1,5 @@
-//! Throughput of the encoder GEMMs, f32 [`PanelMatrix`] against bf16 [`Bf16PanelMatrix`], on
+//! Throughput of the encoder GEMMs, f32 [`PanelMatrix`] against bf16 [`Bf16PanelMatrix`] and
+//! (where AMX is usable) [`Int8PairMatrix`], on
 //! all-MiniLM-L6-v2's shapes (QKV 384→1152, output 384→384, MLP up 384→1536, down 1536→384),
 //! alternating the two per shape, best of a few runs each. Kernels are this process's
 //! (`TOKENMILL_KERNELS=avx2|scalar` narrows both; `TOKENMILL_VDPBF16PS=1` times the bf16
@@ -8,7 +9,7 @@
 
 use std::time::Instant;
 
-use tokenmill_kernels::{Bf16PanelMatrix, CpuFeatures, PanelMatrix, ThreadPool};
+use tokenmill_kernels::{Bf16PanelMatrix, CpuFeatures, Int8PairMatrix, PanelMatrix, ThreadPool};
 
 mod common;
 
@@ -33,9 +34,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let x = random_values(n * inputs, &mut seed);
         let f32_matrix = PanelMatrix::from_rows(outputs, inputs, &weights)?;
         let bf16_matrix = Bf16PanelMatrix::from_rows(outputs, inputs, &weights)?;
+        let pair_matrix = Int8PairMatrix::supported()
+            .then(|| Int8PairMatrix::from_rows(outputs, inputs, &weights))
+            .transpose()?;
         let mut out = vec![0.0f32; n * outputs];
         let flops = 2.0 * (n * inputs * outputs) as f64;
-        let (mut best_f32, mut best_bf16) = (f64::MAX, f64::MAX);
+        let (mut best_f32, mut best_bf16, mut best_pair) = (f64::MAX, f64::MAX, f64::MAX);
         for _ in 0..5 {
             let start = Instant::now();
             f32_matrix.matmul(&pool, &x, n, Some(&bias), &mut out)?;
@@ -43,9 +47,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let start = Instant::now();
             bf16_matrix.matmul(&pool, &x, n, Some(&bias), &mut out)?;
             best_bf16 = best_bf16.min(start.elapsed().as_secs_f64());
+            if let Some(matrix) = &pair_matrix {
+                let start = Instant::now();
+                matrix.matmul(&pool, &x, n, Some(&bias), &mut out)?;
+                best_pair = best_pair.min(start.elapsed().as_secs_f64());
+            }
         }
+        let pair = if pair_matrix.is_some() {
+            format!(
+                "  int8-pair {:7.1}  ratio {:.2}x",
+                flops / best_pair / 1e9,
+                best_f32 / best_pair
+            )
+        } else {
+            "  int8-pair (no AMX)".to_string()
+        };
         println!(
-            "{name:16} f32 {:7.1}  bf16 {:7.1}  ratio {:.2}x",
+            "{name:16} f32 {:7.1}  bf16 {:7.1}  ratio {:.2}x{pair}",
             flops / best_f32 / 1e9,
             flops / best_bf16 / 1e9,
             best_f32 / best_bf16

@@ -11,20 +11,29 @@ use std::cell::RefCell;
 
 mod bf16;
 mod gemm;
+mod pair;
 mod vector;
 
 pub use bf16::{Bf16PanelMatrix, VDPBF16PS_ENV};
 pub use gemm::PanelMatrix;
+pub use pair::Int8PairMatrix;
 
 use crate::simd::VectorOps;
 
 use crate::pool::{SharedMut, ThreadPool};
 use crate::KernelError;
 
+/// Rows per pool task of [`layer_norm`].
+const NORM_ROWS: usize = 32;
+/// Values per pool task of [`gelu_erf_inplace`] (a multiple of the vector width).
+const GELU_CHUNK: usize = 4096;
+
 /// `out = (x - mean) / sqrt(var + eps) * weight + bias`, for each row of `weight.len()`
-/// values. Mean and (biased) variance are accumulated in f64 in index order, as PyTorch's
-/// CPU LayerNorm accumulates in a wider type.
+/// values, rows split over `pool`. Mean and (biased) variance are accumulated in f64 in index
+/// order, as PyTorch's CPU LayerNorm accumulates in a wider type; each row's result depends on
+/// that row alone.
 pub fn layer_norm(
+    pool: &ThreadPool,
     x: &[f32],
     weight: &[f32],
     bias: &[f32],
@@ -37,15 +46,10 @@ pub fn layer_norm(
             "layer_norm input is not a whole number of rows of weight.len()",
         ));
     }
-    for (what, len) in [
-        ("layer_norm bias", bias.len()),
-        ("layer_norm output", out.len()),
+    for (what, expected, len) in [
+        ("layer_norm bias", dim, bias.len()),
+        ("layer_norm output", x.len(), out.len()),
     ] {
-        let expected = if what == "layer_norm bias" {
-            dim
-        } else {
-            x.len()
-        };
         if len != expected {
             return Err(KernelError::LengthMismatch {
                 what,
@@ -54,29 +58,52 @@ pub fn layer_norm(
             });
         }
     }
-    for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / dim as f64;
-        let variance = row
-            .iter()
-            .map(|&v| {
-                let d = f64::from(v) - mean;
-                d * d
-            })
-            .sum::<f64>()
-            / dim as f64;
-        let inverse = 1.0 / (variance + f64::from(eps)).sqrt();
-        for (((o, &v), &w), &b) in out_row.iter_mut().zip(row).zip(weight).zip(bias) {
-            *o = ((f64::from(v) - mean) * inverse) as f32 * w + b;
+    let rows = x.len() / dim;
+    let output = SharedMut::new(out);
+    pool.parallel_for(rows.div_ceil(NORM_ROWS), &|task| {
+        let first = task * NORM_ROWS;
+        let count = NORM_ROWS.min(rows - first);
+        // SAFETY: each task owns rows `first..first + count` of `out` (x.len() values, checked).
+        let out = unsafe { output.slice_mut(first * dim, count * dim) };
+        let x = &x[first * dim..(first + count) * dim];
+        for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+            layer_norm_row(row, weight, bias, eps, out_row);
         }
-    }
+    });
     Ok(())
 }
 
-/// `x = gelu(x) = 0.5 x (1 + erf(x / sqrt 2))` in place: BERT's `gelu` (PyTorch's exact
-/// GELU, not the tanh approximation of [`crate::gelu_tanh_mul`]), through an `erfc`
-/// approximation good to 3e-7 absolute (`vector.rs`), eight values at a time with AVX2.
-pub fn gelu_erf_inplace(x: &mut [f32]) {
-    vector::gelu(VectorOps::detect(), x);
+fn layer_norm_row(row: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = row.len();
+    let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / dim as f64;
+    let variance = row
+        .iter()
+        .map(|&v| {
+            let d = f64::from(v) - mean;
+            d * d
+        })
+        .sum::<f64>()
+        / dim as f64;
+    let inverse = 1.0 / (variance + f64::from(eps)).sqrt();
+    for (((o, &v), &w), &b) in out.iter_mut().zip(row).zip(weight).zip(bias) {
+        *o = ((f64::from(v) - mean) * inverse) as f32 * w + b;
+    }
+}
+
+/// `x = gelu(x) = 0.5 x (1 + erf(x / sqrt 2))` in place, chunks split over `pool`: BERT's
+/// `gelu` (PyTorch's exact GELU, not the tanh approximation of [`crate::gelu_tanh_mul`]),
+/// through an `erfc` approximation good to 3e-7 absolute (`vector.rs`), eight values at a
+/// time with AVX2 (bitwise the scalar twin, so the chunking changes nothing).
+pub fn gelu_erf_inplace(pool: &ThreadPool, x: &mut [f32]) {
+    let ops = VectorOps::detect();
+    let len = x.len();
+    let values = SharedMut::new(x);
+    pool.parallel_for(len.div_ceil(GELU_CHUNK), &|task| {
+        let start = task * GELU_CHUNK;
+        // SAFETY: each task owns its chunk of `x`.
+        let chunk = unsafe { values.slice_mut(start, GELU_CHUNK.min(len - start)) };
+        vector::gelu(ops, chunk);
+    });
 }
 
 /// One sequence of an encoder batch: `len` consecutive rows from `start`.
@@ -249,7 +276,7 @@ mod tests {
         let weight = values(dim, 2);
         let bias = values(dim, 3);
         let mut out = vec![0.0; x.len()];
-        layer_norm(&x, &weight, &bias, 1e-12, &mut out).unwrap();
+        layer_norm(&ThreadPool::new(2), &x, &weight, &bias, 1e-12, &mut out).unwrap();
         for (row, out_row) in x.chunks(dim).zip(out.chunks(dim)) {
             let mean = row.iter().map(|&v| v as f64).sum::<f64>() / dim as f64;
             let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / dim as f64;
@@ -260,15 +287,16 @@ mod tests {
             }
         }
         let mut short = vec![0.0; 3];
-        assert!(layer_norm(&x, &weight, &bias[..3], 1e-12, &mut out).is_err());
-        assert!(layer_norm(&x, &weight, &bias, 1e-12, &mut short).is_err());
+        let pool = ThreadPool::new(1);
+        assert!(layer_norm(&pool, &x, &weight, &bias[..3], 1e-12, &mut out).is_err());
+        assert!(layer_norm(&pool, &x, &weight, &bias, 1e-12, &mut short).is_err());
     }
 
     #[test]
     fn gelu_erf_known_values() {
         // gelu(x) = x * Phi(x): Phi(1) = 0.841344746, Phi(-1) = 0.158655254, Phi(2) = 0.977249868.
         let mut x = [0.0f32, 1.0, -1.0, 2.0, -6.0, 10.0];
-        gelu_erf_inplace(&mut x);
+        gelu_erf_inplace(&ThreadPool::new(2), &mut x);
         let expected = [
             0.0f32,
             0.841_344_7,

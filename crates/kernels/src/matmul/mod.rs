@@ -46,6 +46,8 @@ use crate::KernelError;
 
 pub use activation::QuantizedActivations;
 #[cfg(target_arch = "x86_64")]
+pub(crate) use amx::Amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) use amx::MIN_ROWS_ANY as AMX_MIN_ROWS;
 use float::{half_widener, FloatWeights};
 pub use segmented::Segments;

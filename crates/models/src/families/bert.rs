@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::{
     add_inplace, bidirectional_attention, gelu_erf_inplace, Bf16PanelMatrix, EncoderAttentionShape,
-    PanelMatrix, ThreadPool,
+    Int8PairMatrix, PanelMatrix, ThreadPool,
 };
 
 use crate::cache_dtype::ModelDtype;
@@ -74,31 +74,37 @@ pub enum EncoderPrecision {
     /// Weights rounded to bf16 once at load, activations per product, f32 accumulation
     /// ([`Bf16PanelMatrix`]), as vLLM runs a model under `--dtype bfloat16`.
     Bf16,
+    /// Weights and activations in 15-bit fixed point per row, each split into two int8
+    /// halves, exact integer sums on AMX tiles ([`Int8PairMatrix`]): 2.5-4x the f32 GEMM's speed
+    /// on AMX; all-MiniLM-L6-v2's worst cosine with sentence-transformers 0.999997.
+    Int8Pair,
 }
 
 impl EncoderPrecision {
-    /// `--dtype` for an encoder: `bfloat16` runs its linear layers in bf16; `float32` keeps
-    /// f32. `auto` keeps f32 too: vLLM's `auto` downcasts a float32 checkpoint, on x86 CPUs
-    /// to float16 for pooling models (its CPU platform lists bfloat16, float16, float32 and
-    /// pooling models prefer float16), which tokenmill does not compute; bf16 would pass the
-    /// parity bar (all-MiniLM-L6-v2's worst cosine 0.999963 against sentence-transformers'
-    /// f32 vectors, tests/bert_parity.rs) but is not faster on these CPUs (bench/RESULTS.md),
-    /// so it stays opt-in. `float16` also stays f32 (the CLI warns that it does).
+    /// `--dtype` for an encoder: `float32` keeps f32 (one fused chain per output);
+    /// `bfloat16` runs the linear layers in bf16 (vLLM's numerics for that flag, not faster
+    /// here); `auto` runs them as int8 pairs where AMX int8 tiles are usable and f32
+    /// elsewhere. vLLM's `auto` downcasts a float32 checkpoint too, on x86 CPUs to float16 for
+    /// pooling models; tokenmill's downcast keeps 15 bits per value where float16 keeps 11,
+    /// and passes the parity bar (every cosine with sentence-transformers' f32 vectors
+    /// ≥ 0.9999, tests/bert_parity.rs). `float16` stays f32 (the CLI warns that it does).
     pub fn for_dtype(dtype: ModelDtype) -> EncoderPrecision {
         match dtype {
             ModelDtype::BFloat16 => EncoderPrecision::Bf16,
+            ModelDtype::Auto if Int8PairMatrix::supported() => EncoderPrecision::Int8Pair,
             ModelDtype::Auto | ModelDtype::Float16 | ModelDtype::Float32 => EncoderPrecision::F32,
         }
     }
 }
 
-/// A dense layer's weight: float weights (F32/F16/BF16) packed for the encoder GEMM (f32, or
-/// bf16 under `--dtype bfloat16`), which also adds the bias; quantized ones (GGUF) keep their
-/// `QMatrix` kernel.
+/// A dense layer's weight: float weights (F32/F16/BF16) packed for the encoder GEMM of the
+/// [`EncoderPrecision`], which also adds the bias; quantized ones (GGUF) keep their `QMatrix`
+/// kernel.
 #[derive(Debug)]
 enum DenseWeight {
     Panel(PanelMatrix),
     Bf16(Bf16PanelMatrix),
+    Int8Pair(Int8PairMatrix),
     Quantized(StackedLinear),
 }
 
@@ -141,6 +147,9 @@ impl Dense {
             (Some(values), EncoderPrecision::Bf16) => {
                 DenseWeight::Bf16(Bf16PanelMatrix::from_rows(out_features, columns, &values)?)
             }
+            (Some(values), EncoderPrecision::Int8Pair) => {
+                DenseWeight::Int8Pair(Int8PairMatrix::from_rows(out_features, columns, &values)?)
+            }
             (None, _) => DenseWeight::Quantized(reader.stacked_named(&parts, columns)?),
         };
         let mut bias = Vec::with_capacity(names.len() * rows);
@@ -154,6 +163,7 @@ impl Dense {
         let weight = match &self.weight {
             DenseWeight::Panel(matrix) => matrix.storage_bytes(),
             DenseWeight::Bf16(matrix) => matrix.storage_bytes(),
+            DenseWeight::Int8Pair(matrix) => matrix.storage_bytes(),
             DenseWeight::Quantized(linear) => linear.storage_bytes(),
         };
         weight + self.bias.len() * 4
@@ -170,6 +180,9 @@ impl Dense {
         match &self.weight {
             DenseWeight::Panel(matrix) => Ok(matrix.matmul(pool, x, n, Some(&self.bias), out)?),
             DenseWeight::Bf16(matrix) => Ok(matrix.matmul(pool, x, n, Some(&self.bias), out)?),
+            DenseWeight::Int8Pair(matrix) => {
+                Ok(matrix.matmul(pool, x, n, Some(&self.bias), out)?)
+            }
             DenseWeight::Quantized(linear) => {
                 linear.forward(pool, x, n, out, scratch)?;
                 add_bias(out, &self.bias)
@@ -459,7 +472,12 @@ impl BertModel {
     }
 
     /// Word + position + token-type embeddings, LayerNorm, into `ws.hidden`.
-    fn embed(&self, batch: &EncoderBatch, ws: &mut EncoderWorkspace) -> Result<()> {
+    fn embed(
+        &self,
+        pool: &ThreadPool,
+        batch: &EncoderBatch,
+        ws: &mut EncoderWorkspace,
+    ) -> Result<()> {
         let h = self.config.hidden_size;
         let n = batch.num_tokens();
         embed(
@@ -483,7 +501,7 @@ impl BertModel {
         )?;
         add_inplace(&mut ws.scratch[..n * h], &ws.projected[..n * h])?;
         self.embeddings_norm
-            .forward(&ws.scratch[..n * h], &mut ws.hidden[..n * h])
+            .forward(pool, &ws.scratch[..n * h], &mut ws.hidden[..n * h])
     }
 
     fn layer(
@@ -516,13 +534,13 @@ impl BertModel {
         add_inplace(&mut ws.hidden[..n * h], &ws.projected[..n * h])?;
         layer
             .attention_norm
-            .forward(&ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
+            .forward(pool, &ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
         std::mem::swap(&mut ws.hidden, &mut ws.scratch);
         let intermediate = &mut ws.intermediate[..n * inter];
         layer
             .intermediate
             .forward(pool, &ws.hidden[..n * h], n, intermediate, &mut ws.linear)?;
-        gelu_erf_inplace(intermediate);
+        gelu_erf_inplace(pool, intermediate);
         layer.output.forward(
             pool,
             intermediate,
@@ -533,7 +551,7 @@ impl BertModel {
         add_inplace(&mut ws.hidden[..n * h], &ws.projected[..n * h])?;
         layer
             .output_norm
-            .forward(&ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
+            .forward(pool, &ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
         std::mem::swap(&mut ws.hidden, &mut ws.scratch);
         Ok(())
     }
@@ -710,7 +728,7 @@ impl PoolingModel for BertModel {
                 buffer.resize(len, 0.0);
             }
         }
-        self.embed(batch, ws)?;
+        self.embed(pool, batch, ws)?;
         for layer in &self.layers {
             self.layer(layer, pool, batch, ws)?;
         }

@@ -3,7 +3,7 @@
 //! checkpoints; GGUF converters have added the 1 already). [`LayerNorm`] (mean-centred, with a
 //! bias) is what encoders (BERT) use.
 
-use tokenmill_kernels::{layer_norm, rms_norm};
+use tokenmill_kernels::{layer_norm, rms_norm, ThreadPool};
 
 use crate::error::Result;
 
@@ -55,8 +55,8 @@ impl LayerNorm {
         (self.weight.len() + self.bias.len()) * std::mem::size_of::<f32>()
     }
 
-    pub fn forward(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
-        layer_norm(x, &self.weight, &self.bias, self.eps, out)?;
+    pub fn forward(&self, pool: &ThreadPool, x: &[f32], out: &mut [f32]) -> Result<()> {
+        layer_norm(pool, x, &self.weight, &self.bias, self.eps, out)?;
         Ok(())
     }
 }

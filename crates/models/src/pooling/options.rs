@@ -158,7 +158,7 @@ fn parse_pooling_type(name: &str) -> std::result::Result<PoolingMethod, String> 
 pub struct PoolingOptions {
     pub convert: ConvertOption,
     pub pooler: PoolerConfig,
-    /// `--dtype`: an encoder's linear layers in bf16 or f32
+    /// `--dtype`: an encoder's linear layers in f32, bf16 or int8 pairs
     /// ([`crate::EncoderPrecision::for_dtype`]); decoder embedders compute in f32 whatever it
     /// says.
     pub dtype: ModelDtype,
