@@ -132,6 +132,8 @@ def main():
                         help="cost of 2, 3, ... rows per step in one-row steps, comma-separated")
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=5)
+    parser.add_argument("--save", help="write the captured (prompt, output) token ids to this file")
+    parser.add_argument("--load", help="replay token ids saved by --save instead of a live server")
     args = parser.parse_args()
     ratios = [1.0] + [float(v) for v in args.row_costs.split(",")]
     step = ratios[-1] - ratios[-2]
@@ -139,7 +141,14 @@ def main():
     def cost(rows):
         return ratios[rows - 1] if rows <= len(ratios) else ratios[-1] + step * (rows - len(ratios))
 
-    sequences = replay(args, capture(args))
+    if args.load:
+        with open(args.load) as f:
+            sequences = [tuple(pair) for pair in json.load(f)]
+    else:
+        sequences = replay(args, capture(args))
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(sequences, f)
     print(f"{len(sequences)} requests, {sum(len(o) for _, o in sequences)} output tokens")
     policies = {}
     for k in (2, 3, 4, 5, 6, 8, 12, 16):
