@@ -145,9 +145,10 @@ pub struct BenchServeArgs {
     pub extra_body: Option<String>,
 
     /// Metrics with percentile sections: ttft,tpot,itl,e2el,client_queue_time,
-    /// e2el_including_client_queue.
-    #[arg(long, default_value = "ttft,tpot,itl")]
-    pub percentile_metrics: String,
+    /// e2el_including_client_queue. Default, as vLLM's: ttft,tpot,itl for the generation
+    /// endpoints, e2el for /v1/embeddings.
+    #[arg(long)]
+    pub percentile_metrics: Option<String>,
     /// Percentiles reported for each selected metric, e.g. 50,90,99.
     #[arg(long, default_value = "99")]
     pub metric_percentiles: String,
@@ -412,8 +413,14 @@ impl BenchServeArgs {
             )));
         };
 
+        let default_metrics = match endpoint_kind {
+            EndpointKind::Embeddings => "e2el",
+            _ => "ttft,tpot,itl",
+        };
         let percentile_metrics = self
             .percentile_metrics
+            .as_deref()
+            .unwrap_or(default_metrics)
             .split(',')
             .filter(|name| !name.trim().is_empty())
             .map(PercentileMetric::parse)
@@ -566,6 +573,8 @@ mod tests {
         assert!(parse(&["--endpoint", "/v1/rerank"]).plan().is_err());
         let plan = parse(&["--endpoint", "/v1/embeddings"]).plan().unwrap();
         assert_eq!(plan.endpoint_kind, EndpointKind::Embeddings);
+        // vLLM's default for pooling: E2EL percentiles only.
+        assert_eq!(plan.percentile_metrics, vec![PercentileMetric::E2el]);
         assert!(
             parse(&["--dataset-name", "json", "--endpoint", "/v1/embeddings"])
                 .plan()

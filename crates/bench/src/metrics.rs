@@ -227,7 +227,8 @@ fn peak_activity(successful: &[&RequestOutcome]) -> (f64, usize) {
         .fold(min_start, f64::max);
     let buckets = (max_end - min_start).ceil() as usize + 1;
     let mut tokens_per_second = vec![0usize; buckets];
-    for outcome in successful {
+    // A pooling answer (no output tokens) has no token times.
+    for outcome in successful.iter().filter(|o| o.output_len() > 0) {
         let mut token_time = outcome.start_time + outcome.ttft;
         let mut times = vec![token_time];
         for gap in &outcome.itl {
@@ -371,6 +372,30 @@ mod tests {
         // r0 [0, 0.19), r1 [0.5, 0.85), r2 [1.0, 1.05): never overlapping.
         assert_eq!(metrics.max_concurrent_requests, 1);
         assert!(metrics.client_queue_time.is_none());
+    }
+
+    #[test]
+    fn pooling_answers_count_no_output_tokens_at_peak() {
+        // Embeddings: no output tokens, no chunks; two overlapping requests.
+        let pooled = |start| RequestOutcome {
+            content_chunks: 0,
+            output_tokens: Some(0),
+            ..outcome(start, 0.030, &[], Some(0))
+        };
+        let metrics = calculate_metrics(
+            &[pooled(0.0), pooled(0.01)],
+            MetricsContext {
+                duration_s: 1.0,
+                percentiles: &[99.0],
+                goodput: &GoodputSlo::default(),
+                max_concurrency: None,
+                request_rate: f64::INFINITY,
+            },
+        );
+        assert_eq!(metrics.total_output, 0);
+        assert_eq!(metrics.max_output_tokens_per_s, 0.0);
+        assert_eq!(metrics.max_concurrent_requests, 2);
+        assert!(close(metrics.e2el.mean_ms, 30.0));
     }
 
     #[test]
