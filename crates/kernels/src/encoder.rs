@@ -2,10 +2,12 @@
 //! whole sequences. Encoders (BERT) keep no KV cache: every sequence of a step is complete,
 //! so attention reads K and V straight from the step's QKV projection.
 //!
-//! Their linear layers run on [`PanelMatrix`] (`gemm.rs`). GELU and attention have AVX2
-//! paths bitwise equal to their scalar twins (`vector.rs`); LayerNorm is scalar. Attention
-//! splits (sequence, head) pairs over the pool, each pair's arithmetic independent of the
-//! others, so a sequence's result does not depend on what it was batched with.
+//! Their linear layers run on [`PanelMatrix`] (`gemm.rs`, f32), [`Bf16PanelMatrix`]
+//! (`bf16.rs`) or [`Int8PairMatrix`] (`pair.rs`, AMX). GELU and attention have AVX2 paths
+//! bitwise equal to their scalar twins (`vector.rs`); LayerNorm is scalar (f64 sums). All
+//! three split their work over the pool (LayerNorm by rows, GELU by chunks, attention by
+//! (sequence, head) pairs), each piece's arithmetic independent of the others, so a
+//! sequence's result does not depend on what it was batched with.
 
 use std::cell::RefCell;
 
