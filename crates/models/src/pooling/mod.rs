@@ -203,6 +203,15 @@ pub fn load_pooling_model_with(
 ) -> Result<Box<dyn PoolingModel>> {
     let model: Box<dyn PoolingModel> = if is_pooling_model(source) {
         let precision = EncoderPrecision::for_dtype(options.dtype);
+        tracing::info!(
+            "encoder linear layers (float weights): {}",
+            match precision {
+                EncoderPrecision::F32 => "f32",
+                EncoderPrecision::Bf16 => "bf16 (--dtype bfloat16)",
+                EncoderPrecision::Int8Pair =>
+                    "int8 pairs on AMX tiles, 15-bit fixed point (--dtype auto; float32 keeps f32)",
+            }
+        );
         let mut bert = match source {
             ModelSource::HfDirectory(dir) => BertModel::load_hf_directory(dir, precision)?,
             ModelSource::Gguf(path) => BertModel::load_gguf(path, precision)?,
