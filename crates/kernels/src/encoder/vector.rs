@@ -77,12 +77,34 @@ pub(crate) fn gelu_scalar(x: f32) -> f32 {
     (0.5 * x) * phi2
 }
 
-/// GELU in place.
+/// Whether this process may run the AVX-512 F element-wise kernels (the `KernelPath` the
+/// matmul kernels take, so `TOKENMILL_KERNELS` narrows it too).
+pub(crate) fn avx512_usable() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::cpu::{CpuFeatures, KernelPath};
+        KernelPath::from(CpuFeatures::get()) == KernelPath::Avx512
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// GELU in place: sixteen lanes at a time where AVX-512 is usable, then eight with AVX2, then
+/// the scalar twin (the same operations per value in all three, so the split changes nothing).
 pub(crate) fn gelu(ops: VectorOps, x: &mut [f32]) {
+    gelu_with(ops, avx512_usable(), x);
+}
+
+/// [`gelu`] with the AVX-512 path chosen by the caller (`wide` needs AVX2 `ops` and AVX-512 F).
+pub(crate) fn gelu_with(ops: VectorOps, wide: bool, x: &mut [f32]) {
     let done = match ops {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `VectorOps::Avx2` is only built after detecting AVX2 and FMA.
-        VectorOps::Avx2 => unsafe { avx2::gelu(x) },
+        // SAFETY: `VectorOps::Avx2` is only built after detecting AVX2 and FMA; `wide` only
+        // where AVX-512 F is usable too.
+        VectorOps::Avx2 => unsafe {
+            let wide_done = if wide { avx512::gelu(x) } else { 0 };
+            wide_done + avx2::gelu(&mut x[wide_done..])
+        },
         VectorOps::Scalar => 0,
     };
     x[done..].iter_mut().for_each(|v| *v = gelu_scalar(*v));
@@ -147,6 +169,76 @@ pub(crate) fn weighted_values(
             acc = pj.mul_add(values[j * stride + d], acc);
         }
         *out = acc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{ERFC_POLY, ERFC_Z_MAX, EXP_HIGH, EXP_LOW, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
+
+    /// Sixteen lanes of [`super::exp_scalar`] (the AVX2 `exp8`'s operations).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LOW));
+        let x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HIGH));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+        );
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[0]);
+        for &c in &EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let one = _mm512_set1_ps(1.0);
+        p = _mm512_fmadd_ps(p, r, one);
+        p = _mm512_fmadd_ps(p, r, one);
+        let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        ));
+        _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
+    }
+
+    /// Sixteen lanes of [`super::gelu_scalar`] (the AVX2 `gelu8`'s operations).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn gelu16(x: __m512) -> __m512 {
+        let z = _mm512_mul_ps(
+            _mm512_abs_ps(x),
+            _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
+        );
+        let z = _mm512_min_ps(z, _mm512_set1_ps(ERFC_Z_MAX));
+        let one = _mm512_set1_ps(1.0);
+        let t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.5), z, one));
+        let mut p = _mm512_set1_ps(ERFC_POLY[9]);
+        for &c in ERFC_POLY[..9].iter().rev() {
+            p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(c));
+        }
+        let erfc = _mm512_mul_ps(t, exp16(_mm512_fnmadd_ps(z, z, p)));
+        let positive = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_setzero_ps());
+        let phi2 = _mm512_mask_blend_ps(positive, erfc, _mm512_sub_ps(_mm512_set1_ps(2.0), erfc));
+        _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5), x), phi2)
+    }
+
+    /// GELU over whole groups of sixteen; returns how many values it did.
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gelu(x: &mut [f32]) -> usize {
+        let whole = x.len() / 16 * 16;
+        for chunk in x.chunks_exact_mut(16) {
+            // SAFETY: `chunk` holds sixteen values.
+            unsafe {
+                let v = _mm512_loadu_ps(chunk.as_ptr());
+                _mm512_storeu_ps(chunk.as_mut_ptr(), gelu16(v));
+            }
+        }
+        whole
     }
 }
 
@@ -393,8 +485,18 @@ mod tests {
         assert_eq!(scalar[40_001 + 1], f32::INFINITY);
         if let Some(ops) = simd() {
             let mut vector = xs.clone();
-            gelu(ops, &mut vector);
+            gelu_with(ops, false, &mut vector);
             assert_eq!(bits(&vector), bits(&scalar));
+            if avx512_usable() {
+                // Odd offsets so every path (16, 8, scalar) covers some values.
+                for start in [0, 3, 9] {
+                    let mut wide = xs[start..].to_vec();
+                    gelu_with(ops, true, &mut wide);
+                    assert_eq!(bits(&wide), bits(&scalar[start..]), "offset {start}");
+                }
+            } else {
+                eprintln!("skipped: AVX-512 GELU (host or TOKENMILL_KERNELS lacks it)");
+            }
         }
     }
 
