@@ -246,24 +246,92 @@ fn attend_head<'o>(
     for i in 0..seq.len {
         let query = (seq.start + i) * stride + column;
         vector::key_scores(ops, &qkv[query..query + head_dim], keys_t, padded, scores);
-        let mut max = f32::NEG_INFINITY;
         for score in &mut scores[..seq.len] {
             *score *= shape.scale;
-            max = max.max(*score);
         }
+        let max = lane_max(&scores[..seq.len]);
         vector::exp_shifted(ops, scores, max);
         let weights = &scores[..seq.len];
-        let sum: f32 = weights.iter().sum();
-        let inverse = 1.0 / sum;
+        let inverse = 1.0 / lane_sum(weights);
         let out = dst(i);
         vector::weighted_values(ops, weights, values, stride, out);
         out.iter_mut().for_each(|d| *d *= inverse);
     }
 }
 
+/// Lanes of [`lane_max`] and [`lane_sum`]: eight independent chains the compiler keeps in
+/// one vector register, instead of one chain through every value.
+const LANES: usize = 8;
+
+/// The largest value (NaN ignored, as `f32::max` does; exact in any order, so the same as a
+/// sequential fold).
+fn lane_max(values: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = values.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = lane.max(v);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    lanes.iter().fold(tail, |m, &v| m.max(v))
+}
+
+/// The sum in a fixed order: value `i` into lane `i % 8` (whole groups of eight), the lanes
+/// added pairwise (0+4, 1+5, 2+6, 3+7, then 0+2, 1+3, then 0+1), then the tail in order.
+/// Plain f32 operations, so every host gets the same bits.
+fn lane_sum(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = values.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    for half in [4, 2, 1] {
+        for i in 0..half {
+            lanes[i] += lanes[i + half];
+        }
+    }
+    chunks.remainder().iter().fold(lanes[0], |sum, &v| sum + v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lane_reductions_match_their_definition() {
+        let values: Vec<f32> = (0..29)
+            .map(|i| ((i * 7919) % 97) as f32 * 0.37 - 11.0)
+            .collect();
+        assert_eq!(
+            lane_max(&values),
+            values.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+        );
+        let mut lanes = [0.0f32; 8];
+        for (i, &v) in values[..24].iter().enumerate() {
+            lanes[i % 8] += v;
+        }
+        let pairs = [
+            lanes[0] + lanes[4],
+            lanes[1] + lanes[5],
+            lanes[2] + lanes[6],
+            lanes[3] + lanes[7],
+        ];
+        let expected = ((pairs[0] + pairs[2]) + (pairs[1] + pairs[3]))
+            + values[24]
+            + values[25]
+            + values[26]
+            + values[27]
+            + values[28];
+        assert_eq!(lane_sum(&values).to_bits(), expected.to_bits());
+        assert_eq!(lane_max(&[f32::NAN, 1.0]), 1.0);
+        assert_eq!(lane_sum(&[]), 0.0);
+    }
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
