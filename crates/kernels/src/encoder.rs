@@ -31,9 +31,9 @@ const NORM_ROWS: usize = 32;
 const GELU_CHUNK: usize = 4096;
 
 /// `out = (x - mean) / sqrt(var + eps) * weight + bias`, for each row of `weight.len()`
-/// values, rows split over `pool`. Mean and (biased) variance are accumulated in f64 in index
-/// order, as PyTorch's CPU LayerNorm accumulates in a wider type; each row's result depends on
-/// that row alone.
+/// values, rows split over `pool`. Mean and (biased) variance are accumulated in f64 (as
+/// PyTorch's CPU LayerNorm accumulates in a wider type), over eight lanes in a fixed order;
+/// each row's result depends on that row alone.
 pub fn layer_norm(
     pool: &ThreadPool,
     x: &[f32],
@@ -77,15 +77,8 @@ pub fn layer_norm(
 
 fn layer_norm_row(row: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
     let dim = row.len();
-    let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / dim as f64;
-    let variance = row
-        .iter()
-        .map(|&v| {
-            let d = f64::from(v) - mean;
-            d * d
-        })
-        .sum::<f64>()
-        / dim as f64;
+    let mean = lane_sum_f64(row, |v| v) / dim as f64;
+    let variance = lane_sum_f64(row, |v| (v - mean) * (v - mean)) / dim as f64;
     let inverse = 1.0 / (variance + f64::from(eps)).sqrt();
     for (((o, &v), &w), &b) in out.iter_mut().zip(row).zip(weight).zip(bias) {
         *o = ((f64::from(v) - mean) * inverse) as f32 * w + b;
@@ -262,6 +255,27 @@ fn attend_head<'o>(
 /// Lanes of [`lane_max`] and [`lane_sum`]: eight independent chains the compiler keeps in
 /// one vector register, instead of one chain through every value.
 const LANES: usize = 8;
+
+/// `Σ term(x)` over `values` widened to f64, in [`lane_sum`]'s fixed order (eight lanes,
+/// pairwise, then the tail): eight chains instead of one.
+fn lane_sum_f64(values: &[f32], term: impl Fn(f64) -> f64) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let mut chunks = values.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += term(f64::from(v));
+        }
+    }
+    for half in [4, 2, 1] {
+        for i in 0..half {
+            lanes[i] += lanes[i + half];
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .fold(lanes[0], |sum, &v| sum + term(f64::from(v)))
+}
 
 /// The largest value (NaN ignored, as `f32::max` does; exact in any order, so the same as a
 /// sequential fold).
