@@ -42,6 +42,39 @@ pub fn layer_norm(
     eps: f32,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
+    norm_rows(pool, x, None, weight, bias, eps, out)
+}
+
+/// [`layer_norm`] of `x + residual` (the post-norm residual connection), without writing the
+/// sum: each row is added into a per-task buffer, then normed.
+pub fn add_layer_norm(
+    pool: &ThreadPool,
+    x: &[f32],
+    residual: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    if residual.len() != x.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "layer_norm residual",
+            expected: x.len(),
+            actual: residual.len(),
+        });
+    }
+    norm_rows(pool, x, Some(residual), weight, bias, eps, out)
+}
+
+fn norm_rows(
+    pool: &ThreadPool,
+    x: &[f32],
+    residual: Option<&[f32]>,
+    weight: &[f32],
+    bias: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
     let dim = weight.len();
     if dim == 0 || !x.len().is_multiple_of(dim) {
         return Err(KernelError::InvalidShape(
@@ -67,7 +100,20 @@ pub fn layer_norm(
         let count = NORM_ROWS.min(rows - first);
         // SAFETY: each task owns rows `first..first + count` of `out` (x.len() values, checked).
         let out = unsafe { output.slice_mut(first * dim, count * dim) };
-        let x = &x[first * dim..(first + count) * dim];
+        let range = first * dim..(first + count) * dim;
+        let mut sum = Vec::new();
+        let x = match residual {
+            None => &x[range],
+            Some(residual) => {
+                sum.extend(
+                    x[range.clone()]
+                        .iter()
+                        .zip(&residual[range])
+                        .map(|(a, b)| a + b),
+                );
+                &sum[..]
+            }
+        };
         for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
             layer_norm_row(row, weight, bias, eps, out_row);
         }
@@ -374,6 +420,23 @@ mod tests {
         let pool = ThreadPool::new(1);
         assert!(layer_norm(&pool, &x, &weight, &bias[..3], 1e-12, &mut out).is_err());
         assert!(layer_norm(&pool, &x, &weight, &bias, 1e-12, &mut short).is_err());
+    }
+
+    #[test]
+    fn add_layer_norm_is_the_norm_of_the_sum() {
+        let (dim, rows) = (40, 70);
+        let (x, residual) = (values(dim * rows, 4), values(dim * rows, 5));
+        let (weight, bias) = (values(dim, 6), values(dim, 7));
+        let pool = ThreadPool::new(2);
+        let sum: Vec<f32> = x.iter().zip(&residual).map(|(a, b)| a + b).collect();
+        let mut expected = vec![0.0; x.len()];
+        layer_norm(&pool, &sum, &weight, &bias, 1e-12, &mut expected).unwrap();
+        let mut fused = vec![0.0; x.len()];
+        add_layer_norm(&pool, &x, &residual, &weight, &bias, 1e-12, &mut fused).unwrap();
+        assert_eq!(fused, expected);
+        assert!(
+            add_layer_norm(&pool, &x, &residual[1..], &weight, &bias, 1e-12, &mut fused).is_err()
+        );
     }
 
     #[test]

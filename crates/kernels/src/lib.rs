@@ -115,8 +115,8 @@ pub use cpu::{
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
 pub use encoder::{
-    bidirectional_attention, gelu_erf_inplace, layer_norm, Bf16PanelMatrix, EncoderAttentionShape,
-    EncoderSeq, Int8PairMatrix, PanelMatrix, VDPBF16PS_ENV,
+    add_layer_norm, bidirectional_attention, gelu_erf_inplace, layer_norm, Bf16PanelMatrix,
+    EncoderAttentionShape, EncoderSeq, Int8PairMatrix, PanelMatrix, VDPBF16PS_ENV,
 };
 pub use kv_dtype::{
     f32_to_bf16_saturating, f32_to_f16_saturating, f32_to_fp8_e4m3, f32_to_fp8_e5m2,

@@ -531,10 +531,12 @@ impl BertModel {
             &mut ws.projected[..n * h],
             &mut ws.linear,
         )?;
-        add_inplace(&mut ws.hidden[..n * h], &ws.projected[..n * h])?;
-        layer
-            .attention_norm
-            .forward(pool, &ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
+        layer.attention_norm.forward_sum(
+            pool,
+            &ws.hidden[..n * h],
+            &ws.projected[..n * h],
+            &mut ws.scratch[..n * h],
+        )?;
         std::mem::swap(&mut ws.hidden, &mut ws.scratch);
         let intermediate = &mut ws.intermediate[..n * inter];
         layer
@@ -548,10 +550,12 @@ impl BertModel {
             &mut ws.projected[..n * h],
             &mut ws.linear,
         )?;
-        add_inplace(&mut ws.hidden[..n * h], &ws.projected[..n * h])?;
-        layer
-            .output_norm
-            .forward(pool, &ws.hidden[..n * h], &mut ws.scratch[..n * h])?;
+        layer.output_norm.forward_sum(
+            pool,
+            &ws.hidden[..n * h],
+            &ws.projected[..n * h],
+            &mut ws.scratch[..n * h],
+        )?;
         std::mem::swap(&mut ws.hidden, &mut ws.scratch);
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! checkpoints; GGUF converters have added the 1 already). [`LayerNorm`] (mean-centred, with a
 //! bias) is what encoders (BERT) use.
 
-use tokenmill_kernels::{layer_norm, rms_norm, ThreadPool};
+use tokenmill_kernels::{add_layer_norm, layer_norm, rms_norm, ThreadPool};
 
 use crate::error::Result;
 
@@ -57,6 +57,18 @@ impl LayerNorm {
 
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], out: &mut [f32]) -> Result<()> {
         layer_norm(pool, x, &self.weight, &self.bias, self.eps, out)?;
+        Ok(())
+    }
+
+    /// The norm of `x + residual` (a post-norm residual connection), the sum not stored.
+    pub fn forward_sum(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        residual: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        add_layer_norm(pool, x, residual, &self.weight, &self.bias, self.eps, out)?;
         Ok(())
     }
 }
