@@ -29,7 +29,7 @@
 
 use std::cell::RefCell;
 
-use super::gemm::{run_panels, Bias, GemmKernel, PanelMatrix, MAX_MR, NR};
+use super::gemm::{check_lengths, run_panels, Bias, GemmKernel, PanelMatrix, MAX_MR, NR};
 use crate::cpu::CpuFeatures;
 use crate::pool::{SharedMut, ThreadPool};
 use crate::KernelError;
@@ -256,24 +256,12 @@ impl Bf16PanelMatrix {
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         let (k, width) = (self.in_features, self.out_features);
-        for (what, expected, actual) in [
-            ("bf16 panel matmul input", n * k, x.len()),
-            ("bf16 panel matmul output", n * width, out.len()),
-            (
-                "bf16 panel matmul bias",
-                width,
-                bias.map_or(width, <[f32]>::len),
-            ),
-        ] {
-            if expected != actual {
-                return Err(KernelError::LengthMismatch {
-                    what,
-                    expected,
-                    actual,
-                });
-            }
-        }
-        if n == 0 || width == 0 {
+        let names = [
+            "bf16 panel matmul input",
+            "bf16 panel matmul output",
+            "bf16 panel matmul bias",
+        ];
+        if !check_lengths(names, k, width, x, n, bias, out)? {
             return Ok(());
         }
         let zeros;
@@ -775,14 +763,9 @@ mod tests {
 
     #[test]
     fn rejects_bad_lengths() {
-        let matrix = Bf16PanelMatrix::from_rows(2, 3, &[0.0; 6]).unwrap();
-        let pool = ThreadPool::new(1);
-        let mut out = [0.0; 2];
-        assert!(matrix.matmul(&pool, &[0.0; 2], 1, None, &mut out).is_err());
-        assert!(matrix
-            .matmul(&pool, &[0.0; 3], 1, Some(&[0.0]), &mut out)
-            .is_err());
-        assert!(Bf16PanelMatrix::from_rows(2, 3, &[0.0; 5]).is_err());
-        assert!(Bf16PanelMatrix::from_rows(2, 0, &[]).is_err());
+        super::super::gemm::tests::check_bad_lengths_rejected(
+            Bf16PanelMatrix::from_rows,
+            Bf16PanelMatrix::matmul,
+        );
     }
 }

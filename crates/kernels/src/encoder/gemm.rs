@@ -165,20 +165,12 @@ impl PanelMatrix {
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         let (k, width) = (self.in_features, self.out_features);
-        for (what, expected, actual) in [
-            ("panel matmul input", n * k, x.len()),
-            ("panel matmul output", n * width, out.len()),
-            ("panel matmul bias", width, bias.map_or(width, <[f32]>::len)),
-        ] {
-            if expected != actual {
-                return Err(KernelError::LengthMismatch {
-                    what,
-                    expected,
-                    actual,
-                });
-            }
-        }
-        if n == 0 || width == 0 {
+        let names = [
+            "panel matmul input",
+            "panel matmul output",
+            "panel matmul bias",
+        ];
+        if !check_lengths(names, k, width, x, n, bias, out)? {
             return Ok(());
         }
         let bias = bias.map_or(Bias::None, Bias::Init);
@@ -196,6 +188,35 @@ impl PanelMatrix {
         );
         Ok(())
     }
+}
+
+/// The argument check every encoder GEMM starts with: `x` holds `n` rows of `k`, `out` `n`
+/// rows of `width`, the bias (if any) `width` values; `names` are the input, output and bias
+/// as the errors name them. `Ok(false)`: the product is empty, nothing to compute.
+pub(super) fn check_lengths(
+    names: [&'static str; 3],
+    k: usize,
+    width: usize,
+    x: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &[f32],
+) -> Result<bool, KernelError> {
+    let [input, output, bias_name] = names;
+    for (what, expected, actual) in [
+        (input, n * k, x.len()),
+        (output, n * width, out.len()),
+        (bias_name, width, bias.map_or(width, <[f32]>::len)),
+    ] {
+        if expected != actual {
+            return Err(KernelError::LengthMismatch {
+                what,
+                expected,
+                actual,
+            });
+        }
+    }
+    Ok(n != 0 && width != 0)
 }
 
 /// Where a panel product's bias goes.
@@ -564,15 +585,31 @@ pub(super) mod tests {
         });
     }
 
-    #[test]
-    fn rejects_bad_lengths() {
-        let matrix = PanelMatrix::from_rows(2, 3, &[0.0; 6]).unwrap();
+    /// The argument checks every encoder GEMM shares: a 2 × 3 matrix refuses an input of the
+    /// wrong length and a bias of the wrong width; packing refuses the wrong number of values
+    /// and a matrix with no inputs.
+    pub(in crate::encoder) fn check_bad_lengths_rejected<M>(
+        from_rows: impl Fn(usize, usize, &[f32]) -> Result<M, KernelError>,
+        matmul: impl Fn(
+            &M,
+            &ThreadPool,
+            &[f32],
+            usize,
+            Option<&[f32]>,
+            &mut [f32],
+        ) -> Result<(), KernelError>,
+    ) {
+        let matrix = from_rows(2, 3, &[0.0; 6]).unwrap();
         let pool = ThreadPool::new(1);
         let mut out = [0.0; 2];
-        assert!(matrix.matmul(&pool, &[0.0; 2], 1, None, &mut out).is_err());
-        assert!(matrix
-            .matmul(&pool, &[0.0; 3], 1, Some(&[0.0]), &mut out)
-            .is_err());
-        assert!(PanelMatrix::from_rows(2, 3, &[0.0; 5]).is_err());
+        assert!(matmul(&matrix, &pool, &[0.0; 2], 1, None, &mut out).is_err());
+        assert!(matmul(&matrix, &pool, &[0.0; 3], 1, Some(&[0.0]), &mut out).is_err());
+        assert!(from_rows(2, 3, &[0.0; 5]).is_err());
+        assert!(from_rows(2, 0, &[]).is_err());
+    }
+
+    #[test]
+    fn rejects_bad_lengths() {
+        check_bad_lengths_rejected(PanelMatrix::from_rows, PanelMatrix::matmul);
     }
 }

@@ -33,6 +33,7 @@ use std::arch::asm;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::gemm::check_lengths;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::tiles::{release_tiles, TileConfig};
 #[cfg(target_arch = "x86_64")]
@@ -216,24 +217,12 @@ impl Int8PairMatrix {
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         let (k, width) = (self.in_features, self.out_features);
-        for (what, expected, actual) in [
-            ("int8-pair matmul input", n * k, x.len()),
-            ("int8-pair matmul output", n * width, out.len()),
-            (
-                "int8-pair matmul bias",
-                width,
-                bias.map_or(width, <[f32]>::len),
-            ),
-        ] {
-            if expected != actual {
-                return Err(KernelError::LengthMismatch {
-                    what,
-                    expected,
-                    actual,
-                });
-            }
-        }
-        if n == 0 || width == 0 {
+        let names = [
+            "int8-pair matmul input",
+            "int8-pair matmul output",
+            "int8-pair matmul bias",
+        ];
+        if !check_lengths(names, k, width, x, n, bias, out)? {
             return Ok(());
         }
         SCRATCH.with(|scratch| {
@@ -857,14 +846,9 @@ mod tests {
 
     #[test]
     fn rejects_bad_lengths() {
-        let matrix = Int8PairMatrix::from_rows(2, 3, &[0.0; 6]).unwrap();
-        let pool = ThreadPool::new(1);
-        let mut out = [0.0; 2];
-        assert!(matrix.matmul(&pool, &[0.0; 2], 1, None, &mut out).is_err());
-        assert!(matrix
-            .matmul(&pool, &[0.0; 3], 1, Some(&[0.0]), &mut out)
-            .is_err());
-        assert!(Int8PairMatrix::from_rows(2, 3, &[0.0; 5]).is_err());
-        assert!(Int8PairMatrix::from_rows(2, 0, &[]).is_err());
+        super::super::gemm::tests::check_bad_lengths_rejected(
+            Int8PairMatrix::from_rows,
+            Int8PairMatrix::matmul,
+        );
     }
 }
