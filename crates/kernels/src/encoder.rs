@@ -123,8 +123,11 @@ fn norm_rows(
 
 fn layer_norm_row(row: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
     let dim = row.len();
-    let mean = lane_sum_f64(row, |v| v) / dim as f64;
-    let variance = lane_sum_f64(row, |v| (v - mean) * (v - mean)) / dim as f64;
+    let mean = lane_sum(row, f64::from) / dim as f64;
+    let variance = lane_sum(row, |v| {
+        let d = f64::from(v) - mean;
+        d * d
+    }) / dim as f64;
     let inverse = 1.0 / (variance + f64::from(eps)).sqrt();
     for (((o, &v), &w), &b) in out.iter_mut().zip(row).zip(weight).zip(bias) {
         *o = ((f64::from(v) - mean) * inverse) as f32 * w + b;
@@ -291,7 +294,7 @@ fn attend_head<'o>(
         let max = lane_max(&scores[..seq.len]);
         vector::exp_shifted(ops, scores, max);
         let weights = &scores[..seq.len];
-        let inverse = 1.0 / lane_sum(weights);
+        let inverse = 1.0 / lane_sum(weights, |v| v);
         let out = dst(i);
         vector::weighted_values(ops, weights, values, stride, out);
         out.iter_mut().for_each(|d| *d *= inverse);
@@ -301,27 +304,6 @@ fn attend_head<'o>(
 /// Lanes of [`lane_max`] and [`lane_sum`]: eight independent chains the compiler keeps in
 /// one vector register, instead of one chain through every value.
 const LANES: usize = 8;
-
-/// `Σ term(x)` over `values` widened to f64, in [`lane_sum`]'s fixed order (eight lanes,
-/// pairwise, then the tail): eight chains instead of one.
-fn lane_sum_f64(values: &[f32], term: impl Fn(f64) -> f64) -> f64 {
-    let mut lanes = [0.0f64; LANES];
-    let mut chunks = values.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += term(f64::from(v));
-        }
-    }
-    for half in [4, 2, 1] {
-        for i in 0..half {
-            lanes[i] += lanes[i + half];
-        }
-    }
-    chunks
-        .remainder()
-        .iter()
-        .fold(lanes[0], |sum, &v| sum + term(f64::from(v)))
-}
 
 /// The largest value (NaN ignored, as `f32::max` does; exact in any order, so the same as a
 /// sequential fold).
@@ -340,23 +322,30 @@ fn lane_max(values: &[f32]) -> f32 {
     lanes.iter().fold(tail, |m, &v| m.max(v))
 }
 
-/// The sum in a fixed order: value `i` into lane `i % 8` (whole groups of eight), the lanes
-/// added pairwise (0+4, 1+5, 2+6, 3+7, then 0+2, 1+3, then 0+1), then the tail in order.
-/// Plain f32 operations, so every host gets the same bits.
-fn lane_sum(values: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
+/// `Σ term(v)` over `values` in a fixed order: term `i` into lane `i % 8` (whole groups of
+/// eight), the lanes added pairwise (0+4, 1+5, 2+6, 3+7, then 0+2, 1+3, then 0+1), then the
+/// tail's terms in order. Plain IEEE operations (f32 or f64 per `T`), so every host gets the
+/// same bits, with eight chains instead of one.
+fn lane_sum<T>(values: &[f32], term: impl Fn(f32) -> T) -> T
+where
+    T: Copy + Default + std::ops::Add<Output = T>,
+{
+    let mut lanes = [T::default(); LANES];
     let mut chunks = values.chunks_exact(LANES);
     for chunk in &mut chunks {
         for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += v;
+            *lane = *lane + term(v);
         }
     }
     for half in [4, 2, 1] {
         for i in 0..half {
-            lanes[i] += lanes[i + half];
+            lanes[i] = lanes[i] + lanes[i + half];
         }
     }
-    chunks.remainder().iter().fold(lanes[0], |sum, &v| sum + v)
+    chunks
+        .remainder()
+        .iter()
+        .fold(lanes[0], |sum, &v| sum + term(v))
 }
 
 #[cfg(test)]
@@ -388,9 +377,9 @@ mod tests {
             + values[26]
             + values[27]
             + values[28];
-        assert_eq!(lane_sum(&values).to_bits(), expected.to_bits());
+        assert_eq!(lane_sum(&values, |v| v).to_bits(), expected.to_bits());
         assert_eq!(lane_max(&[f32::NAN, 1.0]), 1.0);
-        assert_eq!(lane_sum(&[]), 0.0);
+        assert_eq!(lane_sum(&[], |v| v), 0.0);
     }
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
