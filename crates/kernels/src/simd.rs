@@ -261,6 +261,12 @@ impl VectorOps {
 /// `e^x` exactly as the AVX2 path's `exp8` computes each lane: the same clamping, range
 /// reduction `x = n·ln2 + r` (two fused steps), degree-6 polynomial in fused multiply-adds and
 /// power-of-two scaling; inputs below -87.3 (and -inf) give exactly 0.
+/// The AVX-512 lane mask of the first `n` of sixteen lanes (`n` above 16 counts as 16).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn first_lanes_mask(n: usize) -> u16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
 pub(crate) fn scalar_exp(x: f32) -> f32 {
     const LOW: f32 = -87.336_55;
     const HIGH: f32 = 88.376_26;

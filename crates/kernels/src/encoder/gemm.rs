@@ -13,7 +13,6 @@
 //! the AVX2 and AVX-512 kernels are bitwise equal to their scalar twin (`f32::mul_add` is the
 //! same correctly rounded fused operation as `vfmadd`).
 
-use crate::cpu::{CpuFeatures, KernelPath};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::simd::VectorOps;
 use crate::KernelError;
@@ -45,7 +44,7 @@ impl GemmKernel {
     pub(crate) fn detect() -> GemmKernel {
         #[cfg(target_arch = "x86_64")]
         {
-            if KernelPath::from(CpuFeatures::get()) == KernelPath::Avx512 {
+            if super::vector::avx512_usable() {
                 return GemmKernel::Avx512;
             }
             if VectorOps::detect() == VectorOps::Avx2 {

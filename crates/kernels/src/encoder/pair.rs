@@ -39,6 +39,8 @@ use crate::cpu::tiles::{release_tiles, TileConfig};
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::Amx;
 use crate::pool::{SharedMut, ThreadPool};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::first_lanes_mask;
 use crate::KernelError;
 
 /// Largest fixed-point magnitude: `127 · 128`, so the high half of any value fits an i8.
@@ -516,11 +518,7 @@ impl Task<'_> {
         let width = self.matrix.out_features;
         let first_column = column_tile * TILE;
         let columns = TILE.min(width - first_column);
-        let mask: __mmask16 = if columns == TILE {
-            !0
-        } else {
-            (1u16 << columns) - 1
-        };
+        let mask = first_lanes_mask(columns);
         // SAFETY: `scales` holds whole tiles; the bias is read under the column mask.
         let (column_scales, bias) = unsafe {
             (
@@ -673,11 +671,7 @@ mod avx512 {
             }
         }
         for chunk in pairs.remainder().chunks(16) {
-            let mask: __mmask16 = if chunk.len() == 16 {
-                !0
-            } else {
-                (1u16 << chunk.len()) - 1
-            };
+            let mask = first_lanes_mask(chunk.len());
             // SAFETY: the load is masked to the chunk's values.
             let v = unsafe { _mm512_maskz_loadu_epi32(mask, chunk.as_ptr().cast()) };
             max0 = _mm512_max_epu32(max0, _mm512_and_si512(v, magnitude));
@@ -700,8 +694,7 @@ mod avx512 {
         );
         let half = _mm512_set1_epi32(64);
         for start in (0..hi.len()).step_by(16) {
-            let valid = row.len().saturating_sub(start).min(16);
-            let mask: __mmask16 = if valid == 16 { !0 } else { (1u16 << valid) - 1 };
+            let mask = first_lanes_mask(row.len().saturating_sub(start));
             // SAFETY: the load is masked to `row`'s values; the stores write 16 bytes at
             // `start`, inside `hi` and `lo` (multiples of 16 long).
             unsafe {

@@ -43,6 +43,7 @@ use crate::cpu::{amx_enabled, CpuFeatures};
 use crate::dtype::DType;
 use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::{KVALUES_IQ4NL, QK, QK_K};
+use crate::simd::first_lanes_mask;
 
 /// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path for `dtype`: the
 /// crossover measured one thread per kernel on the Xeon (bench/RESULTS.md, 2026-11-26 ninth
@@ -493,7 +494,7 @@ unsafe fn run_task<'o>(
             for (r, values) in results.iter().enumerate().take(rows) {
                 let dst = target(t * TILE_ROWS + r, col_tile * TILE_COLS);
                 let lanes = dst.len().min(TILE_COLS);
-                let mask = (u32::MAX >> (32 - lanes)) as u16;
+                let mask = first_lanes_mask(lanes);
                 // SAFETY: AVX-512 F (caller); the mask keeps the store inside `dst`.
                 unsafe {
                     _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, _mm512_loadu_ps(values.as_ptr()))
