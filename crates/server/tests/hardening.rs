@@ -225,23 +225,7 @@ async fn requests_beyond_the_waiting_bound_get_503_with_retry_after() {
     );
     let long = json!({"model": MODEL_NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 200,
                       "ignore_eos": true});
-    let wait_for = |running: usize, waiting: usize| {
-        let client = app.engine.as_ref().unwrap().client();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                let stats = client.stats();
-                if stats.num_running == running && stats.num_waiting == waiting {
-                    return;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "never saw {running} running + {waiting} waiting: {stats:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let wait_for = |running: usize, waiting: usize| wait_for_counts(&app, running, waiting);
     // One runs (max_num_seqs = 1), then one waits: the bound of 1 is reached.
     let mut background = Vec::new();
     for (running, waiting) in [(1, 0), (1, 1)] {
@@ -281,6 +265,84 @@ async fn requests_beyond_the_waiting_bound_get_503_with_retry_after() {
     for task in background {
         assert_eq!(task.await.unwrap(), StatusCode::OK);
     }
+}
+
+/// Waits (up to 20 s) until the engine has `running` requests running and `waiting` waiting.
+async fn wait_for_counts(app: &TestApp, running: usize, waiting: usize) {
+    let client = app.engine.as_ref().unwrap().client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = client.stats();
+        if stats.num_running == running && stats.num_waiting == waiting {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never saw {running} running + {waiting} waiting: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// vLLM sends a chat stream's role chunk when the engine's first output arrives, so a client's
+/// time to first token (vLLM's `bench serve`, GuideLLM) covers the queueing and the prefill.
+/// A stream whose request waits for a slot must therefore send nothing until it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_stream_sends_its_role_chunk_with_the_first_output() {
+    use futures::StreamExt;
+    let app = TestApp::with_engine_config(|engine| engine.max_num_seqs = 1, |_| {});
+    // A long request takes the only slot.
+    let busy = {
+        let app = app.app.clone();
+        let body = json!({"model": MODEL_NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 200,
+                          "ignore_eos": true})
+        .to_string();
+        tokio::spawn(async move {
+            use tower::ServiceExt;
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri("/v1/completions")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body))
+                .unwrap();
+            app.oneshot(request).await.unwrap().status()
+        })
+    };
+    wait_for_counts(&app, 1, 0).await;
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(
+            json!({"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
+                   "max_tokens": 3, "stream": true})
+            .to_string(),
+        ))
+        .unwrap();
+    let response = app.send(request).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    wait_for_counts(&app, 1, 1).await;
+    let mut body = response.into_body().into_data_stream();
+    let early = tokio::time::timeout(Duration::from_millis(300), body.next()).await;
+    assert!(early.is_err(), "sent while the request waited: {early:?}");
+    let stats = app.engine.as_ref().unwrap().client().stats();
+    assert_eq!(
+        stats.num_waiting, 1,
+        "the long request ended during the check"
+    );
+    let mut text = String::new();
+    while let Some(chunk) = body.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    let first: Value = serde_json::from_str(
+        text.lines()
+            .find_map(|line| line.strip_prefix("data: "))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant", "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(busy.await.unwrap(), StatusCode::OK);
 }
 
 #[tokio::test]

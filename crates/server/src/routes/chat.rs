@@ -221,32 +221,35 @@ fn stream_response(
             ChatCompletionChunk::new(job.id.clone(), job.created, job.model.clone(), choices)
         };
 
-        // Role first, one chunk per choice, as OpenAI and vLLM do.
-        for index in 0..n as u32 {
-            let mut first = chunk(vec![ChatChunkChoice {
-                index,
-                delta: ChatDelta {
-                    role: Some(job.role.clone()),
-                    content: Some(job.echo_prefix.clone()),
-                    ..ChatDelta::default()
-                },
-                logprobs: None,
-                finish_reason: None,
-                stop_reason: None,
-                token_ids: None,
-            }]);
-            if index == 0 && validated.output.return_token_ids {
-                first.prompt_token_ids = Some(job.prompt_token_ids.clone());
-            }
-            if !sse::send_json(&tx, &first).await {
-                return;
-            }
-        }
+        // Role first, one chunk per choice, as OpenAI and vLLM do, once the engine's first
+        // output is in: vLLM sends them when its first result arrives, so a client's time to
+        // first token (vLLM's `bench serve`, GuideLLM) measures the prefill, not the queueing.
+        let role_chunks = || {
+            (0..n as u32).map(|index| {
+                let mut first = chunk(vec![ChatChunkChoice {
+                    index,
+                    delta: ChatDelta {
+                        role: Some(job.role.clone()),
+                        content: Some(job.echo_prefix.clone()),
+                        ..ChatDelta::default()
+                    },
+                    logprobs: None,
+                    finish_reason: None,
+                    stop_reason: None,
+                    token_ids: None,
+                }]);
+                if index == 0 && validated.output.return_token_ids {
+                    first.prompt_token_ids = Some(job.prompt_token_ids.clone());
+                }
+                first
+            })
+        };
 
         let mut readers: Vec<ChoiceReader> = (0..n).map(|_| job.reading.choice()).collect();
         let mut merged = sse::merge(streams);
         let mut completion_tokens = vec![0u32; n];
         let mut cached_tokens = 0u32;
+        let mut roles_sent = false;
         while let Some((index, event)) = sse::next_event(&tx, &mut merged).await {
             let output = match event {
                 RequestEvent::Output(output) => output,
@@ -255,6 +258,14 @@ fn stream_response(
                     return;
                 }
             };
+            if !roles_sent {
+                roles_sent = true;
+                for first in role_chunks() {
+                    if !sse::send_json(&tx, &first).await {
+                        return;
+                    }
+                }
+            }
             completion_tokens[index as usize] += output.new_token_ids.len() as u32;
             cached_tokens = cached_tokens.max(output.num_cached_tokens as u32);
             if output.new_text.is_empty()
