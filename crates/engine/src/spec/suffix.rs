@@ -1,11 +1,12 @@
 //! The `suffix` proposer (vLLM's suffix decoding, after Arctic Inference): count tries of
 //! every substring of up to `max_tree_depth` tokens, one per running request over its prompt
 //! and output, and one over the outputs of the last `max_cached_requests` finished requests.
-//! A proposal matches the longest suffix of the request's tokens that has a continuation in
-//! either trie, then follows the most frequent continuation while the product of the
-//! continuation frequencies stays at or above `min_token_prob`, for at most
-//! `⌈max_spec_factor × match length⌉` tokens: a long match earns a long draft, a short one
-//! a short draft.
+//! Every suffix of the request's tokens that a trie holds proposes a draft: the most frequent
+//! continuation, followed while the product of the continuation frequencies stays at or above
+//! `min_token_prob`, for at most `⌈max_spec_factor × match length⌉` tokens (a long match earns
+//! a long draft, a short one a short draft). The draft with the highest score (the sum of its
+//! tokens' running probabilities) is proposed, as Arctic Inference's `speculate` does: the
+//! depth bound makes the longest match a poor choice when it leaves no room to continue.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -126,23 +127,27 @@ impl CountTrie {
         }
     }
 
-    /// The node of the longest suffix of `context` (at most `depth - 1` tokens, so a
-    /// continuation fits) that has a continuation, with its length.
-    fn longest_match(&self, context: &[u32]) -> Option<(u32, usize)> {
+    /// The node of each suffix of `context` that the trie holds, shortest first, with its
+    /// length: lengths 1, 2, ... up to `depth - 1` (so a continuation fits), stopping at the
+    /// first suffix the trie lacks (every longer one contains it).
+    fn matches<'a>(&'a self, context: &'a [u32]) -> impl Iterator<Item = (u32, usize)> + 'a {
         let longest = context.len().min(self.depth.saturating_sub(1));
-        (1..=longest).rev().find_map(|length| {
+        (1..=longest).map_while(move |length| {
             let mut node = ROOT;
             for &token in &context[context.len() - length..] {
                 node = self.child(node, token)?;
             }
-            (!self.nodes[node as usize].children.is_empty()).then_some((node, length))
+            Some((node, length))
         })
     }
 
     /// From `node`, the most frequent continuation (lowest token on ties) while the running
-    /// probability stays at or above `min_prob`; returns the draft's probability.
+    /// probability stays at or above `min_prob`; returns the draft's score, the sum of its
+    /// tokens' running probabilities (the expected number of them accepted, if the counts
+    /// were the model's odds).
     fn follow(&self, mut node: u32, max: usize, min_prob: f64, drafts: &mut Vec<u32>) -> f64 {
         let mut probability = 1.0;
+        let mut score = 0.0;
         while drafts.len() < max {
             let entry = &self.nodes[node as usize];
             let Some(&(token, child)) = entry.children.iter().max_by(|a, b| {
@@ -160,10 +165,11 @@ impl CountTrie {
                 break;
             }
             probability = next;
+            score += probability;
             drafts.push(token);
             node = child;
         }
-        probability
+        score
     }
 }
 
@@ -253,22 +259,28 @@ impl Proposer for SuffixProposer {
         local
             .tokens
             .extend_from_slice(&tokens[local.tokens.len()..]);
-        // The sequence's own end is in its trie but has no continuation, so it never matches.
-        let mut best: Option<(usize, f64)> = None;
+        // Every suffix the tries hold proposes a draft of at most ⌈factor × its length⌉
+        // tokens; the highest score wins (ties: the longer match, then the local trie). The
+        // longest match alone is not enough: a trie keeps substrings of at most `depth`
+        // tokens, so a match near that length leaves little room to continue, while a
+        // shorter one can continue for many tokens. (The sequence's own end is in its trie
+        // but has no continuation, so it never yields a draft.)
+        let mut best: Option<(f64, usize)> = None;
         for trie in [&local.trie, &self.global] {
-            let Some((node, length)) = trie.longest_match(tokens) else {
-                continue;
-            };
-            let max = max_drafts.min((self.max_spec_factor * length as f64).ceil() as usize);
-            self.candidate.clear();
-            let probability = trie.follow(node, max, self.min_token_prob, &mut self.candidate);
-            // Longer drafts first, then the likelier one.
-            let better = best.is_none_or(|(len, prob)| {
-                self.candidate.len() > len || (self.candidate.len() == len && probability > prob)
-            });
-            if better && !self.candidate.is_empty() {
-                best = Some((self.candidate.len(), probability));
-                drafts.clone_from(&self.candidate);
+            for (node, length) in trie.matches(tokens) {
+                let max = max_drafts.min((self.max_spec_factor * length as f64).ceil() as usize);
+                self.candidate.clear();
+                let score = trie.follow(node, max, self.min_token_prob, &mut self.candidate);
+                if self.candidate.is_empty() {
+                    continue;
+                }
+                let better = best.is_none_or(|(best_score, best_length)| {
+                    score > best_score || (score == best_score && length > best_length)
+                });
+                if better {
+                    best = Some((score, length));
+                    drafts.clone_from(&self.candidate);
+                }
             }
         }
     }
@@ -330,6 +342,23 @@ mod tests {
             propose(&mut p, 1, &[1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3, 4], 2),
             vec![5, 6]
         );
+    }
+
+    #[test]
+    fn a_shorter_match_wins_when_the_longest_leaves_no_room_to_continue() {
+        // Tries hold substrings of up to 7 tokens (depth 6 + 1). The whole suffix 1..=6
+        // matches, but its node is six deep and can continue by one token only; the
+        // three- and four-token suffixes continue by three (factor 1: at most their length),
+        // and on that tie the longer match is taken.
+        let tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 1, 2, 3, 4, 5, 6];
+        let mut p = proposer(6, 4, 1.0, 0.0);
+        assert_eq!(propose(&mut p, 0, &tokens, 8), vec![7, 8, 9]);
+        // With factor 2 the two-token suffix could draft four, as many as the three-token one
+        // can: the same draft.
+        let mut p = proposer(6, 4, 2.0, 0.0);
+        assert_eq!(propose(&mut p, 0, &tokens, 8), vec![7, 8, 9, 10]);
+        // The number of draft tokens still caps it.
+        assert_eq!(propose(&mut p, 0, &tokens, 2), vec![7, 8]);
     }
 
     #[test]
