@@ -91,6 +91,81 @@ pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// The gate activation of a gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateActivation {
+    /// [`silu_mul`].
+    Silu,
+    /// [`gelu_tanh_mul`].
+    GeluTanh,
+}
+
+/// Rows below which [`gated_rows`] stays on the calling thread (a decode step's one row is
+/// microseconds of work, less than waking the pool).
+const GATED_PARALLEL_MIN_ROWS: usize = 4;
+
+/// For every row of `gate_up` (`[rows][2 * intermediate]`, the gate half then the up half):
+/// the gate half becomes `act(gate) * up` ([`silu_mul`] or [`gelu_tanh_mul`] on that row alone)
+/// and is copied to the row of `activated` (`[rows][intermediate]`). Rows are split over the
+/// pool; a row's values never depend on the split.
+pub fn gated_rows(
+    pool: &crate::ThreadPool,
+    activation: GateActivation,
+    gate_up: &mut [f32],
+    activated: &mut [f32],
+    intermediate: usize,
+) -> Result<(), KernelError> {
+    if intermediate == 0 {
+        return Ok(());
+    }
+    let rows = activated.len() / intermediate;
+    if activated.len() != rows * intermediate || gate_up.len() != 2 * activated.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "gated_rows gate_up",
+            expected: 2 * activated.len(),
+            actual: gate_up.len(),
+        });
+    }
+    let run = |gate_up: &mut [f32], activated: &mut [f32]| -> Result<(), KernelError> {
+        for (row, out) in gate_up
+            .chunks_exact_mut(2 * intermediate)
+            .zip(activated.chunks_exact_mut(intermediate))
+        {
+            let (gate, up) = row.split_at_mut(intermediate);
+            match activation {
+                GateActivation::Silu => silu_mul(gate, up)?,
+                GateActivation::GeluTanh => gelu_tanh_mul(gate, up)?,
+            }
+            out.copy_from_slice(gate);
+        }
+        Ok(())
+    };
+    let threads = pool.num_threads();
+    if rows < GATED_PARALLEL_MIN_ROWS || threads == 1 {
+        return run(gate_up, activated);
+    }
+    let rows_per_task = rows.div_ceil(2 * threads);
+    let n_tasks = rows.div_ceil(rows_per_task);
+    let gate_up = crate::pool::SharedMut::new(gate_up);
+    let outputs = crate::pool::SharedMut::new(activated);
+    pool.parallel_for(n_tasks, &|task| {
+        let first = task * rows_per_task;
+        let count = rows_per_task.min(rows - first);
+        // SAFETY: task `task` alone owns rows first..first + count of both buffers, whose
+        // lengths (rows rows each) were checked above, and both outlive the parallel_for.
+        let (gate_up, activated) = unsafe {
+            (
+                gate_up.slice_mut(first * 2 * intermediate, count * 2 * intermediate),
+                outputs.slice_mut(first * intermediate, count * intermediate),
+            )
+        };
+        // The lengths match by construction, so the only error (a length mismatch) cannot
+        // occur here.
+        let _ = run(gate_up, activated);
+    });
+    Ok(())
+}
+
 /// `x += y`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) -> Result<(), KernelError> {
     if x.len() != y.len() {
@@ -162,6 +237,41 @@ mod tests {
                 assert!((f64::from(out[r * dim + c]) - expected).abs() < 1e-5);
             }
         }
+    }
+
+    #[test]
+    fn gated_rows_split_over_the_pool_equal_each_row_alone() {
+        let mut rng = crate::test_util::Rng::new(41);
+        let pool = crate::ThreadPool::new(2);
+        for activation in [GateActivation::Silu, GateActivation::GeluTanh] {
+            for (rows, intermediate) in [(1usize, 8usize), (3, 19), (4, 16), (17, 40), (64, 33)] {
+                let gate_up = rng.vec(rows * 2 * intermediate, -6.0, 6.0);
+                let mut pooled = gate_up.clone();
+                let mut activated = vec![0.0f32; rows * intermediate];
+                gated_rows(&pool, activation, &mut pooled, &mut activated, intermediate).unwrap();
+                for row in 0..rows {
+                    let start = row * 2 * intermediate;
+                    let mut gate = gate_up[start..start + intermediate].to_vec();
+                    let up = &gate_up[start + intermediate..start + 2 * intermediate];
+                    match activation {
+                        GateActivation::Silu => silu_mul(&mut gate, up).unwrap(),
+                        GateActivation::GeluTanh => gelu_tanh_mul(&mut gate, up).unwrap(),
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let what = format!("{activation:?} rows={rows} intermediate={intermediate}");
+                    let out = &activated[row * intermediate..(row + 1) * intermediate];
+                    assert_eq!(bits(out), bits(&gate), "{what} row {row}");
+                    let in_place = &pooled[start..start + intermediate];
+                    assert_eq!(bits(in_place), bits(&gate), "{what} row {row}");
+                }
+            }
+        }
+        let (mut gate_up, mut activated) = (vec![0.0f32; 10], vec![0.0f32; 4]);
+        let err = gated_rows(&pool, GateActivation::Silu, &mut gate_up, &mut activated, 4);
+        assert!(
+            matches!(err, Err(KernelError::LengthMismatch { .. })),
+            "{err:?}"
+        );
     }
 
     #[test]

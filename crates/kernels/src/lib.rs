@@ -113,7 +113,9 @@ pub use cpu::{
     amx_enabled, runtime_summary, CpuFeatures, KernelPath, KernelsOverride, AMX_ENV, KERNELS_ENV,
 };
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
-pub use elementwise::{add_inplace, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace};
+pub use elementwise::{
+    add_inplace, gated_rows, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace, GateActivation,
+};
 pub use encoder::{
     add_layer_norm, bidirectional_attention, gelu_erf_inplace, layer_norm, Bf16PanelMatrix,
     EncoderAttentionShape, EncoderSeq, Int8PairMatrix, PanelMatrix, VDPBF16PS_ENV,

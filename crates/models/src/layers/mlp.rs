@@ -1,6 +1,6 @@
 //! The gated feed-forward block: `down(act(gate(x)) * up(x))`.
 
-use tokenmill_kernels::{gelu_tanh_mul, silu_mul};
+use tokenmill_kernels::{gated_rows, GateActivation};
 
 use super::{Linear, LinearScratch, StackedLinear, Step};
 use crate::error::Result;
@@ -88,18 +88,17 @@ impl GatedMlp {
         scratch
             .lora
             .apply(step, layer, LoraGroup::GateUp, x, &mut buffers.gate_up)?;
-        for (row, activated) in buffers
-            .gate_up
-            .chunks_exact_mut(2 * intermediate)
-            .zip(buffers.activated.chunks_exact_mut(intermediate))
-        {
-            let (gate, up) = row.split_at_mut(intermediate);
-            match self.activation {
-                Activation::Silu => silu_mul(gate, up)?,
-                Activation::GeluTanh => gelu_tanh_mul(gate, up)?,
-            }
-            activated.copy_from_slice(gate);
-        }
+        let activation = match self.activation {
+            Activation::Silu => GateActivation::Silu,
+            Activation::GeluTanh => GateActivation::GeluTanh,
+        };
+        gated_rows(
+            pool,
+            activation,
+            &mut buffers.gate_up,
+            &mut buffers.activated,
+            intermediate,
+        )?;
         self.down
             .forward(pool, &buffers.activated, n, out, scratch)?;
         scratch
