@@ -23,6 +23,11 @@ struct Node {
     children: Vec<(u32, u32)>,
 }
 
+/// Children past which a node also gets a token → child map ([`CountTrie::wide`]): a global
+/// trie's root (and its shallow nodes) fan out to thousands of tokens, and every proposal looks
+/// up one child of the root per suffix length it tries.
+const WIDE_CHILDREN: usize = 16;
+
 /// A trie of all substrings of up to `depth` tokens of the sequences added to it, with
 /// occurrence counts, built incrementally: appending a token extends the `depth` suffixes
 /// ending before it.
@@ -31,6 +36,9 @@ struct CountTrie {
     depth: usize,
     nodes: Vec<Node>,
     free: Vec<u32>,
+    /// For nodes with more than [`WIDE_CHILDREN`] children: token → child, the same pairs as
+    /// their `children`.
+    wide: HashMap<u32, HashMap<u32, u32>>,
 }
 
 /// The position of one sequence being appended to a trie: the nodes of its suffixes of
@@ -48,10 +56,14 @@ impl CountTrie {
             depth,
             nodes: vec![Node::default()],
             free: Vec::new(),
+            wide: HashMap::new(),
         }
     }
 
     fn child(&self, node: u32, token: u32) -> Option<u32> {
+        if let Some(map) = self.wide.get(&node) {
+            return map.get(&token).copied();
+        }
         self.nodes[node as usize]
             .children
             .iter()
@@ -73,7 +85,13 @@ impl CountTrie {
                 (self.nodes.len() - 1) as u32
             }
         };
-        self.nodes[node as usize].children.push((token, child));
+        let children = &mut self.nodes[node as usize].children;
+        children.push((token, child));
+        if let Some(map) = self.wide.get_mut(&node) {
+            map.insert(token, child);
+        } else if children.len() > WIDE_CHILDREN {
+            self.wide.insert(node, children.iter().copied().collect());
+        }
         child
     }
 
@@ -120,9 +138,16 @@ impl CountTrie {
         self.nodes[parent as usize]
             .children
             .retain(|(t, _)| *t != token);
+        if let Some(map) = self.wide.get_mut(&parent) {
+            map.remove(&token);
+            if map.len() <= WIDE_CHILDREN {
+                self.wide.remove(&parent);
+            }
+        }
         let mut stack = vec![child];
         while let Some(node) = stack.pop() {
             stack.extend(self.nodes[node as usize].children.drain(..).map(|(_, c)| c));
+            self.wide.remove(&node);
             self.free.push(node);
         }
     }
@@ -359,6 +384,34 @@ mod tests {
         assert_eq!(propose(&mut p, 0, &tokens, 8), vec![7, 8, 9, 10]);
         // The number of draft tokens still caps it.
         assert_eq!(propose(&mut p, 0, &tokens, 2), vec![7, 8]);
+    }
+
+    #[test]
+    fn wide_nodes_are_looked_up_and_evicted_like_narrow_ones() {
+        // Request 0's output: 5 followed by 40 different tokens (and 5 once more by 7): the
+        // root, and the node of 5, outgrow WIDE_CHILDREN and get maps.
+        let mut output = Vec::new();
+        for t in 100..140 {
+            output.extend([5, t]);
+        }
+        output.extend([5, 7, 5, 7]);
+        let mut p = proposer(4, 1, 4.0, 0.0);
+        let mut tokens = vec![900, 901];
+        tokens.extend(&output);
+        propose(&mut p, 0, &tokens, 4);
+        p.finish(RequestId(0));
+        assert!(p.global.wide.contains_key(&ROOT));
+        assert_eq!(p.global.wide.len(), 2, "the root and the node of 5");
+        // After 5 the most frequent continuation is 7 (twice), then 5 7 again.
+        assert_eq!(propose(&mut p, 1, &[300, 301, 5], 3), vec![7, 5, 7]);
+        // After 5 123, the only continuation.
+        assert_eq!(propose(&mut p, 2, &[302, 303, 5, 123], 2), vec![5, 124]);
+        // A second finished request evicts the first: its wide nodes go with it.
+        propose(&mut p, 3, &[400, 401, 20, 21], 4);
+        p.finish(RequestId(3));
+        assert!(p.global.wide.is_empty());
+        assert_eq!(p.global.nodes.len() - p.global.free.len(), 4);
+        assert!(propose(&mut p, 4, &[500, 501, 5], 3).is_empty());
     }
 
     #[test]
