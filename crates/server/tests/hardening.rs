@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use common::{json_of, model_path, TestApp, MODEL_NAME};
+use common::{json_of, json_request, model_path, TestApp, MODEL_NAME};
 use serde_json::{json, Value};
 use tokenmill_engine::{Engine, EngineConfig, KvCacheSizing, SchedulingPolicy};
 use tokenmill_models::ModelSource;
@@ -223,33 +223,20 @@ async fn requests_beyond_the_waiting_bound_get_503_with_retry_after() {
         |engine| engine.max_num_seqs = 1,
         |server| server.max_waiting_requests = Some(1),
     );
-    let long = json!({"model": MODEL_NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 200,
-                      "ignore_eos": true});
-    let wait_for = |running: usize, waiting: usize| wait_for_counts(&app, running, waiting);
     // One runs (max_num_seqs = 1), then one waits: the bound of 1 is reached.
     let mut background = Vec::new();
     for (running, waiting) in [(1, 0), (1, 1)] {
-        let app = app.app.clone();
-        let body = long.to_string();
-        background.push(tokio::spawn(async move {
-            use tower::ServiceExt;
-            let request = Request::builder()
-                .method(Method::POST)
-                .uri("/v1/completions")
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body))
-                .unwrap();
-            app.oneshot(request).await.unwrap().status()
-        }));
-        wait_for(running, waiting).await;
+        background.push(spawn_long_completion(&app));
+        wait_for_counts(&app, running, waiting).await;
     }
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri("/v1/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(long.to_string()))
-        .unwrap();
-    let response = app.send(request).await;
+    let response = app
+        .send(json_request(
+            Method::POST,
+            "/v1/completions",
+            &long_completion(),
+            None,
+        ))
+        .await;
     assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     let (status, body) = json_of(response).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -265,6 +252,21 @@ async fn requests_beyond_the_waiting_bound_get_503_with_retry_after() {
     for task in background {
         assert_eq!(task.await.unwrap(), StatusCode::OK);
     }
+}
+
+/// A completion that runs for 200 tokens (well over a second).
+fn long_completion() -> Value {
+    json!({"model": MODEL_NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 200, "ignore_eos": true})
+}
+
+/// Sends [`long_completion`] in the background; the task ends with its status.
+fn spawn_long_completion(app: &TestApp) -> tokio::task::JoinHandle<StatusCode> {
+    use tower::ServiceExt;
+    let (router, body) = (app.app.clone(), long_completion());
+    tokio::spawn(async move {
+        let request = json_request(Method::POST, "/v1/completions", &body, None);
+        router.oneshot(request).await.unwrap().status()
+    })
 }
 
 /// Waits (up to 20 s) until the engine has `running` requests running and `waiting` waiting.
@@ -292,34 +294,18 @@ async fn a_chat_stream_sends_its_role_chunk_with_the_first_output() {
     use futures::StreamExt;
     let app = TestApp::with_engine_config(|engine| engine.max_num_seqs = 1, |_| {});
     // A long request takes the only slot.
-    let busy = {
-        let app = app.app.clone();
-        let body = json!({"model": MODEL_NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 200,
-                          "ignore_eos": true})
-        .to_string();
-        tokio::spawn(async move {
-            use tower::ServiceExt;
-            let request = Request::builder()
-                .method(Method::POST)
-                .uri("/v1/completions")
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body))
-                .unwrap();
-            app.oneshot(request).await.unwrap().status()
-        })
-    };
+    let busy = spawn_long_completion(&app);
     wait_for_counts(&app, 1, 0).await;
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(
-            json!({"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
-                   "max_tokens": 3, "stream": true})
-            .to_string(),
+    let chat = json!({"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
+                      "max_tokens": 3, "stream": true});
+    let response = app
+        .send(json_request(
+            Method::POST,
+            "/v1/chat/completions",
+            &chat,
+            None,
         ))
-        .unwrap();
-    let response = app.send(request).await;
+        .await;
     assert_eq!(response.status(), StatusCode::OK);
     wait_for_counts(&app, 1, 1).await;
     let mut body = response.into_body().into_data_stream();
