@@ -96,7 +96,7 @@ pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
 pub enum GateActivation {
     /// [`silu_mul`].
     Silu,
-    /// [`gelu_tanh_mul`].
+    /// [`gelu_tanh_mul`] (GELU's tanh approximation, Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
 }
 

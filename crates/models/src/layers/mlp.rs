@@ -1,19 +1,15 @@
 //! The gated feed-forward block: `down(act(gate(x)) * up(x))`.
 
-use tokenmill_kernels::{gated_rows, GateActivation};
+use tokenmill_kernels::gated_rows;
 
 use super::{Linear, LinearScratch, StackedLinear, Step};
 use crate::error::Result;
 use crate::loader::{LayerTensors, FUSED_GATE_UP};
 use crate::lora::LoraGroup;
 
-/// The gate's activation, each a fused `act(gate) * up` kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Activation {
-    Silu,
-    /// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`).
-    GeluTanh,
-}
+/// The gate's activation, each a fused `act(gate) * up` kernel (GELU: the tanh approximation,
+/// Gemma's `gelu_pytorch_tanh`).
+pub(crate) use tokenmill_kernels::GateActivation as Activation;
 
 /// The MLP's intermediates, `[n][..]` each.
 #[derive(Debug, Default)]
@@ -88,13 +84,9 @@ impl GatedMlp {
         scratch
             .lora
             .apply(step, layer, LoraGroup::GateUp, x, &mut buffers.gate_up)?;
-        let activation = match self.activation {
-            Activation::Silu => GateActivation::Silu,
-            Activation::GeluTanh => GateActivation::GeluTanh,
-        };
         gated_rows(
             pool,
-            activation,
+            self.activation,
             &mut buffers.gate_up,
             &mut buffers.activated,
             intermediate,
