@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 
 use super::activation::QuantizedRow;
 use super::interleaved::{GroupKind, GROUP, NIBBLE_BYTES};
+use super::prefetch;
 use super::Tile;
 use crate::dtype::{bf16_to_f32, f16_to_f32};
 use crate::quant::{KVALUES_IQ4NL, QK};
@@ -203,6 +204,7 @@ pub(crate) unsafe fn q4_group_tile<const R: usize, const FIVE: bool>(
         // every row (caller contract); all loads are unaligned loads within those ranges.
         unsafe {
             let base = group.as_ptr().add(b * stride);
+            prefetch::stream(base, stride, prefetch::AVX2_AHEAD_BYTES);
             let scales = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
             let quants = base.add(kind.quant_offset());
             // Bit kk (low halves, moved up to bits 4..8) and bit 4 + kk (high halves) of each
@@ -299,6 +301,7 @@ pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
         // every row (caller contract); all loads are unaligned loads within those ranges.
         unsafe {
             let base = group.as_ptr().add(b * stride);
+            prefetch::stream(base, stride, prefetch::AVX2_AHEAD_BYTES);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
             let (scales_h, scales_l) = if XS {
                 (
@@ -383,6 +386,7 @@ pub(crate) unsafe fn q8_group_tile<const R: usize>(
         // every row (caller contract); all loads are unaligned loads within those ranges.
         unsafe {
             let base = group.as_ptr().add(b * stride);
+            prefetch::stream(base, stride, prefetch::AVX2_AHEAD_BYTES);
             let scales = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
             let quants = base.add(kind.quant_offset());
             let mut sums = [_mm256_setzero_si256(); R];

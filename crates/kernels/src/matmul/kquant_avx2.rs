@@ -10,6 +10,7 @@ use super::grouped::GROUP;
 use super::kquant::{
     q6_run, KKind, D, DMIN, K_HIGH, K_LOW, Q5_HIGH, Q6_SCALES, STEP, UNPACKED_MINS, UNPACKED_SCALES,
 };
+use super::prefetch;
 use crate::quant::QK;
 
 /// The 6-bit scales and mins of the Q4_K/Q5_K group-block at `base`, unpacked to bytes
@@ -129,6 +130,7 @@ pub(crate) unsafe fn q4_k_tile<const R: usize, const FIVE_BITS: bool>(
         // or in the 128 unpacked bytes.
         unsafe {
             let base = group.as_ptr().add(s * stride);
+            prefetch::stream(base, stride, prefetch::AVX2_AHEAD_BYTES);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base.add(D) as *const __m128i));
             let unpacked = unpack_scales_mins(base);
             let scales = unpacked.as_ptr().add(UNPACKED_SCALES);
@@ -222,6 +224,7 @@ pub(crate) unsafe fn q6_k_tile<const R: usize>(
         // 8s..8s + 8 inside every row (caller contract).
         unsafe {
             let base = group.as_ptr().add(s * stride);
+            prefetch::stream(base, stride, prefetch::AVX2_AHEAD_BYTES);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base.add(D) as *const __m128i));
             for h in 0..2 {
                 // One call per block with its index constant, so each unpacks without

@@ -24,6 +24,7 @@ use super::kquant::{
     q6_run, KKind, D, DMIN, Q5_HIGH, Q6_SCALES, STEP, UNPACKED_MINS, UNPACKED_SCALES,
 };
 use super::kquant_avx2::unpack_scales_mins;
+use super::prefetch;
 use super::vnni::{Bases, Lanes, Ymm, Zmm};
 use crate::quant::{KVALUES_IQ4NL, QK};
 
@@ -55,48 +56,21 @@ impl GroupPair<'_> {
     }
 }
 
-/// How far ahead of the group-block being computed [`prefetch_ahead`] asks the caches for data:
-/// the first whole group-block at least this many bytes on. K-quant super-blocks (1152-1680
-/// bytes per group) are one block ahead: one-row calls alternating 0/1/2/4 blocks ahead in one
-/// process (Xeon, two threads, 128256 × 2048 Q6_K and 131072 × 2048 Q4_K, memory-bound) took
-/// 28.1/22.6/23.9/25.2 ms and 20.3/17.5/17.6/21.0 ms (medians); the 32-element block types
-/// (144-272 bytes per group) are four to seven blocks ahead.
-const PREFETCH_AHEAD_BYTES: usize = 1024;
-
-/// Prefetches, into L1, the group-block [`PREFETCH_AHEAD_BYTES`] (rounded up to whole blocks,
-/// one at least) after `base` of both groups, and the same block of the two groups after them
-/// (`2 * group_len` on: the groups the driver's next call reads, as groups are stored one
-/// after another and a call reads two). A hint only: results do not depend on it.
-///
-/// The in-stream hint alone left every call's groups to start cold: past a group's last block
-/// it reaches into the next group, which the same call is already reading, so the next call's
-/// first blocks were never asked for early. Xeon, two threads, default model, alternated
-/// `bench speed` runs (in-stream only -> both): one-row decode (ctx 0 -> 128) 181.0 / 162.9 /
-/// 164.3 -> 246.8 / 232.1 / 247.4 tok/s, (ctx 512 -> 640) 147.6 / 133.0 / 140.7 -> 152.1 /
-/// 141.8 / 149.2; verification steps at ctx 512 of 2 / 4 / 8 rows 8.51 / 11.23 / 17.85 ->
-/// 7.09 / 9.64 / 16.38 ms; 64-row batches and prefill on the VNNI path (no AMX) unchanged or
-/// slightly faster. Calls of every row count prefetch: a step of 2-15 rows meets each weight
-/// block first in its first row tile and waited on memory there as a one-row step does.
+/// Prefetches the group-block [`prefetch::VNNI_AHEAD_BYTES`] ahead in both of the call's
+/// groups and the same block of the two groups after them (`2 * group_len` on: the groups the
+/// driver's next call reads). Every row count prefetches: a step of 2-15 rows meets each
+/// weight block first in its first row tile and waited on memory there as a one-row step did.
+/// Xeon, two threads, default model, alternated `bench speed` runs (in-stream one-row hint
+/// only -> this): one-row decode (ctx 0 -> 128) 228.6 / 227.9 / 228.6 -> 318.8 / 321.2 /
+/// 297.1 tok/s, (ctx 512 -> 640) 160.6 / 171.6 / 163.6 -> 176.3 / 204.2 / 177.7; verification
+/// steps at ctx 512 of 2 / 4 / 8 rows 231 / 338 / 459 -> 275 / 405 / 485 tok/s; 64-row
+/// batches and prefill on the VNNI path (no AMX) unchanged.
 #[inline(always)]
-unsafe fn prefetch_ahead(base: Bases, stride: usize, group_len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let ahead = PREFETCH_AHEAD_BYTES.div_ceil(stride).max(1) * stride;
-        let next_call = 2 * group_len;
-        let mut line = 0;
-        while line < stride {
-            // SAFETY: prefetching never faults, whatever the address (wrapping arithmetic:
-            // no pointer past its allocation is formed by `add`).
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(base.0.wrapping_add(ahead + line).cast());
-                _mm_prefetch::<_MM_HINT_T0>(base.1.wrapping_add(ahead + line).cast());
-                _mm_prefetch::<_MM_HINT_T0>(base.0.wrapping_add(next_call + line).cast());
-                _mm_prefetch::<_MM_HINT_T0>(base.1.wrapping_add(next_call + line).cast());
-            }
-            line += 64;
-        }
-    }
+fn prefetch_ahead(base: Bases, stride: usize, group_len: usize) {
+    prefetch::stream(base.0, stride, prefetch::VNNI_AHEAD_BYTES);
+    prefetch::stream(base.1, stride, prefetch::VNNI_AHEAD_BYTES);
+    prefetch::block(base.0.wrapping_add(2 * group_len), stride);
+    prefetch::block(base.1.wrapping_add(2 * group_len), stride);
 }
 
 /// Stores each row's accumulator into `out`.
