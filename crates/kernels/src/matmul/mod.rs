@@ -27,6 +27,7 @@ mod interleaved;
 mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
+#[cfg(target_arch = "x86_64")]
 mod prefetch;
 mod scalar;
 mod segmented;

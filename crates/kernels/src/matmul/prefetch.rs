@@ -10,7 +10,6 @@
 //! group the same call is already reading, so the next call's first blocks were never asked
 //! for early).
 
-#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 
 /// How far ahead in its own stream the VNNI kernels prefetch: the first whole group-block at
@@ -40,16 +39,11 @@ pub(crate) fn stream(base: *const u8, stride: usize, ahead_bytes: usize) {
 /// Prefetches, into L1, every cache line of the `stride` bytes at `at`.
 #[inline(always)]
 pub(crate) fn block(at: *const u8, stride: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut line = 0;
-        while line < stride {
-            // SAFETY: a prefetch never faults, whatever the address (wrapping arithmetic: no
-            // pointer past its allocation is formed by `add`).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line).cast()) };
-            line += 64;
-        }
+    let mut line = 0;
+    while line < stride {
+        // SAFETY: a prefetch never faults, whatever the address (wrapping arithmetic: no
+        // pointer past its allocation is formed by `add`).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line).cast()) };
+        line += 64;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, stride);
 }

@@ -61,13 +61,13 @@ impl GroupPair<'_> {
 /// driver's next call reads; on AVX-VNNI, one group per call with `base.1 == base.0`, the
 /// group after the next). Every row count prefetches: a step of 2-15 rows meets each weight
 /// block first in its first row tile and waited on memory there as a one-row step did.
-/// AVX-VNNI forced (`TOKENMILL_KERNELS=avx-vnni`) on the same Xeon: one-row decode (ctx 0 ->
-/// 128) 236.8 / 230.9 -> 336.9 / 329.1 tok/s, 4-row steps 323.9 / 344.9 -> 393.3 / 393.5.
 /// Xeon, two threads, default model, alternated `bench speed` runs (in-stream one-row hint
 /// only -> this): one-row decode (ctx 0 -> 128) 228.6 / 227.9 / 228.6 -> 318.8 / 321.2 /
 /// 297.1 tok/s, (ctx 512 -> 640) 160.6 / 171.6 / 163.6 -> 176.3 / 204.2 / 177.7; verification
 /// steps at ctx 512 of 2 / 4 / 8 rows 231 / 338 / 459 -> 275 / 405 / 485 tok/s; 64-row
-/// batches and prefill on the VNNI path (no AMX) unchanged.
+/// batches and prefill on the VNNI path (no AMX) unchanged. AVX-VNNI forced
+/// (`TOKENMILL_KERNELS=avx-vnni`) on the same Xeon: one-row decode (ctx 0 -> 128) 236.8 /
+/// 230.9 -> 336.9 / 329.1 tok/s, 4-row steps 323.9 / 344.9 -> 393.3 / 393.5.
 #[inline(always)]
 fn prefetch_ahead(base: Bases, stride: usize, group_len: usize) {
     prefetch::stream(base.0, stride, prefetch::VNNI_AHEAD_BYTES);
