@@ -58,8 +58,8 @@ impl GroupPair<'_> {
 
 /// Prefetches the group-block [`prefetch::VNNI_AHEAD_BYTES`] ahead in both of the call's
 /// groups and the same block two groups on (`2 * group_len`: on AVX-512 the two groups the
-/// driver's next call reads; on AVX-VNNI, one group per call with `base.1 == base.0`, the
-/// group after the next). Every row count prefetches: a step of 2-15 rows meets each weight
+/// driver's next call reads; on AVX-VNNI, one group per call with `base.1 == base.0`, hinted
+/// once, the group after the next). Every row count prefetches: a step of 2-15 rows meets each weight
 /// block first in its first row tile and waited on memory there as a one-row step did.
 /// Xeon, two threads, default model, alternated `bench speed` runs (in-stream one-row hint
 /// only -> this): one-row decode (ctx 0 -> 128) 228.6 / 227.9 / 228.6 -> 318.8 / 321.2 /
@@ -71,9 +71,12 @@ impl GroupPair<'_> {
 #[inline(always)]
 fn prefetch_ahead(base: Bases, stride: usize, group_len: usize) {
     prefetch::stream(base.0, stride, prefetch::VNNI_AHEAD_BYTES);
-    prefetch::stream(base.1, stride, prefetch::VNNI_AHEAD_BYTES);
     prefetch::block(base.0.wrapping_add(2 * group_len), stride);
-    prefetch::block(base.1.wrapping_add(2 * group_len), stride);
+    // One group per call (AVX-VNNI, or a task's odd last group): its lines are asked for above.
+    if base.1 != base.0 {
+        prefetch::stream(base.1, stride, prefetch::VNNI_AHEAD_BYTES);
+        prefetch::block(base.1.wrapping_add(2 * group_len), stride);
+    }
 }
 
 /// Stores each row's accumulator into `out`.
