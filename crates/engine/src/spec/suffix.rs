@@ -61,11 +61,16 @@ impl CountTrie {
     }
 
     fn child(&self, node: u32, token: u32) -> Option<u32> {
-        if let Some(map) = self.wide.get(&node) {
-            return map.get(&token).copied();
+        let children = &self.nodes[node as usize].children;
+        // Exactly the nodes with more than WIDE_CHILDREN children have a map: `child_or_insert`
+        // makes it when the count passes the bound, `release` drops it when the count falls
+        // back (and with a freed subtree). Narrow nodes skip the hash lookup.
+        if children.len() > WIDE_CHILDREN {
+            if let Some(map) = self.wide.get(&node) {
+                return map.get(&token).copied();
+            }
         }
-        self.nodes[node as usize]
-            .children
+        children
             .iter()
             .find(|(t, _)| *t == token)
             .map(|&(_, child)| child)
