@@ -58,8 +58,8 @@ impl GroupPair<'_> {
 
 /// Prefetches the group-block [`prefetch::VNNI_AHEAD_BYTES`] ahead in both of the call's
 /// groups and the same block two groups on (`2 * group_len`: on AVX-512 the two groups the
-/// driver's next call reads; on AVX-VNNI, one group per call with `base.1 == base.0`, hinted
-/// once, the group after the next). Every row count prefetches: a step of 2-15 rows meets each weight
+/// driver's next call reads; on AVX-VNNI, one group per call with `base.1 == base.0`, the
+/// group after the next). Every row count prefetches: a step of 2-15 rows meets each weight
 /// block first in its first row tile and waited on memory there as a one-row step did.
 /// Xeon, two threads, default model, alternated `bench speed` runs (in-stream one-row hint
 /// only -> this): one-row decode (ctx 0 -> 128) 228.6 / 227.9 / 228.6 -> 318.8 / 321.2 /
@@ -70,13 +70,14 @@ impl GroupPair<'_> {
 /// 230.9 -> 336.9 / 329.1 tok/s, 4-row steps 323.9 / 344.9 -> 393.3 / 393.5.
 #[inline(always)]
 fn prefetch_ahead(base: Bases, stride: usize, group_len: usize) {
+    // Where a call reads one group (AVX-VNNI, a task's odd last group) `base.1 == base.0` and
+    // every line is asked for twice. Hinting it once measured slower on AVX-VNNI (decode ctx 0:
+    // 159.0 / 166.1 against 193.0 / 231.4 tok/s, alternated; not explained: perhaps a hint
+    // dropped while the fill buffers are full gets a second chance).
     prefetch::stream(base.0, stride, prefetch::VNNI_AHEAD_BYTES);
+    prefetch::stream(base.1, stride, prefetch::VNNI_AHEAD_BYTES);
     prefetch::block(base.0.wrapping_add(2 * group_len), stride);
-    // One group per call (AVX-VNNI, or a task's odd last group): its lines are asked for above.
-    if base.1 != base.0 {
-        prefetch::stream(base.1, stride, prefetch::VNNI_AHEAD_BYTES);
-        prefetch::block(base.1.wrapping_add(2 * group_len), stride);
-    }
+    prefetch::block(base.1.wrapping_add(2 * group_len), stride);
 }
 
 /// Stores each row's accumulator into `out`.
