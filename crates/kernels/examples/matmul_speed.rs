@@ -1,10 +1,11 @@
 //! Quick throughput check of the matmul kernels per weight type, kernel path (every path this
-//! host has, `KernelPath`, plus the AMX tiles where this process may use them) and batch size
+//! host has, `KernelPath`, plus `QMatrix::matmul`'s own choice) and batch size
 //! (default n = 1, 4, 16, 64, 256; not a criterion bench: best of a few short timing windows per
 //! case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]
-//! [TYPE|all] [ROWSxCOLS] [batch sizes, comma-separated]`. The AMX column is `QMatrix::matmul`
-//! itself, which takes the tiles from 16 rows, 32 for Q4_K (`matmul::amx::min_rows`; below that it is the best
-//! `KernelPath`); `TOKENMILL_AMX=0` drops it. `MATMUL_SPEED_PATHS=matmul` (or a comma-separated
+//! [TYPE|all] [ROWSxCOLS] [batch sizes, comma-separated]`. The last column is `QMatrix::matmul`
+//! itself: AMX tiles from 16 rows, 32 for Q4_K (`matmul::amx::min_rows`), where this process
+//! may use them (`TOKENMILL_AMX=0` turns them off), the AVX-512 VNNI row sweeps over unpacked
+//! tiles from 5 rows (`matmul::vnni_tiles`), else the best `KernelPath`. `MATMUL_SPEED_PATHS=matmul` (or a comma-separated
 //! list of path names as printed, and/or `matmul`) times only those columns.
 
 use std::time::Instant;
@@ -163,19 +164,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             missing.is_empty()
         })
         .collect();
-    let amx = amx_enabled() && wants("matmul");
-    println!("# {} amx={amx}", cpu.summary());
+    let own = wants("matmul");
+    println!("# {} amx={}", cpu.summary(), amx_enabled());
     println!("# threads={threads} weights {rows}x{cols}; per path: us per call, GFLOP/s");
     print!("{:<7}{:>5}", "type", "n");
     for path in &paths {
         print!("{:>26}", path.to_string());
     }
-    if amx {
-        print!("{:>26}", "matmul (AMX from 16/32)");
+    if own {
+        print!("{:>26}", "matmul (its own choice)");
     }
     println!();
     let mut runners: Vec<Runner> = paths.iter().map(|&path| Runner::Path(path)).collect();
-    if amx {
+    if own {
         runners.push(Runner::Default);
     }
     for dtype in [

@@ -6,28 +6,24 @@
 //! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, 512
 //! contiguous bytes of a per-call copy of the activations tiled `[row tile][block][16 rows]`
 //! (`tile_activations`; read in place, rows `in_features` apart, the A loads cost ~8-15 % more
-//! on 8192-wide matrices); B is two eight-row
-//! groups of the block's weight levels unpacked to int8 in the tile's four-byte (VNNI) layout,
-//! `[8 k-quads][16 columns][4 bytes]` — exactly the layouts' steps, two groups side by side,
-//! so unpacking is a mask/shift (plus the Q4_0/Q5_0/Q6_K offset, the fifth bits, the top bit
-//! pairs of Q6_K's fourth block or the IQ4 table) per 64 bytes; C is 16 × 16 i32. C is stored and the block's scales
-//! applied in AVX-512 floats with one accumulator per (activation row, weight row), in the
-//! scalar twins' order: for every block `acc = fma(d_w · d_x, dot, acc)`, then for Q4_1/Q5_1
-//! `acc = fma(m_w, d_x · Σx, acc)`; K-quants multiply the dot by the sub-block's integer scale
-//! first (Q6_K: two dots, one per 16-element half with its own scale, from two B tiles whose
-//! other half is zero) and Q4_K/Q5_K end each super-block with the min term. Results are
-//! therefore bitwise equal to the scalar and AVX2 paths, and a row's result never depends on
-//! which tile or batch it lands in.
+//! on 8192-wide matrices); B is two eight-row groups of the block's weight levels unpacked to
+//! int8 in the tile's four-byte (VNNI) layout `[8 k-quads][16 columns][4 bytes]` (`unpack.rs`;
+//! Q6_K: two B tiles, one per 16-element half, the other half zero); C is 16 × 16 i32. C is
+//! stored and folded into one f32 accumulator per (activation row, weight row) by
+//! `unpack::BlockVectors`, in the scalar twins' order, so results are bitwise equal to the
+//! scalar and AVX2 paths, and a row's result never depends on which tile or batch it lands in.
 //!
-//! A task owns a range of 16-column tiles; for each it unpacks every block's B tile and column
-//! parameters once into a per-thread buffer and then sweeps all activation rows, 16 at a time
-//! (the last tile shorter, with its own tile configuration). Per activation tile, block
-//! `b + 1`'s tile multiply is issued right after block `b`'s C tile is stored, so the tile unit
-//! runs while block `b`'s epilogue does (the order of the float operations per output element
-//! is unchanged). Tile state is configured at the
-//! start of each task and released at its end. Only runs with an [`Amx`] token, which exists
-//! only once the CPU, the OS permission (`crate::cpu::amx_enabled`) and AVX-512 F/BW are all
-//! there.
+//! A task owns a range of 16-column tiles; for each it unpacks the blocks' B tiles and column
+//! parameters into a per-thread buffer a chunk at a time (`unpack::Weights::chunk_blocks`,
+//! at most [`CHUNK_BLOCKS`], so they stay in L1: at 2048-wide rows 16-row calls took 0.63-0.75x
+//! the time of unpacking the whole row first) and sweeps all activation rows over each chunk,
+//! 16 at a time (the last tile shorter, with its own tile configuration), carrying the
+//! accumulators across chunks. Per activation tile, block `b + 1`'s tile multiply is issued
+//! right after block `b`'s C tile is stored, so the tile unit runs while block `b`'s epilogue
+//! does (the order of the float operations per output element is unchanged). Tile state is
+//! configured at the start of each task and released at its end. Only runs with an [`Amx`]
+//! token, which exists only once the CPU, the OS permission (`crate::cpu::amx_enabled`) and
+//! AVX-512 F/BW are all there.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -35,14 +31,16 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::activation::QuantizedActivations;
-use super::grouped::GroupedLayout;
-use super::interleaved::{GroupKind, Groups, GROUP, NIBBLE_BYTES};
-use super::kquant::{self, KGroups, KKind};
+use super::interleaved::GROUP;
+use super::unpack::{
+    prefetch_share, BlockParams, BlockVectors, SuperBlockMins, Weights, B_TILE_BYTES, K_MIN, MIN,
+    PLAIN, Q6, TILE_COLS,
+};
 use crate::cpu::tiles::{release_tiles, TileConfig};
 use crate::cpu::{amx_enabled, CpuFeatures};
 use crate::dtype::DType;
 use crate::pool::{SharedMut, ThreadPool};
-use crate::quant::{KVALUES_IQ4NL, QK, QK_K};
+use crate::quant::QK;
 use crate::simd::first_lanes_mask;
 
 /// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path for `dtype`: the
@@ -63,11 +61,6 @@ pub(crate) fn min_rows(dtype: DType) -> usize {
 pub(crate) const MIN_ROWS_ANY: usize = 16;
 /// Activation rows per A tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
-/// Weight rows per B tile: two interleaved groups.
-const TILE_COLS: usize = 2 * GROUP;
-/// Bytes of one unpacked B tile: 8 k-quads × 16 columns × 4 bytes.
-const B_TILE_BYTES: usize = QK * TILE_COLS;
-
 /// Proof that this process may run the AMX kernels: AMX int8 tiles with the OS permission
 /// granted, and AVX-512 F/BW for unpacking and the float epilogue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,32 +93,6 @@ fn tile_config(rows: usize) -> TileConfig {
     TileConfig::new(&[(rows, QK), b, c, c, b])
 }
 
-/// How a block's integer dots become f32 (each the scalar twin's order per output element):
-/// `acc = fma(d_w · d_x, dot, acc)` per block.
-const PLAIN: u8 = 0;
-/// Q4_1/Q5_1: then `acc = fma(m_w, d_x · Σx, acc)` per block.
-const MIN: u8 = 1;
-/// Q4_K/Q5_K: the dot times the sub-block's integer scale; after each super-block's eight
-/// blocks `acc = fma(-dmin, Σ_j fma(min_j, d_x · Σx, ·), acc)`.
-const K_MIN: u8 = 2;
-/// Q6_K: two dots (elements 0..16 and 16..32) times their integer scales, summed.
-const Q6: u8 = 3;
-
-/// One 32-element block's column parameters for a 16-column tile.
-#[derive(Clone, Copy, Default)]
-#[repr(C, align(64))]
-struct BlockParams {
-    /// `d_w` (IQ4_XS `d · (ls - 32)`; K-quants the super-block's `d`).
-    scale: [f32; TILE_COLS],
-    /// Q4_1/Q5_1 `m`; Q4_K/Q5_K the sub-block's 6-bit min.
-    min: [f32; TILE_COLS],
-    /// Q4_K/Q5_K the sub-block's 6-bit scale; Q6_K the scales of elements 0..16 and 16..32;
-    /// small integers held as f32 (exact).
-    int_scale: [[f32; TILE_COLS]; 2],
-    /// Q4_K/Q5_K: `-dmin` of the super-block.
-    neg_dmin: [f32; TILE_COLS],
-}
-
 /// Per-thread buffers, grown to the largest shape seen and then reused.
 #[derive(Default)]
 struct Scratch {
@@ -137,7 +104,14 @@ struct Scratch {
     x_scales: Vec<f32>,
     /// Activation block sums `d_x · Σq` per (activation tile, block), 16 rows each.
     x_sums: Vec<f32>,
+    /// Every activation tile's accumulators for the current column tile, carried across
+    /// block chunks.
+    acc: Vec<[[f32; TILE_COLS]; TILE_ROWS]>,
 }
+
+/// Most blocks unpacked at a time ([`Weights::chunk_blocks`]): their B tiles and parameters
+/// stay in L1 while every activation tile sweeps them.
+const CHUNK_BLOCKS: usize = 24;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -163,164 +137,6 @@ fn tile_activations(quants: &[i8], n: usize, in_features: usize, dst: &mut Vec<i
         for (b, block) in row.chunks_exact(QK).enumerate() {
             let at = (t * blocks + b) * A_TILE_BYTES + r * QK;
             dst[at..at + QK].copy_from_slice(block);
-        }
-    }
-}
-
-/// A matrix the AMX kernels read: eight-row groups of a 32-element-block type or a K-quant.
-#[derive(Clone, Copy)]
-pub(crate) enum Weights<'a> {
-    Legacy(&'a Groups),
-    KQuant(&'a KGroups),
-}
-
-impl Weights<'_> {
-    fn out_features(self) -> usize {
-        match self {
-            Weights::Legacy(groups) => groups.out_features(),
-            Weights::KQuant(groups) => groups.out_features(),
-        }
-    }
-
-    /// 32-element blocks per row.
-    fn blocks(self) -> usize {
-        match self {
-            Weights::Legacy(groups) => groups.n_blocks() * groups.kind().block_elems() / QK,
-            Weights::KQuant(groups) => groups.n_super() * QK_K / QK,
-        }
-    }
-
-    fn group(&self, group: usize) -> &[u8] {
-        match *self {
-            Weights::Legacy(groups) => groups.group(group),
-            Weights::KQuant(groups) => groups.group(group),
-        }
-    }
-
-    fn epilogue(self) -> u8 {
-        match self {
-            Weights::Legacy(groups) if groups.kind().has_min() => MIN,
-            Weights::Legacy(_) => PLAIN,
-            Weights::KQuant(groups) if groups.kind() == KKind::Q6 => Q6,
-            Weights::KQuant(_) => K_MIN,
-        }
-    }
-
-    /// B tiles per block: Q6_K's two 16-element halves get one each (the other half zero).
-    fn tiles_per_block(self) -> usize {
-        if self.epilogue() == Q6 {
-            2
-        } else {
-            1
-        }
-    }
-
-    /// Block `b`'s column parameters for groups `first` (columns 0..8) and `second` (8..16),
-    /// the values the scalar twins use (f16 widening and the small integer products are
-    /// exact, so vector and scalar decoding agree bit for bit).
-    ///
-    /// # Safety
-    /// AVX-512 F/BW; block `b` lies inside both groups.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn params(self, first: &[u8], second: &[u8], b: usize) -> BlockParams {
-        let mut params = BlockParams::default();
-        // SAFETY: every load lies inside block (or super-block) b of a group, at the layout's
-        // offsets (the caller's contract); stores go to `params`' 64-byte arrays.
-        unsafe {
-            match self {
-                Weights::Legacy(groups) => {
-                    let kind = groups.kind();
-                    let subs = kind.block_elems() / QK;
-                    let base = (b / subs) * kind.block_stride();
-                    let d = _mm512_cvtph_ps(pair16(first, second, base));
-                    let scale = if kind == GroupKind::Iq4Xs {
-                        let sub = (b % subs) as i32;
-                        let high = _mm512_cvtepu16_epi32(pair16(first, second, base + 16));
-                        let low = pair(first, second, base + kind.high_bits_offset());
-                        let low = _mm512_srl_epi32(low, _mm_cvtsi32_si128(4 * sub));
-                        let high = _mm512_srl_epi32(high, _mm_cvtsi32_si128(2 * sub));
-                        let ls = _mm512_or_si512(
-                            _mm512_and_si512(low, _mm512_set1_epi32(0x0f)),
-                            _mm512_slli_epi32::<4>(_mm512_and_si512(high, _mm512_set1_epi32(3))),
-                        );
-                        let ls = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
-                        _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls))
-                    } else {
-                        d
-                    };
-                    _mm512_store_ps(params.scale.as_mut_ptr(), scale);
-                    if kind.has_min() {
-                        let min = _mm512_cvtph_ps(pair16(first, second, base + 16));
-                        _mm512_store_ps(params.min.as_mut_ptr(), min);
-                    }
-                }
-                Weights::KQuant(groups) => {
-                    let kind = groups.kind();
-                    let base = (b / 8) * kind.stride();
-                    let j = b % 8;
-                    let d = _mm512_cvtph_ps(pair16(first, second, base + kquant::D));
-                    _mm512_store_ps(params.scale.as_mut_ptr(), d);
-                    if kind == KKind::Q6 {
-                        let sub = 8 * (j / 4) + 2 * (j % 4);
-                        for half in 0..2 {
-                            let at = base + kquant::Q6_SCALES + (sub + half) * GROUP;
-                            let scales = _mm512_cvtepi8_epi32(pair8(first, second, at));
-                            _mm512_store_ps(
-                                params.int_scale[half].as_mut_ptr(),
-                                _mm512_cvtepi32_ps(scales),
-                            );
-                        }
-                    } else {
-                        // `kquant::scale_min`'s bit map, sixteen rows at once.
-                        let at = base + kquant::K_LOW + j * GROUP;
-                        let low = _mm512_cvtepu8_epi32(pair8(first, second, at));
-                        let at = base + kquant::K_HIGH + (j % 4) * GROUP;
-                        let high = _mm512_cvtepu8_epi32(pair8(first, second, at));
-                        let high = _mm512_srl_epi32(high, _mm_cvtsi32_si128(4 * (j / 4) as i32));
-                        let three = _mm512_set1_epi32(3);
-                        let min = _mm512_or_si512(
-                            _mm512_srli_epi32::<4>(low),
-                            _mm512_slli_epi32::<4>(_mm512_and_si512(
-                                _mm512_srli_epi32::<2>(high),
-                                three,
-                            )),
-                        );
-                        _mm512_store_ps(params.min.as_mut_ptr(), _mm512_cvtepi32_ps(min));
-                        let scales = _mm512_or_si512(
-                            _mm512_and_si512(low, _mm512_set1_epi32(0x0f)),
-                            _mm512_slli_epi32::<4>(_mm512_and_si512(high, three)),
-                        );
-                        _mm512_store_ps(
-                            params.int_scale[0].as_mut_ptr(),
-                            _mm512_cvtepi32_ps(scales),
-                        );
-                        // -dmin: a sign flip, as the scalar twin's negation.
-                        let dmin = _mm512_cvtph_ps(pair16(first, second, base + kquant::DMIN));
-                        let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(
-                            _mm512_castps_si512(dmin),
-                            _mm512_set1_epi32(i32::MIN),
-                        ));
-                        _mm512_store_ps(params.neg_dmin.as_mut_ptr(), neg_dmin);
-                    }
-                }
-            }
-        }
-        params
-    }
-
-    /// Writes block `b`'s B tile(s) for groups `first` and `second` at `tiles`.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW; block `b` lies inside both groups; `tiles` has room for
-    /// `tiles_per_block()` tiles.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn unpack(self, first: &[u8], second: &[u8], b: usize, tiles: *mut u8) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match self {
-                Weights::Legacy(groups) => unpack_legacy(groups.kind(), first, second, b, tiles),
-                Weights::KQuant(groups) => unpack_kquant(groups.kind(), first, second, b, tiles),
-            }
         }
     }
 }
@@ -426,8 +242,9 @@ unsafe fn run_task<'o>(
         }
     }
     let tile_bytes = weights.tiles_per_block() * B_TILE_BYTES;
-    scratch.b_tiles.resize(blocks * tile_bytes, 0);
-    scratch.params.resize(blocks, BlockParams::default());
+    let chunk = weights.chunk_blocks(CHUNK_BLOCKS);
+    scratch.b_tiles.resize(chunk * tile_bytes, 0);
+    scratch.params.resize(chunk, BlockParams::default());
 
     let full = tile_config(TILE_ROWS);
     let last_rows = n - (row_tiles - 1) * TILE_ROWS;
@@ -447,55 +264,68 @@ unsafe fn run_task<'o>(
         // The next column tile's two groups follow this tile's in memory.
         let next = data0.as_ptr().wrapping_add(2 * data0.len());
         let next_len = 2 * data0.len();
-        for b in 0..blocks {
-            // SAFETY: AVX-512 F/BW (caller); block b lies in both groups and its tiles in
-            // `b_tiles` (resized above).
+        scratch.acc.clear();
+        scratch.acc.resize(row_tiles, [[0.0; TILE_COLS]; TILE_ROWS]);
+        let mut start = 0;
+        while start < blocks {
+            let range = start..(start + chunk).min(blocks);
+            // SAFETY: AVX-512 F/BW (caller); both groups hold `blocks` blocks and the buffers
+            // were sized for a chunk above.
             unsafe {
-                weights.unpack(
+                weights.unpack_tile(
                     data0,
                     data1,
-                    b,
-                    scratch.b_tiles.as_mut_ptr().add(b * tile_bytes),
-                );
+                    range.clone(),
+                    scratch.b_tiles.as_mut_ptr(),
+                    &mut scratch.params,
+                )
+            };
+            for t in 0..row_tiles {
+                let rows = if t + 1 == row_tiles {
+                    last_rows
+                } else {
+                    TILE_ROWS
+                };
+                if (rows == TILE_ROWS) != configured_full {
+                    configured_full = rows == TILE_ROWS;
+                    let config = if configured_full { &full } else { &partial };
+                    // SAFETY: `_amx`.
+                    unsafe { config.load() };
+                }
+                let x_at = t * blocks * TILE_ROWS;
+                let args = TileArgs {
+                    a: tiled[t * blocks * A_TILE_BYTES..].as_ptr(),
+                    blocks: range.clone(),
+                    total_blocks: blocks,
+                    b_tiles: scratch.b_tiles.as_ptr(),
+                    next: if t == 0 { next } else { std::ptr::null() },
+                    next_len,
+                    params: scratch.params.as_ptr(),
+                    x_scales: scratch.x_scales[x_at..].as_ptr(),
+                    x_sums: scratch.x_sums[x_at..].as_ptr(),
+                };
+                let acc = &mut scratch.acc[t];
+                // SAFETY: the tiles are configured for `rows` rows; A's `rows` rows of
+                // `in_features` bytes start inside `quants` (rows < n); the scratch buffers
+                // hold the chunk's blocks and the activations' `blocks` entries from the
+                // given offsets.
+                unsafe {
+                    match weights.epilogue() {
+                        PLAIN => tile_dots::<PLAIN>(&args, &mut c_tiles, acc),
+                        MIN => tile_dots::<MIN>(&args, &mut c_tiles, acc),
+                        K_MIN => tile_dots::<K_MIN>(&args, &mut c_tiles, acc),
+                        _ => tile_dots::<Q6>(&args, &mut c_tiles, acc),
+                    }
+                }
             }
-            // SAFETY: as above.
-            scratch.params[b] = unsafe { weights.params(data0, data1, b) };
+            start = range.end;
         }
-        for t in 0..row_tiles {
+        for (t, results) in scratch.acc.iter().enumerate() {
             let rows = if t + 1 == row_tiles {
                 last_rows
             } else {
                 TILE_ROWS
             };
-            if (rows == TILE_ROWS) != configured_full {
-                configured_full = rows == TILE_ROWS;
-                let config = if configured_full { &full } else { &partial };
-                // SAFETY: `_amx`.
-                unsafe { config.load() };
-            }
-            let mut results = [[0.0f32; TILE_COLS]; TILE_ROWS];
-            let x_at = t * blocks * TILE_ROWS;
-            let args = TileArgs {
-                a: tiled[t * blocks * A_TILE_BYTES..].as_ptr(),
-                blocks,
-                b_tiles: scratch.b_tiles.as_ptr(),
-                next: if t == 0 { next } else { std::ptr::null() },
-                next_len,
-                params: scratch.params.as_ptr(),
-                x_scales: scratch.x_scales[x_at..].as_ptr(),
-                x_sums: scratch.x_sums[x_at..].as_ptr(),
-            };
-            // SAFETY: the tiles are configured for `rows` rows; A's `rows` rows of
-            // `in_features` bytes start inside `quants` (rows < n); the scratch buffers hold
-            // `blocks` entries from the given offsets.
-            unsafe {
-                match weights.epilogue() {
-                    PLAIN => tile_dots::<PLAIN>(&args, &mut c_tiles, &mut results),
-                    MIN => tile_dots::<MIN>(&args, &mut c_tiles, &mut results),
-                    K_MIN => tile_dots::<K_MIN>(&args, &mut c_tiles, &mut results),
-                    _ => tile_dots::<Q6>(&args, &mut c_tiles, &mut results),
-                }
-            }
             for (r, values) in results.iter().enumerate().take(rows) {
                 let dst = target(t * TILE_ROWS + r, col_tile * TILE_COLS);
                 let lanes = dst.len().min(TILE_COLS);
@@ -511,41 +341,21 @@ unsafe fn run_task<'o>(
     unsafe { release_tiles() };
 }
 
-/// Asks L2 for share `b` of `blocks` of the `len` bytes at `start` (the next column tile's
-/// weights; possibly past the matrix, since prefetching never faults). A hint only: results do
-/// not depend on it.
-///
-/// Unpacking a column tile reads its weights from memory while the tile multiplies and
-/// epilogues that follow read none, so without this the weight stream stalls during every
-/// sweep. Spread over the first activation tile's blocks, the next tile's bytes arrive while
-/// this one computes (one thread per core, 16-row verification steps of the default model:
-/// 26.2-26.6 ms -> 24.4-25.7 ms; prefill and 64-row batches unchanged; bench/RESULTS.md).
-#[inline(always)]
-fn prefetch_share(start: *const u8, len: usize, b: usize, blocks: usize) {
-    let first = (b * len / blocks) & !63;
-    let end = (b + 1) * len / blocks;
-    let mut line = first;
-    while line < end {
-        // SAFETY: a prefetch never faults, whatever the address (wrapping arithmetic: no
-        // pointer past its allocation is formed by `add`).
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(line).cast()) };
-        line += 64;
-    }
-}
-
 /// Pointers for one activation tile against one column tile.
 struct TileArgs {
     /// The tile's first A tile (block 0) in the tiled activations ([`tile_activations`]).
     a: *const i8,
-    /// 32-element blocks per row.
-    blocks: usize,
-    /// The unpacked B tiles, one (Q6_K: two) per block.
+    /// The blocks of this call (a chunk of the row).
+    blocks: std::ops::Range<usize>,
+    /// 32-element blocks per row (the prefetch spreads over all of them).
+    total_blocks: usize,
+    /// The chunk's unpacked B tiles, one (Q6_K: two) per block, from `blocks.start` on.
     b_tiles: *const u8,
     /// The next column tile's weight bytes, prefetched a share per block while this tile's
     /// multiplies run (null: none).
     next: *const u8,
     next_len: usize,
-    /// `blocks` column parameters.
+    /// The chunk's column parameters, from `blocks.start` on.
     params: *const BlockParams,
     /// `blocks × 16` activation scales of the tile's rows.
     x_scales: *const f32,
@@ -571,7 +381,7 @@ unsafe fn multiply_block<const E: u8>(args: &TileArgs, b: usize) {
     // SAFETY: the caller's contract: A block b of each configured row and B tile(s) b are in
     // bounds; the tiles are configured.
     unsafe {
-        let b_tile = args.b_tiles.add(b * tile_bytes);
+        let b_tile = args.b_tiles.add((b - args.blocks.start) * tile_bytes);
         asm!(
             "tileloadd tmm0, [{a} + {a_stride}*1]",
             "tileloadd tmm1, [{b} + {row_bytes}*1]",
@@ -623,280 +433,72 @@ unsafe fn store_block<const E: u8>(c: &mut CTiles) {
     }
 }
 
-/// `out[r][c]` = activation row `r` against weight column `c`, over all blocks in order, with
-/// epilogue `E` ([`PLAIN`], [`MIN`], [`K_MIN`], [`Q6`]).
+/// Folds blocks `args.blocks` of the tile's activation rows against its 16 weight columns
+/// into `io[r][c]` (row `r`, column `c`), block by block in order, with epilogue `E`
+/// ([`PLAIN`], [`MIN`], [`K_MIN`], [`Q6`]).
 ///
 /// # Safety
-/// AMX usable, tiles configured for the tile's row count, AVX-512 F/BW; `args` valid for
-/// `args.blocks` blocks.
+/// AMX usable, tiles configured for the tile's row count, AVX-512 F/BW; `args` valid for its
+/// blocks; a chunk starts at a multiple of eight blocks.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn tile_dots<const E: u8>(
     args: &TileArgs,
     c: &mut CTiles,
-    out: &mut [[f32; TILE_COLS]; TILE_ROWS],
+    io: &mut [[f32; TILE_COLS]; TILE_ROWS],
 ) {
+    // (Loops, not `array::from_fn`, around intrinsics: a generic closure carries no target
+    // features, so the intrinsic would not be inlined.)
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
-    if args.blocks > 0 {
-        // SAFETY: the caller's contract.
-        unsafe { multiply_block::<E>(args, 0) };
+    for (acc, row) in acc.iter_mut().zip(io.iter()) {
+        // SAFETY: a row holds 16 f32.
+        *acc = unsafe { _mm512_loadu_ps(row.as_ptr()) };
     }
-    for b in 0..args.blocks {
+    let blocks = args.blocks.clone();
+    if !blocks.is_empty() {
+        // SAFETY: the caller's contract.
+        unsafe { multiply_block::<E>(args, blocks.start) };
+    }
+    for b in blocks.clone() {
         if !args.next.is_null() {
-            prefetch_share(args.next, args.next_len, b, args.blocks);
+            prefetch_share(args.next, args.next_len, b, args.total_blocks);
         }
         // Block b's dots to memory, then block b + 1's multiply (running in the tile unit
         // while block b's dots are scaled below).
         // SAFETY: the caller's contract; block b was multiplied last.
         unsafe { store_block::<E>(c) };
-        if b + 1 < args.blocks {
-            // SAFETY: as above, block b + 1 < blocks.
+        if b + 1 < blocks.end {
+            // SAFETY: as above, block b + 1 is in the chunk.
             unsafe { multiply_block::<E>(args, b + 1) };
         }
         // SAFETY: the caller's contract: the parameters and activation scales of block b are
         // in bounds; `c` holds block b's stored dots.
         unsafe {
-            let params = &*args.params.add(b);
-            let w_scale = _mm512_load_ps(params.scale.as_ptr());
+            let vectors = BlockVectors::load::<E>(&*args.params.add(b - blocks.start));
             let x_scales = args.x_scales.add(b * TILE_ROWS);
-            let int_scale0 = _mm512_load_ps(params.int_scale[0].as_ptr());
-            let int_scale1 = _mm512_load_ps(params.int_scale[1].as_ptr());
+            let x_sums = args.x_sums.add(b * TILE_ROWS);
             for (r, acc) in acc.iter_mut().enumerate() {
-                let d = _mm512_mul_ps(w_scale, _mm512_set1_ps(*x_scales.add(r)));
                 let dot0 = _mm512_load_si512(c.0[0].as_ptr().add(r * TILE_COLS).cast());
-                // The scaled dots are integers below 2^24 (K-quants: |dot| ≤ 32 · 31 · 127
-                // times a scale ≤ 63; Q6_K: two halves, each ≤ 16 · 32 · 127 times |s| ≤ 128),
-                // so these float products and the sum are exact: the value of the scalar
-                // twin's integer `(scale · dot) as f32`.
-                let dot0 = _mm512_cvtepi32_ps(dot0);
-                let dot = match E {
-                    K_MIN => _mm512_mul_ps(dot0, int_scale0),
-                    Q6 => {
-                        let dot1 = _mm512_load_si512(c.0[1].as_ptr().add(r * TILE_COLS).cast());
-                        _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(dot1),
-                            int_scale1,
-                            _mm512_mul_ps(dot0, int_scale0),
-                        )
-                    }
-                    _ => dot0,
+                let dot1 = if E == Q6 {
+                    _mm512_load_si512(c.0[1].as_ptr().add(r * TILE_COLS).cast())
+                } else {
+                    _mm512_setzero_si512()
                 };
-                *acc = _mm512_fmadd_ps(d, dot, *acc);
-            }
-            if E == MIN {
-                let w_min = _mm512_load_ps(params.min.as_ptr());
-                let x_sums = args.x_sums.add(b * TILE_ROWS);
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(w_min, _mm512_set1_ps(*x_sums.add(r)), *acc);
-                }
+                *acc = vectors.update::<E>(*x_scales.add(r), *x_sums.add(r), dot0, dot1, *acc);
             }
             if E == K_MIN && b % 8 == 7 {
-                // The super-block's mins: m = Σ_j fma(min_j, d_x · Σx, m) from 0, then
-                // acc = fma(-dmin, m, acc).
                 let first = b - 7;
-                let neg_dmin = _mm512_load_ps(params.neg_dmin.as_ptr());
-                let mins: [__m512; 8] = std::array::from_fn(|j| {
-                    _mm512_load_ps((*args.params.add(first + j)).min.as_ptr())
-                });
-                // The per-row sums first (their own buffer), then one pass over `acc` with
-                // constant indices, so the accumulators stay in registers.
-                let mut m = [_mm512_setzero_ps(); TILE_ROWS];
-                for (r, m) in m.iter_mut().enumerate() {
-                    for (j, min) in mins.iter().enumerate() {
-                        let sum = *args.x_sums.add((first + j) * TILE_ROWS + r);
-                        *m = _mm512_fmadd_ps(*min, _mm512_set1_ps(sum), *m);
-                    }
-                }
-                for (acc, m) in acc.iter_mut().zip(&m) {
-                    *acc = _mm512_fmadd_ps(neg_dmin, *m, *acc);
+                let mins = SuperBlockMins::load(args.params.add(first - blocks.start));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let sums: [f32; 8] =
+                        std::array::from_fn(|j| *args.x_sums.add((first + j) * TILE_ROWS + r));
+                    *acc = mins.apply(&sums, *acc);
                 }
             }
         }
     }
-    for (row, acc) in out.iter_mut().zip(&acc) {
+    for (row, acc) in io.iter_mut().zip(&acc) {
         // SAFETY: a row holds 16 f32.
         unsafe { _mm512_storeu_ps(row.as_mut_ptr(), *acc) };
-    }
-}
-
-/// 8 bytes at `at` of `first` and of `second` side by side.
-///
-/// # Safety
-/// AVX-512 F; both ranges in bounds.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn pair8(first: &[u8], second: &[u8], at: usize) -> __m128i {
-    debug_assert!(at + 8 <= first.len() && at + 8 <= second.len());
-    // SAFETY: the caller's contract.
-    unsafe {
-        _mm_unpacklo_epi64(
-            _mm_loadl_epi64(first.as_ptr().add(at).cast()),
-            _mm_loadl_epi64(second.as_ptr().add(at).cast()),
-        )
-    }
-}
-
-/// 16 bytes at `at` of `first` and of `second` side by side (eight f16 or u16 of each).
-///
-/// # Safety
-/// AVX-512 F; both ranges in bounds.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn pair16(first: &[u8], second: &[u8], at: usize) -> __m256i {
-    debug_assert!(at + 16 <= first.len() && at + 16 <= second.len());
-    // SAFETY: the caller's contract.
-    unsafe {
-        let low = _mm_loadu_si128(first.as_ptr().add(at).cast());
-        let high = _mm_loadu_si128(second.as_ptr().add(at).cast());
-        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high)
-    }
-}
-
-/// 32 bytes at `at` of `first` and of `second` side by side.
-///
-/// # Safety
-/// AVX-512 F; both ranges in bounds.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn pair(first: &[u8], second: &[u8], at: usize) -> __m512i {
-    debug_assert!(at + 32 <= first.len() && at + 32 <= second.len());
-    // SAFETY: the caller's contract.
-    unsafe {
-        let low = _mm256_loadu_si256(first.as_ptr().add(at).cast());
-        let high = _mm256_loadu_si256(second.as_ptr().add(at).cast());
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high)
-    }
-}
-
-/// Row `kk` (0..8) of the B tile at `tile`.
-///
-/// # Safety
-/// `tile` points at a 512-byte tile.
-#[inline]
-unsafe fn tile_row(tile: *mut u8, kk: usize) -> *mut __m512i {
-    // SAFETY: kk < 8, inside the 512-byte tile (caller).
-    unsafe { tile.add(kk * 4 * TILE_COLS).cast() }
-}
-
-/// Writes block `b`'s int8 weight levels of interleaved groups `first` (columns 0..8) and
-/// `second` (8..16) as one B tile at `dst`: row `kk` holds elements `4kk..4kk + 4` of every
-/// column.
-///
-/// # Safety
-/// AVX-512 F/BW; block `b` lies inside both groups and `dst` has room for 512 bytes.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn unpack_legacy(kind: GroupKind, first: &[u8], second: &[u8], b: usize, dst: *mut u8) {
-    let subs = kind.block_elems() / QK;
-    let base = (b / subs) * kind.block_stride();
-    let quants = base + kind.quant_offset() + (b % subs) * NIBBLE_BYTES;
-    // SAFETY: every load is 32 bytes inside block b of a group (the caller's contract; the
-    // layout's offsets), every store one 64-byte row of the tile.
-    unsafe {
-        if kind == GroupKind::Q8Zero {
-            for step in 0..QK / 4 {
-                _mm512_storeu_si512(tile_row(dst, step), pair(first, second, quants + 32 * step));
-            }
-            return;
-        }
-        let mask = _mm512_set1_epi8(0x0f);
-        let five = matches!(kind, GroupKind::Q5Zero | GroupKind::Q5One);
-        let (mut high_of_low, mut high_of_high) = if five {
-            let qh = pair(first, second, base + kind.high_bits_offset());
-            (_mm512_slli_epi16::<4>(qh), qh)
-        } else {
-            (_mm512_setzero_si512(), _mm512_setzero_si512())
-        };
-        let fifth = _mm512_set1_epi8(0x10);
-        let offset = _mm512_set1_epi8(kind.offset() as i8);
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
-        let iq4 = matches!(kind, GroupKind::Iq4Nl | GroupKind::Iq4Xs);
-        for kk in 0..4 {
-            let packed = pair(first, second, quants + 32 * kk);
-            let mut low = _mm512_and_si512(packed, mask);
-            let mut high = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), mask);
-            if five {
-                low = _mm512_or_si512(low, _mm512_and_si512(high_of_low, fifth));
-                high = _mm512_or_si512(high, _mm512_and_si512(high_of_high, fifth));
-                high_of_low = _mm512_srli_epi16::<1>(high_of_low);
-                high_of_high = _mm512_srli_epi16::<1>(high_of_high);
-            }
-            if iq4 {
-                low = _mm512_shuffle_epi8(table, low);
-                high = _mm512_shuffle_epi8(table, high);
-            } else {
-                low = _mm512_sub_epi8(low, offset);
-                high = _mm512_sub_epi8(high, offset);
-            }
-            _mm512_storeu_si512(tile_row(dst, kk), low);
-            _mm512_storeu_si512(tile_row(dst, 4 + kk), high);
-        }
-    }
-}
-
-/// Writes 32-element block `b` (sub-block `b % 8` of super-block `b / 8`) of K-quant groups
-/// `first` and `second` as B tile(s) at `dst`: Q4_K/Q5_K one tile of levels 0..32; Q6_K two,
-/// the levels `q - 32` of elements 0..16 (rows 0..4, rows 4..8 zero) and of 16..32 (rows
-/// 4..8, rows 0..4 zero), which take different scales.
-///
-/// # Safety
-/// AVX-512 F/BW; super-block `b / 8` lies inside both groups and `dst` has room for one tile
-/// (Q6_K: two).
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn unpack_kquant(kind: KKind, first: &[u8], second: &[u8], b: usize, dst: *mut u8) {
-    let base = (b / 8) * kind.stride();
-    let j = b % 8;
-    let mask = _mm512_set1_epi8(0x0f);
-    // SAFETY: every load is 32 bytes inside super-block b / 8 of a group (the caller's
-    // contract; the layout's offsets), every store one 64-byte row of a tile.
-    unsafe {
-        if kind == KKind::Q6 {
-            let (h, g) = (j / 4, j % 4);
-            let runs = [0, 1, 2].map(|v| base + kquant::q6_run(h, v));
-            let thirty_two = _mm512_set1_epi8(32);
-            let top_bits = _mm512_set1_epi8(-0x40);
-            let zero = _mm512_setzero_si512();
-            for kk in 0..8 {
-                let q = if g < 3 {
-                    let bytes = pair(first, second, runs[g] + kk * kquant::STEP);
-                    _mm512_and_si512(bytes, _mm512_set1_epi8(0x3f))
-                } else {
-                    // The three runs' top bit pairs, low to high (16-bit shifts of masked
-                    // bytes: nothing crosses into the neighbour byte).
-                    let mut top = [zero; 3];
-                    for (v, top) in top.iter_mut().enumerate() {
-                        let bytes = pair(first, second, runs[v] + kk * kquant::STEP);
-                        *top = _mm512_and_si512(bytes, top_bits);
-                    }
-                    _mm512_ternarylogic_epi32::<0xFE>(
-                        _mm512_srli_epi16::<6>(top[0]),
-                        _mm512_srli_epi16::<4>(top[1]),
-                        _mm512_srli_epi16::<2>(top[2]),
-                    )
-                };
-                let level = _mm512_sub_epi8(q, thirty_two);
-                let (own, other) = if kk < 4 {
-                    (dst, dst.add(B_TILE_BYTES))
-                } else {
-                    (dst.add(B_TILE_BYTES), dst)
-                };
-                _mm512_storeu_si512(tile_row(own, kk), level);
-                _mm512_storeu_si512(tile_row(other, kk), zero);
-            }
-            return;
-        }
-        let run = base + kind.quants() + (j / 2) * 8 * kquant::STEP;
-        let shift = _mm_cvtsi32_si128(4 * (j % 2) as i32);
-        let bit = _mm512_set1_epi8((1u8 << j) as i8);
-        let sixteen = _mm512_set1_epi8(16);
-        for kk in 0..8 {
-            let packed = pair(first, second, run + kk * kquant::STEP);
-            let mut level = _mm512_and_si512(_mm512_srl_epi16(packed, shift), mask);
-            if kind == KKind::Q5 {
-                let high = pair(first, second, base + kquant::Q5_HIGH + kk * kquant::STEP);
-                let set = _mm512_test_epi8_mask(high, bit);
-                level = _mm512_mask_blend_epi8(set, level, _mm512_or_si512(level, sixteen));
-            }
-            _mm512_storeu_si512(tile_row(dst, kk), level);
-        }
     }
 }
 
@@ -904,6 +506,9 @@ unsafe fn unpack_kquant(kind: KKind, first: &[u8], second: &[u8], b: usize, dst:
 mod tests {
     use super::*;
     use crate::dtype::DType;
+    use crate::matmul::tests::{
+        assert_same_bits as assert_same, extreme_weights, isa_bits as run_isa, public_bits,
+    };
     use crate::matmul::{Isa, MatmulScratch, QMatrix};
     use crate::test_util::{random_weights, Rng};
 
@@ -933,27 +538,6 @@ mod tests {
         out.iter().map(|v| v.to_bits()).collect()
     }
 
-    /// Asserts bitwise equality, naming the first differing element (not dumping both).
-    fn assert_same(got: &[u32], want: &[u32], context: &str) {
-        assert_eq!(got.len(), want.len(), "{context}: lengths");
-        if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
-            panic!(
-                "{context}: element {i} differs: {} vs {}",
-                f32::from_bits(got[i]),
-                f32::from_bits(want[i])
-            );
-        }
-    }
-
-    fn run_isa(isa: Isa, matrix: &QMatrix, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<u32> {
-        let mut out = vec![f32::NAN; n * matrix.out_features()];
-        let mut scratch = MatmulScratch::new();
-        matrix
-            .matmul_with_isa(isa, pool, x, n, &mut out, &mut scratch)
-            .unwrap();
-        out.iter().map(|v| v.to_bits()).collect()
-    }
-
     /// AMX results equal the scalar twin's bit for bit, for every covered type, batch sizes
     /// around the 16-row tile, odd output widths (a padded last group and a half-empty last
     /// column tile) and several input widths; the public entry point (AMX from `min_rows`
@@ -975,11 +559,7 @@ mod tests {
                     let scalar = run_isa(Isa::Scalar, &matrix, &x, n, &pool);
                     let tiles = run_amx(amx, &matrix, &x, n, &pool);
                     assert_same(&tiles, &scalar, &format!("{dtype} {rows}x{cols} n={n}"));
-                    let mut public = vec![f32::NAN; n * rows];
-                    matrix
-                        .matmul(&pool, &x, n, &mut public, &mut MatmulScratch::new())
-                        .unwrap();
-                    let public: Vec<u32> = public.iter().map(|v| v.to_bits()).collect();
+                    let public = public_bits(&matrix, &x, n, &pool);
                     assert_same(
                         &public,
                         &scalar,
@@ -1002,24 +582,7 @@ mod tests {
         let mut rng = Rng::new(29);
         let (rows, cols, n) = (24usize, 512usize, 19usize);
         for dtype in COVERED {
-            let mut bytes = random_weights(&mut rng, dtype, rows, cols);
-            // Keep each block's f16 scale (and min), saturate everything else.
-            let (keep, fill) = match dtype {
-                DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (0..4, 0xff),
-                DType::Q8_0 => (0..2, 0x80),
-                DType::Q6_K => (208..210, 0x00),
-                _ => (0..2, 0x00),
-            };
-            for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
-                for (i, byte) in block.iter_mut().enumerate() {
-                    if !keep.contains(&i) {
-                        *byte = fill;
-                    }
-                }
-                if dtype == DType::Q6_K {
-                    block[192..208].fill(0x80);
-                }
-            }
+            let bytes = extreme_weights(&mut rng, dtype, rows, cols);
             let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
             let x = vec![-2.0f32; n * cols];
             let scalar = run_isa(Isa::Scalar, &matrix, &x, n, &pool);

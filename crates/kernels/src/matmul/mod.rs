@@ -33,11 +33,15 @@ mod scalar;
 mod segmented;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod unpack;
 mod untransposed;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod vnni_kernels;
+#[cfg(target_arch = "x86_64")]
+mod vnni_tiles;
 
 use crate::cpu::{CpuFeatures, KernelPath};
 use crate::dtype::DType;
@@ -328,15 +332,27 @@ impl QMatrix {
                 return self.matmul_amx(amx, weights, pool, x, n, out, scratch);
             }
         }
-        self.matmul_with_isa(Isa::detect(), pool, x, n, out, scratch)
+        // Below that (or without AMX), from `vnni_tiles::MIN_ROWS` rows the AVX-512 VNNI row
+        // sweeps over unpacked tiles (bitwise equal too).
+        let isa = Isa::detect();
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(token), Some(weights)) =
+            (vnni_tiles::Vnni512::for_isa(isa), self.amx_weights())
+        {
+            if n >= vnni_tiles::MIN_ROWS {
+                return self.matmul_vnni_tiles(token, weights, pool, x, n, out, scratch);
+            }
+        }
+        self.matmul_with_isa(isa, pool, x, n, out, scratch)
     }
 
-    /// The weights as the AMX kernels read them (the eight-row group layouts).
+    /// The weights as the unpacking tile kernels (AMX, the VNNI row sweeps) read them: the
+    /// eight-row group layouts.
     #[cfg(target_arch = "x86_64")]
-    fn amx_weights(&self) -> Option<amx::Weights<'_>> {
+    fn amx_weights(&self) -> Option<unpack::Weights<'_>> {
         match &self.storage {
-            Storage::Interleaved(groups) => Some(amx::Weights::Legacy(groups)),
-            Storage::KQuant(groups) => Some(amx::Weights::KQuant(groups)),
+            Storage::Interleaved(groups) => Some(unpack::Weights::Legacy(groups)),
+            Storage::KQuant(groups) => Some(unpack::Weights::KQuant(groups)),
             Storage::Float { .. } | Storage::Half { .. } => None,
         }
     }
@@ -347,7 +363,7 @@ impl QMatrix {
     fn matmul_amx(
         &self,
         amx: amx::Amx,
-        weights: amx::Weights<'_>,
+        weights: unpack::Weights<'_>,
         pool: &ThreadPool,
         x: &[f32],
         n: usize,
@@ -356,6 +372,25 @@ impl QMatrix {
     ) -> Result<(), KernelError> {
         if self.prepare(pool, x, n, out, scratch)? {
             amx::matmul(amx, weights, pool, &scratch.activations, n, out);
+        }
+        Ok(())
+    }
+
+    /// [`QMatrix::matmul`] on AVX-512 VNNI over unpacked 16-column tiles.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_vnni_tiles(
+        &self,
+        token: vnni_tiles::Vnni512,
+        weights: unpack::Weights<'_>,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) -> Result<(), KernelError> {
+        if self.prepare(pool, x, n, out, scratch)? {
+            vnni_tiles::matmul(token, weights, pool, &scratch.activations, n, out);
         }
         Ok(())
     }

@@ -75,6 +75,67 @@ pub(super) const QUANTIZED: [DType; 10] = [
     DType::Q6_K,
 ];
 
+/// `matrix · x` on `isa` as bit patterns (the output prefilled with NaN, so an element a
+/// kernel skips shows).
+pub(super) fn isa_bits(
+    isa: Isa,
+    matrix: &QMatrix,
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) -> Vec<u32> {
+    let mut out = vec![f32::NAN; n * matrix.out_features()];
+    let mut scratch = MatmulScratch::new();
+    matrix
+        .matmul_with_isa(isa, pool, x, n, &mut out, &mut scratch)
+        .unwrap();
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+/// `matrix · x` through the public [`QMatrix::matmul`] (its own choice of path) as bits.
+pub(super) fn public_bits(matrix: &QMatrix, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<u32> {
+    let mut out = vec![f32::NAN; n * matrix.out_features()];
+    matrix
+        .matmul(pool, x, n, &mut out, &mut MatmulScratch::new())
+        .unwrap();
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Asserts bitwise equality, naming the first differing element (not dumping both).
+pub(super) fn assert_same_bits(got: &[u32], want: &[u32], context: &str) {
+    assert_eq!(got.len(), want.len(), "{context}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{context}: element {i} differs: {} vs {}",
+            f32::from_bits(got[i]),
+            f32::from_bits(want[i])
+        );
+    }
+}
+
+/// Random weights of `dtype` with every level at its extreme (each block's f16 scale and
+/// min kept, K-quant scales at their maximum): the largest integer dots the type can give.
+pub(super) fn extreme_weights(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut bytes = random_weights(rng, dtype, rows, cols);
+    let (keep, fill) = match dtype {
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (0..4, 0xff),
+        DType::Q8_0 => (0..2, 0x80),
+        DType::Q6_K => (208..210, 0x00),
+        _ => (0..2, 0x00),
+    };
+    for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
+        for (i, byte) in block.iter_mut().enumerate() {
+            if !keep.contains(&i) {
+                *byte = fill;
+            }
+        }
+        if dtype == DType::Q6_K {
+            block[192..208].fill(0x80);
+        }
+    }
+    bytes
+}
+
 #[test]
 fn every_isa_is_bitwise_equal_to_scalar_for_every_quantized_type() {
     // Batch sizes 1..=17 hit every tile remainder, 70 several full tiles; 37 and 9 rows leave
