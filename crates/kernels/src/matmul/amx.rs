@@ -33,8 +33,8 @@ use std::sync::OnceLock;
 use super::activation::QuantizedActivations;
 use super::interleaved::GROUP;
 use super::unpack::{
-    prefetch_share, BlockParams, BlockVectors, SuperBlockMins, Weights, B_TILE_BYTES, K_MIN, MIN,
-    PLAIN, Q6, TILE_COLS,
+    prefetch_share, AlignedBytes, BlockParams, BlockVectors, SuperBlockMins, Weights, B_TILE_BYTES,
+    K_MIN, MIN, PLAIN, Q6, TILE_COLS,
 };
 use crate::cpu::tiles::{release_tiles, TileConfig};
 use crate::cpu::{amx_enabled, CpuFeatures};
@@ -97,7 +97,7 @@ fn tile_config(rows: usize) -> TileConfig {
 #[derive(Default)]
 struct Scratch {
     /// Unpacked B tiles of one 16-column tile, [`Weights::tiles_per_block`] per block.
-    b_tiles: Vec<u8>,
+    b_tiles: AlignedBytes,
     /// Column parameters of one 16-column tile per block.
     params: Vec<BlockParams>,
     /// Activation scales `d_x` per (activation tile, block), 16 rows each (zero past `n`).
@@ -116,7 +116,7 @@ const CHUNK_BLOCKS: usize = 24;
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     /// The calling thread's [`tile_activations`] buffer, shared read-only with the workers.
-    static TILED_A: RefCell<Vec<i8>> = const { RefCell::new(Vec::new()) };
+    static TILED_A: RefCell<AlignedBytes> = RefCell::new(AlignedBytes::default());
 }
 
 /// Bytes of one A tile in the tiled activations: 16 rows of one 32-element block.
@@ -126,9 +126,10 @@ const A_TILE_BYTES: usize = TILE_ROWS * QK;
 /// `[row tile][block][16 rows][32 bytes]`, so every A tile is 512 contiguous bytes (rows
 /// `in_features` apart alias a few cache sets and each A load would touch 16 half-used lines).
 /// The last tile's rows past `n` keep whatever `dst` held: no output is read from them.
-fn tile_activations(quants: &[i8], n: usize, in_features: usize, dst: &mut Vec<i8>) {
+fn tile_activations(quants: &[i8], n: usize, in_features: usize, dst: &mut AlignedBytes) {
     let blocks = in_features / QK;
-    dst.resize(n.div_ceil(TILE_ROWS) * blocks * A_TILE_BYTES, 0);
+    dst.resize(n.div_ceil(TILE_ROWS) * blocks * A_TILE_BYTES);
+    let dst = dst.as_i8_mut();
     for (i, row) in quants[..n * in_features]
         .chunks_exact(in_features)
         .enumerate()
@@ -165,7 +166,7 @@ pub(crate) fn matmul(
     );
     TILED_A.with_borrow_mut(|tiled| {
         tile_activations(quants, n, in_features, tiled);
-        let tiled: &[i8] = tiled;
+        let tiled: &[i8] = tiled.as_i8();
         pool.parallel_for(n_tasks, &|task| {
             let first = task * tiles_per_task;
             let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
@@ -243,7 +244,7 @@ unsafe fn run_task<'o>(
     }
     let tile_bytes = weights.tiles_per_block() * B_TILE_BYTES;
     let chunk = weights.chunk_blocks(CHUNK_BLOCKS);
-    scratch.b_tiles.resize(chunk * tile_bytes, 0);
+    scratch.b_tiles.resize(chunk * tile_bytes);
     scratch.params.resize(chunk, BlockParams::default());
 
     let full = tile_config(TILE_ROWS);
@@ -255,6 +256,9 @@ unsafe fn run_task<'o>(
     // Initialized once per task: a partial row tile stores fewer rows than the epilogue
     // reads, and those rows' results are never written out.
     let mut c_tiles = CTiles([[0; TILE_ROWS * TILE_COLS]; 2]);
+    // The first chunk of every column tile starts its accumulators from zero.
+    scratch.acc.clear();
+    scratch.acc.resize(row_tiles, [[0.0; TILE_COLS]; TILE_ROWS]);
     for col_tile in col_tiles {
         let g0 = 2 * col_tile;
         // A missing second group (odd group count) repeats the first; its columns are never
@@ -264,8 +268,6 @@ unsafe fn run_task<'o>(
         // The next column tile's two groups follow this tile's in memory.
         let next = data0.as_ptr().wrapping_add(2 * data0.len());
         let next_len = 2 * data0.len();
-        scratch.acc.clear();
-        scratch.acc.resize(row_tiles, [[0.0; TILE_COLS]; TILE_ROWS]);
         let mut start = 0;
         while start < blocks {
             let range = start..(start + chunk).min(blocks);
@@ -434,8 +436,8 @@ unsafe fn store_block<const E: u8>(c: &mut CTiles) {
 }
 
 /// Folds blocks `args.blocks` of the tile's activation rows against its 16 weight columns
-/// into `io[r][c]` (row `r`, column `c`), block by block in order, with epilogue `E`
-/// ([`PLAIN`], [`MIN`], [`K_MIN`], [`Q6`]).
+/// into `io[r][c]` (row `r`, column `c`; from zero when the chunk starts the row), block by
+/// block in order, with epilogue `E` ([`PLAIN`], [`MIN`], [`K_MIN`], [`Q6`]).
 ///
 /// # Safety
 /// AMX usable, tiles configured for the tile's row count, AVX-512 F/BW; `args` valid for its
@@ -449,11 +451,13 @@ unsafe fn tile_dots<const E: u8>(
     // (Loops, not `array::from_fn`, around intrinsics: a generic closure carries no target
     // features, so the intrinsic would not be inlined.)
     let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
-    for (acc, row) in acc.iter_mut().zip(io.iter()) {
-        // SAFETY: a row holds 16 f32.
-        *acc = unsafe { _mm512_loadu_ps(row.as_ptr()) };
-    }
     let blocks = args.blocks.clone();
+    if blocks.start > 0 {
+        for (acc, row) in acc.iter_mut().zip(io.iter()) {
+            // SAFETY: a row holds 16 f32.
+            *acc = unsafe { _mm512_loadu_ps(row.as_ptr()) };
+        }
+    }
     if !blocks.is_empty() {
         // SAFETY: the caller's contract.
         unsafe { multiply_block::<E>(args, blocks.start) };

@@ -20,7 +20,8 @@ use std::cell::RefCell;
 
 use super::activation::{QuantizedActivations, QuantizedRow};
 use super::unpack::{
-    prefetch_share, BlockParams, BlockVectors, Weights, B_TILE_BYTES, K_MIN, Q6, TILE_COLS,
+    prefetch_share, AlignedBytes, BlockParams, BlockVectors, Weights, B_TILE_BYTES, K_MIN, Q6,
+    TILE_COLS,
 };
 use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::QK;
@@ -38,7 +39,7 @@ const MAX_ROWS_Q6: usize = 4;
 #[derive(Default)]
 struct Scratch {
     /// Unpacked B tiles of one 16-column tile, [`Weights::tiles_per_block`] per block.
-    b_tiles: Vec<u8>,
+    b_tiles: AlignedBytes,
     /// Column parameters of one 16-column tile per block.
     params: Vec<BlockParams>,
     /// The task's activation rows.
@@ -143,7 +144,7 @@ unsafe fn run_task<'o>(
     let n_groups = weights.out_features().div_ceil(super::grouped::GROUP);
     let tile_bytes = weights.tiles_per_block() * B_TILE_BYTES;
     let chunk = weights.chunk_blocks(CHUNK_BLOCKS);
-    scratch.b_tiles.resize(chunk * tile_bytes, 0);
+    scratch.b_tiles.resize(chunk * tile_bytes);
     scratch.params.resize(chunk, BlockParams::default());
     let epilogue = weights.epilogue();
     let max_rows = if epilogue == Q6 {
@@ -158,6 +159,9 @@ unsafe fn run_task<'o>(
     scratch
         .rows
         .extend((0..n).map(|i| RowPtrs::of(&activations.row(i))));
+    // The first chunk of every column tile starts its accumulators from zero.
+    scratch.acc.clear();
+    scratch.acc.resize(n, [0.0; TILE_COLS]);
     for col_tile in col_tiles {
         let g0 = 2 * col_tile;
         // A missing second group (odd group count) repeats the first; its columns are never
@@ -167,8 +171,6 @@ unsafe fn run_task<'o>(
         // The next column tile's two groups follow this tile's in memory.
         let next = data0.as_ptr().wrapping_add(2 * data0.len());
         let next_len = 2 * data0.len();
-        scratch.acc.clear();
-        scratch.acc.resize(n, [0.0; TILE_COLS]);
         let mut start = 0;
         while start < blocks {
             let range = start..(start + chunk).min(blocks);
@@ -272,7 +274,8 @@ unsafe fn quad(at: *const i8) -> __m512i {
 }
 
 /// Folds blocks `tiles.blocks` of `R` activation rows against the tile's 16 weight columns
-/// into the rows' accumulators `acc[r]`, block by block in order, with epilogue `E`.
+/// into the rows' accumulators `io[r]` (from zero when the chunk starts the row), block by
+/// block in order, with epilogue `E`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; `tiles` holds its blocks' unpacked B tiles and parameters of the kind
@@ -295,8 +298,10 @@ unsafe fn row_dots<const E: u8, const R: usize>(
         // (A loop, not `array::from_fn`: a generic closure carries no target features, so the
         // intrinsic would not be inlined.)
         let mut acc = [_mm512_setzero_ps(); R];
-        for (r, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm512_loadu_ps((*io.add(r)).as_ptr());
+        if tiles.blocks.start > 0 {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_loadu_ps((*io.add(r)).as_ptr());
+            }
         }
         let bias = _mm512_set1_epi8(i8::MIN);
         for (i, b) in tiles.blocks.clone().enumerate() {
