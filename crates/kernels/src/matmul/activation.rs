@@ -154,8 +154,8 @@ fn quantize_blocks(
     half_sums: &mut [i32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx2 {
-        // SAFETY: AVX2 was detected.
+    if crate::cpu::CpuFeatures::get().avx2 && crate::cpu::CpuFeatures::get().f16c {
+        // SAFETY: AVX2 and F16C were detected.
         unsafe { avx2::quantize_blocks(x, quants, scales, block_sums, quant_sums, half_sums) };
         return;
     }
@@ -215,16 +215,32 @@ fn quantize_block(values: &[f32], quants: &mut [i8]) -> (f32, i32) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{round_to_f16, QK};
+    use super::QK;
+
+    /// `(round_to_f16(a), round_to_f16(b))` with one F16C round trip (round to nearest even,
+    /// as `dtype::f32_to_f16`).
+    ///
+    /// # Safety
+    /// The CPU must support F16C.
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    pub(super) unsafe fn round_pair_to_f16(a: f32, b: f32) -> (f32, f32) {
+        let pair = _mm_setr_ps(a, b, 0.0, 0.0);
+        let pair = _mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(pair));
+        (_mm_cvtss_f32(pair), _mm_cvtss_f32(_mm_movehdup_ps(pair)))
+    }
 
     /// AVX2 twin of `quantize_blocks_scalar` with bitwise-equal results: the block maximum is
     /// order-independent, `cvtps_epi32` rounds to nearest even like the scalar magic-number
-    /// rounding, and the scale arithmetic is the same scalar code.
+    /// rounding, the scale arithmetic is the same scalar code, and F16C's round-to-nearest-even
+    /// conversion rounds the scale and block sum to f16 exactly as `dtype::f32_to_f16` does.
+    /// (Plain loops, not `array::from_fn`, around the intrinsics: a generic closure carries no
+    /// target features, so they would not be inlined.)
     ///
     /// # Safety
-    /// The CPU must support AVX2. Slices must hold matching whole blocks (as the scalar
-    /// version's zips assume): `x` and `quants` 32 values per block, the others one.
-    #[target_feature(enable = "avx2")]
+    /// The CPU must support AVX2 and F16C. Slices must hold matching whole blocks (as the
+    /// scalar version's zips assume): `x` and `quants` 32 values per block, the others one.
+    #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn quantize_blocks(
         x: &[f32],
         quants: &mut [i8],
@@ -247,8 +263,12 @@ mod avx2 {
             // bounded by both lengths above).
             unsafe {
                 let src = x.as_ptr().add(b * QK);
-                let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(8 * i)));
-                let a: [__m256; 4] = std::array::from_fn(|i| _mm256_andnot_ps(sign, v[i]));
+                let mut v = [_mm256_setzero_ps(); 4];
+                let mut a = [_mm256_setzero_ps(); 4];
+                for i in 0..4 {
+                    v[i] = _mm256_loadu_ps(src.add(8 * i));
+                    a[i] = _mm256_andnot_ps(sign, v[i]);
+                }
                 let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
                 let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
                 let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
@@ -257,13 +277,14 @@ mod avx2 {
                 let scale = amax / 127.0;
                 let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
                 let factor = _mm256_set1_ps(inverse);
-                let q: [__m256i; 4] = std::array::from_fn(|i| {
+                let mut q = [_mm256_setzero_si256(); 4];
+                for i in 0..4 {
                     let rounded = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], factor));
-                    _mm256_max_epi32(
+                    q[i] = _mm256_max_epi32(
                         _mm256_min_epi32(rounded, limit),
                         _mm256_sub_epi32(_mm256_setzero_si256(), limit),
-                    )
-                });
+                    );
+                }
                 let sum_of = |total: __m256i| {
                     let t4 = _mm_add_epi32(
                         _mm256_castsi256_si128(total),
@@ -281,8 +302,7 @@ mod avx2 {
                 );
                 let bytes = _mm256_permutevar8x32_epi32(words, order);
                 _mm256_storeu_si256(quants.as_mut_ptr().add(b * QK) as *mut __m256i, bytes);
-                scales[b] = round_to_f16(scale);
-                block_sums[b] = round_to_f16(scale * sum as f32);
+                (scales[b], block_sums[b]) = round_pair_to_f16(scale, scale * sum as f32);
                 quant_sums[b] = sum;
                 half_sums[2 * b] = first;
                 half_sums[2 * b + 1] = sum - first;
@@ -294,6 +314,47 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// F16C's rounding of the scale and block sum equals the software conversion for every
+    /// exponent (f16 normals, subnormals, underflow to zero and overflow to infinity), with
+    /// random mantissas and the exact halfway cases.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16c_rounding_equals_software() {
+        if !crate::cpu::CpuFeatures::get().f16c {
+            eprintln!("f16c_rounding_equals_software: skipped, this host lacks F16C");
+            return;
+        }
+        let mut rng = crate::test_util::Rng::new(5);
+        let mut values = Vec::new();
+        for exponent in 0u32..255 {
+            for &low in &[0u32, 0x1000, 0x3000, 0x0fff, 0x1001, 0x7f_ffff] {
+                for sign in [0u32, 1 << 31] {
+                    values.push(f32::from_bits(sign | exponent << 23 | low));
+                }
+            }
+            for _ in 0..16 {
+                let mantissa = (rng.vec(1, 0.0, 8_388_607.0)[0] as u32) & 0x7f_ffff;
+                values.push(f32::from_bits(exponent << 23 | mantissa));
+            }
+        }
+        for pair in values.chunks_exact(2) {
+            // SAFETY: F16C was detected above.
+            let (a, b) = unsafe { avx2::round_pair_to_f16(pair[0], pair[1]) };
+            assert_eq!(
+                a.to_bits(),
+                round_to_f16(pair[0]).to_bits(),
+                "{:e}",
+                pair[0]
+            );
+            assert_eq!(
+                b.to_bits(),
+                round_to_f16(pair[1]).to_bits(),
+                "{:e}",
+                pair[1]
+            );
+        }
+    }
 
     #[test]
     fn quantizes_known_block() {
