@@ -90,6 +90,7 @@
 // hand-off live, each block with its `// SAFETY:` note (ARCHITECTURE.md invariant 6).
 #![allow(unsafe_code)]
 
+mod aligned;
 mod attention;
 mod cpu;
 mod dtype;

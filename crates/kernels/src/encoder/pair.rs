@@ -34,6 +34,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::gemm::check_lengths;
+use crate::aligned::AlignedBytes;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::tiles::{release_tiles, TileConfig};
 #[cfg(target_arch = "x86_64")]
@@ -119,7 +120,7 @@ pub struct Int8PairMatrix {
     padded_inputs: usize,
     /// `[column tile][step][hi, lo][16 quads][16 columns][4]`: B tiles in `tdpbssd`'s layout
     /// (input `4 · quad + i` of column `c` at `quad · 64 + c · 4 + i`), zero past the matrix.
-    tiles: Vec<i8>,
+    tiles: AlignedBytes,
     /// `max|w| / FIXED_MAX` per output column, zero past the matrix.
     scales: Vec<f32>,
     kernel: PairKernel,
@@ -165,7 +166,8 @@ impl Int8PairMatrix {
         let padded_inputs = in_features.next_multiple_of(STEP);
         let steps = padded_inputs / STEP;
         let column_tiles = out_features.div_ceil(TILE);
-        let mut tiles = vec![0i8; column_tiles * steps * 2 * B_TILE_BYTES];
+        let mut packed = AlignedBytes::zeroed(column_tiles * steps * 2 * B_TILE_BYTES);
+        let tiles = packed.as_i8_mut();
         let mut scales = vec![0.0f32; column_tiles * TILE];
         for (column, row) in values.chunks_exact(in_features).enumerate() {
             let max = row.iter().fold(0.0f32, |max, v| max.max(v.abs()));
@@ -188,7 +190,7 @@ impl Int8PairMatrix {
             out_features,
             in_features,
             padded_inputs,
-            tiles,
+            tiles: packed,
             scales,
             kernel,
         })
@@ -287,8 +289,8 @@ struct Activations<'a> {
 /// Per-thread buffers for the quantized activations, grown to the largest call and reused.
 #[derive(Default)]
 struct Scratch {
-    hi: Vec<i8>,
-    lo: Vec<i8>,
+    hi: AlignedBytes,
+    lo: AlignedBytes,
     scales: Vec<f32>,
 }
 
@@ -311,15 +313,15 @@ impl Scratch {
         let len = padded_rows * padded_inputs;
         for half in [&mut self.hi, &mut self.lo] {
             if half.len() < len {
-                half.resize(len, 0);
+                half.resize(len);
             }
         }
         if self.scales.len() < padded_rows {
             self.scales.resize(padded_rows, 0.0);
         }
         let (hi, lo, scales) = (
-            &mut self.hi[..len],
-            &mut self.lo[..len],
+            &mut self.hi.as_i8_mut()[..len],
+            &mut self.lo.as_i8_mut()[..len],
             &mut self.scales[..padded_rows],
         );
         // Rows past `n` are zero in case a larger call left values there.
@@ -419,8 +421,8 @@ impl Task<'_> {
                     let base = (tile * steps + step) * 2 * B_TILE_BYTES;
                     let offset = (within / 4) * 64 + c * 4 + within % 4;
                     let (wh, wl) = (
-                        i32::from(matrix.tiles[base + offset]),
-                        i32::from(matrix.tiles[base + B_TILE_BYTES + offset]),
+                        i32::from(matrix.tiles.as_i8()[base + offset]),
+                        i32::from(matrix.tiles.as_i8()[base + B_TILE_BYTES + offset]),
                     );
                     let (h, l) = (i32::from(xh[k]), i32::from(xl[k]));
                     hh += h * wh;
@@ -470,6 +472,7 @@ impl Task<'_> {
                     self.matrix
                         .tiles
                         .as_ptr()
+                        .cast::<i8>()
                         .add(column_tile * steps * 2 * B_TILE_BYTES)
                 };
                 // SAFETY: `a` gives 16 rows of `padded` bytes per half (rows are padded to

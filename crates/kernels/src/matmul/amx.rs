@@ -33,9 +33,10 @@ use std::sync::OnceLock;
 use super::activation::QuantizedActivations;
 use super::interleaved::GROUP;
 use super::unpack::{
-    prefetch_share, AlignedBytes, BlockParams, BlockVectors, SuperBlockMins, Weights, B_TILE_BYTES,
-    K_MIN, MIN, PLAIN, Q6, TILE_COLS,
+    prefetch_share, BlockParams, BlockVectors, SuperBlockMins, Weights, B_TILE_BYTES, K_MIN, MIN,
+    PLAIN, Q6, TILE_COLS,
 };
+use crate::aligned::AlignedBytes;
 use crate::cpu::tiles::{release_tiles, TileConfig};
 use crate::cpu::{amx_enabled, CpuFeatures};
 use crate::dtype::DType;

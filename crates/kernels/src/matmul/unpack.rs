@@ -37,45 +37,6 @@ pub(crate) const K_MIN: u8 = 2;
 /// Q6_K: two dots (elements 0..16 and 16..32) times their integer scales, summed.
 pub(crate) const Q6: u8 = 3;
 
-/// A reusable byte buffer that starts on a 64-byte boundary, for B tiles and tiled
-/// activations: a tile row or 512-bit load at a 16-byte offset splits two cache lines, which
-/// measured 2.2x the cycles of a tile load/multiply/store round and 3.4x those of a
-/// `tilestored` on the Xeon.
-#[derive(Default)]
-pub(crate) struct AlignedBytes(Vec<Line>);
-
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
-impl AlignedBytes {
-    /// Makes room for at least `len` bytes (new bytes zero; existing ones kept).
-    pub(crate) fn resize(&mut self, len: usize) {
-        self.0.resize(len.div_ceil(64), Line([0; 64]));
-    }
-
-    pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.0.as_ptr().cast()
-    }
-
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut_ptr().cast()
-    }
-
-    /// The bytes as signed int8.
-    pub(crate) fn as_i8(&self) -> &[i8] {
-        // SAFETY: `Line`s are plain bytes laid out back to back (size 64, align 64, no
-        // padding); i8 has u8's size and alignment; the slice borrows `self`.
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * 64) }
-    }
-
-    /// The bytes as signed int8, writable.
-    pub(crate) fn as_i8_mut(&mut self) -> &mut [i8] {
-        // SAFETY: as `as_i8`, borrowing `self` mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), self.0.len() * 64) }
-    }
-}
-
 /// One 32-element block's column parameters for a 16-column tile.
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
@@ -645,22 +606,6 @@ mod tests {
             Storage::KQuant(groups) => Weights::KQuant(groups),
             _ => unreachable!("a group layout"),
         }
-    }
-
-    /// The buffer starts on a cache line whatever its size, keeps its bytes when it grows,
-    /// and its int8 views cover whole lines.
-    #[test]
-    fn aligned_bytes_start_on_a_line() {
-        let mut buffer = AlignedBytes::default();
-        for len in [1usize, 100, 512, 12_288, 40_000] {
-            buffer.resize(len);
-            assert_eq!(buffer.as_ptr() as usize % 64, 0, "{len} bytes");
-            assert_eq!(buffer.as_mut_ptr() as usize % 64, 0, "{len} bytes");
-            assert!(buffer.as_i8().len() >= len && buffer.as_i8().len() % 64 == 0);
-            buffer.as_i8_mut()[len - 1] = 7;
-            assert_eq!(buffer.as_i8()[len - 1], 7);
-        }
-        assert_eq!(buffer.as_i8()[99], 7, "kept across growth");
     }
 
     /// Chunks split a row's blocks evenly within the bound (no short last chunk) and, for

@@ -20,9 +20,9 @@ use std::cell::RefCell;
 
 use super::activation::{QuantizedActivations, QuantizedRow};
 use super::unpack::{
-    prefetch_share, AlignedBytes, BlockParams, BlockVectors, Weights, B_TILE_BYTES, K_MIN, Q6,
-    TILE_COLS,
+    prefetch_share, BlockParams, BlockVectors, Weights, B_TILE_BYTES, K_MIN, Q6, TILE_COLS,
 };
+use crate::aligned::AlignedBytes;
 use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::QK;
 use crate::simd::first_lanes_mask;
