@@ -93,12 +93,18 @@ unsafe fn store_all<S: Lanes, const R: usize>(acc: [S::F; R], out: &mut PairOut<
 /// Q4_0/Q4_1 (`FIVE = false`) or Q5_0/Q5_1 (`FIVE = true`): the AVX2 kernel's unpacking, with
 /// one `vpdpbusd` per step and row.
 #[inline(always)]
-unsafe fn q4_tile<S: Lanes, const R: usize, const FIVE: bool>(
-    kind: GroupKind,
+unsafe fn q4_tile<S: Lanes, const R: usize, const FIVE: bool, const MIN: bool>(
     groups: GroupPair<'_>,
     xs: &[QuantizedRow<'_>; R],
     out: &mut PairOut<R>,
 ) {
+    // The kind from the type parameters, so its offset, layout and min term are constants.
+    let kind = match (FIVE, MIN) {
+        (false, false) => GroupKind::Q4Zero,
+        (false, true) => GroupKind::Q4One,
+        (true, false) => GroupKind::Q5Zero,
+        (true, true) => GroupKind::Q5One,
+    };
     let stride = kind.block_stride();
     // SAFETY: (whole body) the caller's features; group-block b's bytes lie inside both groups
     // and activation block b inside every row (entry point contract).
@@ -135,7 +141,7 @@ unsafe fn q4_tile<S: Lanes, const R: usize, const FIVE: bool>(
                     dots[r] = S::dot(dots[r], high, S::broadcast4(x.add(16 + 4 * kk)));
                 }
             }
-            let mins = if kind.has_min() {
+            let mins = if MIN {
                 S::f16x8(base.add(16))
             } else {
                 S::zero_f()
@@ -143,12 +149,12 @@ unsafe fn q4_tile<S: Lanes, const R: usize, const FIVE: bool>(
             for r in 0..R {
                 let mut dot = dots[r];
                 if offset != 0 {
-                    dot = S::sub32(dot, S::splat32(offset * xs[r].quant_sums[b]));
+                    dot = S::sub32(dot, S::splat32(offset * *xs[r].quant_sums.get_unchecked(b)));
                 }
-                let d = S::mul_f(scales, S::splat_f(xs[r].scales[b]));
+                let d = S::mul_f(scales, S::splat_f(*xs[r].scales.get_unchecked(b)));
                 acc[r] = S::fmadd(d, S::to_f32(dot), acc[r]);
-                if kind.has_min() {
-                    acc[r] = S::fmadd(mins, S::splat_f(xs[r].block_sums[b]), acc[r]);
+                if MIN {
+                    acc[r] = S::fmadd(mins, S::splat_f(*xs[r].block_sums.get_unchecked(b)), acc[r]);
                 }
             }
         }
@@ -183,8 +189,11 @@ unsafe fn q8_tile<S: Lanes, const R: usize>(
                 }
             }
             for r in 0..R {
-                let dot = S::sub32(dots[r], S::splat32(128 * xs[r].quant_sums[b]));
-                let d = S::mul_f(scales, S::splat_f(xs[r].scales[b]));
+                let dot = S::sub32(
+                    dots[r],
+                    S::splat32(128 * *xs[r].quant_sums.get_unchecked(b)),
+                );
+                let d = S::mul_f(scales, S::splat_f(*xs[r].scales.get_unchecked(b)));
                 acc[r] = S::fmadd(d, S::to_f32(dot), acc[r]);
             }
         }
@@ -247,8 +256,11 @@ unsafe fn iq4_tile<S: Lanes, const R: usize, const XS: bool>(
                     }
                 }
                 for r in 0..R {
-                    let dot = S::sub32(dots[r], S::splat32(128 * xs[r].quant_sums[xb]));
-                    let dx = S::mul_f(scale, S::splat_f(xs[r].scales[xb]));
+                    let dot = S::sub32(
+                        dots[r],
+                        S::splat32(128 * *xs[r].quant_sums.get_unchecked(xb)),
+                    );
+                    let dx = S::mul_f(scale, S::splat_f(*xs[r].scales.get_unchecked(xb)));
                     acc[r] = S::fmadd(dx, S::to_f32(dot), acc[r]);
                 }
             }
@@ -308,10 +320,10 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
                 for r in 0..R {
                     let xb = 8 * s + 2 * c;
                     let low = S::to_f32(S::mul32(dot_low[r], scale_low));
-                    let d_low = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
+                    let d_low = S::mul_f(d, S::splat_f(*xs[r].scales.get_unchecked(xb)));
                     acc[r] = S::fmadd(d_low, low, acc[r]);
                     let high = S::to_f32(S::mul32(dot_high[r], scale_high));
-                    let d_high = S::mul_f(d, S::splat_f(xs[r].scales[xb + 1]));
+                    let d_high = S::mul_f(d, S::splat_f(*xs[r].scales.get_unchecked(xb + 1)));
                     acc[r] = S::fmadd(d_high, high, acc[r]);
                 }
             }
@@ -320,7 +332,11 @@ unsafe fn q4_k_tile<S: Lanes, const R: usize, const FIVE_BITS: bool>(
             for j in 0..8 {
                 let mins = S::to_f32(S::u8x8(unpacked.add(UNPACKED_MINS + j * GROUP)));
                 for r in 0..R {
-                    m[r] = S::fmadd(mins, S::splat_f(xs[r].block_sums[8 * s + j]), m[r]);
+                    m[r] = S::fmadd(
+                        mins,
+                        S::splat_f(*xs[r].block_sums.get_unchecked(8 * s + j)),
+                        m[r],
+                    );
                 }
             }
             for r in 0..R {
@@ -359,7 +375,7 @@ unsafe fn q6_k_tile<S: Lanes, const R: usize>(
                 let first = 8 * s + 4 * h;
                 let add = |acc: &mut [S::F; R], dots: [S::F; R], xb: usize| {
                     for r in 0..R {
-                        let dx = S::mul_f(d, S::splat_f(xs[r].scales[xb]));
+                        let dx = S::mul_f(d, S::splat_f(*xs[r].scales.get_unchecked(xb)));
                         acc[r] = S::fmadd(dx, dots[r], acc[r]);
                     }
                 };
@@ -426,7 +442,7 @@ unsafe fn q6_k_blocks<S: Lanes, const R: usize, const G0: usize, const N: usize>
                 // Block 3's quants enter as 4q (see `q6_k_tile`).
                 let factor = if g == 3 { 4 } else { 1 };
                 for r in 0..R {
-                    let sum = xs[r].half_sums[2 * (first + g) + half];
+                    let sum = *xs[r].half_sums.get_unchecked(2 * (first + g) + half);
                     sums[r] = S::splat32(-32 * factor * sum);
                 }
             }
@@ -481,12 +497,10 @@ macro_rules! interleaved_dispatch {
     ($lanes:ty, $kind:expr, $groups:expr, $xs:expr, $out:expr) => {
         match $kind {
             GroupKind::Q8Zero => q8_tile::<$lanes, R>($groups, $xs, $out),
-            GroupKind::Q4Zero | GroupKind::Q4One => {
-                q4_tile::<$lanes, R, false>($kind, $groups, $xs, $out)
-            }
-            GroupKind::Q5Zero | GroupKind::Q5One => {
-                q4_tile::<$lanes, R, true>($kind, $groups, $xs, $out)
-            }
+            GroupKind::Q4Zero => q4_tile::<$lanes, R, false, false>($groups, $xs, $out),
+            GroupKind::Q4One => q4_tile::<$lanes, R, false, true>($groups, $xs, $out),
+            GroupKind::Q5Zero => q4_tile::<$lanes, R, true, false>($groups, $xs, $out),
+            GroupKind::Q5One => q4_tile::<$lanes, R, true, true>($groups, $xs, $out),
             GroupKind::Iq4Nl => iq4_tile::<$lanes, R, false>($groups, $xs, $out),
             GroupKind::Iq4Xs => iq4_tile::<$lanes, R, true>($groups, $xs, $out),
         }
