@@ -184,13 +184,19 @@ pub(crate) unsafe fn dot_float<const ROWS: usize, const R: usize, const KIND: u8
 /// The CPU must support AVX2, FMA and F16C. `group` must hold `n_blocks` group-blocks of
 /// `kind` and every activation row `n_blocks` quantized blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_group_tile<const R: usize, const FIVE: bool>(
-    kind: GroupKind,
+pub(crate) unsafe fn q4_group_tile<const R: usize, const FIVE: bool, const MIN: bool>(
     group: &[u8],
     n_blocks: usize,
     xs: &[QuantizedRow<'_>; R],
     out: &mut [[f32; GROUP]; R],
 ) {
+    // The kind from the type parameters, so its offset, layout and min term are constants.
+    let kind = match (FIVE, MIN) {
+        (false, false) => GroupKind::Q4Zero,
+        (false, true) => GroupKind::Q4One,
+        (true, false) => GroupKind::Q5Zero,
+        (true, true) => GroupKind::Q5One,
+    };
     let stride = kind.block_stride();
     debug_assert!(group.len() >= n_blocks * stride);
     debug_assert!(xs.iter().all(|x| x.quants.len() >= n_blocks * QK));
@@ -240,7 +246,7 @@ pub(crate) unsafe fn q4_group_tile<const R: usize, const FIVE: bool>(
                     }
                 }
             }
-            let mins = if kind.has_min() {
+            let mins = if MIN {
                 _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i))
             } else {
                 _mm256_setzero_ps()
@@ -248,12 +254,19 @@ pub(crate) unsafe fn q4_group_tile<const R: usize, const FIVE: bool>(
             for r in 0..R {
                 let mut dot = dots[r];
                 if offset != 0 {
-                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(offset * xs[r].quant_sums[b]));
+                    dot = _mm256_sub_epi32(
+                        dot,
+                        _mm256_set1_epi32(offset * *xs[r].quant_sums.get_unchecked(b)),
+                    );
                 }
-                let d = _mm256_mul_ps(scales, _mm256_set1_ps(xs[r].scales[b]));
+                let d = _mm256_mul_ps(scales, _mm256_set1_ps(*xs[r].scales.get_unchecked(b)));
                 acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), acc[r]);
-                if kind.has_min() {
-                    acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(xs[r].block_sums[b]), acc[r]);
+                if MIN {
+                    acc[r] = _mm256_fmadd_ps(
+                        mins,
+                        _mm256_set1_ps(*xs[r].block_sums.get_unchecked(b)),
+                        acc[r],
+                    );
                 }
             }
         }
@@ -349,7 +362,7 @@ pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
                     }
                 }
                 for r in 0..R {
-                    let d = _mm256_mul_ps(scale, _mm256_set1_ps(xs[r].scales[xb]));
+                    let d = _mm256_mul_ps(scale, _mm256_set1_ps(*xs[r].scales.get_unchecked(xb)));
                     acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dots[r]), acc[r]);
                 }
             }
@@ -401,7 +414,7 @@ pub(crate) unsafe fn q8_group_tile<const R: usize>(
                 }
             }
             for r in 0..R {
-                let d = _mm256_mul_ps(scales, _mm256_set1_ps(xs[r].scales[b]));
+                let d = _mm256_mul_ps(scales, _mm256_set1_ps(*xs[r].scales.get_unchecked(b)));
                 acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[r]), acc[r]);
             }
         }

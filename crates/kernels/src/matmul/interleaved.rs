@@ -304,11 +304,17 @@ impl GroupedLayout for Groups {
                 let out = &mut out[0];
                 match kind {
                     GroupKind::Q8Zero => avx2::q8_group_tile::<R>(data, n_blocks, xs, out),
-                    GroupKind::Q4Zero | GroupKind::Q4One => {
-                        avx2::q4_group_tile::<R, false>(kind, data, n_blocks, xs, out)
+                    GroupKind::Q4Zero => {
+                        avx2::q4_group_tile::<R, false, false>(data, n_blocks, xs, out)
                     }
-                    GroupKind::Q5Zero | GroupKind::Q5One => {
-                        avx2::q4_group_tile::<R, true>(kind, data, n_blocks, xs, out)
+                    GroupKind::Q4One => {
+                        avx2::q4_group_tile::<R, false, true>(data, n_blocks, xs, out)
+                    }
+                    GroupKind::Q5Zero => {
+                        avx2::q4_group_tile::<R, true, false>(data, n_blocks, xs, out)
+                    }
+                    GroupKind::Q5One => {
+                        avx2::q4_group_tile::<R, true, true>(data, n_blocks, xs, out)
                     }
                     GroupKind::Iq4Nl => avx2::iq4_group_tile::<R, false>(data, n_blocks, xs, out),
                     GroupKind::Iq4Xs => avx2::iq4_group_tile::<R, true>(data, n_blocks, xs, out),

@@ -172,9 +172,10 @@ pub(crate) unsafe fn q4_k_tile<const R: usize, const FIVE_BITS: bool>(
                 }
                 for r in 0..R {
                     let xb = 8 * s + 2 * c;
-                    let d_low = _mm256_mul_ps(d, _mm256_set1_ps(xs[r].scales[xb]));
+                    let d_low = _mm256_mul_ps(d, _mm256_set1_ps(*xs[r].scales.get_unchecked(xb)));
                     acc[r] = _mm256_fmadd_ps(d_low, _mm256_cvtepi32_ps(dot_low[r]), acc[r]);
-                    let d_high = _mm256_mul_ps(d, _mm256_set1_ps(xs[r].scales[xb + 1]));
+                    let d_high =
+                        _mm256_mul_ps(d, _mm256_set1_ps(*xs[r].scales.get_unchecked(xb + 1)));
                     acc[r] = _mm256_fmadd_ps(d_high, _mm256_cvtepi32_ps(dot_high[r]), acc[r]);
                 }
             }
@@ -185,7 +186,7 @@ pub(crate) unsafe fn q4_k_tile<const R: usize, const FIVE_BITS: bool>(
                 let mins = _mm_loadl_epi64(at as *const __m128i);
                 let mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mins));
                 for r in 0..R {
-                    let sum = _mm256_set1_ps(xs[r].block_sums[8 * s + j]);
+                    let sum = _mm256_set1_ps(*xs[r].block_sums.get_unchecked(8 * s + j));
                     m[r] = _mm256_fmadd_ps(mins, sum, m[r]);
                 }
             }
