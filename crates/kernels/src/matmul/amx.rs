@@ -510,11 +510,11 @@ unsafe fn tile_dots<const E: u8>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
     use crate::matmul::tests::{
-        assert_same_bits as assert_same, extreme_weights, isa_bits as run_isa, public_bits,
+        assert_same_bits as assert_same, assert_tile_rows_batch_invariant, extreme_weights,
+        isa_bits as run_isa, public_bits, tile_bits,
     };
-    use crate::matmul::{Isa, MatmulScratch, QMatrix};
+    use crate::matmul::{Isa, QMatrix, TileKernel};
     use crate::test_util::{random_weights, Rng};
 
     // Every type the AMX path covers: all ten quantized types (both group layouts).
@@ -534,13 +534,7 @@ mod tests {
     }
 
     fn run_amx(amx: Amx, matrix: &QMatrix, x: &[f32], n: usize, pool: &ThreadPool) -> Vec<u32> {
-        let weights = matrix.amx_weights().expect("a group layout");
-        let mut out = vec![f32::NAN; n * matrix.out_features()];
-        let mut scratch = MatmulScratch::new();
-        matrix
-            .matmul_amx(amx, weights, pool, x, n, &mut out, &mut scratch)
-            .unwrap();
-        out.iter().map(|v| v.to_bits()).collect()
+        tile_bits(TileKernel::Amx(amx), matrix, x, n, pool)
     }
 
     /// AMX results equal the scalar twin's bit for bit, for every covered type, batch sizes
@@ -604,45 +598,13 @@ mod tests {
         let Some(amx) = amx_or_skip("amx_rows_are_batch_invariant") else {
             return;
         };
-        let pools = [ThreadPool::new(1), ThreadPool::new(3)];
-        let mut rng = Rng::new(23);
-        let (rows, cols, n) = (45usize, 512usize, 70usize);
-        for dtype in [
-            DType::Q4_1,
-            DType::Q8_0,
-            DType::Q5_0,
-            DType::Q4_K,
-            DType::Q6_K,
-        ] {
-            let bytes = random_weights(&mut rng, dtype, rows, cols);
-            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
-            let x = rng.vec(n * cols, -2.0, 2.0);
-            let full = run_amx(amx, &matrix, &x, n, &pools[0]);
-            let threads = run_amx(amx, &matrix, &x, n, &pools[1]);
-            assert_same(&threads, &full, &format!("{dtype} threads"));
-            for (start, len) in [(3usize, 16usize), (5, 21), (40, 30)] {
-                let part = run_amx(
-                    amx,
-                    &matrix,
-                    &x[start * cols..(start + len) * cols],
-                    len,
-                    &pools[1],
-                );
-                let want = &full[start * rows..(start + len) * rows];
-                assert_same(&part, want, &format!("{dtype} rows {start}+{len}"));
-            }
-            for i in [0usize, 17, 69] {
-                let single = run_isa(
-                    Isa::detect(),
-                    &matrix,
-                    &x[i * cols..(i + 1) * cols],
-                    1,
-                    &pools[0],
-                );
-                let want = &full[i * rows..(i + 1) * rows];
-                assert_same(&single, want, &format!("{dtype} row {i} alone"));
-            }
-        }
+        assert_tile_rows_batch_invariant(
+            TileKernel::Amx(amx),
+            23,
+            (45, 512, 70),
+            &[(3, 16), (5, 21), (40, 30)],
+            &[0, 17, 69],
+        );
     }
 
     /// Without AMX int8 (or without AVX-512 F/BW next to it) there is no token, so matmul keeps

@@ -155,6 +155,33 @@ impl From<&CpuFeatures> for Isa {
     }
 }
 
+/// The kernels over unpacked 16-column tiles (`unpack.rs`) that take the group layouts at
+/// several rows, each with the token that proves this process may run it; bitwise equal to
+/// the group kernels.
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TileKernel {
+    /// AMX int8 tiles (`amx.rs`).
+    Amx(amx::Amx),
+    /// AVX-512 VNNI row sweeps (`vnni_tiles.rs`).
+    Sweeps(vnni_tiles::Vnni512),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileKernel {
+    /// The kernel for `n` rows of `dtype` on `isa`: AMX tiles from `amx::min_rows` rows where
+    /// the process may use them, else the AVX-512 row sweeps from `vnni_tiles::MIN_ROWS`
+    /// rows; `None` (the group kernels) below both.
+    fn for_rows(dtype: DType, n: usize, isa: Isa) -> Option<TileKernel> {
+        match amx::Amx::detect() {
+            Some(amx) if n >= amx::min_rows(dtype) => Some(TileKernel::Amx(amx)),
+            _ => vnni_tiles::Vnni512::for_isa(isa)
+                .filter(|_| n >= vnni_tiles::MIN_ROWS)
+                .map(TileKernel::Sweeps),
+        }
+    }
+}
+
 /// `R` f32 activation rows processed together against each f32 weight row.
 pub(crate) type Tile<'a, const R: usize> = [&'a [f32]; R];
 
@@ -324,24 +351,15 @@ impl QMatrix {
         out: &mut [f32],
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
-        // The group layouts take AMX tiles from `amx::min_rows` rows where the process may use
-        // them (bitwise equal to the other paths).
-        #[cfg(target_arch = "x86_64")]
-        if let (Some(amx), Some(weights)) = (amx::Amx::detect(), self.amx_weights()) {
-            if n >= amx::min_rows(self.dtype) {
-                return self.matmul_amx(amx, weights, pool, x, n, out, scratch);
-            }
-        }
-        // Below that (or without AMX), from `vnni_tiles::MIN_ROWS` rows the AVX-512 VNNI row
-        // sweeps over unpacked tiles (bitwise equal too).
+        // The group layouts take a kernel over unpacked tiles from several rows (AMX tiles
+        // where the process may use them, else AVX-512 VNNI row sweeps; bitwise equal to the
+        // other paths).
         let isa = Isa::detect();
         #[cfg(target_arch = "x86_64")]
-        if let (Some(token), Some(weights)) =
-            (vnni_tiles::Vnni512::for_isa(isa), self.amx_weights())
+        if let (Some(kernel), Some(weights)) =
+            (TileKernel::for_rows(self.dtype, n, isa), self.amx_weights())
         {
-            if n >= vnni_tiles::MIN_ROWS {
-                return self.matmul_vnni_tiles(token, weights, pool, x, n, out, scratch);
-            }
+            return self.matmul_tiles(kernel, weights, pool, x, n, out, scratch);
         }
         self.matmul_with_isa(isa, pool, x, n, out, scratch)
     }
@@ -357,12 +375,12 @@ impl QMatrix {
         }
     }
 
-    /// [`QMatrix::matmul`] on AMX tiles.
+    /// [`QMatrix::matmul`] on a kernel over unpacked 16-column tiles.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
-    fn matmul_amx(
+    fn matmul_tiles(
         &self,
-        amx: amx::Amx,
+        kernel: TileKernel,
         weights: unpack::Weights<'_>,
         pool: &ThreadPool,
         x: &[f32],
@@ -371,26 +389,13 @@ impl QMatrix {
         scratch: &mut MatmulScratch,
     ) -> Result<(), KernelError> {
         if self.prepare(pool, x, n, out, scratch)? {
-            amx::matmul(amx, weights, pool, &scratch.activations, n, out);
-        }
-        Ok(())
-    }
-
-    /// [`QMatrix::matmul`] on AVX-512 VNNI over unpacked 16-column tiles.
-    #[cfg(target_arch = "x86_64")]
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_vnni_tiles(
-        &self,
-        token: vnni_tiles::Vnni512,
-        weights: unpack::Weights<'_>,
-        pool: &ThreadPool,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        scratch: &mut MatmulScratch,
-    ) -> Result<(), KernelError> {
-        if self.prepare(pool, x, n, out, scratch)? {
-            vnni_tiles::matmul(token, weights, pool, &scratch.activations, n, out);
+            let activations = &scratch.activations;
+            match kernel {
+                TileKernel::Amx(amx) => amx::matmul(amx, weights, pool, activations, n, out),
+                TileKernel::Sweeps(token) => {
+                    vnni_tiles::matmul(token, weights, pool, activations, n, out)
+                }
+            }
         }
         Ok(())
     }

@@ -101,6 +101,76 @@ pub(super) fn public_bits(matrix: &QMatrix, x: &[f32], n: usize, pool: &ThreadPo
     out.iter().map(|v| v.to_bits()).collect()
 }
 
+/// `matrix · x` on the tile kernel `kernel` as bits (output prefilled with NaN).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn tile_bits(
+    kernel: TileKernel,
+    matrix: &QMatrix,
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) -> Vec<u32> {
+    let weights = matrix.amx_weights().expect("a group layout");
+    let mut out = vec![f32::NAN; n * matrix.out_features()];
+    let mut scratch = MatmulScratch::new();
+    matrix
+        .matmul_tiles(kernel, weights, pool, x, n, &mut out, &mut scratch)
+        .unwrap();
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+/// For a few group-layout types: `kernel`'s rows of an `n`-row batch (`rows × cols` weights,
+/// random from `seed`) are the same bits on one thread and on three, in the sub-batches
+/// `parts` (start, length: rows landing in other tiles, sweeps and positions), and alone on
+/// the group kernels (rows `singles`).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn assert_tile_rows_batch_invariant(
+    kernel: TileKernel,
+    seed: u64,
+    (rows, cols, n): (usize, usize, usize),
+    parts: &[(usize, usize)],
+    singles: &[usize],
+) {
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut rng = Rng::new(seed);
+    for dtype in [
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q5_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        let bytes = random_weights(&mut rng, dtype, rows, cols);
+        let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
+        let x = rng.vec(n * cols, -2.0, 2.0);
+        let full = tile_bits(kernel, &matrix, &x, n, &pools[0]);
+        let threads = tile_bits(kernel, &matrix, &x, n, &pools[1]);
+        assert_same_bits(&threads, &full, &format!("{dtype} threads"));
+        for &(start, len) in parts {
+            let part = tile_bits(
+                kernel,
+                &matrix,
+                &x[start * cols..(start + len) * cols],
+                len,
+                &pools[1],
+            );
+            let want = &full[start * rows..(start + len) * rows];
+            assert_same_bits(&part, want, &format!("{dtype} rows {start}+{len}"));
+        }
+        for &i in singles {
+            let single = isa_bits(
+                Isa::detect(),
+                &matrix,
+                &x[i * cols..(i + 1) * cols],
+                1,
+                &pools[0],
+            );
+            let want = &full[i * rows..(i + 1) * rows];
+            assert_same_bits(&single, want, &format!("{dtype} row {i} alone"));
+        }
+    }
+}
+
 /// Asserts bitwise equality, naming the first differing element (not dumping both).
 pub(super) fn assert_same_bits(got: &[u32], want: &[u32], context: &str) {
     assert_eq!(got.len(), want.len(), "{context}: lengths");

@@ -368,11 +368,11 @@ unsafe fn row_dots<const E: u8, const R: usize>(
 mod tests {
     use super::*;
     use crate::cpu::CpuFeatures;
-    use crate::dtype::DType;
     use crate::matmul::tests::{
-        assert_same_bits, extreme_weights, isa_bits, public_bits, QUANTIZED,
+        assert_same_bits, assert_tile_rows_batch_invariant, extreme_weights, isa_bits, public_bits,
+        tile_bits, QUANTIZED,
     };
-    use crate::matmul::{Isa, MatmulScratch, QMatrix};
+    use crate::matmul::{Isa, QMatrix, TileKernel};
     use crate::test_util::{random_weights, Rng};
 
     fn token_or_skip(test: &str) -> Option<Vnni512> {
@@ -394,13 +394,7 @@ mod tests {
         n: usize,
         pool: &ThreadPool,
     ) -> Vec<u32> {
-        let weights = matrix.amx_weights().expect("a group layout");
-        let mut out = vec![f32::NAN; n * matrix.out_features()];
-        let mut scratch = MatmulScratch::new();
-        matrix
-            .matmul_vnni_tiles(token, weights, pool, x, n, &mut out, &mut scratch)
-            .unwrap();
-        out.iter().map(|v| v.to_bits()).collect()
+        tile_bits(TileKernel::Sweeps(token), matrix, x, n, pool)
     }
 
     /// The row sweeps equal the scalar twin bit for bit for every group-layout type, at every
@@ -461,45 +455,13 @@ mod tests {
         let Some(token) = token_or_skip("sweep_rows_are_batch_invariant") else {
             return;
         };
-        let pools = [ThreadPool::new(1), ThreadPool::new(3)];
-        let mut rng = Rng::new(47);
-        let (rows, cols, n) = (45usize, 1536usize, 15usize);
-        for dtype in [
-            DType::Q4_1,
-            DType::Q8_0,
-            DType::Q5_0,
-            DType::Q4_K,
-            DType::Q6_K,
-        ] {
-            let bytes = random_weights(&mut rng, dtype, rows, cols);
-            let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
-            let x = rng.vec(n * cols, -2.0, 2.0);
-            let full = sweep_bits(token, &matrix, &x, n, &pools[0]);
-            let threads = sweep_bits(token, &matrix, &x, n, &pools[1]);
-            assert_same_bits(&threads, &full, &format!("{dtype} threads"));
-            for (start, len) in [(1usize, 5usize), (3, 9), (6, 8)] {
-                let part = sweep_bits(
-                    token,
-                    &matrix,
-                    &x[start * cols..(start + len) * cols],
-                    len,
-                    &pools[1],
-                );
-                let want = &full[start * rows..(start + len) * rows];
-                assert_same_bits(&part, want, &format!("{dtype} rows {start}+{len}"));
-            }
-            for i in [0usize, 7, 14] {
-                let single = isa_bits(
-                    Isa::detect(),
-                    &matrix,
-                    &x[i * cols..(i + 1) * cols],
-                    1,
-                    &pools[0],
-                );
-                let want = &full[i * rows..(i + 1) * rows];
-                assert_same_bits(&single, want, &format!("{dtype} row {i} alone"));
-            }
-        }
+        assert_tile_rows_batch_invariant(
+            TileKernel::Sweeps(token),
+            47,
+            (45, 1536, 15),
+            &[(1, 5), (3, 9), (6, 8)],
+            &[0, 7, 14],
+        );
     }
 
     /// Hosts without AVX-512 VNNI (or with the kernels narrowed below it) get no token and
