@@ -37,7 +37,8 @@ if [ "${TOKENMILL_CI:-0}" = 1 ]; then
   # CI (.ci/run) only: the Python tests need target/release/tokenmill (a hard link that
   # survives this), not the test binaries, rlibs and docs; the venv needs their disk.
   echo "== CI: dropping build intermediates before the Python venv"
-  rm -rf target/release/deps target/release/build target/release/incremental target/debug target/doc
+  rm -rf target/release/deps target/release/build target/release/incremental target/release/examples \
+    target/release/.fingerprint target/debug target/doc
 fi
 df -h . | tail -1 | awk '{print "== disk: " $4 " free"}'
 
