@@ -49,9 +49,14 @@ const MAX_PAIRS: usize = 64;
 /// larger than this (never seen in practice) makes a task use the heap.
 const ACC_CAPACITY: usize = 4096;
 
-/// A plan splits long contexts into segment ranges, then head groups, until the batch has this
-/// many tasks per thread (or nothing is left to split).
+/// A plan splits verification rows, long contexts into segment ranges, then head groups, until
+/// the batch has this many tasks per thread (or nothing is left to split).
 const MIN_TASKS_PER_THREAD: usize = 2;
+
+/// Fewest query rows of a sequence a row split leaves in one task: below this the tasks'
+/// extra passes over the context (each decodes every tile again) cost more than the
+/// segment split's merge.
+const MIN_SPLIT_ROWS: usize = 4;
 
 /// Keys per attention segment (rounded to whole cache blocks): the unit a long context's keys
 /// are split into across threads, and the points where every pair merges its running softmax.
@@ -634,6 +639,11 @@ struct TaskInputs<'a> {
 /// side by side, so such a task streams whole blocks front to back instead of picking one
 /// kv head's slice out of each token (a strided read the hardware prefetchers follow poorly
 /// once the cache no longer fits in L2).
+///
+/// Too few tasks for the threads: a verification step's rows are split first (while every
+/// task keeps at least [`MIN_SPLIT_ROWS`] of them: equal tasks, each over the whole context,
+/// with no merge pass), then long contexts into segment ranges (larger ranges first), then kv
+/// heads, then head groups.
 #[derive(Debug, Clone, Copy)]
 struct Plan {
     params: AttentionParams,
@@ -642,6 +652,9 @@ struct Plan {
     /// Each kv head's query heads are split into this many contiguous parts (a task then
     /// covers one kv head).
     parts: usize,
+    /// A sequence's query rows (up to one task's worth) are split into this many parts, each
+    /// at least [`MIN_SPLIT_ROWS`] rows (1: no split).
+    row_parts: usize,
     /// A sequence whose rows fit one task has its segments split into up to this many
     /// contiguous ranges, one task each (1: no split).
     segment_parts: usize,
@@ -673,36 +686,47 @@ impl Plan {
     fn new(p: &AttentionParams, seqs: &[AttentionSeq], threads: usize) -> Plan {
         let group = p.num_heads / p.num_kv_heads;
         let max_heads = (ACC_CAPACITY / p.head_dim).clamp(1, MAX_PAIRS).min(group);
-        let plan_with = |parts: usize, segment_parts: usize, max_kv_span: usize| Plan {
+        let mut plan = Plan {
             params: *p,
             group,
-            parts,
-            segment_parts,
-            max_kv_span,
+            parts: group.div_ceil(max_heads),
+            row_parts: 1,
+            segment_parts: 1,
+            max_kv_span: p.num_kv_heads,
         };
-        let target = MIN_TASKS_PER_THREAD * threads;
-        let tasks = |plan: &Plan| -> usize { seqs.iter().map(|seq| plan.tasks_per_seq(seq)).sum() };
-        let mut plan = plan_with(group.div_ceil(max_heads), 1, p.num_kv_heads);
         if threads < 2 {
             return plan;
         }
-        // Few tasks (a small decode batch): split long contexts into segment ranges first (each
-        // task still reads its K/V once for the whole head group) ...
+        let target = MIN_TASKS_PER_THREAD * threads;
+        let tasks = |plan: &Plan| -> usize { seqs.iter().map(|seq| plan.tasks_per_seq(seq)).sum() };
+        // Few tasks (a small batch): split verification rows first (equal tasks that each read
+        // the whole context, and nothing to merge) ...
+        let most_rows = seqs
+            .iter()
+            .map(|seq| seq.query_len.min(plan.rows_of(seq)))
+            .max()
+            .unwrap_or(1);
+        while tasks(&plan) < target && most_rows.div_ceil(plan.row_parts + 1) >= MIN_SPLIT_ROWS {
+            plan.row_parts += 1;
+        }
+        // ... then long contexts into segment ranges (each task still reads its K/V once for
+        // the whole head group) ...
         let most_segments = seqs
             .iter()
             .map(|seq| p.segments(seq).len())
             .max()
             .unwrap_or(1);
         while tasks(&plan) < target && plan.segment_parts < most_segments {
-            plan = plan_with(plan.parts, plan.segment_parts + 1, plan.max_kv_span);
+            plan.segment_parts += 1;
         }
         // ... then kv heads ...
         while tasks(&plan) < target && plan.max_kv_span > 1 {
-            plan = plan_with(plan.parts, plan.segment_parts, plan.max_kv_span - 1);
+            plan.max_kv_span -= 1;
         }
         // ... then head groups, until every thread has some.
         while plan.parts < group && tasks(&plan) < target {
-            plan = plan_with(plan.parts + 1, plan.segment_parts, 1);
+            plan.parts += 1;
+            plan.max_kv_span = 1;
         }
         plan
     }
@@ -741,7 +765,12 @@ impl Plan {
     /// Query rows per task for `seq`.
     fn rows_of(&self, seq: &AttentionSeq) -> usize {
         let span = self.kv_span_of(seq);
-        self.rows_for(span * self.part_heads())
+        let rows = self.rows_for(span * self.part_heads());
+        if self.row_parts > 1 {
+            rows.min(seq.query_len.div_ceil(self.row_parts)).max(1)
+        } else {
+            rows
+        }
     }
 
     /// Segment ranges `seq` is split into (1: its tasks merge their segments themselves).
@@ -787,7 +816,10 @@ impl Plan {
             heads: (part * self.group).div_ceil(self.parts)
                 ..((part + 1) * self.group).div_ceil(self.parts),
             rows: rows_start..(rows_start + rows).min(seq.query_len),
-            segments: all.start + range * n / split..all.start + (range + 1) * n / split,
+            // Range r ends where n - (split - r - 1) * n / split segments remain behind it: the
+            // larger ranges come first, as the hand-out wants.
+            segments: all.start + n - (split - range) * n / split
+                ..all.start + n - (split - range - 1) * n / split,
         }
     }
 }

@@ -550,6 +550,49 @@ fn plans_cover_every_pair_once() {
     }
 }
 
+/// A verification step too small for the threads is split by its rows (equal tasks over the
+/// whole context, no merge pass); a decode step by its keys, the larger key ranges first so
+/// the pool's hand-out of the heaviest task first balances the threads.
+#[test]
+fn plans_split_verification_rows_before_keys() {
+    let p = params(9, 3, 64, 16);
+    let seq = |query_len: usize, context_len: usize| AttentionSeq {
+        query_start: 0,
+        query_len,
+        context_len,
+        block_table_start: 0,
+        num_blocks: 0,
+    };
+    for query_len in [8, 16] {
+        let verify = seq(query_len, 350 + query_len);
+        let plan = Plan::new(&p, &[verify], 2);
+        assert!(!plan.splits(&verify), "{plan:?}");
+        let tasks = plan.tasks_per_seq(&verify);
+        assert!(tasks >= 2 * MIN_TASKS_PER_THREAD, "{plan:?}");
+        for local in 0..tasks {
+            let work = plan.task(&verify, local);
+            assert_eq!(work.rows.len(), query_len / 2, "{work:?}");
+            assert_eq!(work.segments, p.segments(&verify), "{work:?}");
+        }
+    }
+    // One or three rows: a row split would leave tasks of one or two rows; keys are split
+    // instead (five segments into four ranges: 2, 1, 1, 1).
+    for (query_len, context_len) in [(1, 600), (3, 603)] {
+        let small = seq(query_len, context_len);
+        let plan = Plan::new(&p, &[small], 2);
+        assert!(plan.splits(&small), "{plan:?}");
+        let sizes: Vec<usize> = (0..plan.tasks_per_seq(&small))
+            .map(|local| {
+                let work = plan.task(&small, local);
+                assert_eq!(work.rows.len(), query_len, "{work:?}");
+                work.segments.len()
+            })
+            .collect();
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert!(sizes[0] > *sizes.last().unwrap_or(&0), "{sizes:?}");
+    }
+}
+
 #[test]
 fn write_kv_scatters_by_slot() {
     let kv_dim = 3;
