@@ -101,14 +101,14 @@ struct Scratch {
     b_tiles: AlignedBytes,
     /// Column parameters of one 16-column tile per block.
     params: Vec<BlockParams>,
-    /// Activation scales `d_x` per (activation tile, block), 16 rows each (zero past `n`).
-    x_scales: Vec<f32>,
-    /// Activation block sums `d_x · Σq` per (activation tile, block), 16 rows each.
-    x_sums: Vec<f32>,
     /// Every activation tile's accumulators for the current column tile, carried across
     /// block chunks.
     acc: Vec<[[f32; TILE_COLS]; TILE_ROWS]>,
 }
+
+/// Column-tile tasks per pool thread: enough that the dynamic hand-out evens out the threads
+/// (a task is a few column tiles; the activations' tiling and parameters are shared).
+const TASKS_PER_THREAD: usize = 8;
 
 /// Most blocks unpacked at a time ([`Weights::chunk_blocks`]): their B tiles and parameters
 /// stay in L1 while every activation tile sweeps them.
@@ -118,6 +118,35 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     /// The calling thread's [`tile_activations`] buffer, shared read-only with the workers.
     static TILED_A: RefCell<AlignedBytes> = RefCell::new(AlignedBytes::default());
+    /// The calling thread's [`ActivationParams`], shared read-only with the workers.
+    static X_PARAMS: RefCell<ActivationParams> = RefCell::new(ActivationParams::default());
+}
+
+/// Activation scales `d_x` and block sums `d_x · Σq` of one matmul's rows, transposed to
+/// `[row tile][block][16 rows]` (zero past `n`): what every column tile's epilogue reads.
+#[derive(Default)]
+struct ActivationParams {
+    scales: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+impl ActivationParams {
+    fn fill(&mut self, activations: &QuantizedActivations, n: usize, blocks: usize) {
+        let len = n.div_ceil(TILE_ROWS) * blocks * TILE_ROWS;
+        self.scales.clear();
+        self.scales.resize(len, 0.0);
+        self.sums.clear();
+        self.sums.resize(len, 0.0);
+        for i in 0..n {
+            let row = activations.row(i);
+            let (t, r) = (i / TILE_ROWS, i % TILE_ROWS);
+            for b in 0..blocks {
+                let at = (t * blocks + b) * TILE_ROWS + r;
+                self.scales[at] = row.scales[b];
+                self.sums[at] = row.block_sums[b];
+            }
+        }
+    }
 }
 
 /// Bytes of one A tile in the tiled activations: 16 rows of one 32-element block.
@@ -155,7 +184,7 @@ pub(crate) fn matmul(
 ) {
     let out_features = weights.out_features();
     let n_col_tiles = out_features.div_ceil(TILE_COLS);
-    let target_tasks = pool.num_threads() * 4;
+    let target_tasks = pool.num_threads() * TASKS_PER_THREAD;
     let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
     let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
     let output = SharedMut::new(out);
@@ -166,37 +195,43 @@ pub(crate) fn matmul(
         "activations shorter than n rows"
     );
     TILED_A.with_borrow_mut(|tiled| {
-        tile_activations(quants, n, in_features, tiled);
-        let tiled: &[i8] = tiled.as_i8();
-        pool.parallel_for(n_tasks, &|task| {
-            let first = task * tiles_per_task;
-            let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
-            SCRATCH.with_borrow_mut(|scratch| {
-                let target = |row: usize, col: usize| {
-                    let lanes = TILE_COLS.min(out_features - col);
-                    // SAFETY: this task alone owns output columns of its column tiles, and
-                    // row < n, so the range lies inside `out` (length checked by the caller).
-                    unsafe { output.slice_mut(row * out_features + col, lanes) }
-                };
-                let rows = Rows {
-                    activations,
-                    tiled,
-                    n,
-                };
-                // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; the activations hold
-                // `n` rows of the matrix's `in_features`, tiled in `tiled`.
-                unsafe { run_task(amx, weights, rows, col_tiles, scratch, target) };
+        X_PARAMS.with_borrow_mut(|x_params| {
+            tile_activations(quants, n, in_features, tiled);
+            x_params.fill(activations, n, weights.blocks());
+            let tiled: &[i8] = tiled.as_i8();
+            let x_params = &*x_params;
+            pool.parallel_for(n_tasks, &|task| {
+                let first = task * tiles_per_task;
+                let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
+                SCRATCH.with_borrow_mut(|scratch| {
+                    let target = |row: usize, col: usize| {
+                        let lanes = TILE_COLS.min(out_features - col);
+                        // SAFETY: this task alone owns output columns of its column tiles, and
+                        // row < n, so the range lies inside `out` (length checked by the caller).
+                        unsafe { output.slice_mut(row * out_features + col, lanes) }
+                    };
+                    let rows = Rows {
+                        tiled,
+                        params: x_params,
+                        n,
+                    };
+                    // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; `tiled` and
+                    // `x_params` hold `n` rows of the matrix's `in_features`.
+                    unsafe { run_task(amx, weights, rows, col_tiles, scratch, target) };
+                });
             });
         });
     });
 }
 
-/// The activation rows of one matmul: quantized, and their int8 quants tiled for A loads.
+/// The activation rows of one matmul: their int8 quants tiled for A loads, and their scales
+/// and sums tiled for the epilogue.
 #[derive(Clone, Copy)]
 struct Rows<'a> {
-    activations: &'a QuantizedActivations,
-    /// [`tile_activations`] of `activations`.
+    /// [`tile_activations`] of the quantized rows.
     tiled: &'a [i8],
+    /// [`ActivationParams::fill`] of the same rows.
+    params: &'a ActivationParams,
     /// Rows.
     n: usize,
 }
@@ -216,8 +251,8 @@ unsafe fn run_task<'o>(
     mut target: impl FnMut(usize, usize) -> &'o mut [f32],
 ) {
     let Rows {
-        activations,
         tiled,
+        params: x,
         n,
     } = rows;
     let blocks = weights.blocks();
@@ -227,22 +262,11 @@ unsafe fn run_task<'o>(
         tiled.len() >= row_tiles * blocks * A_TILE_BYTES,
         "tiled activations shorter than n rows"
     );
-
-    // Activation scales and sums, transposed to [row tile][block][16 rows], zero past n.
     let params_len = row_tiles * blocks * TILE_ROWS;
-    scratch.x_scales.clear();
-    scratch.x_scales.resize(params_len, 0.0);
-    scratch.x_sums.clear();
-    scratch.x_sums.resize(params_len, 0.0);
-    for i in 0..n {
-        let row = activations.row(i);
-        let (t, r) = (i / TILE_ROWS, i % TILE_ROWS);
-        for b in 0..blocks {
-            let at = (t * blocks + b) * TILE_ROWS + r;
-            scratch.x_scales[at] = row.scales[b];
-            scratch.x_sums[at] = row.block_sums[b];
-        }
-    }
+    assert!(
+        x.scales.len() >= params_len && x.sums.len() >= params_len,
+        "activation parameters shorter than n rows"
+    );
     let tile_bytes = weights.tiles_per_block() * B_TILE_BYTES;
     let chunk = weights.chunk_blocks(CHUNK_BLOCKS);
     scratch.b_tiles.resize(chunk * tile_bytes);
@@ -304,8 +328,8 @@ unsafe fn run_task<'o>(
                     next: if t == 0 { next } else { std::ptr::null() },
                     next_len,
                     params: scratch.params.as_ptr(),
-                    x_scales: scratch.x_scales[x_at..].as_ptr(),
-                    x_sums: scratch.x_sums[x_at..].as_ptr(),
+                    x_scales: x.scales[x_at..].as_ptr(),
+                    x_sums: x.sums[x_at..].as_ptr(),
                 };
                 let acc = &mut scratch.acc[t];
                 // SAFETY: the tiles are configured for `rows` rows; A's `rows` rows of
