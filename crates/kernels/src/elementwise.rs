@@ -56,6 +56,97 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<
     Ok(())
 }
 
+/// Rows per pool task of [`rms_norm_rows`], [`add_rms_norm_rows`] and [`add_rows`]; a batch of
+/// at most this many rows runs on the calling thread.
+const NORM_ROWS: usize = 32;
+
+/// [`rms_norm`] with the rows split over `pool`: each row's result depends on that row alone,
+/// so it equals [`rms_norm`] bit for bit.
+pub fn rms_norm_rows(
+    pool: &crate::ThreadPool,
+    x: &[f32],
+    weight: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let dim = weight.len();
+    // Shape errors as `rms_norm` reports them.
+    if dim == 0 || !x.len().is_multiple_of(dim) || out.len() != x.len() {
+        return rms_norm(x, weight, eps, out);
+    }
+    pool.for_row_chunks(
+        x.len() / dim,
+        NORM_ROWS,
+        [out],
+        [dim],
+        &|first, rows, [out]| {
+            // Shapes were checked above: whole rows of `dim`.
+            let _ = rms_norm(&x[first * dim..(first + rows) * dim], weight, eps, out);
+        },
+    );
+    Ok(())
+}
+
+/// The pre-norm residual step: `hidden += residual`, then `out = rms_norm(hidden)`, in one pass
+/// over each row, rows split over `pool`. Equals [`add_inplace`] followed by [`rms_norm`] bit
+/// for bit.
+pub fn add_rms_norm_rows(
+    pool: &crate::ThreadPool,
+    hidden: &mut [f32],
+    residual: &[f32],
+    weight: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    if residual.len() != hidden.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "add_rms_norm residual",
+            expected: hidden.len(),
+            actual: residual.len(),
+        });
+    }
+    let dim = weight.len();
+    if dim == 0 || !hidden.len().is_multiple_of(dim) || out.len() != hidden.len() {
+        return rms_norm(hidden, weight, eps, out);
+    }
+    let rows = hidden.len() / dim;
+    pool.for_row_chunks(
+        rows,
+        NORM_ROWS,
+        [hidden, out],
+        [dim, dim],
+        &|first, rows, [hidden, out]| {
+            let residual = &residual[first * dim..(first + rows) * dim];
+            for ((h, o), r) in hidden
+                .chunks_exact_mut(dim)
+                .zip(out.chunks_exact_mut(dim))
+                .zip(residual.chunks_exact(dim))
+            {
+                // Shapes were checked above: whole rows of `dim`.
+                let _ = add_inplace(h, r);
+                let _ = rms_norm(h, weight, eps, o);
+            }
+        },
+    );
+    Ok(())
+}
+
+/// [`add_inplace`] with the rows (of `dim` values) split over `pool`.
+pub fn add_rows(
+    pool: &crate::ThreadPool,
+    x: &mut [f32],
+    y: &[f32],
+    dim: usize,
+) -> Result<(), KernelError> {
+    if dim == 0 || x.len() != y.len() || !x.len().is_multiple_of(dim) {
+        return add_inplace(x, y);
+    }
+    pool.for_row_chunks(y.len() / dim, NORM_ROWS, [x], [dim], &|first, rows, [x]| {
+        let _ = add_inplace(x, &y[first * dim..(first + rows) * dim]);
+    });
+    Ok(())
+}
+
 /// `gate = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
     if gate.len() != up.len() {
@@ -202,6 +293,50 @@ pub fn softmax_inplace(x: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pooled row ops give exactly the serial ones, for batches of one chunk and of
+    /// several (with a partial last chunk), on one thread and on two.
+    #[test]
+    fn pooled_row_ops_equal_the_serial_ones() {
+        let dim = 72;
+        let weight: Vec<f32> = (0..dim).map(|i| 0.5 + (i as f32 * 0.37).sin()).collect();
+        for threads in [1, 2] {
+            let pool = crate::ThreadPool::new(threads);
+            for rows in [1, 5, NORM_ROWS, 3 * NORM_ROWS + 7] {
+                let x: Vec<f32> = (0..rows * dim)
+                    .map(|i| (i as f32 * 0.113).cos() * 3.0)
+                    .collect();
+                let y: Vec<f32> = (0..rows * dim).map(|i| (i as f32 * 0.071).sin()).collect();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+
+                let mut want = vec![0.0f32; x.len()];
+                rms_norm(&x, &weight, 1e-5, &mut want).unwrap();
+                let mut got = vec![0.0f32; x.len()];
+                rms_norm_rows(&pool, &x, &weight, 1e-5, &mut got).unwrap();
+                assert_eq!(bits(&got), bits(&want), "rms_norm_rows, {rows} rows");
+
+                let mut want_sum = x.clone();
+                add_inplace(&mut want_sum, &y).unwrap();
+                let mut got_sum = x.clone();
+                add_rows(&pool, &mut got_sum, &y, dim).unwrap();
+                assert_eq!(bits(&got_sum), bits(&want_sum), "add_rows, {rows} rows");
+
+                rms_norm(&want_sum, &weight, 1e-5, &mut want).unwrap();
+                let mut hidden = x.clone();
+                add_rms_norm_rows(&pool, &mut hidden, &y, &weight, 1e-5, &mut got).unwrap();
+                assert_eq!(
+                    bits(&hidden),
+                    bits(&want_sum),
+                    "add_rms_norm_rows sum, {rows} rows"
+                );
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "add_rms_norm_rows norm, {rows} rows"
+                );
+            }
+        }
+    }
 
     #[test]
     fn rms_norm_known_values() {

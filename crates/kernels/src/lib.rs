@@ -33,7 +33,8 @@
 //!   bitwise equal to the AVX2 and scalar paths. F16/BF16 weights stay 16-bit and are widened in
 //!   registers. Repacked weights live in huge-page-backed buffers where Linux allows it
 //!   ([`HUGE_PAGES_ENV`]`=0` switches that off).
-//! - Elementwise: [`rms_norm`], [`silu_mul`], [`gelu_tanh_mul`], [`add_inplace`],
+//! - Elementwise: [`rms_norm`] (and, rows over the pool, [`rms_norm_rows`],
+//!   [`add_rms_norm_rows`], [`add_rows`]), [`silu_mul`], [`gelu_tanh_mul`], [`add_inplace`],
 //!   [`softmax_inplace`].
 //! - Encoders (BERT): [`layer_norm`] (with bias), [`gelu_erf_inplace`] (exact GELU) and
 //!   [`bidirectional_attention`] over whole sequences ([`EncoderSeq`]) straight from the fused
@@ -115,7 +116,8 @@ pub use cpu::{
 };
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{
-    add_inplace, gated_rows, gelu_tanh_mul, rms_norm, silu_mul, softmax_inplace, GateActivation,
+    add_inplace, add_rms_norm_rows, add_rows, gated_rows, gelu_tanh_mul, rms_norm, rms_norm_rows,
+    silu_mul, softmax_inplace, GateActivation,
 };
 pub use encoder::{
     add_layer_norm, bidirectional_attention, gelu_erf_inplace, layer_norm, Bf16PanelMatrix,

@@ -96,6 +96,9 @@ impl Default for ThreadPool {
     }
 }
 
+/// What [`ThreadPool::for_row_chunks`] runs per range: `(first row, rows, each buffer's rows)`.
+pub type RowChunkFn<'a, const N: usize> = dyn Fn(usize, usize, [&mut [f32]; N]) + Sync + 'a;
+
 impl ThreadPool {
     /// Starts a pool of `n_threads` threads in total: the caller plus `n_threads - 1` workers
     /// (`0` is treated as `1`). If the OS refuses to spawn a worker, the pool runs with fewer.
@@ -140,6 +143,50 @@ impl ThreadPool {
     /// Threads that execute tasks, counting the caller.
     pub fn num_threads(&self) -> usize {
         self.n_threads
+    }
+
+    /// Row-wise work over several row-major buffers at once: `f(first, rows, parts)` for
+    /// consecutive ranges of at most `chunk` rows (`first..first + rows`), where `parts[i]` is
+    /// those rows of `buffers[i]` (`widths[i]` values per row), each range's parts handed to
+    /// exactly one call. Runs on the calling thread when one range covers every row.
+    ///
+    /// Panics if a buffer is shorter than `rows` rows of its width or `chunk` is 0.
+    pub fn for_row_chunks<const N: usize>(
+        &self,
+        rows: usize,
+        chunk: usize,
+        buffers: [&mut [f32]; N],
+        widths: [usize; N],
+        f: &RowChunkFn<'_, N>,
+    ) {
+        assert!(chunk > 0, "for_row_chunks: chunk of 0 rows");
+        for (buffer, width) in buffers.iter().zip(widths) {
+            assert!(
+                buffer.len() >= rows * width,
+                "for_row_chunks: a buffer is shorter than its rows"
+            );
+        }
+        if rows <= chunk {
+            let mut buffers = buffers;
+            let parts: [&mut [f32]; N] = std::array::from_fn(|i| {
+                let buffer = std::mem::take(&mut buffers[i]);
+                &mut buffer[..rows * widths[i]]
+            });
+            f(0, rows, parts);
+            return;
+        }
+        let shared = buffers.map(SharedMut::new);
+        self.parallel_for(rows.div_ceil(chunk), &|task| {
+            let first = task * chunk;
+            let count = chunk.min(rows - first);
+            // SAFETY: task `task` alone gets rows `first..first + count` of every buffer (the
+            // ranges of different tasks are disjoint), inside each buffer (lengths checked
+            // above), and the buffers outlive the parallel region.
+            let parts: [&mut [f32]; N] = std::array::from_fn(|i| unsafe {
+                shared[i].slice_mut(first * widths[i], count * widths[i])
+            });
+            f(first, count, parts);
+        });
     }
 
     /// Runs `f(0)`, ..., `f(n_tasks - 1)` across the caller and the workers and returns when all
@@ -370,6 +417,36 @@ impl<T> SharedMut<T> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+
+    /// Every row of every buffer goes to exactly one call, with that row's values, whether
+    /// the rows fit one chunk (the calling thread) or several (the pool).
+    #[test]
+    fn row_chunks_hand_out_every_row_once() {
+        let pool = ThreadPool::new(2);
+        for rows in [0, 1, 7, 8, 9, 41] {
+            let mut a: Vec<f32> = (0..rows * 3).map(|i| i as f32).collect();
+            let mut b = vec![0.0f32; rows * 2 + 5];
+            pool.for_row_chunks(
+                rows,
+                8,
+                [&mut a, &mut b],
+                [3, 2],
+                &|first, count, [a, b]| {
+                    assert!(count <= 8 && a.len() == 3 * count && b.len() == 2 * count);
+                    for (r, (a, b)) in a.chunks_exact_mut(3).zip(b.chunks_exact_mut(2)).enumerate()
+                    {
+                        assert_eq!(a[0], (3 * (first + r)) as f32);
+                        a.iter_mut().for_each(|v| *v = -*v);
+                        b.iter_mut().for_each(|v| *v += 1.0);
+                    }
+                },
+            );
+            assert!(a.iter().enumerate().all(|(i, &v)| v == -(i as f32)));
+            assert!(
+                b[..rows * 2].iter().all(|&v| v == 1.0) && b[rows * 2..].iter().all(|&v| v == 0.0)
+            );
+        }
+    }
 
     #[test]
     fn runs_every_task_exactly_once() {

@@ -132,8 +132,14 @@ impl LlamaModel {
         validate_batch(&self.config, step.batch, kv)?;
         self.prepare(workspace, step.num_tokens(), rows);
         self.ends.embed(step, workspace)?;
+        if let Some(first) = self.layers.first() {
+            first
+                .attn_norm
+                .forward_rows(step.pool, &workspace.hidden, &mut workspace.normed)?;
+        }
         for (index, layer) in self.layers.iter().enumerate() {
-            layer.forward(step, &self.rope, index, kv, workspace)?;
+            let next_norm = self.layers.get(index + 1).map(|next| &next.attn_norm);
+            layer.forward(step, &self.rope, index, kv, workspace, next_norm)?;
         }
         Ok(())
     }
@@ -181,7 +187,10 @@ impl LlamaLayer {
         self.attention.storage_bytes() + self.ffn.decode_bytes()
     }
 
-    /// `x += attn(norm(x)); x += mlp(norm(x))` on the workspace's residual stream.
+    /// `x += attn(norm(x)); x += mlp(norm(x))` on the workspace's residual stream, whose
+    /// attention norm `ws.normed` already holds. Each residual add and the norm after it run
+    /// as one pass: the MLP norm's, then `next_norm`'s (the next block's attention norm; none
+    /// after the last block, whose residual stream goes to the final norm).
     fn forward(
         &self,
         step: &Step<'_>,
@@ -189,8 +198,8 @@ impl LlamaLayer {
         index: usize,
         kv: &mut KvCacheStorage,
         ws: &mut Workspace,
+        next_norm: Option<&RmsNorm>,
     ) -> Result<()> {
-        self.attn_norm.forward(&ws.hidden, &mut ws.normed)?;
         self.attention.forward(
             step,
             rope,
@@ -201,8 +210,7 @@ impl LlamaLayer {
             &mut ws.linear,
             &mut ws.projected,
         )?;
-        ws.add_residual()?;
-        self.ffn_norm.forward(&ws.hidden, &mut ws.normed)?;
+        ws.add_residual_and_norm(step.pool, &self.ffn_norm)?;
         self.ffn.forward(
             step,
             index,
@@ -212,7 +220,10 @@ impl LlamaLayer {
             &mut ws.linear,
             &mut ws.projected,
         )?;
-        ws.add_residual()
+        match next_norm {
+            Some(norm) => ws.add_residual_and_norm(step.pool, norm),
+            None => ws.add_residual(step.pool, self.attn_norm.width()),
+        }
     }
 }
 

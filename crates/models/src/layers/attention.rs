@@ -10,6 +10,10 @@ use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::loader::LayerTensors;
 use crate::lora::LoraGroup;
 
+/// Token rows per pool task of the attention input's preparation (split, bias, QK-norm, RoPE);
+/// a batch of at most this many runs on the calling thread.
+const PREPARE_ROWS: usize = 32;
+
 /// Heads of one attention block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AttentionShape {
@@ -159,6 +163,55 @@ impl AttentionBlock {
         self.qkv.storage_bytes() + self.output.storage_bytes()
     }
 
+    /// Rows of the fused QKV projection (`q_dim + 2 * kv_dim` each) into `q`, `k` and `v`,
+    /// with the bias added, per-head QK-norm (through `scratch`, at least `q`'s length) and
+    /// RoPE at `positions` (one per row) applied.
+    fn prepare_rows(
+        &self,
+        rope: &Rope,
+        qkv: &[f32],
+        positions: &[u32],
+        [q, k, v]: [&mut [f32]; 3],
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        let shape = self.shape;
+        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        for (((row, q), k), v) in qkv
+            .chunks_exact(q_dim + 2 * kv_dim)
+            .zip(q.chunks_exact_mut(q_dim))
+            .zip(k.chunks_exact_mut(kv_dim))
+            .zip(v.chunks_exact_mut(kv_dim))
+        {
+            let (q_row, rest) = row.split_at(q_dim);
+            let (k_row, v_row) = rest.split_at(kv_dim);
+            q.copy_from_slice(q_row);
+            k.copy_from_slice(k_row);
+            v.copy_from_slice(v_row);
+        }
+        if let Some(bias) = &self.qkv_bias {
+            let (q_bias, rest) = bias.split_at(q_dim);
+            let (k_bias, v_bias) = rest.split_at(kv_dim);
+            for (rows, bias, width) in [
+                (&mut *q, q_bias, q_dim),
+                (&mut *k, k_bias, kv_dim),
+                (&mut *v, v_bias, kv_dim),
+            ] {
+                for row in rows.chunks_exact_mut(width) {
+                    add_inplace(row, bias)?;
+                }
+            }
+        }
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            // Each head's row is normed on its own: the weight is one head wide. The bias (if
+            // any) came first, as in the checkpoints' reference code.
+            q_norm.forward_in_place(q, scratch)?;
+            k_norm.forward_in_place(k, scratch)?;
+        }
+        rope.apply(q, shape.num_heads, shape.head_dim, positions)?;
+        rope.apply(k, shape.num_kv_heads, shape.head_dim, positions)?;
+        Ok(())
+    }
+
     /// Attends every token of `x[n][hidden]` over its sequence's cached context (after
     /// writing this step's K/V into layer `layer` of `kv`) and leaves the projected result in
     /// `out[n][hidden]`.
@@ -182,39 +235,51 @@ impl AttentionBlock {
         scratch
             .lora
             .apply(step, layer, LoraGroup::Qkv, x, &mut b.qkv)?;
-        for (token, row) in b.qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
-            let (q, rest) = row.split_at(q_dim);
-            let (k, v) = rest.split_at(kv_dim);
-            b.q[token * q_dim..(token + 1) * q_dim].copy_from_slice(q);
-            b.k[token * kv_dim..(token + 1) * kv_dim].copy_from_slice(k);
-            b.v[token * kv_dim..(token + 1) * kv_dim].copy_from_slice(v);
-        }
-        if let Some(bias) = &self.qkv_bias {
-            let (q_bias, rest) = bias.split_at(q_dim);
-            let (k_bias, v_bias) = rest.split_at(kv_dim);
-            for (rows, bias, width) in [
-                (&mut b.q, q_bias, q_dim),
-                (&mut b.k, k_bias, kv_dim),
-                (&mut b.v, v_bias, kv_dim),
-            ] {
-                for row in rows.chunks_exact_mut(width) {
-                    add_inplace(row, bias)?;
-                }
+        // Row by row (split over the pool): Q, K and V out of the fused projection, their
+        // bias, per-head QK-norm and RoPE. `b.out` is the norms' scratch until attention.
+        let width = q_dim + 2 * kv_dim;
+        let (Some(qkv), Some(positions)) = (b.qkv.get(..n * width), batch.positions.get(..n))
+        else {
+            return Err(ModelError::InvalidBatch(format!(
+                "{n} tokens but a shorter QKV projection or position list"
+            )));
+        };
+        for (buffer, len) in [
+            (&b.q, q_dim),
+            (&b.k, kv_dim),
+            (&b.v, kv_dim),
+            (&b.out, q_dim),
+        ] {
+            if buffer.len() < n * len {
+                return Err(ModelError::InvalidBatch(format!(
+                    "attention buffers not prepared for {n} tokens"
+                )));
             }
         }
-        if let Some((q_norm, k_norm)) = &self.qk_norm {
-            // Each head's row is normed on its own: the weight is one head wide. The bias (if
-            // any) came first, as in the checkpoints' reference code.
-            q_norm.forward_in_place(&mut b.q, &mut b.out)?;
-            k_norm.forward_in_place(&mut b.k, &mut b.out)?;
+        let failed = std::sync::Mutex::new(None);
+        pool.for_row_chunks(
+            n,
+            PREPARE_ROWS,
+            [&mut b.q, &mut b.k, &mut b.v, &mut b.out],
+            [q_dim, kv_dim, kv_dim, q_dim],
+            &|first, rows, [q, k, v, scratch]| {
+                let prepared = self.prepare_rows(
+                    rope,
+                    &qkv[first * width..(first + rows) * width],
+                    &positions[first..first + rows],
+                    [q, k, v],
+                    scratch,
+                );
+                if let Err(err) = prepared {
+                    if let Ok(mut slot) = failed.lock() {
+                        slot.get_or_insert(err);
+                    }
+                }
+            },
+        );
+        if let Some(err) = failed.into_inner().ok().flatten() {
+            return Err(err);
         }
-        rope.apply(&mut b.q, shape.num_heads, shape.head_dim, &batch.positions)?;
-        rope.apply(
-            &mut b.k,
-            shape.num_kv_heads,
-            shape.head_dim,
-            &batch.positions,
-        )?;
         let block_size = kv.block_size();
         let (group, key_cache, value_cache) = kv
             .layer_mut(layer)

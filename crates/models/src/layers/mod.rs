@@ -23,7 +23,7 @@ pub(crate) use moe::{FeedForward, MoeBuffers};
 pub(crate) use norm::{LayerNorm, RmsNorm};
 pub(crate) use rope::Rope;
 
-use tokenmill_kernels::{add_inplace, ThreadPool};
+use tokenmill_kernels::{add_inplace, add_rows, ThreadPool};
 
 use crate::batch::BatchInput;
 use crate::error::Result;
@@ -83,10 +83,20 @@ impl Workspace {
         }
     }
 
-    /// Adds the last block's output to the residual stream.
-    pub(crate) fn add_residual(&mut self) -> Result<()> {
-        add_inplace(&mut self.hidden, &self.projected)?;
+    /// Adds the last block's output to the residual stream, rows split over `pool`.
+    pub(crate) fn add_residual(&mut self, pool: &ThreadPool, hidden: usize) -> Result<()> {
+        add_rows(pool, &mut self.hidden, &self.projected, hidden)?;
         Ok(())
+    }
+
+    /// Adds the last block's output to the residual stream and norms the sum with `norm` into
+    /// `normed` (the next block's input), in one pass, rows split over `pool`.
+    pub(crate) fn add_residual_and_norm(
+        &mut self,
+        pool: &ThreadPool,
+        norm: &RmsNorm,
+    ) -> Result<()> {
+        norm.add_forward_rows(pool, &mut self.hidden, &self.projected, &mut self.normed)
     }
 
     /// Norms the last block's output with `norm` and adds the result to the residual stream

@@ -3,7 +3,9 @@
 //! checkpoints; GGUF converters have added the 1 already). [`LayerNorm`] (mean-centred, with a
 //! bias) is what encoders (BERT) use.
 
-use tokenmill_kernels::{add_layer_norm, layer_norm, rms_norm, ThreadPool};
+use tokenmill_kernels::{
+    add_layer_norm, add_rms_norm_rows, layer_norm, rms_norm, rms_norm_rows, ThreadPool,
+};
 
 use crate::error::Result;
 
@@ -21,6 +23,30 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         rms_norm(x, &self.weight, self.eps, out)?;
+        Ok(())
+    }
+
+    /// Values per row.
+    pub fn width(&self) -> usize {
+        self.weight.len()
+    }
+
+    /// [`RmsNorm::forward`] with the rows split over `pool` (the same result).
+    pub fn forward_rows(&self, pool: &ThreadPool, x: &[f32], out: &mut [f32]) -> Result<()> {
+        rms_norm_rows(pool, x, &self.weight, self.eps, out)?;
+        Ok(())
+    }
+
+    /// `hidden += residual`, then `out` = the norm of `hidden`, in one pass over each row,
+    /// rows split over `pool` (the same result as the add, then [`RmsNorm::forward`]).
+    pub fn add_forward_rows(
+        &self,
+        pool: &ThreadPool,
+        hidden: &mut [f32],
+        residual: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        add_rms_norm_rows(pool, hidden, residual, &self.weight, self.eps, out)?;
         Ok(())
     }
 
