@@ -706,7 +706,10 @@ impl Plan {
             .map(|seq| seq.query_len.min(plan.rows_of(seq)))
             .max()
             .unwrap_or(1);
-        while tasks(&plan) < target && most_rows.div_ceil(plan.row_parts + 1) >= MIN_SPLIT_ROWS {
+        while tasks(&plan) < target
+            && plan.row_parts < most_rows
+            && most_rows.div_ceil(plan.row_parts + 1) >= MIN_SPLIT_ROWS
+        {
             plan.row_parts += 1;
         }
         // ... then long contexts into segment ranges (each task still reads its K/V once for
