@@ -106,10 +106,6 @@ struct Scratch {
     acc: Vec<[[f32; TILE_COLS]; TILE_ROWS]>,
 }
 
-/// Column-tile tasks per pool thread: enough that the dynamic hand-out evens out the threads
-/// (a task is a few column tiles; the activations' tiling and parameters are shared).
-const TASKS_PER_THREAD: usize = 8;
-
 /// Most blocks unpacked at a time ([`Weights::chunk_blocks`]): their B tiles and parameters
 /// stay in L1 while every activation tile sweeps them.
 const CHUNK_BLOCKS: usize = 24;
@@ -184,7 +180,7 @@ pub(crate) fn matmul(
 ) {
     let out_features = weights.out_features();
     let n_col_tiles = out_features.div_ceil(TILE_COLS);
-    let target_tasks = pool.num_threads() * TASKS_PER_THREAD;
+    let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
     let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
     let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
     let output = SharedMut::new(out);

@@ -86,7 +86,8 @@ pub(crate) fn matmul_grouped<L: GroupedLayout>(
     out: &mut [f32],
 ) {
     let n_groups = layout.out_features().div_ceil(GROUP);
-    let groups_per_task = groups_per_task(isa, n_groups, pool.num_threads() * 4);
+    let groups_per_task =
+        groups_per_task(isa, n_groups, pool.num_threads() * super::TASKS_PER_THREAD);
     let n_tasks = n_groups.div_ceil(groups_per_task);
     let output = SharedMut::new(out);
     pool.parallel_for(n_tasks, &|task| {

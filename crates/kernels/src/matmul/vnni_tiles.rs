@@ -104,7 +104,7 @@ pub(crate) fn matmul(
 ) {
     let out_features = weights.out_features();
     let n_col_tiles = out_features.div_ceil(TILE_COLS);
-    let target_tasks = pool.num_threads() * 4;
+    let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
     let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
     let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
     let output = SharedMut::new(out);
