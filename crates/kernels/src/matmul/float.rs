@@ -61,7 +61,7 @@ impl QMatrix {
         };
         let single = |i: usize| -> Tile<'_, 1> { [&x[i * in_features..(i + 1) * in_features]] };
         let out_features = self.out_features;
-        let target_tasks = pool.num_threads() * 4;
+        let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
         let rows_per_task = out_features
             .div_ceil(target_tasks)
             .next_multiple_of(ROW_TILE)
