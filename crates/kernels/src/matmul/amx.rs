@@ -33,14 +33,14 @@ use std::sync::OnceLock;
 use super::activation::QuantizedActivations;
 use super::interleaved::GROUP;
 use super::unpack::{
-    prefetch_share, BlockParams, BlockVectors, SuperBlockMins, Weights, B_TILE_BYTES, K_MIN, MIN,
-    PLAIN, Q6, TILE_COLS,
+    for_column_tiles, prefetch_share, BlockParams, BlockVectors, SuperBlockMins, Weights,
+    B_TILE_BYTES, K_MIN, MIN, PLAIN, Q6, TILE_COLS,
 };
 use crate::aligned::AlignedBytes;
 use crate::cpu::tiles::{release_tiles, TileConfig};
 use crate::cpu::{amx_enabled, CpuFeatures};
 use crate::dtype::DType;
-use crate::pool::{SharedMut, ThreadPool};
+use crate::pool::ThreadPool;
 use crate::quant::QK;
 use crate::simd::first_lanes_mask;
 
@@ -178,12 +178,6 @@ pub(crate) fn matmul(
     n: usize,
     out: &mut [f32],
 ) {
-    let out_features = weights.out_features();
-    let n_col_tiles = out_features.div_ceil(TILE_COLS);
-    let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
-    let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
-    let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
-    let output = SharedMut::new(out);
     let in_features = weights.blocks() * QK;
     let quants = activations.quants();
     assert!(
@@ -194,23 +188,13 @@ pub(crate) fn matmul(
         X_PARAMS.with_borrow_mut(|x_params| {
             tile_activations(quants, n, in_features, tiled);
             x_params.fill(activations, n, weights.blocks());
-            let tiled: &[i8] = tiled.as_i8();
-            let x_params = &*x_params;
-            pool.parallel_for(n_tasks, &|task| {
-                let first = task * tiles_per_task;
-                let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
+            let rows = Rows {
+                tiled: tiled.as_i8(),
+                params: x_params,
+                n,
+            };
+            for_column_tiles(pool, weights.out_features(), out, &|col_tiles, target| {
                 SCRATCH.with_borrow_mut(|scratch| {
-                    let target = |row: usize, col: usize| {
-                        let lanes = TILE_COLS.min(out_features - col);
-                        // SAFETY: this task alone owns output columns of its column tiles, and
-                        // row < n, so the range lies inside `out` (length checked by the caller).
-                        unsafe { output.slice_mut(row * out_features + col, lanes) }
-                    };
-                    let rows = Rows {
-                        tiled,
-                        params: x_params,
-                        n,
-                    };
                     // SAFETY: `amx` proves AMX, its permission and AVX-512 F/BW; `tiled` and
                     // `x_params` hold `n` rows of the matrix's `in_features`.
                     unsafe { run_task(amx, weights, rows, col_tiles, scratch, target) };

@@ -19,12 +19,51 @@ use std::arch::x86_64::*;
 use super::grouped::{GroupedLayout, GROUP};
 use super::interleaved::{GroupKind, Groups, NIBBLE_BYTES};
 use super::kquant::{self, KGroups, KKind};
+use crate::pool::{SharedMut, ThreadPool};
 use crate::quant::{KVALUES_IQ4NL, QK, QK_K};
 
 /// Weight rows per B tile: two interleaved groups.
 pub(crate) const TILE_COLS: usize = 2 * GROUP;
 /// Bytes of one unpacked B tile: 8 k-quads × 16 columns × 4 bytes.
 pub(crate) const B_TILE_BYTES: usize = QK * TILE_COLS;
+
+/// Where a column-tile task writes: `target(row, col)`, the output's row `row` from column `col`.
+pub(crate) type ColumnTarget<'t, 'o> = &'t mut dyn FnMut(usize, usize) -> &'o mut [f32];
+
+/// What [`for_column_tiles`] runs per task: `(column tiles, target)`.
+pub(crate) type ColumnTileTask<'a, 'o> =
+    dyn for<'t> Fn(std::ops::Range<usize>, ColumnTarget<'t, 'o>) + Sync + 'a;
+
+/// Runs `task(col_tiles, target)` once per pool task of a tile kernel's matmul: the
+/// `out_features` columns' 16-column tiles cut into contiguous ranges
+/// ([`super::TASKS_PER_THREAD`] per thread), and `target(row, col)` the row-major `out`'s
+/// values of row `row` from column `col` on (at most one tile's 16), which only that task
+/// writes.
+pub(crate) fn for_column_tiles<'o>(
+    pool: &ThreadPool,
+    out_features: usize,
+    out: &'o mut [f32],
+    task: &ColumnTileTask<'_, 'o>,
+) {
+    let n_col_tiles = out_features.div_ceil(TILE_COLS);
+    let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
+    let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
+    let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
+    let output = SharedMut::new(out);
+    pool.parallel_for(n_tasks, &|index| {
+        let first = index * tiles_per_task;
+        let mut target = |row: usize, col: usize| -> &'o mut [f32] {
+            let lanes = TILE_COLS.min(out_features - col);
+            // SAFETY: this task alone owns the output columns of its column tiles (the ranges
+            // are disjoint), and `slice_mut` checks the range against `out`.
+            unsafe { output.slice_mut(row * out_features + col, lanes) }
+        };
+        task(
+            first..(first + tiles_per_task).min(n_col_tiles),
+            &mut target,
+        );
+    });
+}
 
 /// How a block's integer dots become f32 (each the scalar twin's order per output element):
 /// `acc = fma(d_w · d_x, dot, acc)` per block.

@@ -20,10 +20,11 @@ use std::cell::RefCell;
 
 use super::activation::{QuantizedActivations, QuantizedRow};
 use super::unpack::{
-    prefetch_share, BlockParams, BlockVectors, Weights, B_TILE_BYTES, K_MIN, Q6, TILE_COLS,
+    for_column_tiles, prefetch_share, BlockParams, BlockVectors, Weights, B_TILE_BYTES, K_MIN, Q6,
+    TILE_COLS,
 };
 use crate::aligned::AlignedBytes;
-use crate::pool::{SharedMut, ThreadPool};
+use crate::pool::ThreadPool;
 use crate::quant::QK;
 use crate::simd::first_lanes_mask;
 
@@ -102,22 +103,8 @@ pub(crate) fn matmul(
     n: usize,
     out: &mut [f32],
 ) {
-    let out_features = weights.out_features();
-    let n_col_tiles = out_features.div_ceil(TILE_COLS);
-    let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
-    let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
-    let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
-    let output = SharedMut::new(out);
-    pool.parallel_for(n_tasks, &|task| {
-        let first = task * tiles_per_task;
-        let col_tiles = first..(first + tiles_per_task).min(n_col_tiles);
+    for_column_tiles(pool, weights.out_features(), out, &|col_tiles, target| {
         SCRATCH.with_borrow_mut(|scratch| {
-            let target = |row: usize, col: usize| {
-                let lanes = TILE_COLS.min(out_features - col);
-                // SAFETY: this task alone owns the output columns of its column tiles, and
-                // row < n, so the range lies inside `out` (length checked by the caller).
-                unsafe { output.slice_mut(row * out_features + col, lanes) }
-            };
             // SAFETY: `token` proves AVX-512 F/BW/VNNI; the activations hold `n` rows of the
             // matrix's input width.
             unsafe { run_task(token, weights, activations, n, col_tiles, scratch, target) };
