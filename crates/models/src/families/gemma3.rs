@@ -170,7 +170,8 @@ impl Gemma3Layer {
         kv: &mut KvCacheStorage,
         ws: &mut Workspace,
     ) -> Result<()> {
-        self.attn_norm.forward(&ws.hidden, &mut ws.normed)?;
+        self.attn_norm
+            .forward_rows(step.pool, &ws.hidden, &mut ws.normed)?;
         self.attention.forward(
             step,
             rope,
@@ -181,8 +182,9 @@ impl Gemma3Layer {
             &mut ws.linear,
             &mut ws.projected,
         )?;
-        ws.add_normed_residual(&self.post_attention_norm)?;
-        self.ffn_norm.forward(&ws.hidden, &mut ws.normed)?;
+        ws.add_normed_residual(step.pool, &self.post_attention_norm)?;
+        self.ffn_norm
+            .forward_rows(step.pool, &ws.hidden, &mut ws.normed)?;
         self.mlp.forward(
             step,
             index,
@@ -191,7 +193,7 @@ impl Gemma3Layer {
             &mut ws.linear,
             &mut ws.projected,
         )?;
-        ws.add_normed_residual(&self.post_ffw_norm)
+        ws.add_normed_residual(step.pool, &self.post_ffw_norm)
     }
 }
 

@@ -23,7 +23,7 @@ pub(crate) use moe::{FeedForward, MoeBuffers};
 pub(crate) use norm::{LayerNorm, RmsNorm};
 pub(crate) use rope::Rope;
 
-use tokenmill_kernels::{add_inplace, add_rows, ThreadPool};
+use tokenmill_kernels::{add_rows, ThreadPool};
 
 use crate::batch::BatchInput;
 use crate::error::Result;
@@ -100,10 +100,10 @@ impl Workspace {
     }
 
     /// Norms the last block's output with `norm` and adds the result to the residual stream
-    /// (Gemma's post-attention and post-MLP norms).
-    pub(crate) fn add_normed_residual(&mut self, norm: &RmsNorm) -> Result<()> {
-        norm.forward(&self.projected, &mut self.normed)?;
-        add_inplace(&mut self.hidden, &self.normed)?;
+    /// (Gemma's post-attention and post-MLP norms), rows split over `pool`.
+    pub(crate) fn add_normed_residual(&mut self, pool: &ThreadPool, norm: &RmsNorm) -> Result<()> {
+        norm.forward_rows(pool, &self.projected, &mut self.normed)?;
+        add_rows(pool, &mut self.hidden, &self.normed, norm.width())?;
         Ok(())
     }
 
