@@ -30,6 +30,9 @@ pub struct CpuFeatures {
     pub avx512f: bool,
     /// AVX-512 byte and word integer instructions.
     pub avx512bw: bool,
+    /// AVX-512 vector length extensions: EVEX forms of 128/256-bit instructions, with 32
+    /// vector registers (attention's wide pair groups).
+    pub avx512vl: bool,
     /// AVX-512 VNNI: int8 dot products accumulating into int32 (`vpdpbusd`).
     pub avx512vnni: bool,
     /// The same dot products on 256-bit vectors without AVX-512 (AVX-VNNI).
@@ -55,6 +58,7 @@ impl CpuFeatures {
         f16c: false,
         avx512f: false,
         avx512bw: false,
+        avx512vl: false,
         avx512vnni: false,
         avxvnni: false,
         avx512bf16: false,
@@ -72,6 +76,7 @@ impl CpuFeatures {
         f16c: true,
         avx512f: true,
         avx512bw: true,
+        avx512vl: true,
         avx512vnni: true,
         avxvnni: true,
         avx512bf16: true,
@@ -99,6 +104,7 @@ impl CpuFeatures {
             f16c: std::is_x86_feature_detected!("f16c"),
             avx512f: std::is_x86_feature_detected!("avx512f"),
             avx512bw: std::is_x86_feature_detected!("avx512bw"),
+            avx512vl: std::is_x86_feature_detected!("avx512vl"),
             avx512vnni: std::is_x86_feature_detected!("avx512vnni"),
             avxvnni: extra.avxvnni,
             avx512bf16: extra.avx512bf16 && std::is_x86_feature_detected!("avx512f"),
@@ -126,6 +132,7 @@ impl CpuFeatures {
             f16c: self.f16c && cpu.f16c,
             avx512f: self.avx512f && cpu.avx512f,
             avx512bw: self.avx512bw && cpu.avx512bw,
+            avx512vl: self.avx512vl && cpu.avx512vl,
             avx512vnni: self.avx512vnni && cpu.avx512vnni,
             avxvnni: self.avxvnni && cpu.avxvnni,
             avx512bf16: self.avx512bf16 && cpu.avx512bf16,
@@ -151,6 +158,7 @@ impl fmt::Display for CpuFeatures {
             (self.f16c, "f16c"),
             (self.avx512f, "avx512f"),
             (self.avx512bw, "avx512bw"),
+            (self.avx512vl, "avx512vl"),
             (self.avx512vnni, "avx512vnni"),
             (self.avxvnni, "avxvnni"),
             (self.avx512bf16, "avx512bf16"),

@@ -15,6 +15,11 @@
 //! the transposing reduction per quad), their rescale factors share one `exp8`, and each V row
 //! feeds all their accumulators. Every pair still goes through exactly its own operations, so
 //! the grouping never changes its bits (a test checks this against the per-pair path).
+//!
+//! With AVX-512 F/VL ([`VectorOps::Avx512`]) the same 256-bit code has 32 vector registers, so
+//! a call groups up to six pairs (twice AVX2's three, which fill its 16 registers), and the
+//! V rows are added into the accumulators sixteen lanes at a time: lane for lane the same
+//! multiply and fused multiply-adds in the same key order, so both paths give the same bits.
 
 use crate::cpu::CpuFeatures;
 
@@ -22,15 +27,24 @@ use crate::cpu::CpuFeatures;
 /// tiles of this many keys.
 pub(crate) const TILE: usize = 16;
 
-/// Most (row, head) pairs one [`VectorOps::attend_group`] call folds a tile into.
-pub(crate) const GROUP: usize = 3;
+/// Most (row, head) pairs one [`VectorOps::attend_group`] call folds a tile into (the
+/// AVX-512 path's group; [`VectorOps::group`] is each path's own).
+pub(crate) const GROUP: usize = 6;
 
-/// The vector primitives this CPU runs: AVX2 with FMA, or scalar.
+/// Pairs one AVX2 grouped step keeps in its 16 vector registers.
+const AVX2_GROUP: usize = 3;
+
+/// The vector primitives this CPU runs: AVX2 with FMA (also with AVX-512 F/VL: the same
+/// results, wider attention groups), or scalar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum VectorOps {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX2's operations with AVX-512 F/VL's 32 registers and 16-lane value accumulation in
+    /// [`VectorOps::attend_group`]; everything else is AVX2's code.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 impl VectorOps {
@@ -40,12 +54,44 @@ impl VectorOps {
     }
 }
 
+impl VectorOps {
+    /// Every path this CPU runs, the widest first and the scalar twin last (for tests, which
+    /// print the paths they skip).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<VectorOps> {
+        let mut paths = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let all = VectorOps::from(&CpuFeatures::ALL);
+            if all == VectorOps::Avx512 {
+                paths.push(VectorOps::Avx512);
+            } else {
+                eprintln!("attention kernels: AVX-512 F/VL path skipped (not on this CPU)");
+            }
+            let avx2 = CpuFeatures {
+                avx512f: false,
+                ..CpuFeatures::ALL
+            };
+            if VectorOps::from(&avx2) == VectorOps::Avx2 {
+                paths.push(VectorOps::Avx2);
+            } else {
+                eprintln!("attention kernels: AVX2 path skipped (not on this CPU)");
+            }
+        }
+        paths.push(VectorOps::Scalar);
+        paths
+    }
+}
+
 impl From<&CpuFeatures> for VectorOps {
     fn from(features: &CpuFeatures) -> VectorOps {
         #[cfg(target_arch = "x86_64")]
         {
             let usable = features.usable();
             if usable.avx2 && usable.fma {
+                if usable.avx512f && usable.avx512vl {
+                    return VectorOps::Avx512;
+                }
                 return VectorOps::Avx2;
             }
         }
@@ -110,8 +156,8 @@ impl VectorOps {
     pub(crate) fn silu_mul(self, gate: &mut [f32], up: &[f32]) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA.
-            VectorOps::Avx2 => unsafe { avx2::silu_mul(gate, up) },
+            // SAFETY: `Avx2` and `Avx512` are only constructed after detecting AVX2 and FMA.
+            VectorOps::Avx2 | VectorOps::Avx512 => unsafe { avx2::silu_mul(gate, up) },
             VectorOps::Scalar => scalar_silu_mul(gate, up),
         }
     }
@@ -137,7 +183,9 @@ impl VectorOps {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; the tile was
             // validated against `query.len()`.
-            VectorOps::Avx2 => unsafe { avx2::tile_weights(query, tile, scale, state) },
+            VectorOps::Avx2 | VectorOps::Avx512 => unsafe {
+                avx2::tile_weights(query, tile, scale, state)
+            },
             VectorOps::Scalar => scalar_tile_weights(query, tile, scale, state),
         })
     }
@@ -159,7 +207,9 @@ impl VectorOps {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; the tile's
             // value rows were validated against `acc.len()`.
-            VectorOps::Avx2 => unsafe { avx2::accumulate_one(tile, weights, acc) },
+            VectorOps::Avx2 | VectorOps::Avx512 => unsafe {
+                avx2::accumulate_one(tile, weights, acc)
+            },
             VectorOps::Scalar => scalar_accumulate(tile, weights, acc),
         }
     }
@@ -180,7 +230,7 @@ impl VectorOps {
             ..tile
         };
         #[cfg(target_arch = "x86_64")]
-        if self == VectorOps::Avx2
+        if matches!(self, VectorOps::Avx2 | VectorOps::Avx512)
             && weights[0].count == weights[1].count
             && acc_a.len() == acc_b.len()
             && fused.is_valid(acc_a.len())
@@ -192,6 +242,18 @@ impl VectorOps {
         }
         self.accumulate(tile, weights[0], acc_a);
         self.accumulate(tile, weights[1], acc_b);
+    }
+
+    /// Pairs one [`VectorOps::attend_group`] call of this path keeps in registers: callers
+    /// group at most this many (a larger group is split, which changes nothing but speed).
+    pub(crate) fn group(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            VectorOps::Avx2 => AVX2_GROUP,
+            #[cfg(target_arch = "x86_64")]
+            VectorOps::Avx512 => GROUP,
+            VectorOps::Scalar => GROUP,
+        }
     }
 
     /// Folds one tile into up to [`GROUP`] (row, head) pairs that all see the tile's first
@@ -220,12 +282,52 @@ impl VectorOps {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; every query and
             // accumulator holds d values and the tile was validated against d.
-            VectorOps::Avx2 => unsafe {
+            VectorOps::Avx2 => {
+                // Groups of up to three: AVX2's registers hold no more.
+                for (start, queries) in (0..n).step_by(AVX2_GROUP).zip(queries.chunks(AVX2_GROUP)) {
+                    let m = queries.len();
+                    let q = |i: usize| queries[i.min(m - 1)].as_ptr();
+                    let states = &mut states[start..start + m];
+                    let accs = &mut accs[start * d..(start + m) * d];
+                    // SAFETY: as above, for the chunk's `m` pairs.
+                    unsafe {
+                        match m {
+                            1 => avx2::attend_group::<1>([q(0)], tile, scale, states, accs),
+                            2 => avx2::attend_group::<2>([q(0), q(1)], tile, scale, states, accs),
+                            _ => avx2::attend_group::<3>(
+                                [q(0), q(1), q(2)],
+                                tile,
+                                scale,
+                                states,
+                                accs,
+                            ),
+                        }
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx512` is only constructed after detecting AVX2, FMA and AVX-512 F/VL;
+            // as above for the shapes.
+            VectorOps::Avx512 => unsafe {
                 let q = |i: usize| queries[i.min(n - 1)].as_ptr();
                 match n {
-                    1 => avx2::attend_group::<1>([q(0)], tile, scale, states, accs),
-                    2 => avx2::attend_group::<2>([q(0), q(1)], tile, scale, states, accs),
-                    _ => avx2::attend_group::<3>([q(0), q(1), q(2)], tile, scale, states, accs),
+                    1 => avx2::attend_group_wide::<1>([q(0)], tile, scale, states, accs),
+                    2 => avx2::attend_group_wide::<2>([q(0), q(1)], tile, scale, states, accs),
+                    3 => {
+                        avx2::attend_group_wide::<3>([q(0), q(1), q(2)], tile, scale, states, accs)
+                    }
+                    4 => {
+                        let q = [q(0), q(1), q(2), q(3)];
+                        avx2::attend_group_wide::<4>(q, tile, scale, states, accs)
+                    }
+                    5 => {
+                        let q = [q(0), q(1), q(2), q(3), q(4)];
+                        avx2::attend_group_wide::<5>(q, tile, scale, states, accs)
+                    }
+                    _ => {
+                        let q = [q(0), q(1), q(2), q(3), q(4), q(5)];
+                        avx2::attend_group_wide::<6>(q, tile, scale, states, accs)
+                    }
                 }
             },
             VectorOps::Scalar => {
@@ -915,14 +1017,102 @@ mod avx2 {
         }
     }
 
-    /// AVX2 body of `VectorOps::attend_group` for `P` pairs.
+    /// `acc[p][0 .. 16R] = acc[p] · factor[p] + Σ_t weights[p][t] · v_t[0 .. 16R]`: what
+    /// [`accumulate_group`] does, sixteen lanes per operation (each lane sees the same
+    /// multiply and the same fused multiply-adds in the same key order).
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `1 <= P <= GROUP`; `states.len() == P`;
+    /// The CPU must support AVX-512 F; every accumulator must be writable and every value
+    /// row (at `values + t * stride`) readable for `16 * R` f32; `t < count <= TILE`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn accumulate_group16<const P: usize, const R: usize>(
+        acc: [*mut f32; P],
+        values: *const f32,
+        stride: usize,
+        weights: &[[f32; TILE]; P],
+        count: usize,
+        corrections: &[f32; 8],
+    ) {
+        let mut lanes = [[_mm512_setzero_ps(); R]; P];
+        // Index loops over the constant bounds: fully unrolled, the accumulators stay in
+        // registers (iterator chains here left them on the stack).
+        // SAFETY: every access stays within the first 16R values of each accumulator and row,
+        // and t < count <= TILE.
+        #[allow(clippy::needless_range_loop)]
+        unsafe {
+            for p in 0..P {
+                let factor = _mm512_set1_ps(corrections[p]);
+                for u in 0..R {
+                    lanes[p][u] = _mm512_mul_ps(_mm512_loadu_ps(acc[p].add(16 * u)), factor);
+                }
+            }
+            for t in 0..count {
+                let row = values.add(t * stride);
+                let mut w = [_mm512_setzero_ps(); P];
+                for p in 0..P {
+                    w[p] = _mm512_set1_ps(weights[p][t]);
+                }
+                for u in 0..R {
+                    let v = _mm512_loadu_ps(row.add(16 * u));
+                    for p in 0..P {
+                        lanes[p][u] = _mm512_fmadd_ps(w[p], v, lanes[p][u]);
+                    }
+                }
+            }
+            for p in 0..P {
+                for u in 0..R {
+                    _mm512_storeu_ps(acc[p].add(16 * u), lanes[p][u]);
+                }
+            }
+        }
+    }
+
+    /// AVX2 body of `VectorOps::attend_group` for `P` pairs (at most three: more spill
+    /// AVX2's 16 registers).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `1 <= P <= 3`; `states.len() == P`;
     /// `accs.len() == P * d` with every query pointing at `d` readable f32; `tile` must be
     /// valid for `d` (`KeyTile::is_valid`).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn attend_group<const P: usize>(
+        queries: [*const f32; P],
+        tile: KeyTile<'_>,
+        scale: f32,
+        states: &mut [OnlineSoftmax],
+        accs: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { attend_group_with::<P, false>(queries, tile, scale, states, accs) }
+    }
+
+    /// [`attend_group`] compiled with AVX-512 F/VL: the same 256-bit operations with 32
+    /// registers (up to [`GROUP`] pairs), and the V rows added sixteen lanes at a time
+    /// ([`accumulate_group16`]), which gives every lane AVX2's bits.
+    ///
+    /// # Safety
+    /// As [`attend_group`], with AVX-512 F/VL as well and `1 <= P <= GROUP`.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+    pub(super) unsafe fn attend_group_wide<const P: usize>(
+        queries: [*const f32; P],
+        tile: KeyTile<'_>,
+        scale: f32,
+        states: &mut [OnlineSoftmax],
+        accs: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { attend_group_with::<P, true>(queries, tile, scale, states, accs) }
+    }
+
+    /// The body of [`attend_group`] (`WIDE`: [`attend_group_wide`]'s, whose features it is
+    /// inlined under).
+    ///
+    /// # Safety
+    /// As the entry point that calls it.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn attend_group_with<const P: usize, const WIDE: bool>(
         queries: [*const f32; P],
         tile: KeyTile<'_>,
         scale: f32,
@@ -940,10 +1130,10 @@ mod avx2 {
                 break;
             }
             let n = (count - first).min(8);
-            // SAFETY: AVX2/FMA enabled here; every row index is below `count`, so each row
-            // holds d values (tile validated), as does every query.
-            let raw =
-                unsafe { scores_group::<P>(queries, tile.keys.as_ptr(), tile.stride, first, n, d) };
+            let keys = tile.keys.as_ptr();
+            // SAFETY: AVX2/FMA enabled here; every row index is below `count`, so each
+            // row holds d values (tile validated), as does every query.
+            let raw = unsafe { scores_group::<P>(queries, keys, tile.stride, first, n, d) };
             let mask = _mm256_castsi256_ps(first_lanes(n));
             for (score, raw) in scores.iter_mut().zip(raw) {
                 score[half] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(raw, scale_v), mask);
@@ -994,6 +1184,22 @@ mod avx2 {
         // Each call below covers columns inside c..d of every accumulator and value row, which
         // hold d values (tile validated); the widest step keeps P * R accumulators in registers.
         const { assert!(P >= 1 && P <= GROUP) };
+        if WIDE {
+            while c + 64 <= d {
+                // SAFETY: AVX-512 F (`attend_group_wide`'s contract); the columns lie inside d.
+                unsafe {
+                    accumulate_group16::<P, 4>(
+                        at(c),
+                        values.add(c),
+                        stride,
+                        &weights,
+                        count,
+                        &corrections,
+                    )
+                };
+                c += 64;
+            }
+        }
         let wide = if P == 1 { 64 } else { 32 };
         while c + wide <= d {
             // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
@@ -1192,7 +1398,7 @@ mod tests {
     #[test]
     fn accumulating_two_pairs_is_bitwise_the_same_as_one_by_one() {
         let mut rng = crate::test_util::Rng::new(23);
-        for ops in [VectorOps::detect(), VectorOps::Scalar] {
+        for ops in VectorOps::available() {
             for d in [3usize, 8, 17, 48, 64, 80, 130] {
                 for count in [1usize, 5, 16] {
                     let stride = d + 3;
@@ -1228,7 +1434,7 @@ mod tests {
     #[test]
     fn grouped_pairs_are_bitwise_the_same_as_one_by_one() {
         let mut rng = crate::test_util::Rng::new(29);
-        for ops in [VectorOps::detect(), VectorOps::Scalar] {
+        for ops in VectorOps::available() {
             for d in [3usize, 8, 17, 48, 64, 80, 130] {
                 for count in [1usize, 3, 4, 5, 8, 9, 12, 16] {
                     let stride = d + 3;

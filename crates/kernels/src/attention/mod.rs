@@ -846,6 +846,8 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     let q_dim = p.num_heads * d;
     let kv_dim = p.num_kv_heads * d;
     let group = p.num_heads / p.num_kv_heads;
+    // Pairs one grouped kernel call takes on this path.
+    let per_call = kernels.group();
     let n_heads = work.heads.len();
     let n_rows = work.rows.len();
     // Pairs of one kv head; the task's pairs are kv head-major.
@@ -976,8 +978,9 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
                 let visible = (last_position + 1 - tile_first_position).min(tile_len);
                 let tile = source.tile(base, tile_len, visible, kv_dim, d);
                 // Runs of consecutive pairs that see the same keys of the tile go through one
-                // grouped step (at most GROUP pairs; a run of four splits 2 + 2), which loads
-                // each K/V row once for all of them.
+                // grouped step (at most `per_call` pairs; a run of more, but under twice that,
+                // splits in halves: four as 2 + 2 on AVX2), which loads each K/V row once for
+                // all of them.
                 while local < per_kv {
                     let span = span_of(local);
                     let (skip, count) = span;
@@ -985,10 +988,11 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
                         break;
                     }
                     let mut run = 1;
-                    while local + run < per_kv && run < 2 * GROUP && span_of(local + run) == span {
+                    while local + run < per_kv && run < 2 * per_call && span_of(local + run) == span
+                    {
                         run += 1;
                     }
-                    let take = if run == GROUP + 1 { 2 } else { run.min(GROUP) };
+                    let take = run.min(per_call);
                     let pair = pairs_start + local;
                     let queries: [&[f32]; GROUP] =
                         std::array::from_fn(|i| query_of(pair + i.min(take - 1)));

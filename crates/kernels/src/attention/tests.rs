@@ -166,7 +166,7 @@ fn matches_reference_on_mixed_batches() {
         let batch = random_batch(&mut rng, params, &shapes);
         let expected = reference(&batch);
         let scalar = run_with(VectorOps::Scalar, &pool, &batch);
-        for kernels in [VectorOps::detect(), VectorOps::Scalar] {
+        for kernels in VectorOps::available() {
             let out = run_with(kernels, &pool, &batch);
             for (i, (a, b)) in out.iter().zip(&expected).enumerate() {
                 assert!(
@@ -263,7 +263,7 @@ fn sliding_window_matches_reference_and_scalar_twin() {
             let expected = reference(&batch);
             // The tile kernels' vector twins agree with the scalar ones to rounding (the
             // vector exp differs in the last bits), so both are held to the reference.
-            for kernels in [VectorOps::detect(), VectorOps::Scalar] {
+            for kernels in VectorOps::available() {
                 let got = run_with(kernels, &pool, &batch);
                 assert!(
                     close(&got, &expected),
@@ -411,7 +411,7 @@ fn reduced_precision_caches_attend_exactly_like_f32_caches_of_their_values() {
                 v_cache: KvCacheBuffer::from_f32(dtype, &batch.v_cache).to_f32(),
                 ..batch.clone()
             };
-            for kernels in [VectorOps::detect(), VectorOps::Scalar] {
+            for kernels in VectorOps::available() {
                 let got = run_with(kernels, &pool, &stored);
                 assert!(got.iter().all(|v| v.is_finite()), "{params:?} {dtype}");
                 assert_eq!(

@@ -92,6 +92,7 @@ impl KernelPath {
             f16c: features.f16c && keep_avx2,
             avx512f: features.avx512f && keep_avx512,
             avx512bw: features.avx512bw && keep_avx512,
+            avx512vl: features.avx512vl && keep_avx512,
             avx512vnni: features.avx512vnni && keep_avx512,
             avxvnni: features.avxvnni && self == KernelPath::AvxVnni,
             avx512bf16: features.avx512bf16 && keep_avx512,

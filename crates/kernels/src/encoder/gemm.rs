@@ -47,7 +47,7 @@ impl GemmKernel {
             if super::vector::avx512_usable() {
                 return GemmKernel::Avx512;
             }
-            if VectorOps::detect() == VectorOps::Avx2 {
+            if matches!(VectorOps::detect(), VectorOps::Avx2 | VectorOps::Avx512) {
                 return GemmKernel::Avx2;
             }
         }
@@ -60,7 +60,7 @@ impl GemmKernel {
         let mut kernels = vec![GemmKernel::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            if VectorOps::detect() == VectorOps::Avx2 {
+            if matches!(VectorOps::detect(), VectorOps::Avx2 | VectorOps::Avx512) {
                 kernels.push(GemmKernel::Avx2);
             }
             if GemmKernel::detect() == GemmKernel::Avx512 {

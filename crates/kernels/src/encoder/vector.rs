@@ -99,9 +99,9 @@ pub(crate) fn gelu(ops: VectorOps, x: &mut [f32]) {
 pub(crate) fn gelu_with(ops: VectorOps, wide: bool, x: &mut [f32]) {
     let done = match ops {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `VectorOps::Avx2` is only built after detecting AVX2 and FMA; `wide` only
-        // where AVX-512 F is usable too.
-        VectorOps::Avx2 => unsafe {
+        // SAFETY: `VectorOps::Avx2` and `Avx512` are only built after detecting AVX2 and FMA;
+        // `wide` only where AVX-512 F is usable too.
+        VectorOps::Avx2 | VectorOps::Avx512 => unsafe {
             let wide_done = if wide { avx512::gelu(x) } else { 0 };
             wide_done + avx2::gelu(&mut x[wide_done..])
         },
@@ -115,7 +115,7 @@ pub(crate) fn exp_shifted(ops: VectorOps, x: &mut [f32], shift: f32) {
     let done = match ops {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `gelu`.
-        VectorOps::Avx2 => unsafe { avx2::exp_shifted(x, shift) },
+        VectorOps::Avx2 | VectorOps::Avx512 => unsafe { avx2::exp_shifted(x, shift) },
         VectorOps::Scalar => 0,
     };
     x[done..]
@@ -136,7 +136,9 @@ pub(crate) fn key_scores(
     let done = match ops {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `gelu`; `keys_t` holds `q.len()` rows of `stride >= scores.len()`.
-        VectorOps::Avx2 => unsafe { avx2::key_scores(q, keys_t, stride, scores) },
+        VectorOps::Avx2 | VectorOps::Avx512 => unsafe {
+            avx2::key_scores(q, keys_t, stride, scores)
+        },
         VectorOps::Scalar => 0,
     };
     for (j, score) in scores.iter_mut().enumerate().skip(done) {
@@ -160,7 +162,9 @@ pub(crate) fn weighted_values(
     let done = match ops {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `gelu`; row `j < p.len()` of `values` holds `dst.len()` values.
-        VectorOps::Avx2 => unsafe { avx2::weighted_values(p, values, stride, dst) },
+        VectorOps::Avx2 | VectorOps::Avx512 => unsafe {
+            avx2::weighted_values(p, values, stride, dst)
+        },
         VectorOps::Scalar => 0,
     };
     for (d, out) in dst.iter_mut().enumerate().skip(done) {
