@@ -244,6 +244,18 @@ impl VectorOps {
         self.accumulate(tile, weights[1], acc_b);
     }
 
+    /// [`scalar_exp`] of two values (a segment merge's two rescale factors), on the SIMD paths
+    /// compiled with the FMA instruction instead of calls to the C library's `fmaf`: both
+    /// round once, so the bits are the same.
+    pub(crate) fn scalar_exp_pair(self, a: f32, b: f32) -> (f32, f32) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` and `Avx512` are only constructed after detecting AVX2 and FMA.
+            VectorOps::Avx2 | VectorOps::Avx512 => unsafe { avx2::scalar_exp_pair(a, b) },
+            VectorOps::Scalar => (scalar_exp(a), scalar_exp(b)),
+        }
+    }
+
     /// Pairs one [`VectorOps::attend_group`] call of this path keeps in registers: callers
     /// group at most this many (a larger group is split, which changes nothing but speed).
     pub(crate) fn group(self) -> usize {
@@ -369,6 +381,7 @@ pub(crate) fn first_lanes_mask(n: usize) -> u16 {
     ((1u32 << n.min(16)) - 1) as u16
 }
 
+#[inline]
 pub(crate) fn scalar_exp(x: f32) -> f32 {
     const LOW: f32 = -87.336_55;
     const HIGH: f32 = 88.376_26;
@@ -562,6 +575,15 @@ mod avx2 {
     fn first_lanes(n: usize) -> __m256i {
         let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), iota)
+    }
+
+    /// [`scalar_exp`] of `a` and `b` with the FMA and rounding instructions inline.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scalar_exp_pair(a: f32, b: f32) -> (f32, f32) {
+        (super::scalar_exp(a), super::scalar_exp(b))
     }
 
     /// Transposing reduction: lane `k` of the result is the sum of accumulator `k`'s lanes,
@@ -1483,6 +1505,38 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn exp_pair_is_bitwise_scalar_exp() {
+        let mut rng = crate::test_util::Rng::new(31);
+        let mut inputs = rng.vec(2000, -100.0, 100.0);
+        inputs.extend([
+            0.0,
+            -0.0,
+            -87.336_55,
+            -87.4,
+            88.376_26,
+            89.0,
+            f32::NEG_INFINITY,
+        ]);
+        for ops in VectorOps::available() {
+            for pair in inputs.chunks_exact(2) {
+                let (a, b) = ops.scalar_exp_pair(pair[0], pair[1]);
+                assert_eq!(
+                    a.to_bits(),
+                    scalar_exp(pair[0]).to_bits(),
+                    "{ops:?} {}",
+                    pair[0]
+                );
+                assert_eq!(
+                    b.to_bits(),
+                    scalar_exp(pair[1]).to_bits(),
+                    "{ops:?} {}",
+                    pair[1]
+                );
             }
         }
     }

@@ -36,7 +36,7 @@ use std::cell::RefCell;
 
 use crate::kv_dtype::{KvCacheSlice, KvCacheSliceMut, KvCodec, Rows};
 use crate::pool::{SharedMut, ThreadPool};
-use crate::simd::{scalar_exp, KeyTile, OnlineSoftmax, VectorOps, GROUP, TILE};
+use crate::simd::{KeyTile, OnlineSoftmax, VectorOps, GROUP, TILE};
 use crate::KernelError;
 
 /// Most query rows handled by one attention task.
@@ -430,7 +430,8 @@ fn attention_with(
                     max: stored[0],
                     sum: stored[1],
                 };
-                merge_segment(&mut state, &mut running, segment, &stored[STATE_HEADER..]);
+                let acc = &stored[STATE_HEADER..];
+                merge_segment(kernels, &mut state, &mut running, segment, acc);
             }
             let row = seq.query_start + pair / p.num_heads;
             let at = row * q_dim + (pair % p.num_heads) * d;
@@ -448,6 +449,7 @@ fn attention_with(
 /// (sum 0: no key of it was visible) changes nothing; into an empty running state a segment is
 /// copied as it is, so a context of one segment gives exactly its tile-by-tile result.
 fn merge_segment(
+    kernels: VectorOps,
     running: &mut OnlineSoftmax,
     running_acc: &mut [f32],
     segment: OnlineSoftmax,
@@ -463,8 +465,7 @@ fn merge_segment(
     }
     let max = running.max.max(segment.max);
     // The tile kernels' exponential, so no result depends on the C library's `expf`.
-    let keep = scalar_exp(running.max - max);
-    let add = scalar_exp(segment.max - max);
+    let (keep, add) = kernels.scalar_exp_pair(running.max - max, segment.max - max);
     running.sum = running.sum * keep + segment.sum * add;
     running.max = max;
     for (r, &s) in running_acc.iter_mut().zip(segment_acc) {
@@ -890,6 +891,7 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
             {
                 match sink {
                     Sink::Output(_) => merge_segment(
+                        kernels,
                         &mut running[pair],
                         &mut running_accs[pair * d..(pair + 1) * d],
                         *state,
