@@ -1039,6 +1039,77 @@ mod avx2 {
         }
     }
 
+    /// `a + b` per 128-bit block as `_mm256_hadd_ps` adds: `[a0+a1, a2+a3, b0+b1, b2+b3]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn hadd16(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
+        )
+    }
+
+    /// [`scores_group`] for `d % 8 == 0`, two keys per 512-bit accumulator (key `2j` in the
+    /// low half, `2j + 1` in the high), so each multiply-add serves two keys; [`hadd16`]
+    /// replays [`reduce8`]'s tree on both halves at once, so every score has its bits.
+    ///
+    /// # Safety
+    /// As [`scores_group`], with AVX-512 F and `d % 8 == 0`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    unsafe fn scores_group16<const P: usize>(
+        queries: [*const f32; P],
+        keys: *const f32,
+        stride: usize,
+        first: usize,
+        n: usize,
+        d: usize,
+    ) -> [__m256; P] {
+        // Lanes past the tile re-read its last key.
+        let rows: [*const f32; 8] =
+            std::array::from_fn(|k| keys.wrapping_add((first + k.min(n - 1)) * stride));
+        let mut acc = [[_mm512_setzero_ps(); 4]; P];
+        let mut c = 0;
+        // SAFETY: c + 8 <= d inside every query and row (caller contract, d % 8 == 0).
+        #[allow(clippy::needless_range_loop)]
+        unsafe {
+            while c < d {
+                let mut q = [_mm512_setzero_ps(); P];
+                for p in 0..P {
+                    // (The f64x4 forms are AVX-512 F; the f32x8 ones need DQ.)
+                    let chunk = _mm256_castps_pd(_mm256_loadu_ps(queries[p].add(c)));
+                    q[p] = _mm512_castpd_ps(_mm512_broadcast_f64x4(chunk));
+                }
+                for j in 0..4 {
+                    let low = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(
+                        rows[2 * j].add(c),
+                    )));
+                    let high = _mm256_castps_pd(_mm256_loadu_ps(rows[2 * j + 1].add(c)));
+                    let k = _mm512_castpd_ps(_mm512_insertf64x4::<1>(low, high));
+                    for p in 0..P {
+                        acc[p][j] = _mm512_fmadd_ps(q[p], k, acc[p][j]);
+                    }
+                }
+                c += 8;
+            }
+        }
+        let mut out = [_mm256_setzero_ps(); P];
+        for (out, a) in out.iter_mut().zip(&acc) {
+            // Blocks: low sums of keys 0, 2, 4, 6; their high sums; the same for 1, 3, 5, 7.
+            let u = hadd16(hadd16(a[0], a[1]), hadd16(a[2], a[3]));
+            let even = _mm_add_ps(
+                _mm512_extractf32x4_ps::<0>(u),
+                _mm512_extractf32x4_ps::<1>(u),
+            );
+            let odd = _mm_add_ps(
+                _mm512_extractf32x4_ps::<2>(u),
+                _mm512_extractf32x4_ps::<3>(u),
+            );
+            *out = _mm256_set_m128(_mm_unpackhi_ps(even, odd), _mm_unpacklo_ps(even, odd));
+        }
+        out
+    }
+
     /// `acc[p][0 .. 16R] = acc[p] · factor[p] + Σ_t weights[p][t] · v_t[0 .. 16R]`: what
     /// [`accumulate_group`] does, sixteen lanes per operation (each lane sees the same
     /// multiply and the same fused multiply-adds in the same key order).
@@ -1155,7 +1226,13 @@ mod avx2 {
             let keys = tile.keys.as_ptr();
             // SAFETY: AVX2/FMA enabled here; every row index is below `count`, so each
             // row holds d values (tile validated), as does every query.
-            let raw = unsafe { scores_group::<P>(queries, keys, tile.stride, first, n, d) };
+            let raw = if WIDE && d.is_multiple_of(8) {
+                // SAFETY: as above, with AVX-512 F (`attend_group_wide`'s contract).
+                unsafe { scores_group16::<P>(queries, keys, tile.stride, first, n, d) }
+            } else {
+                // SAFETY: as above.
+                unsafe { scores_group::<P>(queries, keys, tile.stride, first, n, d) }
+            };
             let mask = _mm256_castsi256_ps(first_lanes(n));
             for (score, raw) in scores.iter_mut().zip(raw) {
                 score[half] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(raw, scale_v), mask);
