@@ -569,6 +569,56 @@ mod avx2 {
         _mm256_andnot_ps(underflow, _mm256_mul_ps(y, scale))
     }
 
+    /// [`exp8`] on sixteen lanes: the same operations lane for lane (the rounding, the
+    /// conversion and the underflow zeroing in their AVX-512 forms), so the same bits.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp16(x: __m512) -> __m512 {
+        let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.336_55));
+        let x = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(-87.336_55)),
+            _mm512_set1_ps(88.376_26),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+        }
+        let r2 = _mm512_mul_ps(r, r);
+        let y = _mm512_add_ps(_mm512_fmadd_ps(y, r2, r), _mm512_set1_ps(1.0));
+        let exponent = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+        let scale = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(exponent));
+        _mm512_maskz_mov_ps(!underflow, _mm512_mul_ps(y, scale))
+    }
+
+    /// `(exp8(a), exp8(b))` as one [`exp16`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub(super) unsafe fn exp8_pair(a: __m256, b: __m256) -> (__m256, __m256) {
+        let both = _mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(a)),
+            _mm256_castps_pd(b),
+        );
+        let weights = _mm512_castps_pd(exp16(_mm512_castpd_ps(both)));
+        (
+            _mm256_castpd_ps(_mm512_castpd512_pd256(weights)),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(weights)),
+        )
+    }
+
     /// A lane mask with the first `n` lanes (`n <= 8`) set.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -1256,12 +1306,20 @@ mod avx2 {
         let mut weights = [[0.0f32; TILE]; P];
         for p in 0..P {
             let max = new_max[p];
-            let weights0 = exp8(_mm256_sub_ps(scores[p][0], max));
-            // Keys 8.. absent: their weights are exactly 0 (what exp8 gives for -inf).
-            let weights1 = if count > 8 {
-                exp8(_mm256_sub_ps(scores[p][1], max))
+            let (weights0, weights1) = if WIDE && count > 8 {
+                let (low, high) = (scores[p][0], scores[p][1]);
+                // Both halves in one 16-lane exp.
+                // SAFETY: AVX-512 F (`attend_group_wide`'s contract).
+                unsafe { exp8_pair(_mm256_sub_ps(low, max), _mm256_sub_ps(high, max)) }
             } else {
-                _mm256_setzero_ps()
+                let weights0 = exp8(_mm256_sub_ps(scores[p][0], max));
+                // Keys 8.. absent: their weights are exactly 0 (what exp8 gives for -inf).
+                let weights1 = if count > 8 {
+                    exp8(_mm256_sub_ps(scores[p][1], max))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                (weights0, weights1)
             };
             let state = &mut states[p];
             state.sum = state.sum * corrections[p] + sum_all(_mm256_add_ps(weights0, weights1));
@@ -1479,6 +1537,34 @@ mod tests {
         ]);
         for (got, &x) in exp8_each(&inputs).into_iter().zip(&inputs) {
             assert_eq!(got.to_bits(), scalar_exp(x).to_bits(), "exp({x})");
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !VectorOps::available().contains(&VectorOps::Avx512) {
+                eprintln!("scalar_exp_is_bitwise_exp8: exp16 skipped, no AVX-512 F/VL path");
+                return;
+            }
+            use std::arch::x86_64::*;
+            // The special values at the end come first, so whole chunks of 16 cover them.
+            let mut inputs = inputs;
+            let tail = inputs.len() % 16;
+            inputs.rotate_right(tail);
+            for chunk in inputs.chunks_exact(16) {
+                let mut got = [0.0f32; 16];
+                // SAFETY: the AVX-512 path exists, so AVX2, FMA and AVX-512 F are there; the
+                // pointers cover 8 f32 each.
+                unsafe {
+                    let (low, high) = avx2::exp8_pair(
+                        _mm256_loadu_ps(chunk.as_ptr()),
+                        _mm256_loadu_ps(chunk.as_ptr().add(8)),
+                    );
+                    _mm256_storeu_ps(got.as_mut_ptr(), low);
+                    _mm256_storeu_ps(got.as_mut_ptr().add(8), high);
+                }
+                for (got, &x) in got.iter().zip(chunk) {
+                    assert_eq!(got.to_bits(), scalar_exp(x).to_bits(), "exp16({x})");
+                }
+            }
         }
     }
 

@@ -15,8 +15,8 @@
 //! cover all query heads sharing that kv head. Each task walks the sequence's cache blocks once,
 //! in tiles of at most 16 keys at fixed offsets inside each block, and folds each tile into
 //! every (row, head) pair of the task (one online-softmax rescale per tile; up to three pairs
-//! that see the same keys share each K/V row load) while the tile's K/V rows are hot in L1, so
-//! K/V are read once per group and no full score row is ever materialized.
+//! that see the same keys share each K/V row load, six with AVX-512) while the tile's K/V rows
+//! are hot in L1, so K/V are read once per group and no full score row is ever materialized.
 //!
 //! Keys are folded in **segments** of [`SEGMENT_KEYS`] positions (whole cache blocks, at fixed
 //! positions `0, S, 2S, ...` of every sequence): each pair starts every segment from an empty
