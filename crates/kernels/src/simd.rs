@@ -16,10 +16,12 @@
 //! feeds all their accumulators. Every pair still goes through exactly its own operations, so
 //! the grouping never changes its bits (a test checks this against the per-pair path).
 //!
-//! With AVX-512 F/VL ([`VectorOps::Avx512`]) the same 256-bit code has 32 vector registers, so
-//! a call groups up to six pairs (twice AVX2's three, which fill its 16 registers), and the
-//! V rows are added into the accumulators sixteen lanes at a time: lane for lane the same
-//! multiply and fused multiply-adds in the same key order, so both paths give the same bits.
+//! With AVX-512 F/VL ([`VectorOps::Avx512`]) the same code has 32 vector registers, so a call
+//! groups up to six pairs (twice AVX2's three, which fill its 16 registers); it scores two keys
+//! per 512-bit multiply-add and replays the reduction tree on both halves at once, takes a
+//! tile's sixteen weights in one 16-lane exp and adds the V rows into the accumulators sixteen
+//! lanes at a time: lane for lane the same operations in the same order, so both paths give
+//! the same bits.
 
 use crate::cpu::CpuFeatures;
 
@@ -181,8 +183,8 @@ impl VectorOps {
         }
         Some(match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; the tile was
-            // validated against `query.len()`.
+            // SAFETY: `Avx2` and `Avx512` are only constructed after detecting AVX2 and FMA;
+            // the tile was validated against `query.len()`.
             VectorOps::Avx2 | VectorOps::Avx512 => unsafe {
                 avx2::tile_weights(query, tile, scale, state)
             },
@@ -205,8 +207,8 @@ impl VectorOps {
         }
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx2` is only constructed after detecting AVX2 and FMA; the tile's
-            // value rows were validated against `acc.len()`.
+            // SAFETY: `Avx2` and `Avx512` are only constructed after detecting AVX2 and FMA;
+            // the tile's value rows were validated against `acc.len()`.
             VectorOps::Avx2 | VectorOps::Avx512 => unsafe {
                 avx2::accumulate_one(tile, weights, acc)
             },

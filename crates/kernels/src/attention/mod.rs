@@ -881,10 +881,9 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     }
     let position_of = |local: usize| positions[local];
     let query_of = |pair: usize| &q[query_starts[pair]..query_starts[pair] + d];
-    // Only the pairs' part is zeroed: a stack array of `ACC_CAPACITY` had all of its 32 KiB
-    // cleared per task (1-3 % of a decode step's attention).
-    // Taken out for the task and put back at its end (a re-entrant call finds it empty and
-    // grows its own).
+    // Only the pairs' part is zeroed (clearing a whole `ACC_CAPACITY` buffer per task cost
+    // 1-3 % of a decode step's attention). The scratch is taken out for the task and put back
+    // at its end (a re-entrant call finds it empty and grows its own).
     let mut buffers = ACC_SCRATCH.with(RefCell::take);
     buffers.clear();
     buffers.resize(2 * n_pairs * d, 0.0f32);
