@@ -1003,13 +1003,15 @@ mod avx2 {
 
     /// Raw scores of `P` queries against tile keys `first .. first + n` (`1 <= n <= 8`), one
     /// per lane, bitwise what [`scores8`] gives for each query; lanes `>= n` are unspecified.
+    /// `W` is the calling step's `WIDE`: one instantiation per caller, so LLVM inlines each
+    /// into its only caller (shared by both steps, it stayed a call in AVX2's).
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; every query and every key row `first .. first + n`
     /// (at `keys + row * stride`) must point at `d` readable f32.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn scores_group<const P: usize>(
+    unsafe fn scores_group<const P: usize, const W: bool>(
         queries: [*const f32; P],
         keys: *const f32,
         stride: usize,
@@ -1047,14 +1049,14 @@ mod avx2 {
 
     /// `acc[p][0 .. 8R] = acc[p] · factor[p] + Σ_t weights[p][t] · v_t[0 .. 8R]` for `P`
     /// accumulators, keys in order, every value load feeding all of them; each accumulator
-    /// sees the same operations for any `P` and `R`.
+    /// sees the same operations for any `P` and `R`. `W`: as in [`scores_group`].
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; every accumulator must be writable and every value
     /// row (at `values + t * stride`) readable for `8 * R` f32; all weights have equal length.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn accumulate_group<const P: usize, const R: usize>(
+    unsafe fn accumulate_group<const P: usize, const R: usize, const W: bool>(
         acc: [*mut f32; P],
         values: *const f32,
         stride: usize,
@@ -1283,7 +1285,7 @@ mod avx2 {
                 unsafe { scores_group16::<P>(queries, keys, tile.stride, first, n, d) }
             } else {
                 // SAFETY: as above.
-                unsafe { scores_group::<P>(queries, keys, tile.stride, first, n, d) }
+                unsafe { scores_group::<P, WIDE>(queries, keys, tile.stride, first, n, d) }
             };
             let mask = _mm256_castsi256_ps(first_lanes(n));
             for (score, raw) in scores.iter_mut().zip(raw) {
@@ -1364,9 +1366,23 @@ mod avx2 {
             // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
             unsafe {
                 if P == 1 {
-                    accumulate_group::<P, 8>(at(c), values.add(c), stride, &weights, count, factor);
+                    accumulate_group::<P, 8, WIDE>(
+                        at(c),
+                        values.add(c),
+                        stride,
+                        &weights,
+                        count,
+                        factor,
+                    );
                 } else {
-                    accumulate_group::<P, 4>(at(c), values.add(c), stride, &weights, count, factor);
+                    accumulate_group::<P, 4, WIDE>(
+                        at(c),
+                        values.add(c),
+                        stride,
+                        &weights,
+                        count,
+                        factor,
+                    );
                 }
             }
             c += wide;
@@ -1374,21 +1390,42 @@ mod avx2 {
         if P == 1 && c + 32 <= d {
             // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
             unsafe {
-                accumulate_group::<P, 4>(at(c), values.add(c), stride, &weights, count, factor)
+                accumulate_group::<P, 4, WIDE>(
+                    at(c),
+                    values.add(c),
+                    stride,
+                    &weights,
+                    count,
+                    factor,
+                )
             };
             c += 32;
         }
         if c + 16 <= d {
             // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
             unsafe {
-                accumulate_group::<P, 2>(at(c), values.add(c), stride, &weights, count, factor)
+                accumulate_group::<P, 2, WIDE>(
+                    at(c),
+                    values.add(c),
+                    stride,
+                    &weights,
+                    count,
+                    factor,
+                )
             };
             c += 16;
         }
         if c + 8 <= d {
             // SAFETY: AVX2/FMA enabled; the columns lie inside d (see above).
             unsafe {
-                accumulate_group::<P, 1>(at(c), values.add(c), stride, &weights, count, factor)
+                accumulate_group::<P, 1, WIDE>(
+                    at(c),
+                    values.add(c),
+                    stride,
+                    &weights,
+                    count,
+                    factor,
+                )
             };
             c += 8;
         }
