@@ -383,26 +383,34 @@ pub(crate) fn first_lanes_mask(n: usize) -> u16 {
     ((1u32 << n.min(16)) - 1) as u16
 }
 
+/// The exponential's constants, shared by [`scalar_exp`] and the 8- and 16-lane forms: the
+/// clamp bounds, `ln 2` split in two for the range reduction, and the polynomial's
+/// coefficients, highest degree first.
+const EXP_LOW: f32 = -87.336_55;
+const EXP_HIGH: f32 = 88.376_26;
+const EXP_LN2_HIGH: f32 = 0.693_359_4;
+const EXP_LN2_LOW: f32 = -2.121_944_4e-4;
+const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
 #[inline]
 pub(crate) fn scalar_exp(x: f32) -> f32 {
-    const LOW: f32 = -87.336_55;
-    const HIGH: f32 = 88.376_26;
-    let underflow = x < LOW;
+    let underflow = x < EXP_LOW;
     // `max_ps(x, LOW)` / `min_ps(., HIGH)`: the bound unless the comparison holds (NaN too).
-    let x = if x > LOW { x } else { LOW };
-    let x = if x < HIGH { x } else { HIGH };
+    let x = if x > EXP_LOW { x } else { EXP_LOW };
+    let x = if x < EXP_HIGH { x } else { EXP_HIGH };
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = (-n).mul_add(0.693_359_4, x);
-    let r = (-n).mul_add(-2.121_944_4e-4, r);
-    let mut y = 1.987_569_1e-4f32;
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
-        y = y.mul_add(r, c);
+    let r = (-n).mul_add(EXP_LN2_HIGH, x);
+    let r = (-n).mul_add(EXP_LN2_LOW, r);
+    let mut y = EXP_POLY[0];
+    for c in &EXP_POLY[1..] {
+        y = y.mul_add(r, *c);
     }
     let r2 = r * r;
     let y = y.mul_add(r2, r) + 1.0;
@@ -515,6 +523,7 @@ mod avx2 {
     #[cfg(test)]
     use super::TileWeights;
     use super::{scalar_silu_mul, KeyTile, OnlineSoftmax, GROUP, TILE};
+    use super::{EXP_HIGH, EXP_LN2_HIGH, EXP_LN2_LOW, EXP_LOW, EXP_POLY};
 
     /// AVX2 body of `VectorOps::silu_mul`; the last `len % 8` elements take the scalar path.
     ///
@@ -544,25 +553,19 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn exp8(x: __m256) -> __m256 {
-        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_55));
+        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_LOW));
         let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(-87.336_55)),
-            _mm256_set1_ps(88.376_26),
+            _mm256_max_ps(x, _mm256_set1_ps(EXP_LOW)),
+            _mm256_set1_ps(EXP_HIGH),
         );
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HIGH), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LOW), r);
+        let mut y = _mm256_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(*c));
         }
         let r2 = _mm256_mul_ps(r, r);
         let y = _mm256_add_ps(_mm256_fmadd_ps(y, r2, r), _mm256_set1_ps(1.0));
@@ -576,25 +579,19 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn exp16(x: __m512) -> __m512 {
-        let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.336_55));
+        let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_LOW));
         let x = _mm512_min_ps(
-            _mm512_max_ps(x, _mm512_set1_ps(-87.336_55)),
-            _mm512_set1_ps(88.376_26),
+            _mm512_max_ps(x, _mm512_set1_ps(EXP_LOW)),
+            _mm512_set1_ps(EXP_HIGH),
         );
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm512_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HIGH), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LOW), r);
+        let mut y = _mm512_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(*c));
         }
         let r2 = _mm512_mul_ps(r, r);
         let y = _mm512_add_ps(_mm512_fmadd_ps(y, r2, r), _mm512_set1_ps(1.0));
