@@ -3,7 +3,7 @@
 //! (default n = 1, 4, 16, 64, 256; not a criterion bench: best of a few short timing windows per
 //! case). Run: `cargo run --release -p tokenmill-kernels --example matmul_speed [threads]
 //! [TYPE|all] [ROWSxCOLS] [batch sizes, comma-separated]`. The last column is `QMatrix::matmul`
-//! itself: AMX tiles from 16 rows, 32 for Q4_K (`matmul::amx::min_rows`), where this process
+//! itself: AMX tiles from 8 rows (10 for Q4_1/Q5_1, 16 for Q5_K/Q6_K, 32 for Q4_K: `matmul::amx::min_rows`), where this process
 //! may use them (`TOKENMILL_AMX=0` turns them off), the AVX-512 VNNI row sweeps over unpacked
 //! tiles from 5 rows (`matmul::vnni_tiles`), else the best `KernelPath`. `MATMUL_SPEED_PATHS=matmul` (or a comma-separated
 //! list of path names as printed, and/or `matmul`) times only those columns.

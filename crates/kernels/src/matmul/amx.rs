@@ -44,22 +44,29 @@ use crate::pool::ThreadPool;
 use crate::quant::QK;
 use crate::simd::first_lanes_mask;
 
-/// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path for `dtype`: the
-/// crossover measured one thread per kernel on the Xeon (bench/RESULTS.md, 2026-11-26 ninth
-/// session): at 8 rows the tiles ran 0.56-0.85x the AVX-512 VNNI group kernels on 2048-wide
-/// matrices of every type (each call unpacks its weight blocks into tiles, paid back only over
-/// enough rows), about even at 12, and ahead at 16 for every type but Q4_K (0.97-0.98x at 16,
-/// 1.1-1.2x at 32). Fewer rows keep the group kernels, whose per-row weight streaming wins for
-/// decode and small batches.
+/// Activation rows from which [`super::QMatrix::matmul`] takes the AMX path for `dtype`.
+/// Below it the AVX-512 VNNI row sweeps (`vnni_tiles.rs`, from 5 rows) or the group kernels
+/// run: each AMX call unpacks its weight blocks into tiles and folds every block's 16 × 16
+/// dots whatever the row count, paid back only over enough rows. The crossovers, measured
+/// with both threads of the 2-core Xeon (`examples/matmul_speed 2`, bench/RESULTS.md,
+/// 2026-11-28 nineteenth session, against the row sweeps): Q4_0, Q5_0, IQ4_NL and Q8_0 gain
+/// from 6-8 rows (the default model's Q8_0 head at 10-14 rows 1151-1415 µs against
+/// 2148-2364; 2048-wide Q4_0 at 10 rows 200 against 330), Q4_1 and Q5_1 (one more
+/// multiply-add per block for the min) from 9-10 (at 8 rows on 576-wide inputs the sweeps
+/// win: Q5_1 39-44 against 55-56 µs); Q5_K and Q6_K about even at 12-14, Q4_K behind up to 24
+/// rows on 8192-wide inputs (1.1-1.2x at 32 in the ninth session). The row sweeps' per-row
+/// weight streaming wins for decode and small batches.
 pub(crate) fn min_rows(dtype: DType) -> usize {
     match dtype {
         DType::Q4_K => 32,
-        _ => 16,
+        DType::Q5_K | DType::Q6_K => 16,
+        DType::Q4_1 | DType::Q5_1 => 10,
+        _ => MIN_ROWS_ANY,
     }
 }
 
 /// The smallest [`min_rows`] of any type (for the start-up line).
-pub(crate) const MIN_ROWS_ANY: usize = 16;
+pub(crate) const MIN_ROWS_ANY: usize = 8;
 /// Activation rows per A tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
 /// Proof that this process may run the AMX kernels: AMX int8 tiles with the OS permission
