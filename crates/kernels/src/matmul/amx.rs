@@ -52,10 +52,10 @@ use crate::simd::first_lanes_mask;
 /// 2026-11-28 nineteenth session, against the row sweeps): Q4_0, Q5_0, IQ4_NL and Q8_0 gain
 /// from 6-8 rows (the default model's Q8_0 head at 10-14 rows 1151-1415 µs against
 /// 2148-2364; 2048-wide Q4_0 at 10 rows 200 against 330), Q4_1 and Q5_1 (one more
-/// multiply-add per block for the min) from 9-10 (at 8 rows on 576-wide inputs the sweeps
-/// win: Q5_1 39-44 against 55-56 µs); Q5_K and Q6_K about even at 12-14, Q4_K behind up to 24
-/// rows on 8192-wide inputs (1.1-1.2x at 32 in the ninth session). The row sweeps' per-row
-/// weight streaming wins for decode and small batches.
+/// multiply-add per block for the min) from 9-10 (at 6-8 rows on 576-wide inputs the sweeps
+/// win: Q5_1 at 6 rows 39-44 against 55-56 µs); Q5_K and Q6_K about even at 12-14, Q4_K
+/// behind up to 24 rows on 8192-wide inputs (1.1-1.2x at 32 in the ninth session). The row
+/// sweeps' per-row weight streaming wins for decode and small batches.
 pub(crate) fn min_rows(dtype: DType) -> usize {
     match dtype {
         DType::Q4_K => 32,
