@@ -192,8 +192,8 @@ pub fn runtime_summary() -> String {
     #[cfg(target_arch = "x86_64")]
     if amx_enabled() {
         line.push_str(&format!(
-            " + AMX int8 tiles for batches of {}+ rows (10+ for Q4_1/Q5_1, 16+ for Q5_K/Q6_K, 32+ for Q4_K)",
-            crate::matmul::AMX_MIN_ROWS
+            " + AMX int8 tiles for batches of {}",
+            crate::matmul::amx_min_rows_summary()
         ));
     }
     line

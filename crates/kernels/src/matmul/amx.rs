@@ -65,8 +65,31 @@ pub(crate) fn min_rows(dtype: DType) -> usize {
     }
 }
 
-/// The smallest [`min_rows`] of any type (for the start-up line).
-pub(crate) const MIN_ROWS_ANY: usize = 8;
+/// The smallest [`min_rows`], every type's but the exceptions listed there.
+const MIN_ROWS_ANY: usize = 8;
+
+/// [`min_rows`] for the start-up line, read from it: `8+ rows (10+ for Q4_1/Q5_1, ...)`,
+/// the exceptions by threshold, each threshold's types in [`DType::ALL`] order.
+pub(crate) fn min_rows_summary() -> String {
+    let mut exceptions: Vec<(usize, Vec<String>)> = Vec::new();
+    for dtype in DType::ALL.into_iter().filter(|dtype| dtype.is_quantized()) {
+        let rows = min_rows(dtype);
+        if rows == MIN_ROWS_ANY {
+            continue;
+        }
+        let name = dtype.name().to_uppercase();
+        match exceptions.iter_mut().find(|(r, _)| *r == rows) {
+            Some((_, names)) => names.push(name),
+            None => exceptions.push((rows, vec![name])),
+        }
+    }
+    exceptions.sort_by_key(|(rows, _)| *rows);
+    let exceptions: Vec<String> = exceptions
+        .iter()
+        .map(|(rows, names)| format!("{rows}+ for {}", names.join("/")))
+        .collect();
+    format!("{MIN_ROWS_ANY}+ rows ({})", exceptions.join(", "))
+}
 /// Activation rows per A tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
 /// Proof that this process may run the AMX kernels: AMX int8 tiles with the OS permission
@@ -621,6 +644,16 @@ mod tests {
     /// Without AMX int8 (or without AVX-512 F/BW next to it) there is no token, so matmul keeps
     /// the AVX2/scalar kernels; with every feature the token exists exactly when this process
     /// has AMX with the permission.
+    /// The start-up line's thresholds come from `min_rows` itself (the literal it printed
+    /// before it was derived).
+    #[test]
+    fn min_rows_summary_lists_the_exceptions() {
+        assert_eq!(
+            min_rows_summary(),
+            "8+ rows (10+ for Q4_1/Q5_1, 16+ for Q5_K/Q6_K, 32+ for Q4_K)"
+        );
+    }
+
     #[test]
     fn hosts_without_amx_fall_back() {
         assert_eq!(Amx::for_features(&CpuFeatures::NONE), None);

@@ -65,9 +65,9 @@ pub use activation::QuantizedActivations;
 pub(crate) const TASKS_PER_THREAD: usize = 1;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use amx::Amx;
+pub(crate) use amx::min_rows_summary as amx_min_rows_summary;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use amx::MIN_ROWS_ANY as AMX_MIN_ROWS;
+pub(crate) use amx::Amx;
 use float::{half_widener, FloatWeights};
 pub use segmented::Segments;
 
