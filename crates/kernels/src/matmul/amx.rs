@@ -17,7 +17,8 @@
 //! parameters into a per-thread buffer a chunk at a time (`unpack::Weights::chunk_blocks`,
 //! at most [`CHUNK_BLOCKS`], so they stay in L1: at 2048-wide rows 16-row calls took 0.63-0.75x
 //! the time of unpacking the whole row first) and sweeps all activation rows over each chunk,
-//! 16 at a time (the last tile shorter, with its own tile configuration), carrying the
+//! 16 at a time (the last tile shorter, with its own tile configuration; successive chunks
+//! sweep in opposite directions, so the configuration changes once per chunk), carrying the
 //! accumulators across chunks. Per activation tile, block `b + 1`'s tile multiply is issued
 //! right after block `b`'s C tile is stored, so the tile unit runs while block `b`'s epilogue
 //! does (the order of the float operations per output element is unchanged). Tile state is
@@ -291,6 +292,10 @@ unsafe fn run_task<'o>(
     // Initialized once per task: a partial row tile stores fewer rows than the epilogue
     // reads, and those rows' results are never written out.
     let mut c_tiles = CTiles([[0; TILE_ROWS * TILE_COLS]; 2]);
+    // Chunks sweep the row tiles forwards and backwards in turn, so the shorter last tile
+    // (with its own configuration) ends one chunk and starts the next: one configuration
+    // load per chunk instead of two (each `ldtilecfg` costs hundreds of cycles).
+    let mut backwards = false;
     // The first chunk of every column tile starts its accumulators from zero.
     scratch.acc.clear();
     scratch.acc.resize(row_tiles, [[0.0; TILE_COLS]; TILE_ROWS]);
@@ -317,7 +322,8 @@ unsafe fn run_task<'o>(
                     &mut scratch.params,
                 )
             };
-            for t in 0..row_tiles {
+            for i in 0..row_tiles {
+                let t = if backwards { row_tiles - 1 - i } else { i };
                 let rows = if t + 1 == row_tiles {
                     last_rows
                 } else {
@@ -335,7 +341,7 @@ unsafe fn run_task<'o>(
                     blocks: range.clone(),
                     total_blocks: blocks,
                     b_tiles: scratch.b_tiles.as_ptr(),
-                    next: if t == 0 { next } else { std::ptr::null() },
+                    next: if i == 0 { next } else { std::ptr::null() },
                     next_len,
                     params: scratch.params.as_ptr(),
                     x_scales: x.scales[x_at..].as_ptr(),
@@ -355,6 +361,7 @@ unsafe fn run_task<'o>(
                     }
                 }
             }
+            backwards = !backwards;
             start = range.end;
         }
         for (t, results) in scratch.acc.iter().enumerate() {
