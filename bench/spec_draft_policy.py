@@ -16,7 +16,8 @@ output tok/s also holds the prefills, which speculation does not shorten.
 
 Captures `tokenmill bench serve --dataset-name input_grounded` requests through a local proxy
 (they are answered with an error, so the bench reports them failed), replays them with
-`return_token_ids`, then prints the policies best first. Standard library only.
+`return_token_ids`, then prints the policies best first and, last, the bound no length rule
+can pass: every draft cut to the tokens that will be accepted. Standard library only.
 """
 
 import argparse
@@ -102,9 +103,10 @@ def ngram(tokens, length, low, high):
     return [] if best is None else tokens[best[0]:best[0] + length]
 
 
-def simulate(sequences, draft_length, cost, low, high):
+def simulate(sequences, draft_length, cost, low, high, oracle=False):
     """Tokens per unit of one-row step time, and tokens per step, for `draft_length(previous)`
-    (previous: None, or (drafted, accepted) of the request's last step)."""
+    (previous: None, or (drafted, accepted) of the request's last step). `oracle`: cut each
+    draft to the tokens that will be accepted (a bound for any length rule, not a rule)."""
     tokens = total = steps = 0
     for prompt, output in sequences:
         i, previous = 1, None  # the first token comes from the prefill
@@ -114,6 +116,8 @@ def simulate(sequences, draft_length, cost, low, high):
             while (accepted < len(draft) and i + accepted < len(output)
                    and draft[accepted] == output[i + accepted]):
                 accepted += 1
+            if oracle:
+                draft = draft[:accepted]
             emitted = min(accepted + 1, len(output) - i)
             previous = (len(draft), accepted) if draft else None
             i += emitted
@@ -154,7 +158,8 @@ def main():
             json.dump(sequences, f)
     print(f"{len(sequences)} requests, {sum(len(o) for _, o in sequences)} output tokens")
     policies = {}
-    for k in (2, 3, 4, 5, 6, 8, 12, 15, 16):
+    lengths = (2, 3, 4, 5, 6, 8, 12, 15, 16)
+    for k in lengths:
         policies[f"k = {k} every step"] = lambda previous, k=k: k
         for probe in (1, 2, 3):
             if probe < k:
@@ -168,6 +173,11 @@ def main():
         results.append((speedup, per_step, name))
     for speedup, per_step, name in sorted(results, reverse=True):
         print(f"{speedup:6.3f}x  {per_step:5.2f} tokens/step  {name}")
+    longest = max(lengths)
+    speedup, per_step = simulate(sequences, lambda previous: longest, cost,
+                                 args.prompt_lookup_min, args.prompt_lookup_max, oracle=True)
+    print(f"{speedup:6.3f}x  {per_step:5.2f} tokens/step  bound: each draft cut to the tokens "
+          f"that will be accepted (k <= {longest})")
 
 
 if __name__ == "__main__":
