@@ -91,6 +91,7 @@ pub(crate) fn min_rows_summary() -> String {
         .collect();
     format!("{MIN_ROWS_ANY}+ rows ({})", exceptions.join(", "))
 }
+
 /// Activation rows per A tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
 /// Proof that this process may run the AMX kernels: AMX int8 tiles with the OS permission
@@ -648,9 +649,6 @@ mod tests {
         );
     }
 
-    /// Without AMX int8 (or without AVX-512 F/BW next to it) there is no token, so matmul keeps
-    /// the AVX2/scalar kernels; with every feature the token exists exactly when this process
-    /// has AMX with the permission.
     /// The start-up line's thresholds come from `min_rows` itself (the literal it printed
     /// before it was derived).
     #[test]
@@ -661,6 +659,9 @@ mod tests {
         );
     }
 
+    /// Without AMX int8 (or without AVX-512 F/BW next to it) there is no token, so matmul keeps
+    /// the AVX2/scalar kernels; with every feature the token exists exactly when this process
+    /// has AMX with the permission.
     #[test]
     fn hosts_without_amx_fall_back() {
         assert_eq!(Amx::for_features(&CpuFeatures::NONE), None);
