@@ -189,6 +189,37 @@ impl ThreadPool {
         });
     }
 
+    /// Runs `f` over disjoint ranges covering `0..n_items` across the caller and the workers,
+    /// returning when all have finished. Each thread owns one contiguous share and works
+    /// through it front to back in `pieces` calls (so it streams its part of a weight matrix in
+    /// order); a thread whose share is done takes pieces from the back of the largest share
+    /// still open, so a thread that starts late or runs slow (a busy core on a shared host)
+    /// delays the job by at most one piece instead of its whole share. Panics as
+    /// [`ThreadPool::parallel_for`].
+    pub fn parallel_ranges(
+        &self,
+        n_items: usize,
+        pieces: usize,
+        f: &(dyn Fn(std::ops::Range<usize>) + Sync),
+    ) {
+        let threads = self.n_threads.min(n_items);
+        if threads <= 1 {
+            if n_items > 0 {
+                f(0..n_items);
+            }
+            return;
+        }
+        let shares = Shares::new(n_items, threads, pieces);
+        self.parallel_for(threads, &|own| {
+            while let Some(range) = shares.claim_front(own) {
+                f(range);
+            }
+            while let Some(range) = shares.steal() {
+                f(range);
+            }
+        });
+    }
+
     /// Runs `f(0)`, ..., `f(n_tasks - 1)` across the caller and the workers and returns when all
     /// have finished. Re-raises the first task panic after every task has stopped.
     pub fn parallel_for(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -254,6 +285,86 @@ impl ThreadPool {
         shared.busy.store(false, Ordering::Release);
         if let Some(payload) = panic {
             std::panic::resume_unwind(payload);
+        }
+    }
+}
+
+/// The shares of a [`ThreadPool::parallel_ranges`] job: per thread `front << 32 | back` of the
+/// items not yet handed out, and the piece size each claim takes.
+struct Shares {
+    open: Vec<AtomicU64>,
+    piece: usize,
+}
+
+impl Shares {
+    fn new(n_items: usize, threads: usize, pieces: usize) -> Shares {
+        assert!(
+            u32::try_from(n_items).is_ok(),
+            "parallel_ranges: more than u32::MAX items"
+        );
+        let share = n_items.div_ceil(threads);
+        let open = (0..threads)
+            .map(|t| {
+                let front = (t * share).min(n_items) as u64;
+                let back = ((t + 1) * share).min(n_items) as u64;
+                AtomicU64::new(front << 32 | back)
+            })
+            .collect();
+        Shares {
+            open,
+            piece: share.div_ceil(pieces.max(1)).max(1),
+        }
+    }
+
+    /// The next piece from the front of share `own`.
+    fn claim_front(&self, own: usize) -> Option<std::ops::Range<usize>> {
+        let slot = &self.open[own];
+        let mut state = slot.load(Ordering::Acquire);
+        loop {
+            let (front, back) = ((state >> 32) as usize, (state & 0xffff_ffff) as usize);
+            if front >= back {
+                return None;
+            }
+            let end = (front + self.piece).min(back);
+            match slot.compare_exchange_weak(
+                state,
+                (end as u64) << 32 | back as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(front..end),
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// A piece from the back of the share with the most items left, if any is left.
+    fn steal(&self) -> Option<std::ops::Range<usize>> {
+        loop {
+            let (slot, state) = self
+                .open
+                .iter()
+                .map(|slot| (slot, slot.load(Ordering::Acquire)))
+                .max_by_key(|(_, state)| {
+                    let (front, back) = (state >> 32, state & 0xffff_ffff);
+                    back.saturating_sub(front)
+                })?;
+            let (front, back) = ((state >> 32) as usize, (state & 0xffff_ffff) as usize);
+            if front >= back {
+                return None;
+            }
+            let start = back.saturating_sub(self.piece).max(front);
+            if slot
+                .compare_exchange(
+                    state,
+                    (front as u64) << 32 | start as u64,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+            {
+                return Some(start..back);
+            }
         }
     }
 }
@@ -461,6 +572,85 @@ mod tests {
                 assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
             }
         }
+    }
+
+    /// Every item goes to exactly one call, in ranges of at most one piece, for any thread
+    /// count, item count and piece count.
+    #[test]
+    fn ranges_cover_every_item_once() {
+        for n_threads in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(n_threads);
+            for n_items in [0usize, 1, 2, 7, 100, 1000] {
+                for pieces in [0usize, 1, 3, 4] {
+                    let counts: Vec<AtomicU64> = (0..n_items).map(|_| AtomicU64::new(0)).collect();
+                    let share = n_items.div_ceil(n_threads.min(n_items).max(1));
+                    let piece = share.div_ceil(pieces.max(1)).max(1);
+                    pool.parallel_ranges(n_items, pieces, &|range| {
+                        assert!(!range.is_empty() && range.end <= n_items, "{range:?}");
+                        if n_threads.min(n_items) > 1 {
+                            assert!(range.len() <= piece, "{range:?} over a piece of {piece}");
+                        }
+                        for i in range {
+                            counts[i].fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                    assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+                }
+            }
+        }
+    }
+
+    /// Owners take pieces from the front of their share; a thief takes from the back of the
+    /// share with most items left, and nothing is handed out twice.
+    #[test]
+    fn shares_hand_out_fronts_to_owners_and_backs_to_thieves() {
+        let shares = Shares::new(10, 2, 5);
+        assert_eq!(shares.claim_front(0), Some(0..1));
+        assert_eq!(shares.claim_front(0), Some(1..2));
+        // Share 1 (5..10) has the most left.
+        assert_eq!(shares.steal(), Some(9..10));
+        assert_eq!(shares.claim_front(1), Some(5..6));
+        // Now share 0 (2..5) and share 1 (6..9) tie; whichever is robbed loses its back item.
+        let stolen = shares.steal().expect("items left");
+        assert!(stolen == (4..5) || stolen == (8..9), "{stolen:?}");
+        let mut rest = Vec::new();
+        while let Some(range) = shares.claim_front(0).or_else(|| shares.claim_front(1)) {
+            rest.push(range);
+        }
+        assert_eq!(shares.steal(), None);
+        let mut items: Vec<usize> = [0..1, 1..2, 9..10, 5..6, stolen]
+            .into_iter()
+            .chain(rest)
+            .flatten()
+            .collect();
+        items.sort_unstable();
+        assert_eq!(items, (0..10).collect::<Vec<_>>());
+    }
+
+    /// A thread held up inside its first piece costs the job that piece only: the other
+    /// thread runs every other piece, its own share and the stalled one's.
+    #[test]
+    fn a_stalled_share_is_taken_over() {
+        let pool = ThreadPool::new(2);
+        let first = std::sync::Mutex::new(None);
+        let by_stalled = AtomicU64::new(0);
+        let by_other = AtomicU64::new(0);
+        pool.parallel_ranges(64, 4, &|range| {
+            let me = std::thread::current().id();
+            let stalled = *first
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert(me)
+                == me;
+            if stalled && by_stalled.load(Ordering::Relaxed) == 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let counter = if stalled { &by_stalled } else { &by_other };
+            counter.fetch_add(range.len() as u64, Ordering::Relaxed);
+        });
+        // Shares of 32 items in pieces of 8: the stalled thread ran its first piece only.
+        assert_eq!(by_stalled.load(Ordering::Relaxed), 8);
+        assert_eq!(by_other.load(Ordering::Relaxed), 56);
     }
 
     #[test]

@@ -61,16 +61,12 @@ impl QMatrix {
         };
         let single = |i: usize| -> Tile<'_, 1> { [&x[i * in_features..(i + 1) * in_features]] };
         let out_features = self.out_features;
-        let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
-        let rows_per_task = out_features
-            .div_ceil(target_tasks)
-            .next_multiple_of(ROW_TILE)
-            .max(ROW_TILE);
-        let n_tasks = out_features.div_ceil(rows_per_task);
         let output = SharedMut::new(out);
-        pool.parallel_for(n_tasks, &|task| {
-            let first = task * rows_per_task;
-            let last = (first + rows_per_task).min(out_features);
+        // Ranges of whole `ROW_TILE`-row units of weight rows.
+        let units = out_features.div_ceil(ROW_TILE);
+        pool.parallel_ranges(units, super::PIECES_PER_THREAD, &|range| {
+            let first = range.start * ROW_TILE;
+            let last = (range.end * ROW_TILE).min(out_features);
             let mut pass_start = first;
             while pass_start < last {
                 let pass_end = (pass_start + WEIGHT_ROWS_PER_PASS).min(last);
@@ -85,7 +81,7 @@ impl QMatrix {
                     }
                     for (j, values) in rows.clone().zip(results.iter()) {
                         for (r, value) in values.iter().enumerate() {
-                            // SAFETY: this task alone owns output columns first..last, and
+                            // SAFETY: this call alone owns output columns first..last, and
                             // (i + r, j) lies inside `out` (lengths checked by the caller).
                             unsafe { output.write((i + r) * out_features + j, *value) };
                         }

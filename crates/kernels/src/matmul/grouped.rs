@@ -86,17 +86,19 @@ pub(crate) fn matmul_grouped<L: GroupedLayout>(
     out: &mut [f32],
 ) {
     let n_groups = layout.out_features().div_ceil(GROUP);
-    let groups_per_task =
-        groups_per_task(isa, n_groups, pool.num_threads() * super::TASKS_PER_THREAD);
-    let n_tasks = n_groups.div_ceil(groups_per_task);
+    let per_call = isa.groups_per_call();
     let output = SharedMut::new(out);
-    pool.parallel_for(n_tasks, &|task| {
-        let first = task * groups_per_task;
-        let groups = first..(first + groups_per_task).min(n_groups);
-        // SAFETY: task `task` alone writes the columns of its groups, rows 0..n of `out`, whose
-        // length (n × out_features) the caller checked.
-        unsafe { run_groups(layout, isa, activations, 0..n, groups, output) };
-    });
+    // Whole calls per range, so every range's first group is a multiple of `per_call`.
+    pool.parallel_ranges(
+        n_groups.div_ceil(per_call),
+        super::PIECES_PER_THREAD,
+        &|calls| {
+            let groups = calls.start * per_call..(calls.end * per_call).min(n_groups);
+            // SAFETY: this call alone writes the columns of its groups, rows 0..n of `out`,
+            // whose length (n × out_features) the caller checked.
+            unsafe { run_groups(layout, isa, activations, 0..n, groups, output) };
+        },
+    );
 }
 
 /// Groups per task when `n_groups` groups are split into about `target_tasks` tasks: whole

@@ -52,17 +52,17 @@ use crate::KernelError;
 
 pub use activation::QuantizedActivations;
 
-/// Tasks per pool thread of a matmul (grouped kernels, VNNI row sweeps, AMX tiles, 16-bit and
-/// f32 weights): one contiguous range of output columns each. A thread then streams its
-/// weights front to back (one stream the hardware prefetcher follows, where interleaved smaller
-/// tasks made every thread jump), and each task's first column tile starts cold only once.
-/// Measured on the two-core Xeon (`examples/matmul_speed 2`, Q4_1 1536x576 / 576x1536, µs):
-/// 1 row 8.0/8.4 -> 7.6/7.9, 3 rows 14.5/14.9 -> 13.3/13.4, 8 rows 36.7/38.0 -> 31.1/32.4,
-/// AMX 16 rows 64.7/62.3 -> 51.1/58.4 (8 tasks per thread), 340 rows 962.5/1005.0 ->
-/// 823.5/893.7; F16 1, 3 and 16 rows 34.4/31.3 -> 32.3/30.9, 92.1/91.8 -> 88.8/87.7,
-/// 228.3/189.2 -> 215.4/177.7. (The mixture-of-experts driver, `segmented.rs`, keeps its own
-/// split over experts.)
-pub(crate) const TASKS_PER_THREAD: usize = 1;
+/// Pieces each thread's share of a matmul runs in (grouped kernels, VNNI row sweeps, AMX
+/// tiles, 16-bit and f32 weights; [`crate::ThreadPool::parallel_ranges`]). Each thread owns one
+/// contiguous range of output columns and streams its weights front to back (one stream the
+/// hardware prefetcher follows, where interleaved smaller tasks made every thread jump; one
+/// task per thread measured 5-20 % faster than four interleaved ones on the two-core Xeon,
+/// bench/RESULTS.md); a thread done with its share takes pieces from the back of another's,
+/// so a late or slowed thread (a busy core on a shared host) holds the matmul up by a piece
+/// rather than its whole share: 8- and 16-row model steps 4-5 % faster than whole shares in
+/// step-by-step alternation, one-row steps unchanged. (The mixture-of-experts driver,
+/// `segmented.rs`, keeps its own split over experts.)
+pub(crate) const PIECES_PER_THREAD: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use amx::min_rows_summary as amx_min_rows_summary;

@@ -30,15 +30,15 @@ pub(crate) const B_TILE_BYTES: usize = QK * TILE_COLS;
 /// Where a column-tile task writes: `target(row, col)`, the output's row `row` from column `col`.
 pub(crate) type ColumnTarget<'t, 'o> = &'t mut dyn FnMut(usize, usize) -> &'o mut [f32];
 
-/// What [`for_column_tiles`] runs per task: `(column tiles, target)`.
+/// What [`for_column_tiles`] runs per range: `(column tiles, target)`.
 pub(crate) type ColumnTileTask<'a, 'o> =
     dyn for<'t> Fn(std::ops::Range<usize>, ColumnTarget<'t, 'o>) + Sync + 'a;
 
-/// Runs `task(col_tiles, target)` once per pool task of a tile kernel's matmul: the
-/// `out_features` columns' 16-column tiles cut into contiguous ranges
-/// ([`super::TASKS_PER_THREAD`] per thread), and `target(row, col)` the row-major `out`'s
-/// values of row `row` from column `col` on (at most one tile's 16), which only that task
-/// writes.
+/// Runs `task(col_tiles, target)` over a tile kernel's matmul: the `out_features` columns'
+/// 16-column tiles cut into contiguous ranges (a share per thread, run in
+/// [`super::PIECES_PER_THREAD`] pieces, `ThreadPool::parallel_ranges`), and `target(row, col)`
+/// the row-major `out`'s values of row `row` from column `col` on (at most one tile's 16),
+/// which only that call writes.
 pub(crate) fn for_column_tiles<'o>(
     pool: &ThreadPool,
     out_features: usize,
@@ -46,22 +46,15 @@ pub(crate) fn for_column_tiles<'o>(
     task: &ColumnTileTask<'_, 'o>,
 ) {
     let n_col_tiles = out_features.div_ceil(TILE_COLS);
-    let target_tasks = pool.num_threads() * super::TASKS_PER_THREAD;
-    let tiles_per_task = n_col_tiles.div_ceil(target_tasks).max(1);
-    let n_tasks = n_col_tiles.div_ceil(tiles_per_task);
     let output = SharedMut::new(out);
-    pool.parallel_for(n_tasks, &|index| {
-        let first = index * tiles_per_task;
+    pool.parallel_ranges(n_col_tiles, super::PIECES_PER_THREAD, &|col_tiles| {
         let mut target = |row: usize, col: usize| -> &'o mut [f32] {
             let lanes = TILE_COLS.min(out_features - col);
-            // SAFETY: this task alone owns the output columns of its column tiles (the ranges
+            // SAFETY: this call alone owns the output columns of its column tiles (the ranges
             // are disjoint), and `slice_mut` checks the range against `out`.
             unsafe { output.slice_mut(row * out_features + col, lanes) }
         };
-        task(
-            first..(first + tiles_per_task).min(n_col_tiles),
-            &mut target,
-        );
+        task(col_tiles, &mut target);
     });
 }
 
