@@ -34,8 +34,8 @@ use std::sync::OnceLock;
 use super::activation::QuantizedActivations;
 use super::interleaved::GROUP;
 use super::unpack::{
-    for_column_tiles, prefetch_share, BlockParams, BlockVectors, SuperBlockMins, Weights,
-    B_TILE_BYTES, K_MIN, MIN, PLAIN, Q6, TILE_COLS,
+    for_column_tiles, prefetch_share, BlockParams, BlockVectors, ColumnTarget, SuperBlockMins,
+    Weights, B_TILE_BYTES, K_MIN, MIN, PLAIN, Q6, TILE_COLS,
 };
 use crate::aligned::AlignedBytes;
 use crate::cpu::tiles::{release_tiles, TileConfig};
@@ -260,7 +260,7 @@ unsafe fn run_task<'o>(
     rows: Rows<'_>,
     col_tiles: std::ops::Range<usize>,
     scratch: &mut Scratch,
-    mut target: impl FnMut(usize, usize) -> &'o mut [f32],
+    mut target: ColumnTarget<'o>,
 ) {
     let Rows {
         tiled,
@@ -372,7 +372,7 @@ unsafe fn run_task<'o>(
                 TILE_ROWS
             };
             for (r, values) in results.iter().enumerate().take(rows) {
-                let dst = target(t * TILE_ROWS + r, col_tile * TILE_COLS);
+                let dst = target.row(t * TILE_ROWS + r, col_tile * TILE_COLS);
                 let lanes = dst.len().min(TILE_COLS);
                 let mask = first_lanes_mask(lanes);
                 // SAFETY: AVX-512 F (caller); the mask keeps the store inside `dst`.

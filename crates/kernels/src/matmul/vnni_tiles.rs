@@ -20,8 +20,8 @@ use std::cell::RefCell;
 
 use super::activation::{QuantizedActivations, QuantizedRow};
 use super::unpack::{
-    for_column_tiles, prefetch_share, BlockParams, BlockVectors, Weights, B_TILE_BYTES, K_MIN, Q6,
-    TILE_COLS,
+    for_column_tiles, prefetch_share, BlockParams, BlockVectors, ColumnTarget, Weights,
+    B_TILE_BYTES, K_MIN, Q6, TILE_COLS,
 };
 use crate::aligned::AlignedBytes;
 use crate::pool::ThreadPool;
@@ -125,7 +125,7 @@ unsafe fn run_task<'o>(
     n: usize,
     col_tiles: std::ops::Range<usize>,
     scratch: &mut Scratch,
-    mut target: impl FnMut(usize, usize) -> &'o mut [f32],
+    mut target: ColumnTarget<'o>,
 ) {
     let blocks = weights.blocks();
     let n_groups = weights.out_features().div_ceil(super::grouped::GROUP);
@@ -198,7 +198,7 @@ unsafe fn run_task<'o>(
             start = range.end;
         }
         for (r, values) in scratch.acc.iter().enumerate() {
-            let dst = target(r, col_tile * TILE_COLS);
+            let dst = target.row(r, col_tile * TILE_COLS);
             let mask = first_lanes_mask(dst.len().min(TILE_COLS));
             // SAFETY: AVX-512 F; the mask keeps the store inside `dst`.
             unsafe {
