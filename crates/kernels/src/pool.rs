@@ -305,9 +305,10 @@ impl Shares {
         let share = n_items.div_ceil(threads);
         let open = (0..threads)
             .map(|t| {
-                let front = (t * share).min(n_items) as u64;
-                let back = ((t + 1) * share).min(n_items) as u64;
-                AtomicU64::new(front << 32 | back)
+                AtomicU64::new(Shares::pack(
+                    (t * share).min(n_items),
+                    ((t + 1) * share).min(n_items),
+                ))
             })
             .collect();
         Shares {
@@ -316,19 +317,29 @@ impl Shares {
         }
     }
 
+    /// A share's state: `front << 32 | back` (both fit: `new` checks the item count).
+    fn pack(front: usize, back: usize) -> u64 {
+        (front as u64) << 32 | back as u64
+    }
+
+    /// `(front, back)` of a share's state.
+    fn unpack(state: u64) -> (usize, usize) {
+        ((state >> 32) as usize, (state & 0xffff_ffff) as usize)
+    }
+
     /// The next piece from the front of share `own`.
     fn claim_front(&self, own: usize) -> Option<std::ops::Range<usize>> {
         let slot = &self.open[own];
         let mut state = slot.load(Ordering::Acquire);
         loop {
-            let (front, back) = ((state >> 32) as usize, (state & 0xffff_ffff) as usize);
+            let (front, back) = Shares::unpack(state);
             if front >= back {
                 return None;
             }
             let end = (front + self.piece).min(back);
             match slot.compare_exchange_weak(
                 state,
-                (end as u64) << 32 | back as u64,
+                Shares::pack(end, back),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -346,10 +357,10 @@ impl Shares {
                 .iter()
                 .map(|slot| (slot, slot.load(Ordering::Acquire)))
                 .max_by_key(|(_, state)| {
-                    let (front, back) = (state >> 32, state & 0xffff_ffff);
+                    let (front, back) = Shares::unpack(*state);
                     back.saturating_sub(front)
                 })?;
-            let (front, back) = ((state >> 32) as usize, (state & 0xffff_ffff) as usize);
+            let (front, back) = Shares::unpack(state);
             if front >= back {
                 return None;
             }
@@ -357,7 +368,7 @@ impl Shares {
             if slot
                 .compare_exchange(
                     state,
-                    (front as u64) << 32 | start as u64,
+                    Shares::pack(front, start),
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 )

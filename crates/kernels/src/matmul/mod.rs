@@ -59,8 +59,8 @@ pub use activation::QuantizedActivations;
 /// task per thread measured 5-20 % faster than four interleaved ones on the two-core Xeon,
 /// bench/RESULTS.md); a thread done with its share takes pieces from the back of another's,
 /// so a late or slowed thread (a busy core on a shared host) holds the matmul up by a piece
-/// rather than its whole share: 8- and 16-row model steps 4-5 % faster than whole shares in
-/// step-by-step alternation, one-row steps unchanged. (The mixture-of-experts driver,
+/// rather than its whole share: 8- and 16-row model steps ~4 % faster than whole shares in
+/// step-by-step alternation (bench/RESULTS.md), one-row steps unchanged. (The mixture-of-experts driver,
 /// `segmented.rs`, keeps its own split over experts.)
 pub(crate) const PIECES_PER_THREAD: usize = 4;
 

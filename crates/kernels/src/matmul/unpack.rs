@@ -28,8 +28,8 @@ pub(crate) const TILE_COLS: usize = 2 * GROUP;
 pub(crate) const B_TILE_BYTES: usize = QK * TILE_COLS;
 
 /// Where one [`for_column_tiles`] call writes: [`ColumnTarget::row`]. A plain value rather
-/// than a closure, so the tile kernels' write-out inlines (a `dyn` call per row and column
-/// tile cost a few per cent of an AMX prefill).
+/// than a closure, so the tile kernels' write-out inlines (it was a `dyn` call, with a
+/// `vzeroupper`, per row and column tile; the gain is within the noise of a prefill).
 pub(crate) struct ColumnTarget<'o> {
     output: SharedMut<f32>,
     out_features: usize,
