@@ -8,7 +8,9 @@ request's prompt and output token ids, and the `ngram` proposer (the same rule a
 crates/engine/src/spec/ngram.rs) is replayed over them exactly. Step cost: `--row-costs`, the
 `bench speed --only verify` ratios of N-row steps to a one-row step (N = 2, 3, ...), extended
 past the table by its mean increment. The replay counts decode steps only: a served run's
-output tok/s also holds the prefills, which speculation does not shorten.
+output tok/s also holds the prefills, which speculation does not shorten: `--prefill-steps`
+(a request's TTFT over the TPOT without speculation) adds them to both sides for the whole
+run's speed-up, the figure `bench serve` reports.
 
     tokenmill serve MODEL --port 8000 &
     python3 bench/spec_draft_policy.py --port 8000 \
@@ -103,10 +105,12 @@ def ngram(tokens, length, low, high):
     return [] if best is None else tokens[best[0]:best[0] + length]
 
 
-def simulate(sequences, draft_length, cost, low, high, oracle=False):
-    """Tokens per unit of one-row step time, and tokens per step, for `draft_length(previous)`
-    (previous: None, or (drafted, accepted) of the request's last step). `oracle`: cut each
-    draft to the tokens that will be accepted (a bound for any length rule, not a rule)."""
+def simulate(sequences, draft_length, cost, low, high, prefill=0.0, oracle=False):
+    """Tokens per unit of one-row step time, tokens per step, and the whole run's speed-up
+    (each request's `prefill` in one-row steps added to both sides), for
+    `draft_length(previous)` (previous: None, or (drafted, accepted) of the request's last
+    step). `oracle`: cut each draft to the tokens that will be accepted (a bound for any length
+    rule, not a rule)."""
     tokens = total = steps = 0
     for prompt, output in sequences:
         i, previous = 1, None  # the first token comes from the prefill
@@ -124,7 +128,8 @@ def simulate(sequences, draft_length, cost, low, high, oracle=False):
             tokens += emitted
             total += cost(1 + len(draft))
             steps += 1
-    return tokens / total, tokens / steps
+    fixed = prefill * len(sequences)
+    return tokens / total, tokens / steps, (fixed + tokens) / (fixed + total)
 
 
 def main():
@@ -135,6 +140,9 @@ def main():
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--row-costs", required=True,
                         help="cost of 2, 3, ... rows per step in one-row steps, comma-separated")
+    parser.add_argument("--prefill-steps", type=float, default=0.0,
+                        help="one request's prefill in one-row steps (TTFT over TPOT without "
+                             "speculation), for the whole run's speed-up")
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=5)
     parser.add_argument("--save", help="write the captured (prompt, output) token ids to this file")
@@ -168,16 +176,17 @@ def main():
                     k if previous and previous[0] == previous[1] else probe)
     results = []
     for name, policy in policies.items():
-        speedup, per_step = simulate(sequences, policy, cost, args.prompt_lookup_min,
-                                     args.prompt_lookup_max)
-        results.append((speedup, per_step, name))
-    for speedup, per_step, name in sorted(results, reverse=True):
-        print(f"{speedup:6.3f}x  {per_step:5.2f} tokens/step  {name}")
+        results.append((*simulate(sequences, policy, cost, args.prompt_lookup_min,
+                                  args.prompt_lookup_max, args.prefill_steps), name))
+    print("decode  whole run  tokens/step")
+    for speedup, per_step, whole, name in sorted(results, reverse=True):
+        print(f"{speedup:6.3f}x  {whole:6.3f}x  {per_step:5.2f}  {name}")
     longest = max(lengths)
-    speedup, per_step = simulate(sequences, lambda previous: longest, cost,
-                                 args.prompt_lookup_min, args.prompt_lookup_max, oracle=True)
-    print(f"{speedup:6.3f}x  {per_step:5.2f} tokens/step  bound: each draft cut to the tokens "
-          f"that will be accepted (k <= {longest})")
+    speedup, per_step, whole = simulate(sequences, lambda previous: longest, cost,
+                                        args.prompt_lookup_min, args.prompt_lookup_max,
+                                        args.prefill_steps, oracle=True)
+    print(f"{speedup:6.3f}x  {whole:6.3f}x  {per_step:5.2f}  bound: each draft cut to the "
+          f"tokens that will be accepted (k <= {longest})")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 //! leading blocks while the global group keeps the whole context. Greedy tokens must be
 //! bitwise those of every layer keeping every block (`disable_hybrid_kv_cache_manager`),
 //! alone, batched, chunked, preempted and with prefix hits; a budget too small to run one
-//! request without the groups proves the memory saved is real.
+//! request without the groups proves the memory saved is real. Speculative decoding over
+//! those groups (drafts verified and rolled back while the sliding groups release blocks)
+//! changes no greedy token either.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,7 +15,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{greedy, greedy_token_ids, prompts, run_all, wait_idle};
+use common::{greedy, greedy_token_ids, prompts, run_all, samples, value, wait_idle};
+use tokenmill_engine::spec::SpeculativeConfig;
 use tokenmill_engine::{Engine, EngineConfig, KvCacheSizing};
 use tokenmill_models::ModelSource;
 
@@ -157,4 +160,108 @@ fn hybrid_groups_change_no_token_alone_batched_chunked_preempted_and_prefix_cach
     let stats = wait_idle(&client);
     assert!(stats.prefix_cache_hits >= 2 * 576, "{stats:?}");
     engine.shutdown();
+}
+
+/// `count` prompts of 560 to 640 tokens, each a random span of ordinary tokens repeated, so
+/// the model's continuation copies it and lookup drafts are accepted.
+fn repeating_long_prompts(count: usize, seed: u64) -> Vec<Vec<u32>> {
+    prompts(count, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, span)| {
+            let span = &span[..span.len().clamp(12, 40)];
+            span.iter().copied().cycle().take(560 + 40 * i).collect()
+        })
+        .collect()
+}
+
+/// Greedy tokens of `prompts` (`max_tokens` each), the accepted draft tokens and the
+/// preemptions, from a fresh engine for `config`.
+fn run_speculative(
+    config: &EngineConfig,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+    one_by_one: bool,
+) -> (Vec<Vec<u32>>, f64, f64) {
+    let engine = Engine::start(config).unwrap();
+    let client = engine.client();
+    let requests = || prompts.iter().map(|p| greedy(p.clone(), max_tokens));
+    let tokens: Vec<Vec<u32>> = if one_by_one {
+        requests()
+            .map(|r| run_all(&client, vec![r])[0].token_ids.clone())
+            .collect()
+    } else {
+        run_all(&client, requests().collect())
+            .into_iter()
+            .map(|c| c.token_ids)
+            .collect()
+    };
+    wait_idle(&client);
+    let scrape = samples(&engine.metrics().encode().unwrap());
+    engine.shutdown();
+    (
+        tokens,
+        value(&scrape, "vllm:spec_decode_num_accepted_tokens_total", None),
+        value(&scrape, "vllm:num_preemptions_total", None),
+    )
+}
+
+#[test]
+fn speculation_over_released_window_blocks_changes_no_token() {
+    let Some(model) = gemma3_path() else {
+        eprintln!("skipped: no Gemma 3 270M file (scripts/fetch-gemma3.sh)");
+        return;
+    };
+    // Prompts past the 512-position window and 40 tokens each: the sliding groups release a
+    // block every 16 positions while drafts are verified, accepted and rolled back.
+    const TOKENS: u32 = 40;
+    let prompts = repeating_long_prompts(3, 21);
+    assert!(prompts.iter().all(|p| p.len() > 512));
+    let named = |mut config: EngineConfig| {
+        config.served_model_name = "tm-test".into();
+        config.enable_prefix_caching = false;
+        config.max_num_seqs = 8;
+        config
+    };
+    let reference = greedy_token_ids(
+        &named(disabled(config(&model, 6 * 400))),
+        &prompts,
+        TOKENS,
+        true,
+    );
+    assert!(reference.iter().all(|t| t.len() == TOKENS as usize));
+    for json in [
+        r#"{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4, "disable_by_batch_size": 64}"#,
+        r#"{"method": "suffix", "num_speculative_tokens": 8, "disable_by_batch_size": 64}"#,
+    ] {
+        let speculative = SpeculativeConfig::from_json(json).unwrap();
+        let with_spec = |mut config: EngineConfig| {
+            config.speculative = Some(speculative.clone());
+            named(config)
+        };
+        let roomy = with_spec(config(&model, 6 * 400));
+        let chunked = EngineConfig {
+            max_num_batched_tokens: Some(64),
+            ..roomy.clone()
+        };
+        // 252 hybrid blocks hold one such request (41 global-group blocks and 5 x 37), not
+        // three: they are preempted and recomputed.
+        let mut tiny = with_spec(config(&model, 252));
+        tiny.max_num_batched_tokens = Some(64);
+        for (name, config, one_by_one) in [
+            ("alone", &roomy, true),
+            ("batched", &roomy, false),
+            ("chunked", &chunked, false),
+            ("preempted", &tiny, false),
+        ] {
+            let (tokens, accepted, preemptions) =
+                run_speculative(config, &prompts, TOKENS, one_by_one);
+            assert_eq!(tokens, reference, "{json} {name}");
+            assert!(accepted > 0.0, "{json} {name}: no draft token was accepted");
+            if name == "preempted" {
+                assert!(preemptions > 0.0, "{json}: nothing was preempted");
+            }
+        }
+    }
 }
