@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Issue 16's three speculative-decoding figures in one sitting: output tok/s of `bench serve`
+# without speculation, with `ngram` and with `suffix`, alternated run by run, one server per
+# run (each in its own process session), for
+#   grounded  the input_grounded dataset (code edits, quotes), one request at a time;
+#   chat      16 short open-ended chat prompts, 128 tokens each, one at a time;
+#   c32       random 128-token prompts, 64 tokens each (EOS ignored), 32 at a time.
+# Prints one line per run and, per workload, the ratio of the round means to the plain runs'.
+# Timing on a shared host drifts by the minute: read the ratios of one sitting, and keep
+# builds and other benchmarks off the machine while it runs.
+#
+# Usage: bench/spec_sitting.sh [ROUNDS]
+# Environment (all optional):
+#   MODEL          GGUF file (default: the default model in ~/.cache/tokenmill)
+#   CHAT_TEMPLATE  --chat-template for models whose file has none (a base model)
+#   K=15           num_speculative_tokens; ngram looks up 2..5-token n-grams
+#   WORKLOADS      "grounded chat c32" (any subset, in order)
+#   TOKENMILL      binary (default: target/release/tokenmill, built if absent)
+#   OUT_DIR        results (default: <repo>/bench/results/spec-<timestamp>)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROUNDS="${1:-2}"
+MODEL="${MODEL:-$HOME/.cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+K="${K:-15}"
+WORKLOADS="${WORKLOADS:-grounded chat c32}"
+TOKENMILL="${TOKENMILL:-$ROOT/target/release/tokenmill}"
+OUT_DIR="${OUT_DIR:-$ROOT/bench/results/spec-$(date -u +%Y%m%d-%H%M%S)}"
+
+log() { printf '[spec-sitting] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+[[ -f "$MODEL" ]] || die "model file not found: $MODEL (scripts/fetch-model.sh)"
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
+ensure_tokenmill "$TOKENMILL" "$ROOT"
+mkdir -p "$OUT_DIR"
+
+cat >"$OUT_DIR/chat.jsonl" <<'JSONL'
+{"prompt": "Why is the sky blue?"}
+{"prompt": "Write a poem about autumn leaves."}
+{"prompt": "What are three tips for staying productive?"}
+{"prompt": "Explain how a rainbow forms."}
+{"prompt": "Describe your ideal weekend."}
+{"prompt": "What is the difference between weather and climate?"}
+{"prompt": "Give me a recipe idea for dinner tonight."}
+{"prompt": "Why do cats purr?"}
+{"prompt": "Write a short story about a lost key."}
+{"prompt": "How do airplanes stay in the air?"}
+{"prompt": "What makes a good friend?"}
+{"prompt": "Suggest a name for a coffee shop and explain it."}
+{"prompt": "Why do we dream?"}
+{"prompt": "Describe the ocean to someone who has never seen it."}
+{"prompt": "What are the benefits of reading books?"}
+{"prompt": "Write a limerick about a programmer."}
+JSONL
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+SERVER_PID=""
+stop_server() {
+    [[ -n "$SERVER_PID" ]] || return 0
+    kill -TERM -- "-$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=""
+}
+trap stop_server EXIT INT TERM
+
+# run_one WORKLOAD METHOD ROUND: one server, one `bench serve`; prints the output tok/s.
+run_one() {
+    local workload="$1" method="$2" round="$3" port name
+    port="$(free_port)"
+    name="$workload-$method-r$round"
+    local serve=(--model "$MODEL" --host 127.0.0.1 --port "$port")
+    [[ -n "${CHAT_TEMPLATE:-}" ]] && serve+=(--chat-template "$CHAT_TEMPLATE")
+    case "$method" in
+        none) ;;
+        ngram) serve+=(--speculative-config "{\"method\":\"ngram\",\"num_speculative_tokens\":$K,\"prompt_lookup_min\":2,\"prompt_lookup_max\":5}") ;;
+        suffix) serve+=(--speculative-config "{\"method\":\"suffix\",\"num_speculative_tokens\":$K}") ;;
+    esac
+    local load=()
+    case "$workload" in
+        grounded) load=(--endpoint /v1/chat/completions --dataset-name input_grounded --num-prompts 8
+                        --max-concurrency 1 --temperature 0 --num-warmups 1) ;;
+        chat) load=(--endpoint /v1/chat/completions --dataset-name custom --dataset-path "$OUT_DIR/chat.jsonl"
+                    --custom-output-len 128 --num-prompts 16 --max-concurrency 1 --temperature 0 --num-warmups 1) ;;
+        c32) load=(--endpoint /v1/completions --dataset-name random --random-input-len 128
+                   --random-output-len 64 --num-prompts 64 --max-concurrency 32 --num-warmups 2 --ignore-eos --seed 0) ;;
+        *) die "unknown workload: $workload" ;;
+    esac
+    setsid "$TOKENMILL" serve "${serve[@]}" >"$OUT_DIR/$name.server.log" 2>&1 &
+    SERVER_PID=$!
+    local waited=0
+    until curl -fs -o /dev/null "http://127.0.0.1:$port/health"; do
+        kill -0 "$SERVER_PID" 2>/dev/null || die "server exited during start-up (see $OUT_DIR/$name.server.log)"
+        (( waited++ < 600 )) || die "server did not start"
+        sleep 0.5
+    done
+    setsid --wait "$TOKENMILL" bench serve --base-url "http://127.0.0.1:$port" "${load[@]}" --disable-tqdm \
+        --save-result --result-dir "$OUT_DIR" --result-filename "$name.json" \
+        >"$OUT_DIR/$name.txt" 2>&1 || die "bench serve failed (see $OUT_DIR/$name.txt)"
+    stop_server
+    python3 -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["output_throughput"])' \
+        "$OUT_DIR/$name.json"
+}
+
+log "model $MODEL, k = $K, $ROUNDS round(s) of: $WORKLOADS; results in $OUT_DIR"
+for round in $(seq "$ROUNDS"); do
+    for workload in $WORKLOADS; do
+        for method in none ngram suffix; do
+            tps="$(run_one "$workload" "$method" "$round")"
+            printf '%s %s round %s: %s output tok/s\n' "$workload" "$method" "$round" "$tps" | tee -a "$OUT_DIR/runs.txt"
+        done
+    done
+done
+
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+python3 - "$OUT_DIR/runs.txt" "$COMMIT" "$MODEL" "$K" <<'PY' | tee "$OUT_DIR/table.md"
+import collections, os, sys
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    workload, method, _, _, tps, *_ = line.split()
+    runs[(workload, method)].append(float(tps))
+print(f"commit {sys.argv[2]}, model {os.path.basename(sys.argv[3])}, k = {sys.argv[4]}")
+print()
+print("| workload | no speculation | ngram | suffix | ngram / none | suffix / none |")
+print("|---|---|---|---|---:|---:|")
+for workload in dict.fromkeys(w for w, _ in runs):
+    cells = [" / ".join(f"{v:.1f}" for v in runs[(workload, m)]) for m in ("none", "ngram", "suffix")]
+    mean = {m: sum(runs[(workload, m)]) / len(runs[(workload, m)]) for m in ("none", "ngram", "suffix")}
+    print(f"| {workload} | {' | '.join(cells)} | {mean['ngram'] / mean['none']:.2f}x "
+          f"| {mean['suffix'] / mean['none']:.2f}x |")
+PY
