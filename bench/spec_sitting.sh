@@ -65,7 +65,9 @@ stop_server() {
 }
 trap stop_server EXIT INT TERM
 
-# run_one WORKLOAD METHOD ROUND: one server, one `bench serve`; prints the output tok/s.
+# run_one WORKLOAD METHOD ROUND: one server, one `bench serve` (its result in
+# OUT_DIR/WORKLOAD-METHOD-rROUND.json). Runs in this shell, so the EXIT trap stops the server
+# whatever fails.
 run_one() {
     local workload="$1" method="$2" round="$3" port name
     port="$(free_port)"
@@ -99,28 +101,30 @@ run_one() {
         --save-result --result-dir "$OUT_DIR" --result-filename "$name.json" \
         >"$OUT_DIR/$name.txt" 2>&1 || die "bench serve failed (see $OUT_DIR/$name.txt)"
     stop_server
-    python3 -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["output_throughput"])' \
-        "$OUT_DIR/$name.json"
 }
 
 log "model $MODEL, k = $K, $ROUNDS round(s) of: $WORKLOADS; results in $OUT_DIR"
 for round in $(seq "$ROUNDS"); do
     for workload in $WORKLOADS; do
         for method in none ngram suffix; do
-            tps="$(run_one "$workload" "$method" "$round")"
+            run_one "$workload" "$method" "$round"
+            tps="$(python3 -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["output_throughput"])' \
+                "$OUT_DIR/$workload-$method-r$round.json")"
             printf '%s %s round %s: %s output tok/s\n' "$workload" "$method" "$round" "$tps" | tee -a "$OUT_DIR/runs.txt"
         done
     done
 done
 
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-python3 - "$OUT_DIR/runs.txt" "$COMMIT" "$MODEL" "$K" <<'PY' | tee "$OUT_DIR/table.md"
+VERSION="$("$TOKENMILL" --version 2>/dev/null || echo unknown)"
+python3 - "$OUT_DIR/runs.txt" "$COMMIT" "$MODEL" "$K" "$VERSION" <<'PY' | tee "$OUT_DIR/table.md"
 import collections, os, sys
 runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     workload, method, _, _, tps, *_ = line.split()
     runs[(workload, method)].append(float(tps))
-print(f"commit {sys.argv[2]}, model {os.path.basename(sys.argv[3])}, k = {sys.argv[4]}")
+print(f"checkout {sys.argv[2]}, binary {sys.argv[5]}, model {os.path.basename(sys.argv[3])}, "
+      f"k = {sys.argv[4]}")
 print()
 print("| workload | no speculation | ngram | suffix | ngram / none | suffix / none |")
 print("|---|---|---|---|---:|---:|")
