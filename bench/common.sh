@@ -4,6 +4,34 @@
 # The llama-cpp-python release every head-to-head runs against.
 LLAMA_CPP_PYTHON_VERSION="0.3.16"
 
+# free_port: a TCP port on 127.0.0.1 that nothing listens on now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+# One tokenmill server at a time (prefix_cache_ttft.sh, spec_sitting.sh; the caller sets
+# `trap stop_tokenmill EXIT INT TERM`). start_tokenmill BINARY PORT LOG SERVE_ARGS...: `BINARY serve
+# --host 127.0.0.1 --port PORT SERVE_ARGS...` in a new session whose id is its pid, output to
+# LOG; returns once /health answers (dies if the server exits first or after 300 s).
+TOKENMILL_PID=""
+start_tokenmill() {
+    local binary="$1" port="$2" server_log="$3"; shift 3
+    setsid "$binary" serve --host 127.0.0.1 --port "$port" "$@" >"$server_log" 2>&1 &
+    TOKENMILL_PID=$!
+    local waited=0
+    until curl -fs -o /dev/null "http://127.0.0.1:$port/health"; do
+        kill -0 "$TOKENMILL_PID" 2>/dev/null || die "server exited during start-up (see $server_log)"
+        (( waited++ < 600 )) || die "server did not start (see $server_log)"
+        sleep 0.5
+    done
+}
+
+# stop_tokenmill: ends the server start_tokenmill started, and its session, if one is running.
+stop_tokenmill() {
+    [[ -n "$TOKENMILL_PID" ]] || return 0
+    kill -TERM -- "-$TOKENMILL_PID" 2>/dev/null || true
+    wait "$TOKENMILL_PID" 2>/dev/null || true
+    TOKENMILL_PID=""
+}
+
 # ensure_tokenmill BINARY ROOT: builds the release binary if BINARY is missing.
 ensure_tokenmill() {
     local binary="$1" root="$2"

@@ -109,8 +109,6 @@ fi
 log "llama.cpp extra body: $LLAMA_EXTRA_BODY"
 
 # --- servers, each in its own session ----------------------------------------------------------
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-
 declare -A SERVER_PID=()
 cleanup() {
     local name pid

@@ -35,15 +35,7 @@ source "$ROOT/bench/common.sh"
 ensure_tokenmill "$TOKENMILL" "$ROOT"
 mkdir -p "$OUT_DIR"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-SERVER_PID=""
-stop_server() {
-    [[ -n "$SERVER_PID" ]] || return 0
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=""
-}
-trap stop_server EXIT INT TERM
+trap stop_tokenmill EXIT INT TERM
 
 run_mode() {
     local mode="$1" port
@@ -51,16 +43,9 @@ run_mode() {
     local flags=()
     [[ "$mode" == uncached ]] && flags=(--no-enable-prefix-caching)
     log "$mode: starting tokenmill on port $port"
-    setsid "$TOKENMILL" serve --model "$MODEL" --host 127.0.0.1 --port "$port" --threads "$THREADS" \
+    start_tokenmill "$TOKENMILL" "$port" "$OUT_DIR/$mode-server.log" --model "$MODEL" --threads "$THREADS" \
         --max-model-len $(( PREFIX_LEN + SUFFIX_LEN + OUTPUT_LEN + 64 )) --disable-log-stats \
-        "${flags[@]}" >"$OUT_DIR/$mode-server.log" 2>&1 &
-    SERVER_PID=$!
-    local waited=0
-    until curl -fs -o /dev/null "http://127.0.0.1:$port/health"; do
-        kill -0 "$SERVER_PID" 2>/dev/null || die "server exited during start-up (see $OUT_DIR/$mode-server.log)"
-        (( waited++ < 300 )) || die "server did not start"
-        sleep 1
-    done
+        "${flags[@]}"
     setsid --wait "$TOKENMILL" bench serve --base-url "http://127.0.0.1:$port" \
         --dataset-name prefix_repetition --prefix-repetition-prefix-len "$PREFIX_LEN" \
         --prefix-repetition-suffix-len "$SUFFIX_LEN" --prefix-repetition-num-prefixes 1 \
@@ -68,7 +53,7 @@ run_mode() {
         --max-concurrency 1 --temperature 0 --seed 0 --ignore-eos --disable-tqdm \
         --save-result --result-dir "$OUT_DIR" --result-filename "$mode.json" \
         >"$OUT_DIR/$mode.txt" 2>&1 || die "bench serve failed (see $OUT_DIR/$mode.txt)"
-    stop_server
+    stop_tokenmill
 }
 
 run_mode cached

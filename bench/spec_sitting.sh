@@ -55,15 +55,7 @@ cat >"$OUT_DIR/chat.jsonl" <<'JSONL'
 {"prompt": "Write a limerick about a programmer."}
 JSONL
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-SERVER_PID=""
-stop_server() {
-    [[ -n "$SERVER_PID" ]] || return 0
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=""
-}
-trap stop_server EXIT INT TERM
+trap stop_tokenmill EXIT INT TERM
 
 # run_one WORKLOAD METHOD ROUND: one server, one `bench serve` (its result in
 # OUT_DIR/WORKLOAD-METHOD-rROUND.json). Runs in this shell, so the EXIT trap stops the server
@@ -72,7 +64,7 @@ run_one() {
     local workload="$1" method="$2" round="$3" port name
     port="$(free_port)"
     name="$workload-$method-r$round"
-    local serve=(--model "$MODEL" --host 127.0.0.1 --port "$port")
+    local serve=(--model "$MODEL")
     [[ -n "${CHAT_TEMPLATE:-}" ]] && serve+=(--chat-template "$CHAT_TEMPLATE")
     case "$method" in
         none) ;;
@@ -89,18 +81,11 @@ run_one() {
                    --random-output-len 64 --num-prompts 64 --max-concurrency 32 --num-warmups 2 --ignore-eos --seed 0) ;;
         *) die "unknown workload: $workload" ;;
     esac
-    setsid "$TOKENMILL" serve "${serve[@]}" >"$OUT_DIR/$name.server.log" 2>&1 &
-    SERVER_PID=$!
-    local waited=0
-    until curl -fs -o /dev/null "http://127.0.0.1:$port/health"; do
-        kill -0 "$SERVER_PID" 2>/dev/null || die "server exited during start-up (see $OUT_DIR/$name.server.log)"
-        (( waited++ < 600 )) || die "server did not start"
-        sleep 0.5
-    done
+    start_tokenmill "$TOKENMILL" "$port" "$OUT_DIR/$name.server.log" "${serve[@]}"
     setsid --wait "$TOKENMILL" bench serve --base-url "http://127.0.0.1:$port" "${load[@]}" --disable-tqdm \
         --save-result --result-dir "$OUT_DIR" --result-filename "$name.json" \
         >"$OUT_DIR/$name.txt" 2>&1 || die "bench serve failed (see $OUT_DIR/$name.txt)"
-    stop_server
+    stop_tokenmill
 }
 
 log "model $MODEL, k = $K, $ROUNDS round(s) of: $WORKLOADS; results in $OUT_DIR"
