@@ -15,7 +15,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{greedy, greedy_token_ids, prompts, run_all, samples, value, wait_idle};
+use common::{greedy, greedy_run, greedy_token_ids, prompts, run_all, value, wait_idle};
 use tokenmill_engine::spec::SpeculativeConfig;
 use tokenmill_engine::{Engine, EngineConfig, KvCacheSizing};
 use tokenmill_models::ModelSource;
@@ -175,37 +175,6 @@ fn repeating_long_prompts(count: usize, seed: u64) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Greedy tokens of `prompts` (`max_tokens` each), the accepted draft tokens and the
-/// preemptions, from a fresh engine for `config`.
-fn run_speculative(
-    config: &EngineConfig,
-    prompts: &[Vec<u32>],
-    max_tokens: u32,
-    one_by_one: bool,
-) -> (Vec<Vec<u32>>, f64, f64) {
-    let engine = Engine::start(config).unwrap();
-    let client = engine.client();
-    let requests = || prompts.iter().map(|p| greedy(p.clone(), max_tokens));
-    let tokens: Vec<Vec<u32>> = if one_by_one {
-        requests()
-            .map(|r| run_all(&client, vec![r])[0].token_ids.clone())
-            .collect()
-    } else {
-        run_all(&client, requests().collect())
-            .into_iter()
-            .map(|c| c.token_ids)
-            .collect()
-    };
-    wait_idle(&client);
-    let scrape = samples(&engine.metrics().encode().unwrap());
-    engine.shutdown();
-    (
-        tokens,
-        value(&scrape, "vllm:spec_decode_num_accepted_tokens_total", None),
-        value(&scrape, "vllm:num_preemptions_total", None),
-    )
-}
-
 #[test]
 fn speculation_over_released_window_blocks_changes_no_token() {
     let Some(model) = gemma3_path() else {
@@ -255,8 +224,9 @@ fn speculation_over_released_window_blocks_changes_no_token() {
             ("chunked", &chunked, false),
             ("preempted", &tiny, false),
         ] {
-            let (tokens, accepted, preemptions) =
-                run_speculative(config, &prompts, TOKENS, one_by_one);
+            let (tokens, scrape) = greedy_run(config, &prompts, TOKENS, one_by_one);
+            let accepted = value(&scrape, "vllm:spec_decode_num_accepted_tokens_total", None);
+            let preemptions = value(&scrape, "vllm:num_preemptions_total", None);
             assert_eq!(tokens, reference, "{json} {name}");
             assert!(accepted > 0.0, "{json} {name}: no draft token was accepted");
             if name == "preempted" {

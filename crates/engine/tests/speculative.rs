@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{config, greedy, run_all, samples, value};
+use common::{config, greedy, greedy_run, run_all, samples, value};
 use tokenmill_engine::spec::SpeculativeConfig;
 use tokenmill_engine::{Engine, EngineConfig, SamplingParams};
 
@@ -37,38 +37,18 @@ struct Run {
     preemptions: f64,
 }
 
-#[allow(clippy::unwrap_used)]
 fn run(config: &EngineConfig, prompts: &[Vec<u32>], together: bool) -> Run {
-    let engine = Engine::start(config).unwrap();
-    let client = engine.client();
-    let outputs = if together {
-        run_all(
-            &client,
-            prompts
-                .iter()
-                .map(|p| greedy(p.clone(), MAX_TOKENS))
-                .collect(),
-        )
-    } else {
-        prompts
-            .iter()
-            .flat_map(|p| run_all(&client, vec![greedy(p.clone(), MAX_TOKENS)]))
-            .collect()
-    };
-    common::wait_idle(&client);
-    let scrape = samples(&engine.metrics().encode().unwrap());
+    let (tokens, scrape) = greedy_run(config, prompts, MAX_TOKENS, !together);
     let counter = |name| match config.speculative {
         Some(_) => value(&scrape, name, None),
         None => 0.0,
     };
-    let run = Run {
-        tokens: outputs.into_iter().map(|o| o.token_ids).collect(),
+    Run {
+        tokens,
         drafted: counter("vllm:spec_decode_num_draft_tokens_total"),
         accepted: counter("vllm:spec_decode_num_accepted_tokens_total"),
         preemptions: value(&scrape, "vllm:num_preemptions_total", None),
-    };
-    engine.shutdown();
-    run
+    }
 }
 
 /// Greedy tokens with `json`'s speculation equal those without it in every setting, drafts

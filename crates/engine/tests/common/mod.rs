@@ -148,6 +148,16 @@ pub fn greedy_token_ids(
     max_tokens: u32,
     one_by_one: bool,
 ) -> Vec<Vec<u32>> {
+    greedy_run(config, prompts, max_tokens, one_by_one).0
+}
+
+/// [`greedy_token_ids`], with the engine's metrics ([`samples`]) scraped once it is idle.
+pub fn greedy_run(
+    config: &EngineConfig,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+    one_by_one: bool,
+) -> (Vec<Vec<u32>>, BTreeMap<String, f64>) {
     let engine = Engine::start(config).unwrap();
     let client = engine.client();
     let requests = || prompts.iter().map(|p| greedy(p.clone(), max_tokens));
@@ -161,8 +171,10 @@ pub fn greedy_token_ids(
             .map(|c| c.token_ids)
             .collect()
     };
+    wait_idle(&client);
+    let scrape = samples(&engine.metrics().encode().unwrap());
     engine.shutdown();
-    out
+    (out, scrape)
 }
 
 /// Waits until the engine reports no running or waiting requests.
