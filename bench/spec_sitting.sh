@@ -5,7 +5,8 @@
 #   grounded  the input_grounded dataset (code edits, quotes), one request at a time;
 #   chat      16 short open-ended chat prompts, 128 tokens each, one at a time;
 #   c32       random 128-token prompts, 64 tokens each (EOS ignored), 32 at a time.
-# Prints one line per run and, per workload, the ratio of the round means to the plain runs'.
+# Prints one line per run (output tok/s, mean TTFT and TPOT) and, per workload, the ratio of the
+# round means to the plain runs' and each arm's TPOT per round.
 # Timing on a shared host drifts by the minute: read the ratios of one sitting, and keep
 # builds and other benchmarks off the machine while it runs.
 #
@@ -93,9 +94,15 @@ for round in $(seq "$ROUNDS"); do
     for workload in $WORKLOADS; do
         for method in none ngram suffix; do
             run_one "$workload" "$method" "$round"
-            tps="$(python3 -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["output_throughput"])' \
-                "$OUT_DIR/$workload-$method-r$round.json")"
-            printf '%s %s round %s: %s output tok/s\n' "$workload" "$method" "$round" "$tps" | tee -a "$OUT_DIR/runs.txt"
+            # Output tok/s, then mean TTFT and TPOT: the plain runs' TPOT shows the host's state
+            # (the one-row step streams the weights from the shared cache and moves the most).
+            python3 - "$OUT_DIR/$workload-$method-r$round.json" "$workload $method round $round" <<'PY' \
+                | tee -a "$OUT_DIR/runs.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{sys.argv[2]}: {r['output_throughput']:.2f} output tok/s, "
+      f"TTFT {r['mean_ttft_ms']:.0f} ms, TPOT {r['mean_tpot_ms']:.2f} ms")
+PY
         done
     done
 done
@@ -105,9 +112,11 @@ VERSION="$("$TOKENMILL" --version 2>/dev/null || echo unknown)"
 python3 - "$OUT_DIR/runs.txt" "$COMMIT" "$MODEL" "$K" "$VERSION" <<'PY' | tee "$OUT_DIR/table.md"
 import collections, os, sys
 runs = collections.defaultdict(list)
+tpots = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    workload, method, _, _, tps, *_ = line.split()
+    workload, method, _, _, tps, *rest = line.split()
     runs[(workload, method)].append(float(tps))
+    tpots[(workload, method)].append(float(rest[-2]))
 print(f"checkout {sys.argv[2]}, binary {sys.argv[5]}, model {os.path.basename(sys.argv[3])}, "
       f"k = {sys.argv[4]}")
 print()
@@ -118,4 +127,8 @@ for workload in dict.fromkeys(w for w, _ in runs):
     mean = {m: sum(runs[(workload, m)]) / len(runs[(workload, m)]) for m in ("none", "ngram", "suffix")}
     print(f"| {workload} | {' | '.join(cells)} | {mean['ngram'] / mean['none']:.2f}x "
           f"| {mean['suffix'] / mean['none']:.2f}x |")
+print()
+for workload in dict.fromkeys(w for w, _ in runs):
+    cells = [f"{m} " + " / ".join(f"{v:.2f}" for v in tpots[(workload, m)]) for m in ("none", "ngram", "suffix")]
+    print(f"- {workload}, mean TPOT ms: {'; '.join(cells)}")
 PY
