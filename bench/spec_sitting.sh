@@ -109,26 +109,28 @@ done
 
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 VERSION="$("$TOKENMILL" --version 2>/dev/null || echo unknown)"
-python3 - "$OUT_DIR/runs.txt" "$COMMIT" "$MODEL" "$K" "$VERSION" <<'PY' | tee "$OUT_DIR/table.md"
-import collections, os, sys
-runs = collections.defaultdict(list)
-tpots = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    workload, method, _, _, tps, *rest = line.split()
-    runs[(workload, method)].append(float(tps))
-    tpots[(workload, method)].append(float(rest[-2]))
-print(f"checkout {sys.argv[2]}, binary {sys.argv[5]}, model {os.path.basename(sys.argv[3])}, "
-      f"k = {sys.argv[4]}")
+# The table reads the runs' result files (not the lines above): output tok/s and mean TPOT.
+python3 - "$OUT_DIR" "$ROUNDS" "$WORKLOADS" "$COMMIT" "$MODEL" "$K" "$VERSION" <<'PY' | tee "$OUT_DIR/table.md"
+import json, os, sys
+out_dir, rounds, workloads, commit, model, k, version = sys.argv[1:]
+methods = ("none", "ngram", "suffix")
+def results(workload, method):
+    return [json.load(open(os.path.join(out_dir, f"{workload}-{method}-r{r}.json")))
+            for r in range(1, int(rounds) + 1)]
+print(f"checkout {commit}, binary {version}, model {os.path.basename(model)}, k = {k}")
 print()
 print("| workload | no speculation | ngram | suffix | ngram / none | suffix / none |")
 print("|---|---|---|---|---:|---:|")
-for workload in dict.fromkeys(w for w, _ in runs):
-    cells = [" / ".join(f"{v:.1f}" for v in runs[(workload, m)]) for m in ("none", "ngram", "suffix")]
-    mean = {m: sum(runs[(workload, m)]) / len(runs[(workload, m)]) for m in ("none", "ngram", "suffix")}
+tpot_lines = []
+for workload in workloads.split():
+    runs = {m: results(workload, m) for m in methods}
+    tps = {m: [r["output_throughput"] for r in runs[m]] for m in methods}
+    cells = [" / ".join(f"{v:.1f}" for v in tps[m]) for m in methods]
+    mean = {m: sum(tps[m]) / len(tps[m]) for m in methods}
     print(f"| {workload} | {' | '.join(cells)} | {mean['ngram'] / mean['none']:.2f}x "
           f"| {mean['suffix'] / mean['none']:.2f}x |")
+    tpots = [f"{m} " + " / ".join(f"{r['mean_tpot_ms']:.2f}" for r in runs[m]) for m in methods]
+    tpot_lines.append(f"- {workload}, mean TPOT ms: {'; '.join(tpots)}")
 print()
-for workload in dict.fromkeys(w for w, _ in runs):
-    cells = [f"{m} " + " / ".join(f"{v:.2f}" for v in tpots[(workload, m)]) for m in ("none", "ngram", "suffix")]
-    print(f"- {workload}, mean TPOT ms: {'; '.join(cells)}")
+print("\n".join(tpot_lines))
 PY
