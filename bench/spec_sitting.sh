@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 16's three speculative-decoding figures in one sitting: output tok/s of `bench serve`
-# without speculation, with `ngram` and with `suffix`, alternated run by run, one server per
-# run (each in its own process session), for
+# without speculation, with `ngram` and with `suffix`, alternated run by run (the order rotating
+# by round), one server per run (each in its own process session), for
 #   grounded  the input_grounded dataset (code edits, quotes), one request at a time;
 #   chat      16 short open-ended chat prompts, 128 tokens each, one at a time;
-#   c32       random 128-token prompts, 64 tokens each (EOS ignored), 32 at a time.
+#   c32       128 random 128-token prompts, 64 tokens each (EOS ignored), 32 at a time (four
+#             waves: with two, a run lasted ~5 s and rounds swung by 10 %).
 # Prints one line per run (output tok/s, mean TTFT and TPOT) and, per workload, the ratio of the
 # round means to the plain runs' and each arm's TPOT per round.
 # Timing on a shared host drifts by the minute: read the ratios of one sitting, and keep
@@ -79,7 +80,7 @@ run_one() {
         chat) load=(--endpoint /v1/chat/completions --dataset-name custom --dataset-path "$OUT_DIR/chat.jsonl"
                     --custom-output-len 128 --num-prompts 16 --max-concurrency 1 --temperature 0 --num-warmups 1) ;;
         c32) load=(--endpoint /v1/completions --dataset-name random --random-input-len 128
-                   --random-output-len 64 --num-prompts 64 --max-concurrency 32 --num-warmups 2 --ignore-eos --seed 0) ;;
+                   --random-output-len 64 --num-prompts 128 --max-concurrency 32 --num-warmups 2 --ignore-eos --seed 0) ;;
         *) die "unknown workload: $workload" ;;
     esac
     start_tokenmill "$TOKENMILL" "$port" "$OUT_DIR/$name.server.log" "${serve[@]}"
@@ -91,8 +92,13 @@ run_one() {
 
 log "model $MODEL, k = $K, $ROUNDS round(s) of: $WORKLOADS; results in $OUT_DIR"
 for round in $(seq "$ROUNDS"); do
+    # The arms' order rotates by round (none ngram suffix, then ngram suffix none, ...), so a
+    # drift of the host within a round does not always favour the same arm.
+    methods=(none ngram suffix)
+    shift_by=$(( (round - 1) % 3 ))
+    order=("${methods[@]:shift_by}" "${methods[@]:0:shift_by}")
     for workload in $WORKLOADS; do
-        for method in none ngram suffix; do
+        for method in "${order[@]}"; do
             run_one "$workload" "$method" "$round"
             # Output tok/s, then mean TTFT and TPOT: the plain runs' TPOT shows the host's state
             # (the one-row step streams the weights from the shared cache and moves the most).
