@@ -11,13 +11,18 @@
 //! - [`resolve_model`] → [`ModelSource`]: a GGUF file, an HF directory, an HF repo id (local HF
 //!   cache, downloaded when online), or the default model (fetched once into
 //!   `~/.cache/tokenmill/models`).
-//! - [`ModelConfig`]: typed hyper-parameters from GGUF metadata or `config.json`.
+//! - [`ModelConfig`]: typed hyper-parameters from GGUF metadata or `config.json`, parsed by
+//!   the model's family.
+//! - The model registry (`families/`): one `Family` per architecture owns its names, its
+//!   config parsing in both formats, its tensor names, its model building and its cache
+//!   layout; [`registered_architectures`] lists them. To add a family is to add one file and
+//!   one registry line.
 //! - [`CausalLm`]: the model seam (config, per-layer [`LayerKvLayout`], forward over a batch
-//!   on the caller's [`ThreadPool`]); [`load_model`] picks the family from the architecture.
-//!   Families live in `families/` (one file each: [`LlamaModel`] for Llama 2/3, SmolLM2,
-//!   Mistral, Qwen2 and Qwen3; [`Gemma3Model`] for Gemma 3) and are composed from the shared blocks in `layers/` (linear, norms,
-//!   RoPE, attention, gated MLP); quantized and float checkpoints differ only in the dtype of
-//!   their matrices.
+//!   on the caller's [`ThreadPool`]); [`load_model`] builds it through the family the
+//!   architecture names. The decoder blocks ([`LlamaModel`] for every Llama-shaped family,
+//!   [`Gemma3Model`]) are composed from the shared blocks in `layers/` (linear, norms, RoPE,
+//!   attention, gated MLP); quantized and float checkpoints differ only in the dtype of their
+//!   matrices.
 //! - [`PoolingModel`]: the seam for encoders ([`BertModel`]: embeddings with mean / CLS /
 //!   last pooling from sentence-transformers' modules, and `BertForSequenceClassification`
 //!   cross-encoders); [`load_pooling_model`] loads one, [`is_pooling_model`] tells the CLI
@@ -77,7 +82,10 @@ pub use batch::{BatchInput, GroupTables};
 pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
 pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
-pub use families::{BertModel, EncoderPrecision, Gemma3Model, LlamaModel};
+pub use families::{
+    registered_architectures, registered_names, BertModel, EncoderPrecision, Gemma3Model,
+    LlamaModel,
+};
 pub use kv_cache::{KvCacheGrouping, KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
 pub use loader::safetensors_shards_from_index;

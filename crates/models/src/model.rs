@@ -1,14 +1,15 @@
 //! The model seam: the [`CausalLm`] trait every family implements, and the loader that picks
 //! the family from the architecture a checkpoint declares.
 
-use serde::Deserialize;
+use std::any::Any;
+
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 
 use crate::batch::BatchInput;
-use crate::config::{Architecture, ModelConfig};
-use crate::error::{io_error, ModelError, Result};
-use crate::families::{self, Gemma3Model, LlamaModel};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::families::WeightSource;
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::Workspace;
 use crate::source::ModelSource;
@@ -33,7 +34,7 @@ pub struct LoadOptions {
 /// where threads come from (the engine's sampler runs on the same pool). `forward` takes a
 /// flattened batch of many sequences, mixing prefill chunks and decode tokens, and must give
 /// each row the same result whatever else is in the batch.
-pub trait CausalLm: Send + Sync + std::fmt::Debug {
+pub trait CausalLm: Any + Send + Sync + std::fmt::Debug {
     /// The hyper-parameters the model was loaded with.
     fn config(&self) -> &ModelConfig;
 
@@ -74,50 +75,29 @@ pub trait CausalLm: Send + Sync + std::fmt::Debug {
     ) -> Result<()>;
 }
 
-/// Loads the model a [`ModelSource`] names, picking the family from its architecture.
+/// Loads the model a [`ModelSource`] names, through the family its architecture names in the
+/// registry (`crate::families`).
 ///
 /// A boxed trait object rather than an enum of families: the engine never names a family, a
-/// family file is all a new architecture adds (plus one match arm here), and a backend in
+/// family file (and its registry line) is all a new architecture adds, and a backend in
 /// another crate can implement [`CausalLm`] too. The cost is one virtual call per forward
 /// pass, nothing next to the pass itself.
 pub fn load_model(source: &ModelSource, options: &LoadOptions) -> Result<Box<dyn CausalLm>> {
     match source {
         ModelSource::Gguf(path) => load_gguf_model(&GgufFile::open(path)?, options),
         ModelSource::HfDirectory(dir) => {
-            let path = dir.join("config.json");
-            let text = std::fs::read_to_string(&path).map_err(io_error(&path))?;
-            let model_type: HfModelType =
-                serde_json::from_str(&text).map_err(|source| ModelError::ConfigJson {
-                    path: path.clone(),
-                    source,
-                })?;
-            let name = model_type
-                .model_type
-                .ok_or_else(|| ModelError::MissingMetadata("model_type".into()))?;
-            match Architecture::from_name(&name)? {
-                Architecture::Llama
-                | Architecture::Mistral
-                | Architecture::Qwen2
-                | Architecture::Qwen3
-                | Architecture::Qwen3Moe
-                | Architecture::Phi3 => Ok(Box::new(LlamaModel::load_hf_directory(dir, options)?)),
-                Architecture::Gemma3 => Ok(Box::new(Gemma3Model::load_hf_directory(dir, options)?)),
-            }
+            let config = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
+            let family = config.architecture.family();
+            family.build(WeightSource::HfDirectory(dir), config, options)
         }
     }
 }
 
 /// Loads a model from an open GGUF file, so its tokenizer can be read from the same file.
 pub fn load_gguf_model(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn CausalLm>> {
-    match Architecture::from_name(gguf_architecture(file)?)? {
-        Architecture::Llama
-        | Architecture::Mistral
-        | Architecture::Qwen2
-        | Architecture::Qwen3
-        | Architecture::Qwen3Moe
-        | Architecture::Phi3 => Ok(Box::new(LlamaModel::from_gguf(file, options)?)),
-        Architecture::Gemma3 => Ok(Box::new(Gemma3Model::from_gguf(file, options)?)),
-    }
+    let config = ModelConfig::from_gguf(file)?;
+    let family = config.architecture.family();
+    family.build(WeightSource::Gguf(file), config, options)
 }
 
 /// Reads a model's hyper-parameters from its metadata only (no weights), e.g. to size a KV
@@ -129,31 +109,26 @@ pub fn read_model_config(source: &ModelSource) -> Result<ModelConfig> {
     }
 }
 
-/// The KV layout a model with `config` will report ([`CausalLm::kv_layout`]), without
-/// loading it.
+/// The cache layout a model with `config` will report ([`CausalLm::kv_layout`]), without
+/// loading it: its family's declaration.
 pub fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
-    match config.architecture {
-        // Both families keep one KV shape per layer and take each layer's window from the
-        // config.
-        Architecture::Llama
-        | Architecture::Mistral
-        | Architecture::Qwen2
-        | Architecture::Qwen3
-        | Architecture::Qwen3Moe
-        | Architecture::Phi3
-        | Architecture::Gemma3 => families::llama_kv_layout(config),
-    }
+    config.architecture.family().kv_layout(config)
 }
 
-fn gguf_architecture(file: &GgufFile) -> Result<&str> {
-    file.get_str("general.architecture")
-        .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))
-}
-
-/// The one field of an HF `config.json` the loader dispatches on.
-#[derive(Deserialize)]
-struct HfModelType {
-    model_type: Option<String>,
+/// The concrete model behind a loaded one: the per-block loaders (`LlamaModel::load`) load
+/// through the registry and check that the family built their block.
+pub(crate) fn downcast_model<M: CausalLm>(model: Box<dyn CausalLm>, block: &str) -> Result<M> {
+    let architecture = model.config().architecture.name();
+    let model: Box<dyn Any> = model;
+    model
+        .downcast::<M>()
+        .map(|model| *model)
+        .map_err(|_| ModelError::InvalidMetadata {
+            key: "general.architecture".into(),
+            message: format!(
+                "`{architecture}` does not run on the {block} block (load_model picks its family's)"
+            ),
+        })
 }
 
 /// Checks a batch against the model and cache before any kernel reads it: every family's

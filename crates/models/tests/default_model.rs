@@ -6,7 +6,7 @@
 mod common;
 
 use common::{default_model_path, greedy_generate, load_default_model};
-use tokenmill_models::{Architecture, LlamaModel, ModelConfig, RopeScaling, RopeStyle};
+use tokenmill_models::{LlamaModel, ModelConfig, RopeScaling, RopeStyle};
 
 fn load_default() -> LlamaModel {
     load_default_model(false)
@@ -19,7 +19,7 @@ const FRANCE: [u32; 5] = [504, 3575, 282, 4649, 314];
 fn default_model_config() {
     let file = tokenmill_gguf::GgufFile::open(&default_model_path()).unwrap();
     let config = ModelConfig::from_gguf(&file).unwrap();
-    assert_eq!(config.architecture, Architecture::Llama);
+    assert_eq!(config.architecture, "llama");
     assert_eq!(config.vocab_size, 49152);
     assert_eq!(config.hidden_size, 576);
     assert_eq!(config.intermediate_size, 1536);

@@ -18,225 +18,17 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use serde::Deserialize;
-use tokenmill_gguf::{GgmlType, GgufWriter, MetadataValue};
-use tokenmill_kernels::{quantize_row_q8_0, DType};
+use common::family::{
+    fnv1a, formula_weights, write_gguf, write_gguf_typed, write_hf_directory, Case, Fixture,
+};
 use tokenmill_models::{
-    load_model, Architecture, BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LoadOptions,
-    ModelSource, MoeConfig, RopeScaling,
+    load_model, BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LoadOptions, ModelSource,
+    MoeConfig, RopeScaling,
     RopeStyle::{Neox, Normal},
     Workspace,
 };
-
-/// The HF name of a GGUF tensor name, per HF's Qwen3 / Gemma 3 / Qwen3-MoE / Mixtral
-/// modeling code (`arch` is the fixture's: Mixtral's is `llama`). Expert tensors are split
-/// per expert by the caller, which gives `expert`.
-fn hf_name(gguf: &str, arch: &str, expert: usize) -> String {
-    let gemma3 = arch == "gemma3";
-    let moe = if arch == "llama" {
-        "block_sparse_moe"
-    } else {
-        "mlp"
-    };
-    match gguf {
-        "token_embd.weight" => return "model.embed_tokens.weight".into(),
-        "output_norm.weight" => return "model.norm.weight".into(),
-        "output.weight" => return "lm_head.weight".into(),
-        _ => {}
-    }
-    let rest = gguf.strip_prefix("blk.").unwrap();
-    let (layer, short) = rest.split_once('.').unwrap();
-    let hf = match short {
-        "attn_norm.weight" => "input_layernorm.weight",
-        "attn_q.weight" => "self_attn.q_proj.weight",
-        "attn_k.weight" => "self_attn.k_proj.weight",
-        "attn_v.weight" => "self_attn.v_proj.weight",
-        "attn_output.weight" => "self_attn.o_proj.weight",
-        "attn_q_norm.weight" => "self_attn.q_norm.weight",
-        "attn_k_norm.weight" => "self_attn.k_norm.weight",
-        "ffn_norm.weight" if gemma3 => "pre_feedforward_layernorm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "post_attention_norm.weight" => "post_attention_layernorm.weight",
-        "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
-        "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
-        "ffn_down.weight" => "mlp.down_proj.weight",
-        "ffn_gate_inp.weight" => return format!("model.layers.{layer}.{moe}.gate.weight"),
-        exps => {
-            let projection = match (exps, arch) {
-                ("ffn_gate_exps.weight", "llama") => "w1",
-                ("ffn_up_exps.weight", "llama") => "w3",
-                ("ffn_down_exps.weight", "llama") => "w2",
-                ("ffn_gate_exps.weight", _) => "gate_proj",
-                ("ffn_up_exps.weight", _) => "up_proj",
-                ("ffn_down_exps.weight", _) => "down_proj",
-                (other, _) => panic!("no HF name for {other}"),
-            };
-            return format!("model.layers.{layer}.{moe}.experts.{expert}.{projection}.weight");
-        }
-    };
-    format!("model.layers.{layer}.{hf}")
-}
-
-/// The fixture's model as an HF directory (`config.json` + one F32 safetensors file). Qwen
-/// and Gemma rotate half-split pairs in GGUF too, so Q/K rows are the same; Mixtral's GGUF
-/// (`llama`) rows are llama.cpp's permutation of HF's, undone here. Gemma's norms are stored
-/// as `w - 1` (HF computes `x * (1 + w)`), exact for weights in [0.5, 2]. Expert tensors
-/// become one 2-D tensor per expert.
-fn write_hf_directory(fixture: &Fixture, dir: &Path) {
-    let gemma3 = fixture.arch == "gemma3";
-    let mixtral = fixture.arch == "llama";
-    let meta = |key: &str| {
-        fixture
-            .meta
-            .iter()
-            .find(|(k, _, _)| k == key)
-            .map(|(_, _, value)| value.clone())
-    };
-    let vocab = fixture.tensors[0].shape[0];
-    let (class, model_type) = match fixture.arch.as_str() {
-        "gemma3" => ("Gemma3ForCausalLM", "gemma3_text"),
-        "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
-        "qwen3moe" => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-        "llama" => ("MixtralForCausalLM", "mixtral"),
-        other => panic!("no HF class for {other}"),
-    };
-    let mut config = serde_json::json!({
-        "architectures": [class],
-        "model_type": model_type,
-        "vocab_size": vocab,
-        "hidden_size": meta("embedding_length"),
-        "intermediate_size": meta("feed_forward_length"),
-        "num_hidden_layers": meta("block_count"),
-        "num_attention_heads": meta("attention.head_count"),
-        "num_key_value_heads": meta("attention.head_count_kv"),
-        "head_dim": meta("attention.key_length"),
-        "rms_norm_eps": meta("attention.layer_norm_rms_epsilon"),
-        "rope_theta": meta("rope.freq_base"),
-        "max_position_embeddings": meta("context_length"),
-        "tie_word_embeddings": !fixture.tensors.iter().any(|t| t.name == "output.weight"),
-    });
-    if let Some(experts) = meta("expert_count") {
-        let (count_key, width) = if mixtral {
-            ("num_local_experts", meta("feed_forward_length"))
-        } else {
-            ("num_experts", meta("expert_feed_forward_length"))
-        };
-        let extra = serde_json::json!({
-            count_key: experts,
-            "num_experts_per_tok": meta("expert_used_count"),
-            "moe_intermediate_size": width,
-            "norm_topk_prob": true,
-        });
-        config
-            .as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-    }
-    if gemma3 {
-        let extra = serde_json::json!({
-            "sliding_window": meta("attention.sliding_window"),
-            "sliding_window_pattern": 6,
-            "rope_local_base_freq": 10000.0,
-            "rope_scaling": {"rope_type": "linear", "factor": meta("rope.scaling.factor")},
-            "query_pre_attn_scalar": meta("attention.key_length"),
-            "hidden_activation": "gelu_pytorch_tanh",
-        });
-        config
-            .as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-    }
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let heads = meta("attention.head_count").unwrap().as_u64().unwrap() as usize;
-    let kv_heads = meta("attention.head_count_kv").unwrap().as_u64().unwrap() as usize;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    for tensor in &fixture.tensors {
-        let count = tensor.shape.iter().product::<u64>() as usize;
-        let mut values = formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
-        if gemma3 && tensor.name.ends_with("norm.weight") {
-            values.iter_mut().for_each(|v| *v -= 1.0);
-        }
-        let shape: Vec<usize> = tensor.shape.iter().map(|&d| d as usize).collect();
-        if mixtral && tensor.name.ends_with("attn_q.weight") {
-            values = unpermute_from_gguf(&values, heads, shape[1]);
-        }
-        if mixtral && tensor.name.ends_with("attn_k.weight") {
-            values = unpermute_from_gguf(&values, kv_heads, shape[1]);
-        }
-        if let [experts, rows, columns] = shape[..] {
-            for (expert, part) in values.chunks_exact(rows * columns).enumerate() {
-                let name = hf_name(&tensor.name, &fixture.arch, expert);
-                tensors.push((name, vec![rows, columns], part.to_vec()));
-            }
-            assert_eq!(values.len(), experts * rows * columns);
-        } else {
-            tensors.push((hf_name(&tensor.name, &fixture.arch, 0), shape, values));
-        }
-    }
-    let borrowed: Vec<(String, Vec<usize>, &[f32])> = tensors
-        .iter()
-        .map(|(name, shape, values)| (name.clone(), shape.clone(), values.as_slice()))
-        .collect();
-    common::tiny::write_safetensors(&dir.join("model.safetensors"), &borrowed, "F32");
-}
-
-/// HF's Q/K rows from llama.cpp's Llama permutation (each head's rotation pairs interleaved):
-/// GGUF row `(h, i, j)` of a `[heads, head_dim / 2, 2]` split is HF row `(h, j, i)`.
-fn unpermute_from_gguf(gguf: &[f32], heads: usize, columns: usize) -> Vec<f32> {
-    let rows = gguf.len() / columns;
-    let half = rows / heads / 2;
-    let mut hf = vec![0.0; gguf.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let from = (h * half + i) * 2 + j;
-                let to = (h * 2 + j) * half + i;
-                hf[to * columns..(to + 1) * columns]
-                    .copy_from_slice(&gguf[from * columns..(from + 1) * columns]);
-            }
-        }
-    }
-    hf
-}
-
-#[derive(Deserialize)]
-pub struct Fixture {
-    pub arch: String,
-    /// `(key without the architecture prefix, type, value)`.
-    pub meta: Vec<(String, String, serde_json::Value)>,
-    pub tensors: Vec<TensorSpec>,
-    pub cases: Vec<Case>,
-    /// MoE fixtures: llama.cpp on the file `llama-quantize` made Q8_0.
-    #[serde(default)]
-    pub q8_0: Option<QuantizedRun>,
-}
-
-#[derive(Deserialize)]
-pub struct QuantizedRun {
-    /// GGML type name per tensor (`Q8_0` or `F32`).
-    pub tensor_types: HashMap<String, String>,
-    pub cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-pub struct TensorSpec {
-    pub name: String,
-    /// Outermost first.
-    pub shape: Vec<u64>,
-    pub scale: f32,
-    pub offset: f32,
-}
-
-#[derive(Deserialize)]
-pub struct Case {
-    pub prompt_ids: Vec<u32>,
-    pub greedy_ids: Vec<u32>,
-    pub top_logits: Vec<Vec<(u32, f32)>>,
-}
 
 /// Largest |our logit − llama.cpp's| over every top-8 entry of every step, per family.
 ///
@@ -260,82 +52,6 @@ const PHI3_MAX_DIFFERENCE: f32 = 1e-4;
 /// Steps where llama.cpp's best token leads its runner-up by more than this must pick the
 /// same token (far above both tolerances' effect on a margin).
 const DECISIVE_MARGIN: f32 = 0.1;
-
-/// `offset + scale * u`, `u` in [-1, 1] from an integer hash of (seed, index): the twin of
-/// `formula_weights` in make_family_fixtures.py (same wrapping u64 arithmetic, same f32
-/// operations in the same order, so the same bits).
-fn formula_weights(seed: u64, count: usize, scale: f32, offset: f32) -> Vec<f32> {
-    const MASK: u64 = 0xFFFF_FFFF;
-    let add = (seed.wrapping_mul(0x85EB_CA77).wrapping_add(0x1656_67B1)) & MASK;
-    (0..count as u64)
-        .map(|i| {
-            let mut x = (i.wrapping_mul(0x9E37_79B1).wrapping_add(add)) & MASK;
-            x ^= x >> 15;
-            x = x.wrapping_mul(0x2C1B_3C6D) & MASK;
-            x ^= x >> 12;
-            x = x.wrapping_mul(0x297A_2D39) & MASK;
-            x ^= x >> 15;
-            let u = ((x % 20001) as f32 - 10000.0) / 10000.0;
-            u * scale + offset
-        })
-        .collect()
-}
-
-/// 32-bit FNV-1a of a tensor name: its seed.
-fn fnv1a(name: &str) -> u64 {
-    name.bytes().fold(0x811C_9DC5u64, |h, byte| {
-        ((h ^ u64::from(byte)) * 0x0100_0193) & 0xFFFF_FFFF
-    })
-}
-
-/// Writes the fixture's model as an F32 GGUF (no tokenizer: the vocabulary size comes from
-/// `token_embd.weight`).
-pub fn write_gguf(fixture: &Fixture, path: &Path) {
-    write_gguf_typed(fixture, path, &HashMap::new());
-}
-
-/// [`write_gguf`] with the tensors `types` names as `Q8_0` quantized (GGML's reference
-/// quantizer); the others F32.
-fn write_gguf_typed(fixture: &Fixture, path: &Path, types: &HashMap<String, String>) {
-    let mut writer = GgufWriter::new();
-    writer.add_metadata(
-        "general.architecture",
-        MetadataValue::String(fixture.arch.clone()),
-    );
-    for (key, kind, value) in &fixture.meta {
-        let value = match kind.as_str() {
-            "u32" => MetadataValue::U32(value.as_u64().unwrap() as u32),
-            "f32" => MetadataValue::F32(value.as_f64().unwrap() as f32),
-            "str" => MetadataValue::String(value.as_str().unwrap().into()),
-            other => panic!("metadata type {other}"),
-        };
-        writer.add_metadata(&format!("{}.{key}", fixture.arch), value);
-    }
-    for tensor in &fixture.tensors {
-        let count = tensor.shape.iter().product::<u64>() as usize;
-        let values = formula_weights(fnv1a(&tensor.name), count, tensor.scale, tensor.offset);
-        let dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
-        match types.get(&tensor.name).map(String::as_str) {
-            None | Some("F32") => {
-                writer.add_f32_tensor(&tensor.name, &dims, &values);
-            }
-            Some("Q8_0") => {
-                let row = dims[0] as usize;
-                let row_bytes = DType::Q8_0.row_bytes(row).unwrap();
-                let mut bytes = vec![0u8; count / row * row_bytes];
-                for (src, dst) in values
-                    .chunks_exact(row)
-                    .zip(bytes.chunks_exact_mut(row_bytes))
-                {
-                    quantize_row_q8_0(src, dst).unwrap();
-                }
-                writer.add_tensor(&tensor.name, &dims, GgmlType::Q8_0, bytes);
-            }
-            Some(other) => panic!("{}: type {other}", tensor.name),
-        }
-    }
-    writer.write_to(path).unwrap();
-}
 
 /// The fixture's model, written to a file of the test's own (`test`): a file another test
 /// rewrites while this one has it mapped would fault.
@@ -430,7 +146,7 @@ fn check_greedy(model: &dyn CausalLm, cases: &[Case]) {
 fn qwen3_matches_llama_cpp() {
     let (fixture, model) = load_family("family_qwen3.json", "qwen3_matches_llama_cpp");
     let config = model.config();
-    assert_eq!(config.architecture, Architecture::Qwen3);
+    assert_eq!(config.architecture, "qwen3");
     assert!(config.qk_norm && !config.tie_word_embeddings);
     assert_eq!(
         (config.head_dim, config.hidden_size / config.num_heads),
@@ -445,7 +161,7 @@ fn qwen3_matches_llama_cpp() {
 fn gemma3_matches_llama_cpp() {
     let (fixture, model) = load_family("family_gemma3.json", "gemma3_matches_llama_cpp");
     let config = model.config();
-    assert_eq!(config.architecture, Architecture::Gemma3);
+    assert_eq!(config.architecture, "gemma3");
     assert!(config.tie_word_embeddings);
     let windows: Vec<Option<usize>> = model.kv_layout().iter().map(|l| l.sliding_window).collect();
     assert_eq!(
@@ -633,7 +349,7 @@ fn check_moe_family(name: &str, test: &str) -> (Fixture, Box<dyn CausalLm>) {
 fn qwen3moe_matches_llama_cpp() {
     let (_, model) = check_moe_family("family_qwen3moe.json", "qwen3moe_matches_llama_cpp");
     let config = model.config();
-    assert_eq!(config.architecture, Architecture::Qwen3Moe);
+    assert_eq!(config.architecture, "qwen3moe");
     assert_eq!(config.family(), "Qwen3-MoE");
     assert!(config.qk_norm && !config.tie_word_embeddings);
     let moe = MoeConfig {
@@ -650,7 +366,7 @@ fn qwen3moe_matches_llama_cpp() {
 fn mixtral_matches_llama_cpp() {
     let (_, model) = check_moe_family("family_mixtral.json", "mixtral_matches_llama_cpp");
     let config = model.config();
-    assert_eq!(config.architecture, Architecture::Llama);
+    assert_eq!(config.architecture, "llama");
     assert_eq!(config.family(), "Mixtral");
     assert_eq!(config.describe_experts(), ", 8 experts (2 per token)");
     assert!(!config.qk_norm && config.tie_word_embeddings);
@@ -861,7 +577,7 @@ fn phi3_matches_llama_cpp() {
     ] {
         let (fixture, model) = load_family(name, test);
         let config = model.config();
-        assert_eq!(config.architecture, Architecture::Phi3);
+        assert_eq!(config.architecture, "phi3");
         assert_eq!(config.family(), "Phi-3");
         assert_eq!((config.head_dim, config.rotary_dim), (16, 12));
         let RopeScaling::LongRope {

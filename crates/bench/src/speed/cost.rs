@@ -67,7 +67,8 @@ mod tests {
     /// SmolLM2-135M's shape (the default model).
     fn smollm2() -> ModelConfig {
         ModelConfig {
-            architecture: Architecture::Llama,
+            architecture: Architecture::from_name("llama").expect("a registered family"),
+            family_name: "Llama",
             vocab_size: 49152,
             hidden_size: 576,
             intermediate_size: 1536,

@@ -304,7 +304,7 @@ impl BertModel {
             },
         };
         let store = TensorStore::from_hf_directory(dir)?;
-        let reader = WeightReader::new(&store, TensorNaming::HuggingFace, false);
+        let reader = WeightReader::new(&store, TensorNaming::HF, false);
         BertModel::from_reader(config, info, &reader, false, precision)
     }
 

@@ -12,16 +12,21 @@ use std::path::Path;
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 
+use super::{Family, WeightSource};
 use crate::batch::BatchInput;
-use crate::config::{Architecture, ModelConfig};
-use crate::error::{ModelError, Result};
+use crate::config::{
+    parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
+};
+use crate::error::Result;
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::{
     AttentionBlock, AttentionOptions, AttentionShape, EmbeddingAndHead, FeedForward, RmsNorm, Rope,
     Step, Workspace,
 };
 use crate::loader::{llama3_scaling_from_rope_freqs, TensorNaming, TensorStore, WeightReader};
-use crate::model::{validate_batch, CausalLm, LoadOptions};
+use crate::model::{
+    downcast_model, load_gguf_model, load_model, validate_batch, CausalLm, LoadOptions,
+};
 use crate::source::ModelSource;
 
 /// A loaded Llama-family model: weights prepared for the compute layer and its RoPE table.
@@ -46,12 +51,10 @@ struct LlamaLayer {
 }
 
 impl LlamaModel {
-    /// Loads the model a [`ModelSource`] names.
+    /// Loads the model a [`ModelSource`] names; an error unless its family builds this block
+    /// ([`crate::load_model`] loads any family).
     pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<LlamaModel> {
-        match source {
-            ModelSource::Gguf(path) => LlamaModel::load_gguf(path, options),
-            ModelSource::HfDirectory(dir) => LlamaModel::load_hf_directory(dir, options),
-        }
+        downcast_model(load_model(source, options)?, "Llama")
     }
 
     /// Loads a GGUF file.
@@ -61,7 +64,41 @@ impl LlamaModel {
 
     /// Loads from an open GGUF file (whose tokenizer the caller may read as well).
     pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<LlamaModel> {
-        let mut config = ModelConfig::from_gguf(file)?;
+        downcast_model(load_gguf_model(file, options)?, "Llama")
+    }
+
+    /// Loads an HF directory (`config.json` + safetensors).
+    pub fn load_hf_directory(dir: &Path, options: &LoadOptions) -> Result<LlamaModel> {
+        LlamaModel::load(&ModelSource::HfDirectory(dir.to_path_buf()), options)
+    }
+
+    /// Builds a Llama-shaped family's model (any family whose [`Family::build`] calls
+    /// [`build_llama`]).
+    fn build(
+        weights: WeightSource<'_>,
+        config: ModelConfig,
+        kv_layout: Vec<LayerKvLayout>,
+        options: &LoadOptions,
+    ) -> Result<LlamaModel> {
+        match weights {
+            WeightSource::Gguf(file) => {
+                LlamaModel::build_from_gguf(file, config, kv_layout, options)
+            }
+            WeightSource::HfDirectory(dir) => {
+                let store = TensorStore::from_hf_directory(dir)?;
+                LlamaModel::from_store(config, kv_layout, &store, TensorNaming::HF, options)
+            }
+        }
+    }
+
+    /// From a GGUF: llama.cpp stores Llama 3.x RoPE scaling as per-pair divisors in
+    /// `rope_freqs.weight`.
+    fn build_from_gguf(
+        file: &GgufFile,
+        mut config: ModelConfig,
+        kv_layout: Vec<LayerKvLayout>,
+        options: &LoadOptions,
+    ) -> Result<LlamaModel> {
         let original_context_length = file
             .get_u64(&format!(
                 "{}.rope.scaling.original_context_length",
@@ -73,36 +110,23 @@ impl LlamaModel {
             config.rope_scaling =
                 llama3_scaling_from_rope_freqs(&store, &config, original_context_length)?;
         }
-        LlamaModel::from_store(config, &store, TensorNaming::Gguf, options)
-    }
-
-    /// Loads an HF directory (`config.json` + safetensors).
-    pub fn load_hf_directory(dir: &Path, options: &LoadOptions) -> Result<LlamaModel> {
-        let config = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
-        let store = TensorStore::from_hf_directory(dir)?;
-        LlamaModel::from_store(config, &store, TensorNaming::HuggingFace, options)
+        LlamaModel::from_store(config, kv_layout, &store, TensorNaming::Gguf, options)
     }
 
     /// Reads every weight the forward pass needs, checking shapes against `config`.
     fn from_store(
         config: ModelConfig,
+        kv_layout: Vec<LayerKvLayout>,
         store: &TensorStore<'_>,
         naming: TensorNaming,
         options: &LoadOptions,
     ) -> Result<LlamaModel> {
-        if config.architecture == Architecture::Gemma3 {
-            return Err(ModelError::InvalidMetadata {
-                key: "general.architecture".into(),
-                message: "gemma3 has its own block (Gemma3Model; load_model picks it)".into(),
-            });
-        }
         let reader = WeightReader::new(store, naming, options.dequantize_to_f32);
         let ends = EmbeddingAndHead::load(&reader, &config, options.hidden_states_only)?;
         let layers = (0..config.num_layers)
             .map(|layer| LlamaLayer::load(&reader, &config, layer))
             .collect::<Result<Vec<_>>>()?;
         let rope = Rope::from_config(&config)?;
-        let kv_layout = kv_layout(&config);
         Ok(LlamaModel {
             config,
             kv_layout,
@@ -116,7 +140,7 @@ impl LlamaModel {
     fn prepare(&self, workspace: &mut Workspace, n: usize, rows: usize) {
         let config = &self.config;
         workspace.prepare_residual(n, rows, config.hidden_size);
-        workspace.attention.prepare(n, attention_shape(config));
+        workspace.attention.prepare(n, AttentionShape::of(config));
         FeedForward::prepare(config, n, &mut workspace.mlp, &mut workspace.moe);
     }
 
@@ -145,22 +169,6 @@ impl LlamaModel {
     }
 }
 
-/// Every layer keeps the same KV shape; each one's window is the config's.
-pub(crate) fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
-    let shape = attention_shape(config);
-    (0..config.num_layers)
-        .map(|layer| shape.kv_layout(config.layer_sliding_window(layer)))
-        .collect()
-}
-
-pub(crate) fn attention_shape(config: &ModelConfig) -> AttentionShape {
-    AttentionShape {
-        num_heads: config.num_heads,
-        num_kv_heads: config.num_kv_heads,
-        head_dim: config.head_dim,
-    }
-}
-
 impl LlamaLayer {
     fn load(reader: &WeightReader<'_>, config: &ModelConfig, layer: usize) -> Result<LlamaLayer> {
         let tensors = reader.layer(layer);
@@ -169,7 +177,7 @@ impl LlamaLayer {
             attn_norm: tensors.rms_norm("attn_norm.weight", hidden, eps)?,
             attention: AttentionBlock::load(
                 &tensors,
-                attention_shape(config),
+                AttentionShape::of(config),
                 hidden,
                 AttentionOptions::for_layer(config, layer),
             )?,
@@ -270,5 +278,67 @@ impl CausalLm for LlamaModel {
         let step = Step { pool, batch };
         self.run_layers(&step, kv, workspace, 0)?;
         self.ends.final_hidden(&step, workspace, hidden)
+    }
+}
+
+/// Builds the model of a family that runs on the Llama block, with the family's cache layout.
+pub(super) fn build_llama(
+    family: &dyn Family,
+    weights: WeightSource<'_>,
+    config: ModelConfig,
+    options: &LoadOptions,
+) -> Result<Box<dyn CausalLm>> {
+    let kv_layout = family.kv_layout(&config);
+    Ok(Box::new(LlamaModel::build(
+        weights, config, kv_layout, options,
+    )?))
+}
+
+/// GGUF's `llama`: Llama 2/3, SmolLM2, TinyLlama, and Mixtral (a `llama` file with experts;
+/// HF's `model_type: mixtral`).
+pub(super) struct Llama;
+
+const LLAMA: Architecture = Architecture::new("llama", &Llama);
+
+impl Llama {
+    fn name(config: &ModelConfig) -> &'static str {
+        if config.moe.is_some() {
+            "Mixtral"
+        } else {
+            "Llama"
+        }
+    }
+}
+
+impl Family for Llama {
+    fn architecture(&self) -> Architecture {
+        LLAMA
+    }
+
+    fn aliases(&self) -> &'static [&'static str] {
+        &["mixtral"]
+    }
+
+    /// llama.cpp's converter permutes Llama Q/K rows to rotate adjacent pairs.
+    fn config_from_gguf(&self, gguf: &GgufMetadata<'_>) -> Result<ModelConfig> {
+        let mut config = gguf.decoder_config("Llama", RopeStyle::Normal)?;
+        config.family_name = Llama::name(&config);
+        Ok(config)
+    }
+
+    fn config_from_hf(&self, config_json: &str) -> Result<ModelConfig> {
+        let raw: HfCommon = parse_config_json(config_json)?;
+        let mut config = raw.decoder_config(LLAMA, "Llama")?;
+        config.family_name = Llama::name(&config);
+        Ok(config)
+    }
+
+    fn build(
+        &self,
+        weights: WeightSource<'_>,
+        config: ModelConfig,
+        options: &LoadOptions,
+    ) -> Result<Box<dyn CausalLm>> {
+        build_llama(self, weights, config, options)
     }
 }

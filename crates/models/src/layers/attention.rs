@@ -23,6 +23,15 @@ pub(crate) struct AttentionShape {
 }
 
 impl AttentionShape {
+    /// The shape every attention layer of `config` has.
+    pub fn of(config: &crate::config::ModelConfig) -> AttentionShape {
+        AttentionShape {
+            num_heads: config.num_heads,
+            num_kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+        }
+    }
+
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }

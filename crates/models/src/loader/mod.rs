@@ -20,18 +20,20 @@ pub(crate) use store::TensorStore;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TensorNaming {
     Gguf,
-    HuggingFace,
-    /// HF Gemma 3: four norms per layer, so `post_attention_layernorm` is the norm after
-    /// attention (GGUF `post_attention_norm`), not the one before the MLP (`ffn_norm`).
-    HuggingFaceGemma3,
+    /// HF's names, with a family's own renames (GGUF short name → HF name in the layer)
+    /// looked up before the shared table.
+    HuggingFace(&'static [(&'static str, &'static str)]),
 }
 
 impl TensorNaming {
+    /// HF's names with no family renames.
+    pub const HF: TensorNaming = TensorNaming::HuggingFace(&[]);
+
     /// The name of a model-level tensor given its GGUF name.
     pub fn global(self, gguf_name: &'static str) -> &'static str {
         match self {
             TensorNaming::Gguf => gguf_name,
-            TensorNaming::HuggingFace | TensorNaming::HuggingFaceGemma3 => match gguf_name {
+            TensorNaming::HuggingFace(_) => match gguf_name {
                 "token_embd.weight" => "model.embed_tokens.weight",
                 "output_norm.weight" => "model.norm.weight",
                 "output.weight" => "lm_head.weight",
@@ -48,30 +50,32 @@ impl TensorNaming {
                 format!("blk.{layer}.ffn_up.weight")
             }
             TensorNaming::Gguf => format!("blk.{layer}.{gguf_name}"),
-            TensorNaming::HuggingFace | TensorNaming::HuggingFaceGemma3 => {
-                let gemma3 = self == TensorNaming::HuggingFaceGemma3;
-                let hf_name = match gguf_name {
-                    "ffn_norm.weight" if gemma3 => "pre_feedforward_layernorm.weight",
-                    "post_attention_norm.weight" => "post_attention_layernorm.weight",
-                    "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
-                    "attn_q_norm.weight" => "self_attn.q_norm.weight",
-                    "attn_k_norm.weight" => "self_attn.k_norm.weight",
-                    "attn_norm.weight" => "input_layernorm.weight",
-                    "attn_q.weight" => "self_attn.q_proj.weight",
-                    "attn_k.weight" => "self_attn.k_proj.weight",
-                    "attn_v.weight" => "self_attn.v_proj.weight",
-                    "attn_qkv.weight" => "self_attn.qkv_proj.weight",
-                    FUSED_GATE_UP => "mlp.gate_up_proj.weight",
-                    "attn_q.bias" => "self_attn.q_proj.bias",
-                    "attn_k.bias" => "self_attn.k_proj.bias",
-                    "attn_v.bias" => "self_attn.v_proj.bias",
-                    "attn_output.weight" => "self_attn.o_proj.weight",
-                    "ffn_norm.weight" => "post_attention_layernorm.weight",
-                    "ffn_gate.weight" => "mlp.gate_proj.weight",
-                    "ffn_up.weight" => "mlp.up_proj.weight",
-                    "ffn_down.weight" => "mlp.down_proj.weight",
-                    "ffn_gate_inp.weight" => "mlp.gate.weight",
-                    other => other,
+            TensorNaming::HuggingFace(renames) => {
+                let renamed = renames.iter().find(|(gguf, _)| *gguf == gguf_name);
+                let hf_name = match renamed {
+                    Some((_, hf_name)) => hf_name,
+                    None => match gguf_name {
+                        "post_attention_norm.weight" => "post_attention_layernorm.weight",
+                        "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
+                        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+                        "attn_k_norm.weight" => "self_attn.k_norm.weight",
+                        "attn_norm.weight" => "input_layernorm.weight",
+                        "attn_q.weight" => "self_attn.q_proj.weight",
+                        "attn_k.weight" => "self_attn.k_proj.weight",
+                        "attn_v.weight" => "self_attn.v_proj.weight",
+                        "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+                        FUSED_GATE_UP => "mlp.gate_up_proj.weight",
+                        "attn_q.bias" => "self_attn.q_proj.bias",
+                        "attn_k.bias" => "self_attn.k_proj.bias",
+                        "attn_v.bias" => "self_attn.v_proj.bias",
+                        "attn_output.weight" => "self_attn.o_proj.weight",
+                        "ffn_norm.weight" => "post_attention_layernorm.weight",
+                        "ffn_gate.weight" => "mlp.gate_proj.weight",
+                        "ffn_up.weight" => "mlp.up_proj.weight",
+                        "ffn_down.weight" => "mlp.down_proj.weight",
+                        "ffn_gate_inp.weight" => "mlp.gate.weight",
+                        other => other,
+                    },
                 };
                 format!("model.layers.{layer}.{hf_name}")
             }

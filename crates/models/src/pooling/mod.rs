@@ -239,9 +239,12 @@ pub fn load_pooling_model_with(
                 name: fields
                     .model_type
                     .unwrap_or_else(|| "(no model_type)".into()),
-                supported: "bert, and decoders (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, \
-                            gemma3) as embedders"
-                    .into(),
+                supported: format!(
+                    "bert, and decoders ({}) as embedders",
+                    crate::families::registered_names()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             });
         }
         if options.convert == ConvertOption::None {

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod family;
 pub mod tiny;
 
 use std::path::PathBuf;

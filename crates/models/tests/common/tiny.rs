@@ -10,6 +10,9 @@ use tokenmill_kernels::{bf16_to_f32, f32_to_bf16};
 
 #[derive(Debug, Clone, Copy)]
 pub struct TinyConfig {
+    /// GGUF architecture and HF `model_type`: `llama`, `mistral` (the same block, no window
+    /// here) or `qwen2` (with `qwen2` set).
+    pub arch: &'static str,
     pub qwen2: bool,
     pub vocab: usize,
     pub hidden: usize,
@@ -26,6 +29,7 @@ pub struct TinyConfig {
 impl TinyConfig {
     pub fn llama() -> TinyConfig {
         TinyConfig {
+            arch: "llama",
             qwen2: false,
             vocab: 96,
             hidden: 32,
@@ -42,8 +46,17 @@ impl TinyConfig {
 
     pub fn qwen2() -> TinyConfig {
         TinyConfig {
+            arch: "qwen2",
             qwen2: true,
             tied: true,
+            ..TinyConfig::llama()
+        }
+    }
+
+    /// Llama's block under Mistral's names (no sliding window).
+    pub fn mistral() -> TinyConfig {
+        TinyConfig {
+            arch: "mistral",
             ..TinyConfig::llama()
         }
     }
@@ -178,8 +191,12 @@ impl TinyModel {
     fn config_json(&self) -> String {
         let c = &self.config;
         serde_json::json!({
-            "architectures": [if c.qwen2 { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
-            "model_type": if c.qwen2 { "qwen2" } else { "llama" },
+            "architectures": [match c.arch {
+                "qwen2" => "Qwen2ForCausalLM",
+                "mistral" => "MistralForCausalLM",
+                _ => "LlamaForCausalLM",
+            }],
+            "model_type": c.arch,
             "vocab_size": c.vocab,
             "hidden_size": c.hidden,
             "intermediate_size": c.intermediate,
@@ -292,7 +309,7 @@ impl TinyModel {
     /// [`TinyModel::write_gguf`] with extra metadata or tensors added by `extra`.
     pub fn write_gguf_with(&self, path: &Path, extra: impl FnOnce(&mut GgufWriter)) {
         let c = &self.config;
-        let arch = if c.qwen2 { "qwen2" } else { "llama" };
+        let arch = c.arch;
         let (h, i, q, kv) = (
             c.hidden as u64,
             c.intermediate as u64,

@@ -1,0 +1,468 @@
+//! Typed model hyper-parameters: what every family shares.
+//!
+//! A checkpoint's family is found in the registry (`crate::families`) by its GGUF
+//! `general.architecture` or HF `model_type`; the family parses its own config (its
+//! `config.json` fields in a struct of the file's shape, its GGUF quirks) into the
+//! [`ModelConfig`] the shared layers read. What every family reads the same way lives here:
+//! the GGUF key reader and the fields every decoder has (`gguf.rs`), the common
+//! `config.json` fields, RoPE scaling and mixtures of experts (`hf.rs`).
+
+mod gguf;
+mod hf;
+
+use std::path::Path;
+
+use serde::Deserialize;
+use tokenmill_gguf::GgufFile;
+
+use crate::error::{io_error, ModelError, Result};
+use crate::families::{self, Family};
+
+pub(crate) use gguf::GgufMetadata;
+pub(crate) use hf::{parse_config_json, HfCommon};
+
+/// The architecture a checkpoint declares, as GGUF spells it (`llama`, `qwen3moe`, `gemma3`):
+/// also the prefix of its GGUF metadata keys. Each is made by the family that runs it
+/// ([`Architecture::from_name`] finds it in the registry), so holding one means a family
+/// runs it, and the family is at hand.
+#[derive(Clone, Copy)]
+pub struct Architecture {
+    name: &'static str,
+    family: &'static dyn Family,
+}
+
+impl Architecture {
+    /// A family's own architecture (each family declares its names as constants).
+    pub(crate) const fn new(name: &'static str, family: &'static dyn Family) -> Architecture {
+        Architecture { name, family }
+    }
+
+    /// Maps a GGUF `general.architecture` or HF `model_type` string (HF calls Gemma 3's text
+    /// model `gemma3_text`) to the architecture of the family that answers to it; an unknown
+    /// name is an error listing the known ones.
+    pub fn from_name(name: &str) -> Result<Architecture> {
+        families::lookup(name).map(|family| family.architecture())
+    }
+
+    /// The GGUF name, which is also the metadata key prefix (`gemma3.embedding_length`).
+    pub fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// The family that runs it.
+    pub(crate) fn family(self) -> &'static dyn Family {
+        self.family
+    }
+
+    /// `llama, mistral, ...`: what an unsupported-architecture error lists.
+    pub fn supported_list() -> String {
+        families::supported_list()
+    }
+}
+
+impl PartialEq for Architecture {
+    fn eq(&self, other: &Architecture) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Architecture {}
+
+impl std::fmt::Debug for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Architecture({})", self.name)
+    }
+}
+
+impl PartialEq<&str> for Architecture {
+    fn eq(&self, name: &&str) -> bool {
+        self.name == *name
+    }
+}
+
+/// How rotary frequencies are stretched for long contexts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (a.k.a. position interpolation).
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: usize,
+    },
+    /// Phi-3's LongRoPE: pair `i`'s frequency divided by [`ModelConfig::rope_freq_factors`]
+    /// `[i]`, cos and sin multiplied by `attn_factor`. The factors are the long ones when the
+    /// model's context exceeds `original_max_position_embeddings`, as llama.cpp chooses them
+    /// for a context of the trained length (HF switches per forward pass; a fixed choice keeps
+    /// cached keys and batch rows consistent).
+    LongRope {
+        original_max_position_embeddings: usize,
+        attn_factor: f32,
+    },
+}
+
+/// Which pairs of a head's dimensions RoPE rotates together.
+///
+/// llama.cpp's converter permutes the rows of Llama Q/K weights so that GGUF Llama files rotate
+/// adjacent pairs (`Normal`); HF checkpoints (and Qwen2 everywhere) rotate the two halves of
+/// the head (`Neox`, HF's `rotate_half`). The style is a property of the weight file, not of
+/// the architecture alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    Normal,
+    Neox,
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    /// The family that runs it, as the start-up log names it (`Mixtral` for a `llama` file
+    /// with experts): its family's choice.
+    pub family_name: &'static str,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Dimensions of each head that RoPE rotates: the first `rotary_dim` (`head_dim` except
+    /// Phi-4-mini's partial rotary); the rest pass through unrotated.
+    pub rotary_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
+    /// [`RopeScaling::LongRope`]'s per-pair frequency divisors (`rotary_dim / 2` of them).
+    pub rope_freq_factors: Option<Vec<f32>>,
+    pub rope_style: RopeStyle,
+    /// The context length the model was trained for (`max_position_embeddings`).
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Whether Q, K and V projections carry a bias (Qwen2, or Llama with `attention_bias`).
+    pub attention_bias: bool,
+    /// Whether Q and K go through a per-head RMSNorm before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// `Some(w)`: sliding layers attend to the last `w` positions only (Mistral, Gemma 3).
+    pub sliding_window: Option<usize>,
+    /// With a sliding window, `Some(n)`: every `n`-th layer (`(i + 1) % n == 0`) is global
+    /// and the others slide (Gemma 3: 6); `None`: every layer slides (Mistral).
+    pub sliding_window_pattern: Option<usize>,
+    /// RoPE base of the sliding layers when it differs from `rope_theta` (Gemma 3's local
+    /// layers: 10,000, without the global layers' scaling).
+    pub rope_local_theta: Option<f32>,
+    /// Scores are scaled by `query_pre_attn_scalar^-1/2` instead of `head_dim^-1/2`
+    /// (Gemma 3's `query_pre_attn_scalar`).
+    pub query_pre_attn_scalar: Option<f32>,
+    /// `Some(c)`: logits become `c * tanh(logits / c)` (Gemma's `final_logit_softcapping`).
+    pub final_logit_softcapping: Option<f32>,
+    /// `Some`: every layer's FFN is a routed mixture of experts (Mixtral, Qwen3-MoE).
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts FFN's shape: each token goes through the `experts_used` experts its
+/// router scores highest, weighted by their renormalized softmax probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts per layer (`expert_count`).
+    pub num_experts: usize,
+    /// Experts each token is routed to (`expert_used_count`, the top-k).
+    pub experts_used: usize,
+    /// Width of one expert's gated MLP (`expert_feed_forward_length`; Mixtral's is
+    /// `feed_forward_length`).
+    pub expert_intermediate_size: usize,
+}
+
+impl ModelConfig {
+    /// Width of one token's query vector across all heads.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of one token's key (or value) vector across all KV heads.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// The family that runs it, as the start-up log names it.
+    pub fn family(&self) -> &'static str {
+        self.family_name
+    }
+
+    /// `, 8 experts (2 per token)` for a mixture of experts, empty otherwise: the start-up
+    /// line's description of the FFN.
+    pub fn describe_experts(&self) -> String {
+        self.moe.map_or_else(String::new, |moe| {
+            format!(
+                ", {} experts ({} per token)",
+                moe.num_experts, moe.experts_used
+            )
+        })
+    }
+
+    /// The sliding window of layer `layer`, `None` for a layer that sees the whole context.
+    pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
+        let window = self.sliding_window?;
+        match self.sliding_window_pattern {
+            Some(period) if (layer + 1).is_multiple_of(period) => None,
+            _ => Some(window),
+        }
+    }
+
+    /// The score scale of every attention layer.
+    pub fn attention_scale(&self) -> f32 {
+        let scalar = self.query_pre_attn_scalar.unwrap_or(self.head_dim as f32);
+        1.0 / scalar.sqrt()
+    }
+
+    /// Reads the hyper-parameters from a GGUF file's `{arch}.*` metadata, through the family
+    /// its `general.architecture` names.
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+        let family = families::lookup(gguf_architecture(file)?)?;
+        let config = family.config_from_gguf(&GgufMetadata::new(file, family.architecture()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads an HF `config.json`.
+    pub fn from_hf_config_file(path: &Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path).map_err(io_error(path))?;
+        ModelConfig::from_hf_config_json(&text).map_err(|error| match error {
+            ModelError::ConfigJson { source, .. } => ModelError::ConfigJson {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses the text of an HF `config.json`, through the family its `model_type` names.
+    pub fn from_hf_config_json(text: &str) -> Result<ModelConfig> {
+        let family = families::lookup(&hf_model_type(text)?)?;
+        let config = family.config_from_hf(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what every family's forward pass relies on; run on every parsed config.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let checks = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+        ];
+        for (name, value) in checks {
+            if value == 0 {
+                return Err(ModelError::InvalidMetadata {
+                    key: name.into(),
+                    message: "must be positive".into(),
+                });
+            }
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(ModelError::InvalidMetadata {
+                key: "num_kv_heads".into(),
+                message: format!(
+                    "{} query heads are not a multiple of {} KV heads",
+                    self.num_heads, self.num_kv_heads
+                ),
+            });
+        }
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
+            return Err(ModelError::InvalidMetadata {
+                key: "rope.dimension_count".into(),
+                message: format!(
+                    "{} rotary dims of a {}-dim head: need an even number from 2 to head_dim",
+                    self.rotary_dim, self.head_dim
+                ),
+            });
+        }
+        if let Some(factors) = &self.rope_freq_factors {
+            if factors.len() != self.rotary_dim / 2
+                || factors.iter().any(|&f| f.is_nan() || f <= 0.0)
+            {
+                return Err(ModelError::InvalidMetadata {
+                    key: "rope_factors".into(),
+                    message: format!(
+                        "{} LongRoPE factors for {} rotary dims: need {} positive ones",
+                        factors.len(),
+                        self.rotary_dim,
+                        self.rotary_dim / 2
+                    ),
+                });
+            }
+        }
+        if let Some(moe) = self.moe {
+            if moe.experts_used == 0
+                || moe.experts_used > moe.num_experts
+                || moe.expert_intermediate_size == 0
+            {
+                return Err(ModelError::InvalidMetadata {
+                    key: "expert_used_count".into(),
+                    message: format!(
+                        "{} of {} experts per token, each {} wide: need 1 to expert_count \
+                         experts of a positive width",
+                        moe.experts_used, moe.num_experts, moe.expert_intermediate_size
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A GGUF file's `general.architecture`.
+pub(crate) fn gguf_architecture(file: &GgufFile) -> Result<&str> {
+    file.get_str("general.architecture")
+        .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))
+}
+
+/// An HF `config.json`'s `model_type`, the name its family is looked up by.
+pub(crate) fn hf_model_type(text: &str) -> Result<String> {
+    #[derive(Deserialize)]
+    struct ModelType {
+        model_type: Option<String>,
+    }
+    parse_config_json::<ModelType>(text)?
+        .model_type
+        .ok_or_else(|| ModelError::MissingMetadata("model_type".into()))
+}
+
+pub(crate) fn to_usize(key: &str, value: u64) -> Result<usize> {
+    usize::try_from(value).map_err(|_| ModelError::InvalidMetadata {
+        key: key.into(),
+        message: format!("{value} does not fit in usize"),
+    })
+}
+
+pub(crate) fn divide_exact(what: &str, numerator: usize, denominator: usize) -> Result<usize> {
+    if denominator == 0 || !numerator.is_multiple_of(denominator) {
+        return Err(ModelError::InvalidMetadata {
+            key: what.into(),
+            message: format!("{numerator} is not divisible by {denominator}"),
+        });
+    }
+    Ok(numerator / denominator)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA3_CONFIG: &str = r#"{
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16"
+    }"#;
+
+    #[test]
+    fn parses_llama3_config_with_rope_scaling() {
+        let config = ModelConfig::from_hf_config_json(LLAMA3_CONFIG).unwrap();
+        assert_eq!(config.architecture, "llama");
+        assert_eq!(config.head_dim, 128);
+        assert_eq!(config.num_kv_heads, 8);
+        assert_eq!(config.kv_dim(), 1024);
+        assert_eq!(config.rope_style, RopeStyle::Neox);
+        assert!(!config.attention_bias);
+        assert_eq!(
+            config.rope_scaling,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192
+            }
+        );
+    }
+
+    #[test]
+    fn unsupported_model_type_is_named_with_the_supported_list() {
+        let text = r#"{"model_type": "falcon", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}"#;
+        let error = ModelConfig::from_hf_config_json(text).unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("`falcon`"), "{message}");
+        assert!(
+            message.contains("llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn unsupported_rope_scaling_is_named() {
+        let text = r#"{"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "rope_scaling": {"type": "yarn", "factor": 4.0}}"#;
+        let error = ModelConfig::from_hf_config_json(text).unwrap_err();
+        assert!(error.to_string().contains("`yarn`"), "{error}");
+    }
+
+    #[test]
+    fn hf_mixture_of_experts_configs() {
+        let qwen = r#"{"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+            "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128}"#;
+        let config = ModelConfig::from_hf_config_json(qwen).unwrap();
+        assert_eq!(config.architecture, "qwen3moe");
+        assert!(config.qk_norm);
+        let moe = MoeConfig {
+            num_experts: 128,
+            experts_used: 8,
+            expert_intermediate_size: 768,
+        };
+        assert_eq!(config.moe, Some(moe));
+        let mixtral = r#"{"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8}"#;
+        let config = ModelConfig::from_hf_config_json(mixtral).unwrap();
+        assert_eq!(config.architecture, "llama");
+        assert_eq!(config.family(), "Mixtral");
+        assert_eq!(config.moe.map(|m| m.expert_intermediate_size), Some(14336));
+        for (from, to, key) in [
+            (
+                "\"norm_topk_prob\": true",
+                "\"norm_topk_prob\": false",
+                "norm_topk_prob",
+            ),
+            (
+                "\"mlp_only_layers\": []",
+                "\"mlp_only_layers\": [0]",
+                "decoder_sparse_step",
+            ),
+            (
+                "\"num_experts_per_tok\": 8",
+                "\"num_experts_per_tok\": 129",
+                "expert_used_count",
+            ),
+        ] {
+            let error = ModelConfig::from_hf_config_json(&qwen.replace(from, to)).unwrap_err();
+            assert!(error.to_string().contains(key), "{error}");
+        }
+    }
+}
