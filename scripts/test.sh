@@ -5,6 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's wall time, printed as it ends and again as a summary at the end.
+PHASE_NAME="" PHASE_START=$SECONDS PHASE_TIMES=""
+phase() {
+  if [ -n "$PHASE_NAME" ]; then
+    local spent=$((SECONDS - PHASE_START))
+    echo "== phase time: $PHASE_NAME: ${spent}s"
+    PHASE_TIMES+="$(printf '%6ss  %s' "$spent" "$PHASE_NAME")"$'\n'
+  fi
+  PHASE_NAME="$1" PHASE_START=$SECONDS
+  [ -z "$1" ] || echo "== $1"
+}
+
+phase "assets (models, promtool)"
 export TOKENMILL_TEST_MODEL="${TOKENMILL_TEST_MODEL:-$(scripts/fetch-model.sh)}"
 echo "== model: $TOKENMILL_TEST_MODEL"
 
@@ -18,20 +31,25 @@ echo "== minilm model: $TOKENMILL_MINILM_MODEL"
 
 export TOKENMILL_PROMTOOL="${TOKENMILL_PROMTOOL:-$(scripts/install-promtool.sh)}"
 echo "== promtool: $TOKENMILL_PROMTOOL"
+# Every asset above is now here: a test that would skip without one fails instead
+# (crates/test-assets).
+export TOKENMILL_REQUIRE_ASSETS=1
 
-echo "== cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
-echo "== cargo doc (intra-doc links)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
+phase "cargo doc (intra-doc links)"
+# --release: the dependencies' metadata clippy just checked in the release profile.
+RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --workspace --quiet
 
-echo "== cargo test"
+phase "cargo test"
 cargo test --release --workspace
 
-echo "== deployment assets"; scripts/check-deploy.sh
+phase "deployment assets"
+scripts/check-deploy.sh
 
 if [ "${TOKENMILL_CI:-0}" = 1 ]; then
   # CI (.ci/run) only: the Python tests need target/release/tokenmill (a hard link that
@@ -43,7 +61,9 @@ fi
 df -h . | tail -1 | awk '{print "== disk: " $4 " free"}'
 
 if [ -x scripts/test-python.sh ]; then
-  echo "== python client tests"
+  phase "python client tests (venv, binary, pytest)"
   scripts/test-python.sh
 fi
+phase ""
+printf '== phase times (total %ss):\n%s' "$SECONDS" "$PHASE_TIMES"
 echo "== all tests passed"

@@ -20,20 +20,21 @@ Files go to a cache outside the repository (default ~/.cache/tokenmill/reference
 
 import argparse
 import os
+import subprocess
 
 import gguf
-import llama_cpp
 
-from make_parity_fixture import write_converted_copy, write_f32_copy
+from gguf_copy import write_converted_copy, write_f32_copy
 
 GGUF_PY = {
     "q5_0": (gguf.GGMLQuantizationType.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0),
     "q5_1": (gguf.GGMLQuantizationType.Q5_1, gguf.LlamaFileType.MOSTLY_Q5_1),
 }
+# llama.cpp's file types (`enum llama_ftype`), which llama-quantize also takes by name.
 LLAMA_CPP = {
-    "iq4_nl": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_NL,
-    "iq4_xs": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS,
-    "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "iq4_nl": 25,
+    "iq4_xs": 30,
+    "q4_k_m": 15,
 }
 
 
@@ -53,6 +54,15 @@ def requantize_with_llama_cpp(src: str, dst: str, ftype: int, cache: str) -> Non
     if not os.path.exists(f32):
         write_f32_copy(src, f32 + ".tmp")
         os.replace(f32 + ".tmp", f32)
+    quantize_tool = os.environ.get("LLAMA_QUANTIZE")
+    if quantize_tool:
+        # The same llama_model_quantize with its default parameters, from the CLI tool built
+        # from the same llama.cpp (scripts/make-test-assets.sh builds it; no Python package).
+        subprocess.run([quantize_tool, f32, dst, str(ftype), "2"], check=True,
+                       stdout=subprocess.DEVNULL)
+        return
+    import llama_cpp
+
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = 2

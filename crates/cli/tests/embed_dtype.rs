@@ -8,25 +8,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 use tokenmill_models::{EncoderPrecision, ModelDtype};
-
-fn minilm_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("TOKENMILL_MINILM_MODEL")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|home| PathBuf::from(home).join(".cache/tokenmill/models/all-MiniLM-L6-v2"))
-        })?;
-    if dir.join("model.safetensors").is_file() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: all-MiniLM-L6-v2 not found at {}", dir.display());
-        None
-    }
-}
 
 /// The vectors `tokenmill embed --dtype dtype` writes for `texts`.
 fn embed(model: &Path, dtype: &str, texts: &[&str]) -> Vec<Vec<f64>> {
@@ -78,7 +63,10 @@ fn assert_close(a: &[Vec<f64>], b: &[Vec<f64>], what: &str) {
 
 #[test]
 fn each_dtype_reaches_the_encoder_and_unknown_values_are_refused() {
-    let Some(model) = minilm_dir() else { return };
+    let test = "each_dtype_reaches_the_encoder_and_unknown_values_are_refused";
+    let Some(model) = tokenmill_test_assets::MINILM.or_skip(test) else {
+        return;
+    };
     let texts = [
         "A short query.",
         "Retrieval pipelines run an embedding model on CPUs.",

@@ -8,17 +8,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn gemma3_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("TOKENMILL_GEMMA3_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => PathBuf::from(std::env::var_os("HOME")?)
-            .join(".cache/tokenmill/models/gemma-3-270m-q4_k_m.gguf"),
-    };
-    path.is_file().then_some(path)
-}
 
 /// `tokenmill generate` of a few tokens; returns (stdout, stderr).
 fn generate(model: &Path, extra: &[&str]) -> (String, String) {
@@ -59,8 +50,8 @@ fn max_concurrency(stderr: &str) -> f64 {
 
 #[test]
 fn the_flag_keeps_every_block_and_the_default_fits_more_long_requests() {
-    let Some(model) = gemma3_path() else {
-        eprintln!("skipped: no Gemma 3 270M file (scripts/fetch-gemma3.sh)");
+    let test = "the_flag_keeps_every_block_and_the_default_fits_more_long_requests";
+    let Some(model) = tokenmill_test_assets::GEMMA3_270M.or_skip(test) else {
         return;
     };
     let (hybrid_out, hybrid) = generate(&model, &[]);

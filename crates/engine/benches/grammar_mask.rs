@@ -8,8 +8,6 @@
 //! Needs the default model (or `TOKENMILL_TEST_MODEL`); run:
 //! `cargo bench -p tokenmill-engine --bench grammar_mask`.
 
-use std::path::PathBuf;
-
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use serde_json::{json, Value};
 use tokenmill_engine::grammar_vocabulary;
@@ -34,12 +32,7 @@ fn examples() -> Vec<Value> {
     ]
 }
 
-fn model_path() -> PathBuf {
-    std::env::var("TOKENMILL_TEST_MODEL").map_or_else(
-        |_| tokenmill_models::default_model_path().unwrap_or_default(),
-        PathBuf::from,
-    )
-}
+use tokenmill_test_assets::default_model as model_path;
 
 fn bench_masks(c: &mut Criterion) {
     let path = model_path();

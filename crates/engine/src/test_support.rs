@@ -1,19 +1,12 @@
 //! What the engine's unit tests share: the real model's path and a small scheduler with its
 //! metrics (16 blocks of 16 tokens, 64-token requests).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokenmill_core::{KvCacheGroups, Scheduler, SchedulerConfig, SchedulingPolicy};
 use tokenmill_metrics::{EngineMetrics, MetricsConfig};
 
-/// `TOKENMILL_TEST_MODEL`, else the default model's cache path.
-pub fn model_path() -> PathBuf {
-    std::env::var("TOKENMILL_TEST_MODEL").map_or_else(
-        |_| tokenmill_models::default_model_path().unwrap_or_default(),
-        PathBuf::from,
-    )
-}
+pub use tokenmill_test_assets::default_model as model_path;
 
 pub fn small_scheduler() -> Scheduler {
     Scheduler::new(SchedulerConfig {

@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::{greedy, greedy_run, greedy_token_ids, prompts, run_all, value, wait_idle};
 use tokenmill_engine::spec::SpeculativeConfig;
@@ -22,15 +22,6 @@ use tokenmill_models::ModelSource;
 
 const MAX_TOKENS: u32 = 6;
 const MAX_MODEL_LEN: usize = 1024;
-
-fn gemma3_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("TOKENMILL_GEMMA3_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => PathBuf::from(std::env::var_os("HOME")?)
-            .join(".cache/tokenmill/models/gemma-3-270m-q4_k_m.gguf"),
-    };
-    path.is_file().then_some(path)
-}
 
 /// A config over `model` whose KV budget holds `num_blocks` blocks of the hybrid layout (3
 /// layers each): with the hybrid manager disabled the same bytes hold a sixth as many.
@@ -71,8 +62,8 @@ fn run(config: &EngineConfig, prompts: &[Vec<u32>], one_by_one: bool) -> Vec<Vec
 
 #[test]
 fn hybrid_groups_change_no_token_alone_batched_chunked_preempted_and_prefix_cached() {
-    let Some(model) = gemma3_path() else {
-        eprintln!("skipped: no Gemma 3 270M file (scripts/fetch-gemma3.sh)");
+    let test = "hybrid_groups_change_no_token_alone_batched_chunked_preempted_and_prefix_cached";
+    let Some(model) = tokenmill_test_assets::GEMMA3_270M.or_skip(test) else {
         return;
     };
     let prompts = long_prompts(3, 5);
@@ -177,8 +168,8 @@ fn repeating_long_prompts(count: usize, seed: u64) -> Vec<Vec<u32>> {
 
 #[test]
 fn speculation_over_released_window_blocks_changes_no_token() {
-    let Some(model) = gemma3_path() else {
-        eprintln!("skipped: no Gemma 3 270M file (scripts/fetch-gemma3.sh)");
+    let test = "speculation_over_released_window_blocks_changes_no_token";
+    let Some(model) = tokenmill_test_assets::GEMMA3_270M.or_skip(test) else {
         return;
     };
     // Prompts past the 512-position window and 40 tokens each: the sliding groups release a

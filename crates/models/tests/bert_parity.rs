@@ -30,23 +30,9 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// all-MiniLM-L6-v2's directory: `$TOKENMILL_MINILM_MODEL`, else the model cache.
+/// all-MiniLM-L6-v2's directory (`$TOKENMILL_MINILM_MODEL`, else the model cache).
 fn minilm_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("TOKENMILL_MINILM_MODEL")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|home| PathBuf::from(home).join(".cache/tokenmill/models/all-MiniLM-L6-v2"))
-        })?;
-    if dir.join("model.safetensors").is_file() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: all-MiniLM-L6-v2 not found at {} (scripts/fetch-minilm.sh fetches it)",
-            dir.display()
-        );
-        None
-    }
+    tokenmill_test_assets::MINILM.or_skip("bert_parity (all-MiniLM-L6-v2)")
 }
 
 #[allow(clippy::unwrap_used)]
@@ -289,22 +275,7 @@ fn cross_encoder_matches_transformers() {
 /// The GGUF of all-MiniLM-L6-v2 (`scripts/make-minilm-gguf.sh`, llama.cpp's converter):
 /// `$TOKENMILL_MINILM_GGUF`, else next to the model in the cache.
 fn minilm_gguf() -> Option<PathBuf> {
-    let path = std::env::var_os("TOKENMILL_MINILM_GGUF")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|home| {
-                PathBuf::from(home).join(".cache/tokenmill/models/all-MiniLM-L6-v2.f32.gguf")
-            })
-        })?;
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "skipping: no all-MiniLM-L6-v2 GGUF at {} (scripts/make-minilm-gguf.sh writes it)",
-            path.display()
-        );
-        None
-    }
+    tokenmill_test_assets::MINILM_GGUF.or_skip("minilm_gguf_matches_sentence_transformers")
 }
 
 /// The GGUF's tokenizer (WordPiece rebuilt from the phantom-space vocabulary) gives HF's ids,

@@ -20,9 +20,7 @@ mod common;
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use tokenmill_models::{
-    load_model, CausalLm, KvCacheDType, LoadOptions, ModelError, ModelSource, Workspace,
-};
+use tokenmill_models::{load_model, CausalLm, KvCacheDType, LoadOptions, ModelSource, Workspace};
 
 /// Largest |our logit − llama.cpp's| over every top-8 entry of every step. Both run f32
 /// arithmetic on the same weights; the differences are summation order and llama.cpp's f16
@@ -51,42 +49,27 @@ fn find(variable: &str, home_relative: &str) -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// The F32 copy as it is, else the Q4_K_M file expanded to f32 at load.
-fn load_f32_model() -> Result<Box<dyn CausalLm>, String> {
+/// The F32 copy as it is, else the Q4_K_M file expanded to f32 at load; `None` (a skip, or
+/// a failure under `TOKENMILL_REQUIRE_ASSETS=1`) without either.
+fn load_f32_model(test: &str) -> Option<Box<dyn CausalLm>> {
     if let Some(path) = find(
         "TOKENMILL_GEMMA3_F32",
         ".cache/tokenmill/reference/gemma-3-270m-q4_k_m.dequantized-F32.gguf",
     ) {
-        return Ok(load_model(&ModelSource::Gguf(path), &LoadOptions::default()).unwrap());
+        return Some(load_model(&ModelSource::Gguf(path), &LoadOptions::default()).unwrap());
     }
-    let Some(path) = find(
-        "TOKENMILL_GEMMA3_MODEL",
-        ".cache/tokenmill/models/gemma-3-270m-q4_k_m.gguf",
-    ) else {
-        return Err("no Gemma 3 270M file (run scripts/fetch-gemma3.sh)".into());
-    };
+    let path = tokenmill_test_assets::GEMMA3_270M.or_skip(test)?;
     let options = LoadOptions {
         dequantize_to_f32: true,
         ..LoadOptions::default()
     };
-    match load_model(&ModelSource::Gguf(path), &options) {
-        Ok(model) => Ok(model),
-        Err(error @ ModelError::UnsupportedTensorType { .. }) => Err(format!(
-            "{error} (or make the F32 copy with scripts/reference/make_family_fixtures.py \
-             --gemma3-270m)"
-        )),
-        Err(error) => panic!("{error}"),
-    }
+    Some(load_model(&ModelSource::Gguf(path), &options).unwrap())
 }
 
 #[test]
 fn gemma3_270m_f32_greedy_matches_llama_cpp() {
-    let model = match load_f32_model() {
-        Ok(model) => model,
-        Err(reason) => {
-            eprintln!("gemma3_270m_f32_greedy_matches_llama_cpp: skipped: {reason}");
-            return;
-        }
+    let Some(model) = load_f32_model("gemma3_270m_f32_greedy_matches_llama_cpp") else {
+        return;
     };
     let fixture: Fixture = common::load_fixture("family_gemma3_270m_f32.json");
     let config = model.config();

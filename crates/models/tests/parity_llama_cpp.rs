@@ -26,7 +26,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{default_model_path, greedy_generate_with_kv, load_default_model, load_fixture};
+use common::{greedy_generate_with_kv, load_default_model, load_fixture};
 use serde::Deserialize;
 use tokenmill_models::{CausalLm, KvCacheDType, LlamaModel, LoadOptions, ModelSource, Workspace};
 
@@ -376,25 +376,13 @@ fn f32_weights_match_llama_cpp_token_for_token() {
     );
 }
 
-/// The default model re-quantized to `type_name` by `scripts/reference/requantize_model.py`,
-/// if that file is in the reference cache.
+/// The default model re-quantized to `type_name` by `scripts/make-test-assets.sh`
+/// (`scripts/reference/requantize_model.py`), in the reference cache.
 fn requantized_model(type_name: &str) -> Option<PathBuf> {
-    let default = default_model_path();
-    let stem = default.file_stem()?.to_str()?.to_owned();
-    let home = std::env::var_os("HOME")?;
-    let path = PathBuf::from(home)
-        .join(".cache/tokenmill/reference")
-        .join(format!("{stem}.requantized-{type_name}.gguf"));
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "skipped: {} is absent (scripts/reference/requantize_model.py --type {} writes it)",
-            path.display(),
-            type_name.to_lowercase()
-        );
-        None
-    }
+    tokenmill_test_assets::requantized_default_model(type_name).or_skip(&format!(
+        "{}_requantized_matches_llama_cpp",
+        type_name.to_lowercase()
+    ))
 }
 
 /// Loads the requantized file (checking it holds `expected` weights, so a silent fallback in

@@ -2,7 +2,6 @@
 //! when absent): `/v1/embeddings` (floats, base64, token ids, truncation, vLLM's 400s),
 //! `/pooling`, `/score`, `/rerank`, and the routes a pooling model refuses.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::{to_bytes, Body};
@@ -19,19 +18,7 @@ const NAME: &str = "minilm";
 
 #[allow(clippy::unwrap_used)]
 fn start() -> Option<(PoolingEngine, Router)> {
-    let dir = std::env::var_os("TOKENMILL_MINILM_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/tokenmill/models/all-MiniLM-L6-v2")
-        });
-    if !dir.join("model.safetensors").is_file() {
-        eprintln!(
-            "skipping: no all-MiniLM-L6-v2 at {} (scripts/fetch-minilm.sh)",
-            dir.display()
-        );
-        return None;
-    }
+    let dir = tokenmill_test_assets::MINILM.or_skip("embeddings (all-MiniLM-L6-v2)")?;
     let mut config = PoolingEngineConfig::new(ModelSource::HfDirectory(dir));
     config.num_threads = Some(2);
     config.served_model_name = NAME.into();

@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
-
 use serde::Deserialize;
 use tokenmill_gguf::GgufFile;
 use tokenmill_text::Tokenizer;
@@ -25,15 +23,10 @@ struct Case {
 
 #[test]
 fn gemma3_prompt_ids_and_bos_match_llama_cpp() {
-    let path = match std::env::var_os("TOKENMILL_GEMMA3_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap())
-            .join(".cache/tokenmill/models/gemma-3-270m-q4_k_m.gguf"),
-    };
-    if !path.is_file() {
-        eprintln!("gemma3_prompt_ids_and_bos_match_llama_cpp: skipped, no {path:?}");
+    let test = "gemma3_prompt_ids_and_bos_match_llama_cpp";
+    let Some(path) = tokenmill_test_assets::GEMMA3_270M.or_skip(test) else {
         return;
-    }
+    };
     let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     let fixture = format!(
         "{}/../models/tests/fixtures/family_gemma3_270m_f32.json",

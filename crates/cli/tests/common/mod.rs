@@ -4,24 +4,11 @@
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-pub fn model_path() -> PathBuf {
-    if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
-        return PathBuf::from(path);
-    }
-    let home = std::env::var("HOME").unwrap_or_default();
-    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "default model missing at {}: run scripts/fetch-model.sh",
-        path.display()
-    );
-    path
-}
+pub use tokenmill_test_assets::default_model as model_path;
 
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_tokenmill")

@@ -12,21 +12,7 @@ use tokenmill_engine::{
 };
 use tokenmill_models::ModelSource;
 
-/// The default model: `TOKENMILL_TEST_MODEL`, else the cache path `scripts/fetch-model.sh`
-/// fills. Missing → the test fails (CI fetches it first).
-pub fn model_path() -> PathBuf {
-    if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
-        return PathBuf::from(path);
-    }
-    let home = std::env::var("HOME").unwrap_or_default();
-    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "default model missing at {}: run scripts/fetch-model.sh or set TOKENMILL_TEST_MODEL",
-        path.display()
-    );
-    path
-}
+pub use tokenmill_test_assets::default_model as model_path;
 
 /// `CARGO_TARGET_TMPDIR/name`, written by `build` unless a complete file is already there: the
 /// writer goes to a per-process name first and is renamed into place, so test processes

@@ -4,35 +4,12 @@
 pub mod family;
 pub mod tiny;
 
-use std::path::PathBuf;
-
 use tokenmill_models::{
     BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelSource,
     ThreadPool, Workspace,
 };
 
-/// The default model for tests: `$TOKENMILL_TEST_MODEL`, else the tokenmill model cache.
-/// Panics with instructions when neither exists: CI fetches the model first, so a missing
-/// model is a setup error, never a skip.
-pub fn default_model_path() -> PathBuf {
-    if let Some(path) = std::env::var_os("TOKENMILL_TEST_MODEL") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "TOKENMILL_TEST_MODEL={} does not exist",
-            path.display()
-        );
-        return path;
-    }
-    let home = std::env::var_os("HOME").expect("HOME is not set");
-    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "default model not found at {}; run scripts/fetch-model.sh or set TOKENMILL_TEST_MODEL",
-        path.display()
-    );
-    path
-}
+pub use tokenmill_test_assets::default_model as default_model_path;
 
 /// The default model; with `dequantize_to_f32` its weights are widened to f32, so matmuls
 /// stop quantizing activations to int8.

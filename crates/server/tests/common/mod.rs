@@ -4,7 +4,6 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,22 +25,7 @@ pub const MODEL_ALIAS: &str = "tm-alias";
 /// Small context so over-long requests are cheap to build.
 pub const MAX_MODEL_LEN: usize = 256;
 
-/// The default model: `TOKENMILL_TEST_MODEL`, else the cache path. Missing → the test fails.
-pub fn model_path() -> PathBuf {
-    let path = match std::env::var_os("TOKENMILL_TEST_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    assert!(
-        path.exists(),
-        "test model not found at {}: set TOKENMILL_TEST_MODEL or run scripts/fetch-model.sh",
-        path.display()
-    );
-    path
-}
+pub use tokenmill_test_assets::default_model as model_path;
 
 /// A real engine plus the router over it. The engine shuts down when this is dropped.
 pub struct TestApp {

@@ -6,27 +6,7 @@ use std::path::PathBuf;
 
 use tokenmill_text::Tokenizer;
 
-/// The default model: `$TOKENMILL_TEST_MODEL`, else the cache path the fetch script uses.
-/// Missing model is a failure, not a skip: CI fetches it first.
-pub fn model_path() -> PathBuf {
-    if let Ok(path) = std::env::var("TOKENMILL_TEST_MODEL") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "TOKENMILL_TEST_MODEL={} does not exist",
-            path.display()
-        );
-        return path;
-    }
-    let home = std::env::var("HOME").unwrap_or_default();
-    let path = PathBuf::from(home).join(".cache/tokenmill/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "default model not found at {}; set TOKENMILL_TEST_MODEL or run the model fetch script",
-        path.display()
-    );
-    path
-}
+pub use tokenmill_test_assets::default_model as model_path;
 
 pub fn default_tokenizer() -> Tokenizer {
     let file = tokenmill_gguf::GgufFile::open(&model_path()).expect("open default model");
