@@ -99,7 +99,7 @@ def meta(model, key: str) -> str | None:
 
 
 class Cost:
-    """tokenmill's accounting (crates/bench/src/speed/cost.rs) from the GGUF's metadata."""
+    """tokenmill's accounting (crates/bench-speed/src/cost.rs) from the GGUF's metadata."""
 
     def __init__(self, model, vocab_size: int):
         arch = meta(model, "general.architecture") or "llama"

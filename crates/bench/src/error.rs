@@ -45,9 +45,6 @@ pub enum BenchError {
     /// Drawing a sweep plot failed.
     #[error("plot {path}: {message}")]
     Plot { path: PathBuf, message: String },
-    /// The model for `bench speed` could not be found, loaded or run.
-    #[error("model: {0}")]
-    Model(#[from] tokenmill_models::ModelError),
     /// A benchmark task died (a bug, not a request failure).
     #[error("benchmark task failed: {0}")]
     Task(String),

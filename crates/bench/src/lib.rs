@@ -1,9 +1,8 @@
 //! tokenmill-bench: `tokenmill bench serve`, a serving benchmark client for any
 //! OpenAI-compatible server (tokenmill, vLLM, llama.cpp), with `vllm bench serve`'s options,
-//! printed result block and result-file keys, so every speed claim is one reproducible command;
-//! and `tokenmill bench speed` ([`run_speed`], module `speed`), the offline forward-pass
-//! benchmark (prefill, decode and batched-decode tok/s with GFLOP/s and GB/s against the
-//! machine's measured peaks).
+//! printed result block and result-file keys, so every speed claim is one reproducible command.
+//! It talks HTTP only and depends on no model, kernel or engine crate, so it builds on its own;
+//! the offline forward-pass benchmark, `tokenmill bench speed`, is `tokenmill-bench-speed`.
 //!
 //! Key types: [`BenchServeArgs`] (the clap options, vLLM's names) → [`BenchPlan`] (checked);
 //! datasets yield [`RequestInput`]s; each streamed request becomes a [`RequestOutcome`] (TTFT,
@@ -29,7 +28,6 @@ mod metrics;
 mod plots;
 mod report;
 mod schedule;
-mod speed;
 mod sse;
 mod structured;
 mod sweep;
@@ -57,14 +55,10 @@ pub use metrics::{
     Distribution, MetricsContext,
 };
 pub use report::{
-    format_failures, format_result_block, result_file_name, result_json, BlockSettings,
-    ResultHeader,
+    format_failures, format_result_block, result_file_name, result_json, timestamp_now,
+    BlockSettings, ResultHeader,
 };
 pub use schedule::{arrival_offsets, inter_arrival_gaps};
-pub use speed::{
-    format_report, measure_peaks, median, run_speed, BenchSpeedArgs, MachinePeak, ModelCost, Phase,
-    PhaseResult, PhaseSelection, PhaseTiming, SpeedReport, SpeedSettings,
-};
 pub use sse::{SseEvent, SseParser};
 pub use structured::StructuredCheck;
 pub use sweep::SweepAxis;

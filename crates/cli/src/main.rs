@@ -63,7 +63,7 @@ enum BenchCommand {
     Serve(Box<tokenmill_bench::BenchServeArgs>),
     /// Offline forward-pass speed: prefill, decode and batched-decode tok/s with achieved
     /// GFLOP/s and weight GB/s next to the machine's measured peaks.
-    Speed(tokenmill_bench::BenchSpeedArgs),
+    Speed(tokenmill_bench_speed::BenchSpeedArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(BenchCommand::Speed(args)) => {
-            tokenmill_bench::run_speed(&args)?;
+            tokenmill_bench_speed::run_speed(&args)?;
             Ok(())
         }
         Command::Triage(args) => {

@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 use serde::{Serialize, Serializer};
 use tokenmill_models::CausalLm;
 
-use crate::speed::cost::ModelCost;
-use crate::speed::measure::PhaseTiming;
-use crate::speed::{Phase, SpeedSettings};
+use crate::cost::ModelCost;
+use crate::measure::PhaseTiming;
+use crate::{Phase, SpeedSettings};
 
 /// How GFLOP/s are counted, stated in every report.
 pub const FLOP_ACCOUNTING: &str = "GFLOP/s = (matmul FLOPs + attention FLOPs) / time; matmul \
@@ -219,7 +219,7 @@ impl SpeedReport {
         SpeedReport {
             engine: "tokenmill".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            date: crate::report::timestamp_now(),
+            date: tokenmill_bench::timestamp_now(),
             model: model_path,
             threads: settings.threads,
             machine,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use clap::Parser;
 use serde_json::Value;
-use tokenmill_bench::{run_speed, BenchSpeedArgs};
+use tokenmill_bench_speed::{run_speed, BenchSpeedArgs};
 use tokenmill_gguf::{GgufWriter, MetadataValue};
 
 #[derive(Parser)]
@@ -366,7 +366,7 @@ fn verify_figures_time_each_row_count_against_one_row_at_a_fixed_context() {
     assert!(plain
         .phases
         .iter()
-        .all(|p| !matches!(p.phase, tokenmill_bench::Phase::Verify(_))));
+        .all(|p| !matches!(p.phase, tokenmill_bench_speed::Phase::Verify(_))));
     let zero = args(&[
         "--model",
         model.to_str().unwrap(),

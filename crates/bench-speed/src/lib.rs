@@ -1,11 +1,42 @@
-//! `tokenmill bench speed`: offline forward-pass throughput on one machine — prefill tok/s,
-//! single-stream decode tok/s (from an empty context, like llama-bench's tg, and after the long
-//! prompt), speculative verification steps (k + 1 rows with logits at a fixed context, against a
-//! one-row step) and batched decode tok/s — each with achieved GFLOP/s and weight GB/s next to the
-//! machine's peaks, measured at start-up by two quick probes. `bench/llamacpp_speed.py` writes
-//! the same JSON for llama.cpp, and `bench/compare_speed.sh` puts the two side by side.
+//! tokenmill-bench-speed: `tokenmill bench speed`, the offline forward-pass benchmark, kept
+//! out of `tokenmill-bench` so that `bench serve` (an HTTP load generator that drives vLLM as
+//! well as tokenmill) builds without the model and kernel crates.
+//!
+//! It measures throughput on one machine — prefill tok/s, single-stream decode tok/s (from an
+//! empty context, like llama-bench's tg, and after the long prompt), speculative verification
+//! steps (k + 1 rows with logits at a fixed context, against a one-row step) and batched decode
+//! tok/s — each with achieved GFLOP/s and weight GB/s next to the machine's peaks, measured at
+//! start-up by two quick probes. `CausalLm::forward` is driven directly over a private paged KV
+//! cache: no scheduler, no engine thread. `bench/llamacpp_speed.py` writes the same JSON for
+//! llama.cpp, and `bench/compare_speed.sh` puts the two side by side.
+//!
+//! Key types: [`BenchSpeedArgs`] (the clap options) → [`SpeedSettings`] (checked, with the
+//! [`Phase`]s to measure); [`measure_peaks`] gives the [`MachinePeak`]; each phase's runs become
+//! a [`PhaseTiming`], turned into a [`PhaseResult`] with [`ModelCost`]'s FLOP and byte
+//! accounting; [`SpeedReport`] holds them all (serialized as the JSON result) and
+//! [`format_report`] prints the table. Errors are [`SpeedError`].
+//!
+//! Usage: flatten [`BenchSpeedArgs`] into a clap command and call [`run_speed`], which probes
+//! the machine, loads the model, measures, prints and writes `--json` when asked:
+//!
+//! ```no_run
+//! use clap::Parser;
+//!
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     args: tokenmill_bench_speed::BenchSpeedArgs,
+//! }
+//!
+//! fn main() -> Result<(), tokenmill_bench_speed::SpeedError> {
+//!     let report = tokenmill_bench_speed::run_speed(&Cli::parse().args)?;
+//!     eprintln!("{} figures", report.phases.len());
+//!     Ok(())
+//! }
+//! ```
 
 mod cost;
+mod error;
 mod measure;
 mod report;
 
@@ -17,8 +48,8 @@ use tokenmill_models::{
     LoraAdapter, LoraTarget, ModelDtype, ModelError, ModelSource, RandomLoraSpec, ThreadPool,
 };
 
-use crate::error::BenchError;
 pub use cost::ModelCost;
+pub use error::SpeedError;
 pub use measure::PhaseTiming;
 pub use report::{format_report, median, MachinePeak, PhaseResult, SpeedReport};
 
@@ -162,7 +193,7 @@ impl SpeedSettings {
 
 impl BenchSpeedArgs {
     /// Validates the options for the model at `source`.
-    pub fn settings(&self, source: &ModelSource) -> Result<SpeedSettings, BenchError> {
+    pub fn settings(&self, source: &ModelSource) -> Result<SpeedSettings, SpeedError> {
         let positive = [
             ("--prompt-len", self.prompt_len),
             ("--decode-len", self.decode_len),
@@ -184,18 +215,18 @@ impl BenchSpeedArgs {
             .chain(zero_rows)
             .find(|(_, value)| *value == 0)
         {
-            return Err(BenchError::InvalidArgument(format!(
+            return Err(SpeedError::InvalidArgument(format!(
                 "{name} must be at least 1"
             )));
         }
         if !(self.probe_seconds.is_finite() && self.probe_seconds > 0.0) {
-            return Err(BenchError::InvalidArgument(
+            return Err(SpeedError::InvalidArgument(
                 "--probe-seconds must be positive".into(),
             ));
         }
         let threads = match self.threads {
             Some(0) => {
-                return Err(BenchError::InvalidArgument(
+                return Err(SpeedError::InvalidArgument(
                     "--threads must be at least 1".into(),
                 ))
             }
@@ -271,7 +302,7 @@ fn random_adapters(
     config: &tokenmill_models::ModelConfig,
     settings: &SpeedSettings,
     dir: &std::path::Path,
-) -> Result<Vec<std::sync::Arc<LoraAdapter>>, BenchError> {
+) -> Result<Vec<std::sync::Arc<LoraAdapter>>, SpeedError> {
     (0..settings.lora_adapters)
         .map(|index| {
             let path = dir.join(format!("adapter{index}"));
@@ -293,7 +324,7 @@ fn random_adapters(
 
 /// Runs `tokenmill bench speed`: probes the machine, loads the model, measures the selected
 /// figures, prints the table and writes the JSON when asked.
-pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
+pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, SpeedError> {
     let source = resolve_model(args.model.as_deref())?;
     let settings = args.settings(&source)?;
 
@@ -312,7 +343,7 @@ pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
         started.elapsed().as_secs_f64(),
         model.weight_bytes() as f64 / 1e6
     );
-    let adapter_dir = tempfile::tempdir().map_err(|source| BenchError::io("tempdir", source))?;
+    let adapter_dir = tempfile::tempdir().map_err(|source| SpeedError::io("tempdir", source))?;
     let adapters = random_adapters(model.config(), &settings, adapter_dir.path())?;
     let timings = measure::measure(model.as_ref(), &pool, &settings, &adapters, |line| {
         eprintln!("measuring {line}")
@@ -327,7 +358,7 @@ pub fn run_speed(args: &BenchSpeedArgs) -> Result<SpeedReport, BenchError> {
     print!("{}", format_report(&report));
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text + "\n").map_err(|source| BenchError::io(path, source))?;
+        std::fs::write(path, text + "\n").map_err(|source| SpeedError::io(path, source))?;
         println!("wrote {}", path.display());
     }
     Ok(report)

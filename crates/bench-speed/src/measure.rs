@@ -8,8 +8,8 @@ use tokenmill_models::{
     argmax, BatchInput, CausalLm, KvCacheStorage, LoraAdapter, ThreadPool, Workspace,
 };
 
-use crate::error::BenchError;
-use crate::speed::{Phase, SpeedSettings};
+use crate::error::SpeedError;
+use crate::{Phase, SpeedSettings};
 
 /// One phase's raw measurement: what one run did and how long each run took.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,7 +41,7 @@ fn prompt_tokens(len: usize, seed: usize, vocab: usize) -> Vec<u32> {
 fn with_adapter(
     batch: &mut BatchInput,
     adapter: Option<&Arc<LoraAdapter>>,
-) -> Result<(), BenchError> {
+) -> Result<(), SpeedError> {
     if let Some(adapter) = adapter {
         batch.set_last_sequence_adapter(adapter)?;
     }
@@ -53,8 +53,8 @@ fn spread(adapters: &[Arc<LoraAdapter>], seq: usize) -> Option<&Arc<LoraAdapter>
     (!adapters.is_empty()).then(|| &adapters[seq % adapters.len()])
 }
 
-fn next_token(logits: &[f32]) -> Result<u32, BenchError> {
-    argmax(logits).ok_or_else(|| BenchError::Task("the forward pass returned no logits".into()))
+fn next_token(logits: &[f32]) -> Result<u32, SpeedError> {
+    argmax(logits).ok_or_else(|| SpeedError::Task("the forward pass returned no logits".into()))
 }
 
 /// Runs every selected phase `settings.repeats` times, in the order prefill → decode after
@@ -66,7 +66,7 @@ pub fn measure(
     settings: &SpeedSettings,
     adapters: &[Arc<LoraAdapter>],
     mut progress: impl FnMut(&str),
-) -> Result<Vec<PhaseTiming>, BenchError> {
+) -> Result<Vec<PhaseTiming>, SpeedError> {
     // The single stream runs through the first adapter, if any.
     let single = adapters.first();
     let block_size = settings.block_size;
@@ -183,7 +183,7 @@ pub fn measure(
                         with_adapter(&mut batch, single)?;
                         model.forward(pool, &batch, &mut kv, &mut workspace, &mut logits)?;
                         if logits.len() != rows * vocab {
-                            return Err(BenchError::Task(format!(
+                            return Err(SpeedError::Task(format!(
                                 "a {rows}-row verification step returned {} logits",
                                 logits.len()
                             )));
@@ -315,7 +315,7 @@ fn decode_runs(
     start: usize,
     len: usize,
     repeats: usize,
-) -> Result<Vec<f64>, BenchError> {
+) -> Result<Vec<f64>, SpeedError> {
     let mut runs_s = Vec::with_capacity(repeats);
     for _ in 0..repeats {
         let mut next = first;
