@@ -28,6 +28,7 @@
 //! The engine thread is the only place that touches the model and the scheduler; clients only
 //! exchange plain messages with it over channels, so the HTTP server never blocks a step.
 
+mod capacity_plan;
 mod client;
 mod config;
 mod core_loop;
@@ -43,6 +44,7 @@ mod output;
 mod pooling;
 mod request;
 pub mod spec;
+mod startup;
 mod stats;
 #[cfg(test)]
 mod test_support;
