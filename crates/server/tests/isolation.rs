@@ -76,11 +76,11 @@ async fn kv_usage(client: &reqwest::Client, base: &str) -> f64 {
         .unwrap_or_else(|| panic!("no KV usage in /metrics:\n{text}"))
 }
 
+/// The slowest `/health` answer so far and every status that was not 200 (0: no answer).
+type HealthRecord = Arc<Mutex<(Duration, Vec<u16>)>>;
+
 /// Polls `/health` every 50 ms until stopped, recording the slowest answer and any non-200.
-fn watch_health(
-    client: reqwest::Client,
-    base: String,
-) -> (Arc<Mutex<(Duration, Vec<u16>)>>, JoinHandle<()>) {
+fn watch_health(client: reqwest::Client, base: String) -> (HealthRecord, JoinHandle<()>) {
     let seen = Arc::new(Mutex::new((Duration::ZERO, Vec::new())));
     let record = Arc::clone(&seen);
     let task = tokio::spawn(async move {

@@ -287,7 +287,8 @@ fn keep_nucleus(candidates: &mut Vec<(u32, f32)>, top_p: f32, max_scaled: f32) {
 /// is branch-free per block of 64 so it vectorizes: it runs on every sampled row.
 fn first_nan_or_infinity(logits: &[f32]) -> Option<(u32, f32)> {
     const BLOCK: usize = 64;
-    let suspect = |value: f32| !(value < f32::INFINITY);
+    // NaN and +inf are the values that are not below +inf.
+    let suspect = |value: f32| value.is_nan() | (value == f32::INFINITY);
     let block = logits
         .chunks(BLOCK)
         .position(|block| block.iter().fold(false, |bad, &l| bad | suspect(l)))?;
