@@ -169,6 +169,7 @@ fn run_single(engine: &Engine, args: &GenerateArgs, prompt: &str) -> anyhow::Res
             }
             RequestEvent::Rejected(message) => bail!("request refused: {message}"),
             RequestEvent::Error(message) => bail!("generation failed: {message}"),
+            RequestEvent::Failed(failure) => bail!("generation failed: {}", failure.message()),
         }
     }
     let total = started.elapsed().as_secs_f64();

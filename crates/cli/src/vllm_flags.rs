@@ -81,6 +81,7 @@ pub const VLLM_FLAGS: &[VllmFlag] = &[
     row("--root-path", "/llm", Same, "routes are also served under this prefix (behind a path-routing proxy)"),
     row("--disable-fastapi-docs", "", Same, "no `/openapi.json` (tokenmill serves no `/docs` or `/redoc` pages)"),
     row("--return-tokens-as-token-ids", "", Same, "logprob tokens are `token_id:N`"),
+    row("--trust-request-chat-template", "", Same, "chat requests may bring their own `chat_template` (refused with a 400 otherwise)"),
     row("--response-role", "assistant", Same, "the role chat replies report when the request adds a generation prompt"),
     row("--enable-tokenizer-info-endpoint", "", Same, "serves `GET /tokenizer_info` (tokenizer config and chat template, for remote-tokenizer clients)"),
     row("--enable-prompt-tokens-details", "", Same, "`usage.prompt_tokens_details.cached_tokens` (tokenmill always reports it)"),
@@ -244,6 +245,10 @@ pub struct VllmArgs {
     /// Logprob tokens as `token_id:N`.
     #[arg(long, help_heading = "vLLM compatibility")]
     pub return_tokens_as_token_ids: bool,
+    /// Let chat requests bring their own `chat_template` (refused with a 400 otherwise: a
+    /// template is a program the server runs).
+    #[arg(long, help_heading = "vLLM compatibility")]
+    pub trust_request_chat_template: bool,
     /// The role chat replies report when the request adds a generation prompt.
     #[arg(
         long,
@@ -436,6 +441,7 @@ impl VllmArgs {
         server.serve_openapi = !self.disable_fastapi_docs;
         server.enable_tokenizer_info_endpoint = self.enable_tokenizer_info_endpoint;
         server.return_tokens_as_token_ids = self.return_tokens_as_token_ids;
+        server.trust_request_chat_template = self.trust_request_chat_template;
         if self.response_role.trim().is_empty() {
             bail!("--response-role must not be empty");
         }

@@ -261,7 +261,10 @@ impl RequestStream {
             Some(RequestEvent::Output(output)) if output.finish_reason.is_some() => {
                 self.finished = true;
             }
-            Some(RequestEvent::Rejected(_) | RequestEvent::Error(_)) | None => self.finished = true,
+            Some(RequestEvent::Rejected(_) | RequestEvent::Error(_) | RequestEvent::Failed(_))
+            | None => {
+                self.finished = true;
+            }
             Some(RequestEvent::Output(_)) => {}
         }
         if self.finished {

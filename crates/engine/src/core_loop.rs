@@ -27,7 +27,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::executor::{Executor, NewSequence, StepOutput};
 use crate::kv_events::KvEventPublisher;
 use crate::output::OutputProcessor;
-use crate::request::{GenerateRequest, RequestEvent, RequestOutput, StopReason, TokenLogprob};
+use crate::request::{
+    GenerateRequest, RequestEvent, RequestFailure, RequestOutput, StopReason, TokenLogprob,
+};
 use crate::spec::SpecDecoder;
 use crate::stats::EngineStats;
 use crate::EngineError;
@@ -157,6 +159,9 @@ enum Finish {
     },
     /// Abort command, client disconnect or shutdown: a final empty delta with `abort`.
     Abort,
+    /// This request failed on its own (sampling, grammar, output): a failure event; the
+    /// engine goes on.
+    Failed(RequestFailure),
     /// The engine failed: an error event.
     Error(String),
 }
@@ -166,7 +171,7 @@ impl Finish {
     fn scheduler_reason(&self) -> FinishReason {
         match self {
             Finish::Completed { reason, .. } => *reason,
-            Finish::Abort | Finish::Error(_) => FinishReason::Abort,
+            Finish::Abort | Finish::Failed(_) | Finish::Error(_) => FinishReason::Abort,
         }
     }
 
@@ -175,7 +180,7 @@ impl Finish {
         match self {
             Finish::Completed { reason, .. } => metrics_reason(*reason),
             Finish::Abort => FinishedReason::Abort,
-            Finish::Error(_) => FinishedReason::Error,
+            Finish::Failed(_) | Finish::Error(_) => FinishedReason::Error,
         }
     }
 }
@@ -547,6 +552,7 @@ impl<E: Executor> EngineLoop<E> {
                 finish_reason: Some(FinishReason::Abort),
                 ..active.delta(Vec::new(), String::new(), Vec::new())
             }),
+            Finish::Failed(failure) => RequestEvent::Failed(failure),
             Finish::Error(message) => RequestEvent::Error(message),
         };
         self.outbox.push((active.events, event));
@@ -582,7 +588,13 @@ impl<E: Executor> EngineLoop<E> {
         let StepOutput {
             sampled,
             prompt_logprobs,
+            failed,
         } = self.executor.execute(&scheduled)?;
+        // A request whose own sampling failed leaves now, through the one exit (its blocks
+        // go back to the pool); the scheduler then no longer expects its sample.
+        for (request_id, failure) in failed {
+            self.finish(request_id, Finish::Failed(failure), Instant::now());
+        }
         let runs = token_runs(&sampled);
         self.observe_drafts(&scheduled, &runs);
         let updates = self.scheduler.update_from_token_runs(&scheduled, &runs)?;
@@ -591,7 +603,7 @@ impl<E: Executor> EngineLoop<E> {
         let mut logprobs = sampled_logprobs(sampled);
         for update in updates {
             let logprobs = logprobs.remove(&update.request_id).unwrap_or_default();
-            self.process_update(update, logprobs, now)?;
+            self.process_update(update, logprobs, now);
         }
         if let Some(spec) = self.spec.as_mut() {
             spec.propose(&mut self.scheduler, &mut self.step_metrics.spec_decode);
@@ -649,21 +661,37 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     /// One request's share of a step: timings, detokenization and stop strings, then either a
-    /// delta on its stream or, when the step ended it, the finish path.
+    /// delta on its stream or, when the step ended it, the finish path. A detokenizer error
+    /// (or panic) is this request's failure alone.
     fn process_update(
         &mut self,
         mut update: RequestUpdate,
         mut logprobs: Vec<TokenLogprob>,
         now: Instant,
-    ) -> Result<(), EngineError> {
-        let Some(active) = self.active.get_mut(&update.request_id) else {
-            return Ok(());
+    ) {
+        let request_id = update.request_id;
+        let Some(active) = self.active.get_mut(&request_id) else {
+            return;
         };
+        let detokenized = catch_unwind(AssertUnwindSafe(|| active.detokenize(&update)));
         let Detokenized {
             text,
             num_tokens,
             finish,
-        } = active.detokenize(&update)?;
+        } = match detokenized {
+            Ok(Ok(detokenized)) => detokenized,
+            Ok(Err(error)) => {
+                tracing::warn!("request {request_id} failed in its output: {error}");
+                self.finish(request_id, Finish::Failed(RequestFailure::Internal), now);
+                return;
+            }
+            Err(panic) => {
+                let message = panic_message(panic.as_ref());
+                tracing::error!("request {request_id}: detokenizing panicked: {message}");
+                self.finish(request_id, Finish::Failed(RequestFailure::Internal), now);
+                return;
+            }
+        };
         // Nothing past a stop string goes out, token ids and logprobs included.
         update.new_token_ids.truncate(num_tokens);
         active.record_token_times(&mut self.step_metrics, update.new_token_ids.len(), now);
@@ -686,7 +714,6 @@ impl<E: Executor> EngineLoop<E> {
                 self.finish(update.request_id, how, now);
             }
         }
-        Ok(())
     }
 
     /// Hands the step's KV-cache events, if any, to the publisher thread (never waits).
@@ -927,6 +954,124 @@ mod tests {
         fn execute(&mut self, _: &SchedulerOutput) -> Result<StepOutput, EngineError> {
             Err(EngineError::Executor("out of device memory".into()))
         }
+    }
+
+    /// Samples token 42 for every request except `victim`, whose sampling fails each step (as
+    /// a grammar with no continuation would); records removals.
+    struct OneFailingExecutor {
+        victim: RequestId,
+        removed: Arc<Mutex<Vec<RequestId>>>,
+    }
+
+    impl Executor for OneFailingExecutor {
+        fn add_request(&mut self, _: NewSequence<'_>) -> Result<(), EngineError> {
+            Ok(())
+        }
+
+        fn remove_request(&mut self, request_id: RequestId) {
+            if let Ok(mut removed) = self.removed.lock() {
+                removed.push(request_id);
+            }
+        }
+
+        fn execute(&mut self, scheduled: &SchedulerOutput) -> Result<StepOutput, EngineError> {
+            let mut step = StepOutput::default();
+            for request in scheduled.scheduled.iter().filter(|r| r.samples) {
+                if request.request_id == self.victim {
+                    step.failed
+                        .push((request.request_id, RequestFailure::NoAllowedToken));
+                } else {
+                    let token = SampledToken {
+                        token_id: 42,
+                        logprob: None,
+                        top_logprobs: Vec::new(),
+                    };
+                    step.sampled.push((request.request_id, token));
+                }
+            }
+            Ok(step)
+        }
+    }
+
+    #[test]
+    fn a_request_that_fails_alone_leaves_and_the_others_finish() {
+        let metrics = small_metrics();
+        let removed = Arc::new(Mutex::new(Vec::new()));
+        let (commands_tx, commands) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let engine_loop = EngineLoop::new(LoopParts {
+            scheduler: small_scheduler(),
+            executor: OneFailingExecutor {
+                victim: RequestId(7),
+                removed: Arc::clone(&removed),
+            },
+            tokenizer: Arc::new(tokenizer()),
+            max_model_len: 64,
+            commands,
+            shared: Arc::clone(&shared),
+            metrics: Arc::clone(&metrics),
+            engine_index: 0,
+            log_stats_interval: None,
+            traces: None,
+            seed: None,
+            spec: None,
+            kv_events: None,
+        });
+        let mut streams = Vec::new();
+        for id in [7, 8] {
+            let (events, stream) = unbounded_channel();
+            let mut request = GenerateRequest::new(vec![504, 3575, 282, 1116, 30, 42]);
+            request.stop.max_tokens = Some(4);
+            request.stop.ignore_eos = true;
+            commands_tx
+                .send(Command::Add {
+                    request_id: RequestId(id),
+                    request: Box::new(request),
+                    events,
+                })
+                .unwrap();
+            streams.push(stream);
+        }
+        // Both requests end, then the dropped sender stops the loop: it never failed.
+        drop(commands_tx);
+        std::thread::spawn(move || engine_loop.run())
+            .join()
+            .unwrap();
+
+        let mut victim = streams.remove(0);
+        assert_eq!(
+            victim.blocking_recv(),
+            Some(RequestEvent::Failed(RequestFailure::NoAllowedToken))
+        );
+        assert_eq!(victim.blocking_recv(), None);
+        let mut bystander = streams.remove(0);
+        let mut tokens = Vec::new();
+        let mut finish = None;
+        while let Some(event) = bystander.blocking_recv() {
+            match event {
+                RequestEvent::Output(output) => {
+                    tokens.extend(output.new_token_ids);
+                    finish = output.finish_reason.or(finish);
+                }
+                other => panic!("the bystander got {other:?}"),
+            }
+        }
+        assert_eq!(tokens, vec![42; 4]);
+        assert_eq!(finish, Some(FinishReason::Length));
+        let removed = removed.lock().unwrap().clone();
+        assert!(removed.contains(&RequestId(7)), "{removed:?}");
+        let stats = shared.stats.lock().unwrap().clone();
+        assert_eq!(stats.kv_cache_usage, 0.0, "{stats:?}");
+        assert_eq!(stats.num_running + stats.num_waiting, 0, "{stats:?}");
+        let text = metrics.encode().unwrap();
+        let counted = |reason: &str| {
+            text.lines().any(|l| {
+                l.starts_with("vllm:request_success_total{")
+                    && l.contains(&format!("finished_reason=\"{reason}\""))
+                    && l.ends_with(" 1")
+            })
+        };
+        assert!(counted("error") && counted("length"), "{text}");
     }
 
     fn tokenizer() -> Tokenizer {

@@ -5,7 +5,7 @@ use tokenmill_core::{RequestId, SchedulerOutput};
 
 use tokenmill_models::{LoraAdapter, SampledToken, SamplingParams};
 
-use crate::request::TokenLogprob;
+use crate::request::{RequestFailure, TokenLogprob};
 use crate::EngineError;
 
 /// What one step produced.
@@ -18,6 +18,11 @@ pub struct StepOutput {
     /// Prompt-token logprobs computed this step, per request, in prompt order (for requests
     /// that asked for them; the first prompt token has none and is not listed).
     pub prompt_logprobs: Vec<(RequestId, Vec<TokenLogprob>)>,
+    /// Requests whose own sampling failed this step (no token allowed, a grammar or processor
+    /// error, non-finite logits, a panic in a dependency): they have no entry in `sampled`,
+    /// the engine ends each with its failure and the step goes on for the others. An error
+    /// that is not one request's (the forward pass) is `execute`'s `Err` instead.
+    pub failed: Vec<(RequestId, RequestFailure)>,
 }
 
 /// A request entering the executor.

@@ -61,8 +61,8 @@ pub use pooling::{
     LoadedPoolingModel, PoolingClient, PoolingEngine, PoolingEngineConfig, PoolingInput,
 };
 pub use request::{
-    FinishReason, GenerateRequest, RequestEvent, RequestOutput, StopOptions, StopReason,
-    TokenLogprob,
+    FinishReason, GenerateRequest, RequestEvent, RequestFailure, RequestOutput, StopOptions,
+    StopReason, TokenLogprob,
 };
 pub use stats::{CapacityReport, EngineStats};
 pub use tokenmill_core::{RequestId, SchedulingPolicy};

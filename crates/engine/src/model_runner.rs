@@ -2,6 +2,7 @@
 //! the model once, and samples each sequence that needs a token.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -17,7 +18,7 @@ use tokenmill_models::{
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
 use crate::executor::{Executor, NewSequence, StepOutput};
-use crate::request::TokenLogprob;
+use crate::request::{RequestFailure, TokenLogprob};
 use crate::EngineError;
 
 /// A model with its tokenizer, chat template and compute pool, loaded once and shared.
@@ -267,8 +268,20 @@ impl Executor for ModelRunner {
         sequence.sampling.validate()?;
         let mut sampler = Sampler::new(sequence.sampling.clone(), sequence.prompt_token_ids);
         if let Some(output) = &sequence.sampling.structured_output {
-            // Compiled (and cached) already when the server validated the request.
-            let matcher = self.loaded.grammar.compile(output)?;
+            // Compiled (and cached) already when the server validated the request; a compile
+            // here (the cache evicted it, or a caller without the server) that panics inside
+            // the grammar engine refuses this request only.
+            let grammar = &self.loaded.grammar;
+            let matcher = catch_unwind(AssertUnwindSafe(|| grammar.compile(output)))
+                .unwrap_or_else(|panic| {
+                    tracing::error!(
+                        "grammar compilation panicked: {}",
+                        panic_text(panic.as_ref())
+                    );
+                    Err(ModelError::InvalidGrammar(
+                        "the grammar could not be compiled".into(),
+                    ))
+                })?;
             sampler.chain_mut().set_grammar(Box::new(matcher));
         }
         self.sequences.insert(
@@ -440,18 +453,57 @@ impl ModelRunner {
         let logits = &self.logits;
         self.loaded.pool.parallel_for(jobs.len(), &|index| {
             let mut job = jobs[index].lock().unwrap_or_else(PoisonError::into_inner);
-            job.result = Some(job.sample(logits, vocab));
+            // A dependency (the grammar engine) that panics on one request's input fails
+            // that request only; the sampler it left half-updated is dropped with it.
+            let result = catch_unwind(AssertUnwindSafe(|| job.sample(logits, vocab)))
+                .unwrap_or_else(|panic| Err(SampleError::Panic(panic_text(panic.as_ref()))));
+            job.result = Some(result);
         });
         jobs.sort_by_key(|job| job.lock().unwrap_or_else(PoisonError::into_inner).row_index);
         for job in jobs {
             let job = job.into_inner().unwrap_or_else(PoisonError::into_inner);
-            let tokens = job
-                .result
-                .unwrap_or_else(|| Err(EngineError::Executor("row was not sampled".into())))?;
-            step.sampled
-                .extend(tokens.into_iter().map(|token| (job.request_id, token)));
+            let request_id = job.request_id;
+            let result = job.result.unwrap_or_else(|| {
+                Err(SampleError::Engine(EngineError::Executor(
+                    "row was not sampled".into(),
+                )))
+            });
+            match result {
+                Ok(tokens) => step
+                    .sampled
+                    .extend(tokens.into_iter().map(|token| (request_id, token))),
+                Err(SampleError::Engine(error)) => return Err(error),
+                Err(SampleError::Request(error)) => {
+                    tracing::warn!("request {request_id} failed while sampling: {error}");
+                    step.failed
+                        .push((request_id, RequestFailure::of_model_error(&error)));
+                }
+                Err(SampleError::Panic(message)) => {
+                    tracing::error!("request {request_id}: sampling panicked: {message}");
+                    step.failed.push((request_id, RequestFailure::Internal));
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// How one sequence's sampling failed: its own sampler (the request fails alone), or the
+/// runner's bookkeeping (the engine fails).
+enum SampleError {
+    Request(ModelError),
+    Panic(String),
+    Engine(EngineError),
+}
+
+/// A panic payload's text, for the log.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "unknown panic".to_string()
     }
 }
 
@@ -462,7 +514,7 @@ struct SampleJob<'a> {
     /// Draft tokens to verify on the rows after `row_index`.
     drafts: &'a [u32],
     state: &'a mut SequenceState,
-    result: Option<Result<Vec<SampledToken>, EngineError>>,
+    result: Option<Result<Vec<SampledToken>, SampleError>>,
 }
 
 impl SampleJob<'_> {
@@ -471,23 +523,24 @@ impl SampleJob<'_> {
     /// request; after all drafts match, the bonus token of the last row. Each token is
     /// accepted by the chain and appended to the history before the next row, so every
     /// position sees the processors' state of exactly the tokens emitted before it.
-    fn sample(&mut self, logits: &[f32], vocab: usize) -> Result<Vec<SampledToken>, EngineError> {
+    fn sample(&mut self, logits: &[f32], vocab: usize) -> Result<Vec<SampledToken>, SampleError> {
         let state = &mut *self.state;
         let mut tokens = Vec::with_capacity(self.drafts.len() + 1);
         for offset in 0..=self.drafts.len() {
             let row = self.row_index + offset;
-            let row_logits = logits
-                .get(row * vocab..(row + 1) * vocab)
-                .ok_or_else(|| EngineError::Executor("logits row out of range".into()))?;
+            let row_logits = logits.get(row * vocab..(row + 1) * vocab).ok_or_else(|| {
+                SampleError::Engine(EngineError::Executor("logits row out of range".into()))
+            })?;
             let history = History {
                 prompt: &state.prompt_token_ids,
                 output: &state.output_token_ids,
             };
             let draft = self.drafts.get(offset).copied();
             let token = match draft {
-                Some(draft) => state.sampler.verify(row_logits, &history, draft)?,
-                None => state.sampler.sample(row_logits, &history)?,
-            };
+                Some(draft) => state.sampler.verify(row_logits, &history, draft),
+                None => state.sampler.sample(row_logits, &history),
+            }
+            .map_err(SampleError::Request)?;
             let token_id = token.token_id;
             state.output_token_ids.push(token_id);
             tokens.push(token);

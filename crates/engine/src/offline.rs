@@ -76,6 +76,9 @@ pub fn generate_batch(
                         RequestEvent::Rejected(message) | RequestEvent::Error(message) => {
                             result.error = Some(message)
                         }
+                        RequestEvent::Failed(failure) => {
+                            result.error = Some(failure.message().to_string())
+                        }
                     }
                 }
                 if result.finish_reason.is_none() && result.error.is_none() {

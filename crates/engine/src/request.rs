@@ -123,4 +123,56 @@ pub enum RequestEvent {
     Rejected(String),
     /// The engine failed this request (engine died, executor error); the stream ends.
     Error(String),
+    /// This request alone failed while decoding (its constraints left no token, its grammar
+    /// or a processor failed, its logits were not finite); the engine ended it, freed its
+    /// blocks and went on with the others. The stream ends; servers answer it as a 500 (or an
+    /// error event mid-stream) with [`RequestFailure::message`].
+    Failed(RequestFailure),
+}
+
+/// Why one request failed while the engine kept serving the others. The details (library
+/// error texts) are logged by the engine; what a client may see is [`RequestFailure::message`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFailure {
+    /// `allowed_token_ids`, `bad_words`, the `min_tokens` ban of stop tokens and the
+    /// structured output together excluded every token at some position.
+    NoAllowedToken,
+    /// The structured-output grammar could not go on (it allows no continuation here, or its
+    /// matcher failed).
+    Grammar,
+    /// The model's logits for this request held NaN or +inf.
+    NonFiniteLogits,
+    /// Anything else in this request's sampling or output (a panic included).
+    Internal,
+}
+
+impl RequestFailure {
+    /// The client-facing text: what failed, never a library's message or a path.
+    pub fn message(self) -> &'static str {
+        match self {
+            RequestFailure::NoAllowedToken => {
+                "Generation stopped: the request's constraints (allowed_token_ids, bad_words, \
+                 min_tokens, structured output) left no token that may be generated."
+            }
+            RequestFailure::Grammar => {
+                "Generation stopped: the structured output's grammar allows no continuation \
+                 of the text generated so far."
+            }
+            RequestFailure::NonFiniteLogits => {
+                "Generation stopped: the model produced non-finite logits for this request."
+            }
+            RequestFailure::Internal => "The server had an error while processing this request.",
+        }
+    }
+
+    /// The failure a sampling error means for its request.
+    pub fn of_model_error(error: &tokenmill_models::ModelError) -> RequestFailure {
+        use tokenmill_models::ModelError as M;
+        match error {
+            M::NoAllowedToken(_) => RequestFailure::NoAllowedToken,
+            M::InvalidGrammar(_) => RequestFailure::Grammar,
+            M::NonFiniteLogits { .. } => RequestFailure::NonFiniteLogits,
+            _ => RequestFailure::Internal,
+        }
+    }
 }

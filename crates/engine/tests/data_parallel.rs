@@ -86,6 +86,7 @@ fn an_abort_reaches_the_engine_that_owns_the_request() {
         match event {
             RequestEvent::Output(output) => last = output.finish_reason,
             RequestEvent::Rejected(message) | RequestEvent::Error(message) => panic!("{message}"),
+            RequestEvent::Failed(failure) => panic!("{failure:?}"),
         }
     }
     assert_eq!(last, Some(FinishReason::Abort));

@@ -34,6 +34,7 @@ fn five_hundred_requests_with_a_fifth_aborted_leave_no_blocks_held() {
                 Some(RequestEvent::Rejected(e) | RequestEvent::Error(e)) => {
                     panic!("request {i} failed: {e}")
                 }
+                Some(RequestEvent::Failed(failure)) => panic!("request {i} failed: {failure:?}"),
             }
             drop(stream);
             aborted += 1;
@@ -128,6 +129,7 @@ fn last_output(stream: &mut RequestStream) -> RequestOutput {
             RequestEvent::Output(o) if o.finish_reason.is_some() => return o,
             RequestEvent::Output(_) => {}
             RequestEvent::Rejected(e) | RequestEvent::Error(e) => panic!("request failed: {e}"),
+            RequestEvent::Failed(failure) => panic!("request failed: {failure:?}"),
         }
     }
     panic!("the stream ended without a final delta")

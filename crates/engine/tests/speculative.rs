@@ -202,6 +202,9 @@ fn run_full(config: &EngineConfig, requests: Vec<tokenmill_engine::GenerateReque
                     }
                     tokenmill_engine::RequestEvent::Rejected(e)
                     | tokenmill_engine::RequestEvent::Error(e) => panic!("request failed: {e}"),
+                    tokenmill_engine::RequestEvent::Failed(failure) => {
+                        panic!("request failed: {failure:?}")
+                    }
                 }
             }
             full

@@ -47,6 +47,14 @@ pub enum ModelError {
     InvalidSamplingParams(String),
     #[error("invalid structured output: {0}")]
     InvalidGrammar(String),
+    /// One request's constraints (`allowed_token_ids`, `bad_words`, the `min_tokens` ban of
+    /// its stop tokens, a grammar) left no token to sample at this position.
+    #[error("no token is allowed at this position: {0}")]
+    NoAllowedToken(String),
+    /// A logits row held NaN or +inf (broken weights or an overflow): nothing can be drawn
+    /// from it.
+    #[error("the model produced a non-finite logit (token {token_id}: {value})")]
+    NonFiniteLogits { token_id: u32, value: f32 },
     #[error(transparent)]
     Lora(#[from] crate::lora::LoraError),
     #[error("invalid batch: {0}")]

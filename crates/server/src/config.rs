@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub max_logprobs: u32,
     /// Logprob tokens as `token_id:N` (`--return-tokens-as-token-ids`).
     pub return_tokens_as_token_ids: bool,
+    /// Chat requests may bring their own `chat_template` (`--trust-request-chat-template`);
+    /// otherwise such a request is a 400, as in vLLM.
+    pub trust_request_chat_template: bool,
     /// CORS headers (vLLM's defaults allow any origin); `None` sends none.
     pub cors: Option<CorsConfig>,
     /// Serve every route under this prefix as well (`--root-path`, no trailing `/`).
@@ -94,6 +97,7 @@ impl ServerConfig {
             sampling_defaults: SamplingDefaults::default(),
             max_logprobs: tokenmill_protocol::DEFAULT_MAX_LOGPROBS,
             return_tokens_as_token_ids: false,
+            trust_request_chat_template: false,
             cors: Some(CorsConfig::default()),
             root_path: None,
             serve_openapi: true,

@@ -6,6 +6,12 @@
 //! every accepted stream (after TLS, when there is TLS) so that a read still waiting for the
 //! first byte when the deadline passes fails, which closes the connection. From the first
 //! byte on, hyper's own timeout bounds each request head, idle keep-alive included.
+//!
+//! The same wrapper refuses HTTP/2: the server speaks HTTP/1.1 only (hyper's HTTP/2 would
+//! escape the header, body and idle timeouts above). A connection whose first bytes are the
+//! HTTP/2 preface (`PRI * HTTP/2.0...`, prior knowledge; no HTTP/1 method is `PRI`) fails
+//! its read and is closed before hyper can start an HTTP/2 session. (`Upgrade: h2c` is not
+//! honoured either: hyper's HTTP/1 server does not switch protocols by itself.)
 
 use std::future::Future;
 use std::io;
@@ -52,12 +58,19 @@ where
     }
 }
 
-/// A stream whose reads fail with `TimedOut` if no byte has arrived by the deadline.
+/// The start of the HTTP/2 connection preface.
+const HTTP2_PREFACE_START: &[u8] = b"PRI ";
+
+/// A stream whose reads fail with `TimedOut` if no byte has arrived by the deadline, and with
+/// `InvalidData` if the connection opens with the HTTP/2 preface.
 #[derive(Debug)]
 pub(crate) struct FirstByteDeadline<S> {
     inner: S,
     /// `None` once a byte arrived.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// How many leading bytes matched [`HTTP2_PREFACE_START`]; `None` once they differ or
+    /// all of it was checked.
+    preface_matched: Option<usize>,
 }
 
 impl<S> FirstByteDeadline<S> {
@@ -65,7 +78,29 @@ impl<S> FirstByteDeadline<S> {
         FirstByteDeadline {
             inner,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
+            preface_matched: Some(0),
         }
+    }
+
+    /// Checks newly read bytes against the HTTP/2 preface; `true` when the connection has
+    /// turned out to be HTTP/2.
+    fn is_http2(&mut self, new_bytes: &[u8]) -> bool {
+        let Some(matched) = self.preface_matched else {
+            return false;
+        };
+        let expected = &HTTP2_PREFACE_START[matched..];
+        let compared = new_bytes.len().min(expected.len());
+        if new_bytes[..compared] != expected[..compared] {
+            self.preface_matched = None;
+            return false;
+        }
+        let matched = matched + compared;
+        if matched == HTTP2_PREFACE_START.len() {
+            self.preface_matched = None;
+            return true;
+        }
+        self.preface_matched = Some(matched);
+        false
     }
 }
 
@@ -81,6 +116,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for FirstByteDeadline<S> {
             Poll::Ready(result) => {
                 if buf.filled().len() > before {
                     this.deadline = None;
+                    if this.is_http2(&buf.filled()[before..]) {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "HTTP/2 is not served (HTTP/1.1 only)",
+                        )));
+                    }
                 }
                 Poll::Ready(result)
             }

@@ -6,15 +6,15 @@ use std::time::Instant;
 
 use std::collections::BTreeMap;
 use tokenmill_engine::{
-    FinishReason as EngineFinish, GenerateRequest, LoadedModel, RequestEvent, RequestStream,
-    SamplingParams, StopOptions, StopReason as EngineStop, TokenLogprob,
+    FinishReason as EngineFinish, GenerateRequest, LoadedModel, RequestEvent, RequestFailure,
+    RequestStream, SamplingParams, StopOptions, StopReason as EngineStop, TokenLogprob,
 };
 use tokenmill_models::StructuredOutput;
 
 use tokenmill_protocol::{
-    ChatLogprobToken, ChatLogprobs, ChatTopLogprob, CompletionLogprobs, FinishReason,
-    PromptLogprob, PromptLogprobs, StopReason, StructuredConstraint, StructuredOutputRequest,
-    TopLogprobMap, ValidatedSampling,
+    ChatLogprobToken, ChatLogprobs, ChatTopLogprob, CompletionLogprobs, ErrorResponse,
+    FinishReason, PromptLogprob, PromptLogprobs, StopReason, StructuredConstraint,
+    StructuredOutputRequest, TopLogprobMap, ValidatedSampling,
 };
 use tokenmill_text::{DecodeOptions, Tokenizer};
 
@@ -45,7 +45,7 @@ pub(crate) async fn engine_sampling(
         .tokenizer
         .bad_words_token_ids(&sampling.bad_words)
         .map_err(|e| ApiError::invalid_param("bad_words", e.to_string()))?;
-    Ok(SamplingParams {
+    let params = SamplingParams {
         temperature: sampling.temperature,
         top_k: sampling.top_k.map(|k| k as usize),
         top_p: sampling.top_p,
@@ -61,7 +61,17 @@ pub(crate) async fn engine_sampling(
         min_tokens: sampling.min_tokens,
         all_stop_token_ids: Vec::new(),
         structured_output,
-    })
+    };
+    // What the engine's `min_tokens` will hold back (its `all_stop_token_ids`): constraints
+    // that leave nothing to generate are a 400 here, before anything is queued.
+    let mut stop_token_ids = sampling.stop_token_ids.clone();
+    if !sampling.ignore_eos {
+        stop_token_ids.extend(model.tokenizer.eos_token_ids());
+    }
+    params
+        .check_satisfiable(&stop_token_ids)
+        .map_err(|e| ApiError::invalid_param(e.param(), e.to_string()))?;
+    Ok(params)
 }
 
 /// The engine's form of a checked wire constraint (also used by `generate --input`).
@@ -169,6 +179,7 @@ pub(crate) async fn collect(mut stream: RequestStream) -> Result<ChoiceResult, A
             }
             RequestEvent::Rejected(message) => return Err(ApiError::invalid(message)),
             RequestEvent::Error(message) => return Err(ApiError::Internal(message)),
+            RequestEvent::Failed(failure) => return Err(request_failure(failure)),
         }
     }
     if result.finish_reason.is_none() {
@@ -177,6 +188,12 @@ pub(crate) async fn collect(mut stream: RequestStream) -> Result<ChoiceResult, A
         ));
     }
     Ok(result)
+}
+
+/// A request the engine failed on its own (the others went on): a 500 naming what failed,
+/// never the library's message (the engine logged it).
+pub(crate) fn request_failure(failure: RequestFailure) -> ApiError {
+    ApiError::from(ErrorResponse::internal(failure.message()))
 }
 
 pub(crate) fn wire_finish_reason(reason: EngineFinish) -> FinishReason {

@@ -5,6 +5,12 @@
 //! finish, then stops serving. Whatever is still running at the timeout (or at a second
 //! signal) is aborted in the engine first, so its clients get `finish_reason: "abort"` and a
 //! complete response rather than a cut connection.
+//!
+//! If the engine dies (a failure that is not one request's: the forward pass, a scheduler
+//! invariant, a panic outside per-request sampling), the server does not stay up answering
+//! 503: in-flight requests get their error, connections close after a short grace, and
+//! [`serve_on`] returns [`ServeError::EngineDied`], so the process exits non-zero and an
+//! orchestrator restarts it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,6 +47,8 @@ pub enum ServeError {
     Tls(std::io::Error),
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the engine stopped unexpectedly; the server shut down so it can be restarted")]
+    EngineDied,
 }
 
 /// After a drain, how long aborted responses and open connections get to finish.
@@ -48,6 +56,9 @@ const ABORT_GRACE: Duration = Duration::from_secs(1);
 
 /// How often the drain checks whether in-flight requests are done.
 const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+/// How often the server checks that the engine thread is still running.
+const ENGINE_POLL: Duration = Duration::from_millis(100);
 
 /// Binds `host:port` before anything slow happens (the model load), so a busy port or a bad
 /// address fails at once and names the address.
@@ -89,19 +100,48 @@ pub async fn serve_on(
         config.clone(),
         Arc::clone(engine.metrics()),
     );
-    let app = router(state.clone());
+    let served = serve_state(listener, state, &config).await;
+    tracing::info!("server stopped; shutting down the engine");
+    engine.shutdown();
+    served
+}
 
+/// Serves `state`'s app until a signal arrives and the drain completes, or until its engine
+/// dies ([`ServeError::EngineDied`]). The engine is the caller's to shut down.
+async fn serve_state(
+    listener: std::net::TcpListener,
+    state: AppState,
+    config: &ServerConfig,
+) -> Result<(), ServeError> {
+    let app = router(state.clone());
     let handle = Handle::new();
     tokio::spawn(drain_on_signal(
         state.clone(),
         handle.clone(),
         config.shutdown_timeout,
     ));
-
-    run_app(listener, app, &config, handle).await?;
-    tracing::info!("server stopped; shutting down the engine");
-    engine.shutdown();
+    let watcher = tokio::spawn(stop_when_engine_dies(state.clone(), handle.clone()));
+    let served = run_app(listener, app, config, handle).await;
+    watcher.abort();
+    served?;
+    // The caller shuts the engine down only after this returns: not running now means it
+    // died.
+    if !state.engine().is_alive() {
+        return Err(ServeError::EngineDied);
+    }
     Ok(())
+}
+
+/// Returns once the engine has died, after stopping the server: new requests get 503 (the
+/// drain flag), in-flight ones have had their error events and get [`ABORT_GRACE`] to send
+/// them, then the connections close.
+async fn stop_when_engine_dies(state: AppState, handle: Handle) {
+    while state.engine().is_alive() {
+        tokio::time::sleep(ENGINE_POLL).await;
+    }
+    tracing::error!("the engine stopped unexpectedly; shutting the server down");
+    state.start_draining();
+    handle.graceful_shutdown(Some(ABORT_GRACE));
 }
 
 /// [`serve_on`] for a pooling model (`--runner pooling`): the pooling routes over a
@@ -283,5 +323,58 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Instant;
+
+    use tokenmill_engine::{EngineConfig, KvCacheSizing};
+    use tokenmill_models::ModelSource;
+
+    use super::*;
+
+    fn model_path() -> PathBuf {
+        std::env::var("TOKENMILL_TEST_MODEL").map_or_else(
+            |_| tokenmill_models::default_model_path().unwrap_or_default(),
+            PathBuf::from,
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_engine_stops_the_server_with_an_error() {
+        let mut engine_config = EngineConfig::new(ModelSource::from_path(model_path()));
+        engine_config.kv_cache = KvCacheSizing::Bytes(16 << 20);
+        engine_config.max_model_len = Some(128);
+        engine_config.num_threads = Some(1);
+        engine_config.log_stats_interval = None;
+        let engine = Engine::start(&engine_config).unwrap();
+        let config = ServerConfig::new(vec!["tm-test".to_string()]);
+        let state = AppState::new(
+            engine.client(),
+            Arc::clone(engine.model()),
+            config.clone(),
+            Arc::clone(engine.metrics()),
+        );
+        let listener = bind("127.0.0.1", 0).unwrap();
+        let address = listener.local_addr().unwrap();
+        let serving = state.clone();
+        let server = tokio::spawn(async move { serve_state(listener, serving, &config).await });
+        // Serving while the engine runs.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!server.is_finished());
+        assert!(tokio::net::TcpStream::connect(address).await.is_ok());
+        // The engine thread ends (as after a failed step): the server stops and says why.
+        let died_at = Instant::now();
+        engine.shutdown();
+        let served = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the server kept running over a dead engine")
+            .unwrap();
+        assert!(matches!(served, Err(ServeError::EngineDied)), "{served:?}");
+        assert!(died_at.elapsed() < Duration::from_secs(3));
+        assert!(state.is_draining());
     }
 }

@@ -82,6 +82,7 @@ pub(crate) async fn send_engine_failure(tx: &EventSender, event: RequestEvent) {
             tracing::error!("request failed mid-stream: {message}");
             ErrorResponse::internal("The engine failed this request.")
         }
+        RequestEvent::Failed(failure) => ErrorResponse::internal(failure.message()),
         RequestEvent::Output(_) => return,
     };
     send_error(tx, error).await;

@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use common::{assert_error_body, error_param, json_of, json_request, TestApp, MODEL_NAME};
 use serde_json::{json, Value};
+use std::time::{Duration, Instant};
 
 /// One battery case: where to send what, and what must come back.
 struct Case {
@@ -542,6 +543,7 @@ async fn bad_input_battery() {
     let app = TestApp::with_config(|config| {
         config.max_n = MAX_N;
         config.max_body_bytes = MAX_BODY_BYTES;
+        config.trust_request_chat_template = true;
     });
     let cases = battery();
     assert!(cases.len() >= 30, "the battery has {} cases", cases.len());
@@ -737,4 +739,62 @@ async fn stopped_engine_answers_503() {
         StatusCode::SERVICE_UNAVAILABLE,
         "/health with a stopped engine",
     );
+}
+
+/// Issue 43: a request's own chat template is a program. It is refused unless the operator
+/// trusts them (vLLM's `--trust-request-chat-template`); trusted, it runs off the async
+/// runtime under the template engine's fuel and output limits, each breach a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_chat_templates_need_trust_and_stay_bounded() {
+    let chat_with = |template: &str| {
+        json!({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+               "max_tokens": 1, "chat_template": template})
+    };
+    let untrusted = TestApp::start();
+    let (status, body) = untrusted
+        .post_json("/v1/chat/completions", &chat_with("{{ 'x' }}"))
+        .await;
+    assert_error_body(status, &body, StatusCode::BAD_REQUEST, "untrusted template");
+    assert_eq!(error_param(&body), Some("chat_template"));
+    let (status, body) = untrusted
+        .post_json(
+            "/tokenize",
+            &json!({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+                    "chat_template": "{{ 'x' }}"}),
+        )
+        .await;
+    assert_error_body(status, &body, StatusCode::BAD_REQUEST, "untrusted template");
+
+    let trusted = TestApp::with_config(|config| config.trust_request_chat_template = true);
+    for (template, limit) in [
+        (
+            "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}\
+             {% endfor %}{% endfor %}{% endfor %}",
+            "fuel",
+        ),
+        ("{{ messages[0].content | indent(1000000000) }}", "limit"),
+        (
+            "{% for a in range(1000) %}{% for b in range(100) %}{{ 'x' * 1000 }}\
+             {% endfor %}{% endfor %}",
+            "bytes",
+        ),
+    ] {
+        let started = Instant::now();
+        let (status, body) = trusted
+            .post_json("/v1/chat/completions", &chat_with(template))
+            .await;
+        assert_error_body(status, &body, StatusCode::BAD_REQUEST, template);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(limit), "{template}: {message}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{template}");
+        let (status, _) = trusted.get("/health").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, body) = trusted
+        .post_json(
+            "/v1/chat/completions",
+            &chat_with("{% for m in messages %}{{ m.content }}{% endfor %}"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }

@@ -38,7 +38,8 @@ fn start(model: &Path, chat_template: Option<&str>) -> TestApp {
             engine.model = ModelSource::from_path(model.to_path_buf());
             engine.chat_template = chat_template.map(str::to_string);
         },
-        |_| {},
+        // The test below brings its own template.
+        |config| config.trust_request_chat_template = true,
     )
 }
 

@@ -142,6 +142,26 @@ async fn a_declared_body_over_the_limit_gets_a_413_without_waiting_for_it() {
     assert!(text.contains("\"error\""), "an OpenAI error body: {text}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_with_prior_knowledge_gets_no_session() {
+    let address = start_server().await;
+    // Idle after the preface, and a SETTINGS frame then HEADERS without END_HEADERS: an
+    // HTTP/2 server would answer with its own SETTINGS frame and keep the connection open.
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let mut with_frames = preface.clone();
+    with_frames.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS
+    with_frames.extend_from_slice(&[0, 0, 1, 1, 0, 0, 0, 0, 1, 0x82]); // HEADERS, no END_HEADERS
+    for bytes in [preface, with_frames] {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream.write_all(&bytes).await.unwrap();
+        let (text, after) = read_until_closed(&mut stream).await;
+        assert!(text.is_empty(), "the server answered HTTP/2: {text:?}");
+        assert!(after < Duration::from_secs(2), "open for {after:?}");
+    }
+    // HTTP/1.1 is served as before.
+    assert!(health_is_ok(address).await);
+}
+
 #[test]
 fn a_busy_port_is_refused_naming_the_address() {
     let first = bind("127.0.0.1", 0).unwrap();

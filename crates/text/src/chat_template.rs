@@ -89,6 +89,60 @@ impl RenderOptions {
     }
 }
 
+/// Template instructions one render may execute (minijinja's fuel). A model's template over a
+/// long conversation uses a few hundred per message; nested loops over a request's data run
+/// out instead of holding a thread.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// The longest rendered prompt, in bytes; a render that writes more stops there.
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
+
+/// The widest `indent` (and `tojson(indent=...)`) a template may ask for: one call would
+/// otherwise build a string of any size before the output cap sees it.
+pub const MAX_INDENT_WIDTH: usize = 256;
+
+/// Collects a render's output, failing the write that would pass [`MAX_RENDERED_BYTES`].
+struct CappedOutput {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("rendered output over the limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `indent` with its width bounded by [`MAX_INDENT_WIDTH`] (minijinja's filter otherwise).
+fn bounded_indent(
+    value: minijinja::value::StringInput<'_>,
+    width: Option<usize>,
+    indent_first_line: Option<bool>,
+    indent_blank_lines: Option<bool>,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    let requested = match width {
+        Some(width) => Some(width),
+        None => kwargs.peek::<Option<usize>>("width")?,
+    };
+    if requested.is_some_and(|width| width > MAX_INDENT_WIDTH) {
+        return Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            format!("indent width over the limit of {MAX_INDENT_WIDTH}"),
+        ));
+    }
+    minijinja::filters::indent(value, width, indent_first_line, indent_blank_lines, kwargs)
+}
+
 /// A compiled chat template.
 #[derive(Debug)]
 pub struct ChatTemplate {
@@ -110,6 +164,8 @@ impl ChatTemplate {
         environment.add_function("raise_exception", raise_exception);
         environment.add_function("strftime_now", strftime_now);
         environment.add_filter("tojson", tojson);
+        environment.add_filter("indent", bounded_indent);
+        environment.set_fuel(Some(TEMPLATE_FUEL));
         environment
             .add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|error| TextError::TemplateSyntax(describe(&error)))?;
@@ -232,9 +288,29 @@ impl ChatTemplate {
             .environment
             .get_template(TEMPLATE_NAME)
             .map_err(|error| TextError::TemplateSyntax(describe(&error)))?;
-        let rendered = template
-            .render(minijinja::Value::from_serialize(Value::Object(context)))
-            .map_err(|error| TextError::TemplateRender(describe(&error)))?;
+        let mut output = CappedOutput {
+            bytes: Vec::new(),
+            over: false,
+        };
+        let rendered = template.render_captured_to(
+            minijinja::Value::from_serialize(Value::Object(context)),
+            &mut output,
+        );
+        if let Err(error) = rendered {
+            return Err(if output.over {
+                TextError::TemplateLimit(format!(
+                    "the rendered prompt is over the limit of {MAX_RENDERED_BYTES} bytes"
+                ))
+            } else if error.kind() == minijinja::ErrorKind::OutOfFuel {
+                TextError::TemplateLimit(format!(
+                    "the template ran more than {TEMPLATE_FUEL} instructions (its fuel limit)"
+                ))
+            } else {
+                TextError::TemplateRender(describe(&error))
+            });
+        }
+        let rendered = String::from_utf8(output.bytes)
+            .map_err(|error| TextError::TemplateRender(error.to_string()))?;
         if options.continue_final_message {
             return continue_final_message(rendered, &messages);
         }
@@ -408,6 +484,56 @@ mod tests {
             eos_token: "</s>".into(),
             ..RenderOptions::default()
         }
+    }
+
+    #[test]
+    fn hostile_templates_stop_at_their_limits() {
+        let messages = [serde_json::json!({"role": "user", "content": "hi"})];
+        let limited = |source: &str| {
+            let started = std::time::Instant::now();
+            let error = ChatTemplate::new(source)
+                .unwrap()
+                .render(&messages, &options())
+                .unwrap_err();
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "{source}: {:?}",
+                started.elapsed()
+            );
+            error
+        };
+        // Nested loops: out of fuel.
+        let error = limited(
+            "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}\
+             {% endfor %}{% endfor %}{% endfor %}",
+        );
+        assert!(
+            matches!(&error, TextError::TemplateLimit(m) if m.contains("fuel")),
+            "{error}"
+        );
+        // One huge filter call: refused before the string is built.
+        for source in [
+            "{{ messages[0].content | indent(1000000000) }}",
+            "{{ messages | tojson(indent=1000000000) }}",
+        ] {
+            let error = limited(source);
+            assert!(error.to_string().contains("limit"), "{source}: {error}");
+        }
+        // A lot of output from few instructions: the output cap.
+        let error = limited(
+            "{% for a in range(1000) %}{% for b in range(100) %}{{ 'x' * 1000 }}\
+             {% endfor %}{% endfor %}",
+        );
+        assert!(
+            matches!(&error, TextError::TemplateLimit(m) if m.contains("bytes")),
+            "{error}"
+        );
+        // Ordinary indentation still works.
+        let prompt = ChatTemplate::new("{{ 'a\nb' | indent(2) }}")
+            .unwrap()
+            .render(&messages, &options())
+            .unwrap();
+        assert_eq!(prompt, "a\n  b");
     }
 
     #[test]

@@ -150,7 +150,19 @@ pub fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) => match v.as_i64() {
-            Some(n) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
+            Some(n) => {
+                let width = usize::try_from(n).unwrap_or(0);
+                if width > crate::chat_template::MAX_INDENT_WIDTH {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!(
+                            "tojson indent over the limit of {}",
+                            crate::chat_template::MAX_INDENT_WIDTH
+                        ),
+                    ));
+                }
+                Some(" ".repeat(width))
+            }
             None => Some(v.as_str().unwrap_or_default().to_string()),
         },
     };

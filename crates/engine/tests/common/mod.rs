@@ -119,6 +119,7 @@ pub fn run_all(client: &EngineClient, requests: Vec<GenerateRequest>) -> Vec<Col
                     RequestEvent::Rejected(e) | RequestEvent::Error(e) => {
                         panic!("request failed: {e}")
                     }
+                    RequestEvent::Failed(failure) => panic!("request failed: {failure:?}"),
                 }
             }
             out

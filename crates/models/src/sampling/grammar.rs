@@ -21,8 +21,29 @@ use super::gbnf::gbnf_to_lark;
 use super::processors::{History, LogitsProcessor};
 use crate::error::{ModelError, Result};
 
-/// Compiled grammars kept for reuse (a repeated schema does not recompile).
+/// Compiled grammars kept for reuse (a repeated schema does not recompile). The cache is
+/// bounded in entries, and each entry in size by the limits below, so distinct grammars
+/// cannot grow it without bound.
 const CACHE_CAPACITY: usize = 64;
+
+/// Most alternatives a `choice` may list (each becomes a grammar branch; a 100,000-way
+/// choice compiles for tens of seconds).
+pub const MAX_CHOICES: usize = 1024;
+
+/// Most rule definitions a Lark or GBNF grammar may hold.
+pub const MAX_GRAMMAR_RULES: usize = 512;
+
+/// Most `$ref`s a JSON schema may hold (chained definitions recurse in the compiler).
+pub const MAX_SCHEMA_REFS: usize = 256;
+
+/// Deepest bracket nesting (`( [ {`) of a grammar or regex, and deepest JSON nesting of a
+/// schema.
+pub const MAX_NESTING_DEPTH: usize = 64;
+
+/// The stack grammar compilation runs on: llguidance's compiler recurses over the grammar,
+/// and within the limits above this is ample (a default 2 MiB thread stack is not; the pages
+/// are only reserved until touched).
+pub const GRAMMAR_COMPILE_STACK_BYTES: usize = 256 << 20;
 
 /// What a request's output must match (vLLM's structured-outputs kinds).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -107,6 +128,38 @@ fn close_objects(value: &mut serde_json::Value) {
 }
 
 impl StructuredOutput {
+    /// Refuses a constraint over the size limits above, naming the limit.
+    pub fn check_limits(&self) -> std::result::Result<(), String> {
+        match self {
+            StructuredOutput::Choice(choices) if choices.len() > MAX_CHOICES => Err(format!(
+                "{} choices; at most {MAX_CHOICES} are allowed (limit MAX_CHOICES)",
+                choices.len()
+            )),
+            StructuredOutput::Choice(_) | StructuredOutput::JsonObject => Ok(()),
+            StructuredOutput::Regex(regex) => check_nesting(regex),
+            StructuredOutput::Grammar(text) => {
+                let rules = text.lines().filter(|line| is_rule_definition(line)).count();
+                if rules > MAX_GRAMMAR_RULES {
+                    return Err(format!(
+                        "{rules} rules; at most {MAX_GRAMMAR_RULES} are allowed \
+                         (limit MAX_GRAMMAR_RULES)"
+                    ));
+                }
+                check_nesting(text)
+            }
+            StructuredOutput::JsonSchema(schema) => {
+                let refs = schema.matches("\"$ref\"").count();
+                if refs > MAX_SCHEMA_REFS {
+                    return Err(format!(
+                        "{refs} $refs; at most {MAX_SCHEMA_REFS} are allowed \
+                         (limit MAX_SCHEMA_REFS)"
+                    ));
+                }
+                check_nesting(schema)
+            }
+        }
+    }
+
     /// llguidance's form of the constraint; a malformed schema or grammar is an error here or
     /// when the parser is built.
     fn to_grammar(
@@ -139,6 +192,49 @@ impl StructuredOutput {
             StructuredOutput::Grammar(text) => TopLevelGrammar::from_lark(text.clone()),
         })
     }
+}
+
+/// A line that defines a Lark rule or terminal (`name:`, `?name:`, `NAME.2:`) or a GBNF rule
+/// (`name ::=`).
+fn is_rule_definition(line: &str) -> bool {
+    let line = line.trim_start().trim_start_matches(['?', '!']);
+    let name_end = line
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'))
+        .unwrap_or(line.len());
+    name_end > 0 && {
+        let rest = line[name_end..].trim_start();
+        rest.starts_with(':') || rest.starts_with("::=")
+    }
+}
+
+/// Refuses bracket nesting deeper than [`MAX_NESTING_DEPTH`] (the parsers recurse on it).
+/// Brackets inside quoted literals count too: a conservative bound, not a parse.
+fn check_nesting(text: &str) -> std::result::Result<(), String> {
+    let mut depth = 0usize;
+    let mut deepest = 0usize;
+    let mut escaped = false;
+    for c in text.chars() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' => escaped = true,
+            '(' | '[' | '{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if deepest > MAX_NESTING_DEPTH {
+        return Err(format!(
+            "nesting {deepest} deep; at most {MAX_NESTING_DEPTH} levels are allowed \
+             (limit MAX_NESTING_DEPTH)"
+        ));
+    }
+    Ok(())
 }
 
 /// GBNF defines rules with `name ::=` at the start of a line; Lark with `name:`.
@@ -269,6 +365,8 @@ impl GrammarCompiler {
         let env: TokEnv = Arc::new(TrieEnv { trie });
         let mut factory = ParserFactory::new_simple(&env).map_err(grammar_error)?;
         factory.quiet();
+        // Errors name the problem, not the parser's state dump (they reach clients as 400s).
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarCompiler {
             factory,
             json_options: JsonGrammarOptions::default(),
@@ -293,6 +391,23 @@ impl GrammarCompiler {
         if let Some(matcher) = self.lock().get(output) {
             return Ok(GrammarMatcher::new(matcher));
         }
+        output.check_limits().map_err(grammar_error)?;
+        // On a thread of its own with a stack the compiler's recursion cannot exhaust,
+        // whatever thread asked (an async runtime's blocking pool, the engine loop).
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(GRAMMAR_COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || self.compile_uncached(output))
+                .map_err(|error| {
+                    grammar_error(format!("cannot start the compile thread: {error}"))
+                })?
+                .join()
+                .unwrap_or_else(|_| Err(grammar_error("the grammar could not be compiled")))
+        })
+    }
+
+    fn compile_uncached(&self, output: &StructuredOutput) -> Result<GrammarMatcher> {
         let grammar = output
             .to_grammar(&self.json_options)
             .map_err(grammar_error)?;
@@ -300,6 +415,23 @@ impl GrammarCompiler {
         let matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
             return Err(grammar_error(error));
+        }
+        // A grammar no text can satisfy (a regex that matches nothing, a rule that never
+        // terminates, a schema that refers only to itself) has no first token: its first mask
+        // fails. Found here it is the client's 400, not a failure in the middle of decoding.
+        let mut probe = matcher.deep_clone();
+        match probe.compute_mask() {
+            Ok(mask) if !mask.is_zero() => {}
+            Ok(_) => {
+                return Err(grammar_error(
+                    "no text matches it (it allows no first token)",
+                ))
+            }
+            Err(error) => {
+                return Err(grammar_error(format!(
+                    "no text matches it (it allows no first token): {error}"
+                )))
+            }
         }
         self.lock().insert(output.clone(), &matcher);
         Ok(GrammarMatcher::new(matcher))
@@ -526,6 +658,87 @@ mod tests {
                 "{bad:?}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn grammars_no_text_satisfies_are_refused_when_compiled() {
+        let compiler = compiler();
+        for empty in [
+            StructuredOutput::Regex(r"[^\s\S]".into()),
+            StructuredOutput::Grammar("start: start \"a\"".into()),
+            StructuredOutput::JsonSchema(r##"{"$ref": "#"}"##.into()),
+        ] {
+            let error = compiler.compile(&empty).unwrap_err();
+            assert!(
+                matches!(error, ModelError::InvalidGrammar(_)),
+                "{empty:?}: {error}"
+            );
+        }
+        // A grammar whose only text is the empty string still compiles: EOS is its token.
+        let mut matcher = compiler
+            .compile(&StructuredOutput::Regex(String::new()))
+            .unwrap();
+        assert_eq!(matcher.allowed_tokens().unwrap(), vec![EOS]);
+    }
+
+    /// A schema whose `$defs` chain `n` deep (`d0` → `d1` → ... → a string).
+    fn chained_schema(n: usize) -> String {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            defs.insert(
+                format!("d{i}"),
+                serde_json::json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+            );
+        }
+        defs.insert(format!("d{n}"), serde_json::json!({"type": "string"}));
+        serde_json::json!({"$ref": "#/$defs/d0", "$defs": defs}).to_string()
+    }
+
+    /// A Lark grammar of `n` rules, each the next one's prefix.
+    fn chained_rules(n: usize) -> String {
+        let mut grammar = String::from("start: r0\n");
+        for i in 0..n {
+            grammar.push_str(&format!("r{i}: \"y\" r{}\n", i + 1));
+        }
+        grammar.push_str(&format!("r{n}: \"n\"\n"));
+        grammar
+    }
+
+    #[test]
+    fn oversized_grammars_are_refused_naming_the_limit_in_bounded_time() {
+        let compiler = compiler();
+        let started = std::time::Instant::now();
+        let choices: Vec<String> = (0..100_000).map(|i| format!("c{i}")).collect();
+        for (output, limit) in [
+            (StructuredOutput::Choice(choices), "MAX_CHOICES"),
+            (
+                StructuredOutput::Grammar(chained_rules(1000)),
+                "MAX_GRAMMAR_RULES",
+            ),
+            (
+                StructuredOutput::JsonSchema(chained_schema(300)),
+                "MAX_SCHEMA_REFS",
+            ),
+            (
+                StructuredOutput::Regex(format!("{}a{}", "(".repeat(200), ")".repeat(200))),
+                "MAX_NESTING_DEPTH",
+            ),
+        ] {
+            let error = compiler.compile(&output).unwrap_err().to_string();
+            assert!(error.contains(limit), "{error}");
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn deep_grammars_within_the_limits_compile_on_the_compile_threads_stack() {
+        let compiler = compiler();
+        compiler
+            .compile(&StructuredOutput::JsonSchema(chained_schema(250)))
+            .unwrap();
+        compiler
+            .compile(&StructuredOutput::Grammar(chained_rules(500)))
+            .unwrap();
     }
 
     #[test]

@@ -21,6 +21,6 @@ pub use grammar::{
     GrammarCompiler, GrammarMatcher, GrammarVocabulary, JsonGrammarOptions, StructuredOutput,
 };
 pub use logprobs::{log_sum_exp, token_logprobs};
-pub use params::SamplingParams;
+pub use params::{SamplingParams, Unsatisfiable};
 pub use processors::{History, LogitsChain, LogitsProcessor};
 pub use sampler::{argmax, SampledToken, Sampler};

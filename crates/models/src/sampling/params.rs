@@ -1,5 +1,7 @@
 //! [`SamplingParams`]: one request's sampling settings, with vLLM's names, defaults and ranges.
 
+use std::collections::HashSet;
+
 use super::grammar::StructuredOutput;
 use crate::error::{ModelError, Result};
 
@@ -126,7 +128,60 @@ impl SamplingParams {
         if self.bad_words_token_ids.iter().any(Vec::is_empty) {
             return invalid("bad_words", "a bad word has no tokens".into());
         }
+        self.check_satisfiable(&self.all_stop_token_ids)
+            .map_err(|error| ModelError::InvalidSamplingParams(error.to_string()))
+    }
+
+    /// Refuses constraints that leave no token to sample, where that is known before the
+    /// first step: every allowed id banned by a one-token bad word, or, under `min_tokens`,
+    /// every remaining allowed id a stop token (`stop_token_ids` are the request's stop ids
+    /// plus, unless it ignores EOS, the model's EOS ids: what
+    /// [`SamplingParams::all_stop_token_ids`] will hold). What only shows while decoding (a
+    /// grammar that allows none of the allowed ids) ends that request with an error instead.
+    pub fn check_satisfiable(&self, stop_token_ids: &[u32]) -> Result<(), Unsatisfiable> {
+        let Some(allowed) = &self.allowed_token_ids else {
+            return Ok(());
+        };
+        let banned: HashSet<u32> = self
+            .bad_words_token_ids
+            .iter()
+            .filter_map(|word| match word.as_slice() {
+                [only] => Some(*only),
+                _ => None,
+            })
+            .collect();
+        let mut open = allowed.iter().filter(|id| !banned.contains(id)).peekable();
+        if open.peek().is_none() {
+            return Err(Unsatisfiable::AllowedTokensBanned);
+        }
+        if self.min_tokens > 0 && open.all(|id| stop_token_ids.contains(id)) {
+            return Err(Unsatisfiable::MinTokensOnlyStopTokens {
+                min_tokens: self.min_tokens,
+            });
+        }
         Ok(())
+    }
+}
+
+/// Sampling constraints that leave no token to sample ([`SamplingParams::check_satisfiable`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsatisfiable {
+    #[error("allowed_token_ids: every allowed token is banned by bad_words, so nothing can be generated")]
+    AllowedTokensBanned,
+    #[error(
+        "min_tokens: {min_tokens} tokens must come before a stop token, but every allowed \
+         token (allowed_token_ids, less bad_words) is a stop token (EOS or stop_token_ids)"
+    )]
+    MinTokensOnlyStopTokens { min_tokens: u32 },
+}
+
+impl Unsatisfiable {
+    /// The request field the error names.
+    pub fn param(&self) -> &'static str {
+        match self {
+            Unsatisfiable::AllowedTokensBanned => "allowed_token_ids",
+            Unsatisfiable::MinTokensOnlyStopTokens { .. } => "min_tokens",
+        }
     }
 }
 
@@ -160,5 +215,60 @@ mod tests {
             .to_string()
             .contains("bad_words"));
         assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    #[test]
+    fn constraints_that_leave_no_token_are_refused_before_the_first_step() {
+        let eos = 2;
+        // vLLM accepts these; they can only fail once decoding starts.
+        let only_eos = SamplingParams {
+            allowed_token_ids: Some(vec![eos]),
+            min_tokens: 3,
+            ..SamplingParams::default()
+        };
+        assert_eq!(
+            only_eos.check_satisfiable(&[eos]),
+            Err(Unsatisfiable::MinTokensOnlyStopTokens { min_tokens: 3 })
+        );
+        // Without min_tokens (or with EOS not a stop id: ignore_eos) it is fine.
+        assert_eq!(only_eos.check_satisfiable(&[]), Ok(()));
+        let no_min = SamplingParams {
+            min_tokens: 0,
+            ..only_eos.clone()
+        };
+        assert_eq!(no_min.check_satisfiable(&[eos]), Ok(()));
+        // A stop token id the client allowed and banned under min_tokens.
+        let stop_only = SamplingParams {
+            allowed_token_ids: Some(vec![7, 9]),
+            bad_words_token_ids: vec![vec![9]],
+            min_tokens: 1,
+            ..SamplingParams::default()
+        };
+        let error = stop_only.check_satisfiable(&[eos, 7]).unwrap_err();
+        assert_eq!(error.param(), "min_tokens");
+        assert_eq!(stop_only.check_satisfiable(&[eos]), Ok(()));
+        let banned = SamplingParams {
+            allowed_token_ids: Some(vec![5, 6]),
+            // A two-token bad word bans 6 only after 5: not always.
+            bad_words_token_ids: vec![vec![5], vec![5, 6]],
+            ..SamplingParams::default()
+        };
+        assert_eq!(banned.check_satisfiable(&[]), Ok(()));
+        let banned = SamplingParams {
+            bad_words_token_ids: vec![vec![5], vec![6]],
+            ..banned
+        };
+        assert_eq!(
+            banned.check_satisfiable(&[]),
+            Err(Unsatisfiable::AllowedTokensBanned)
+        );
+        // `validate` applies the check with the engine's stop ids.
+        let error = SamplingParams {
+            all_stop_token_ids: vec![eos],
+            ..only_eos
+        }
+        .validate()
+        .unwrap_err();
+        assert!(error.to_string().contains("min_tokens"), "{error}");
     }
 }

@@ -97,6 +97,11 @@ impl Sampler {
         if logits.is_empty() {
             return Err(ModelError::InvalidSamplingParams("empty logits row".into()));
         }
+        // NaN compares false with everything, so argmax and the draw would quietly skip it; a
+        // row holding one (or +inf) says the model's output is broken for this request.
+        if let Some((token_id, value)) = first_nan_or_infinity(logits) {
+            return Err(ModelError::NonFiniteLogits { token_id, value });
+        }
         // vLLM applies a grammar's bitmask to the logits before its sampler, so even the raw
         // logprobs of a structured-output request see the mask; nothing else touches `raw`.
         let raw: &[f32] = if self.chain.has_grammar() {
@@ -132,8 +137,10 @@ impl Sampler {
             )
         }
         .ok_or_else(|| {
-            ModelError::InvalidSamplingParams(
-                "every token is masked; nothing can be sampled".into(),
+            ModelError::NoAllowedToken(
+                "allowed_token_ids, bad_words, min_tokens and the structured output together \
+                 exclude every token"
+                    .into(),
             )
         })?;
         self.chain.accept(token_id)?;
@@ -276,6 +283,23 @@ fn keep_nucleus(candidates: &mut Vec<(u32, f32)>, top_p: f32, max_scaled: f32) {
     }
 }
 
+/// The first NaN or +inf in a raw logits row (-inf is a masked token, not an error). The scan
+/// is branch-free per block of 64 so it vectorizes: it runs on every sampled row.
+fn first_nan_or_infinity(logits: &[f32]) -> Option<(u32, f32)> {
+    const BLOCK: usize = 64;
+    // NaN and +inf are the values that are not below +inf.
+    let suspect = |value: f32| value.is_nan() | (value == f32::INFINITY);
+    let block = logits
+        .chunks(BLOCK)
+        .position(|block| block.iter().fold(false, |bad, &l| bad | suspect(l)))?;
+    logits
+        .iter()
+        .enumerate()
+        .skip(block * BLOCK)
+        .find(|(_, &l)| suspect(l))
+        .map(|(id, &l)| (id as u32, l))
+}
+
 /// Index of the largest finite-or-infinite logit, lowest id on ties; `None` if all are -inf
 /// (NaN logits are skipped).
 ///
@@ -344,6 +368,38 @@ mod tests {
             counts[token.token_id as usize] += 1;
         }
         counts
+    }
+
+    #[test]
+    fn a_nan_or_infinite_logit_fails_the_row_instead_of_being_skipped() {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut logits = vec![0.5f32; 300];
+            logits[200] = bad;
+            for params in [SamplingParams::greedy(), SamplingParams::default()] {
+                let mut sampler = Sampler::new(params, &[]);
+                match sampler.sample(&logits, &History::default()) {
+                    Err(ModelError::NonFiniteLogits { token_id, .. }) => assert_eq!(token_id, 200),
+                    other => panic!("{bad}: expected a non-finite-logit error, got {other:?}"),
+                }
+            }
+        }
+        // -inf is a masked token, not an error.
+        let mut logits = vec![f32::NEG_INFINITY; 300];
+        logits[7] = 1.0;
+        assert_eq!(sample_with(SamplingParams::greedy(), &logits), 7);
+        assert_eq!(first_nan_or_infinity(&logits), None);
+    }
+
+    #[test]
+    fn nothing_left_to_sample_is_its_own_error() {
+        let params = SamplingParams {
+            allowed_token_ids: Some(vec![1]),
+            bad_words_token_ids: vec![vec![1]],
+            ..SamplingParams::greedy()
+        };
+        let mut sampler = Sampler::new(params, &[]);
+        let error = sampler.sample(&[0.0; 4], &History::default()).unwrap_err();
+        assert!(matches!(error, ModelError::NoAllowedToken(_)), "{error}");
     }
 
     #[test]

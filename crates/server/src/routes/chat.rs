@@ -52,7 +52,7 @@ pub(crate) async fn create(
     check_request_shape(&state, &validated, 1)?;
     let mut messages = request.conversation()?;
     let mut options = request.template_options()?;
-    let renders_tools = renders_tools(&state, &options);
+    let renders_tools = renders_tools(&state, &options).await?;
     let plan = request.tool_plan(&state.config().tools, renders_tools)?;
     prepare_tool_history(&mut messages, plan.system_prompt.as_deref(), !renders_tools);
     options.tools = plan.template_tools.clone();
@@ -83,7 +83,7 @@ pub(crate) async fn create(
     if reading.needs_special_tokens() {
         validated.sampling.skip_special_tokens = false;
     }
-    let prompt = render_chat(&state, &messages, &options)?;
+    let prompt = render_chat(&state, &messages, &options).await?;
     if state.config().enable_log_requests {
         let shown: String = match state.config().max_log_len {
             Some(max) => prompt.chars().take(max).collect(),

@@ -53,8 +53,9 @@ pub(crate) async fn tokenize(
             add_special_tokens,
         } => {
             // Earlier tool calls render as they do for chat completions.
-            prepare_tool_history(&mut messages, None, !renders_tools(&state, &template));
-            let prompt = render_chat(&state, &messages, &template)?;
+            let renders_tools = renders_tools(&state, &template).await?;
+            prepare_tool_history(&mut messages, None, !renders_tools);
+            let prompt = render_chat(&state, &messages, &template).await?;
             encode(&state, &prompt, add_special_tokens)?
         }
     };
@@ -113,11 +114,43 @@ pub(crate) fn detokenize_response(
 }
 
 /// Whether the template a request renders with (its own, else the server's) shows `tools`.
-pub(crate) fn renders_tools(state: &AppState, options: &ChatTemplateOptions) -> bool {
+/// A request's own template is refused unless the server trusts them, and probed off the
+/// async runtime (it is a program: see [`render_chat`]).
+pub(crate) async fn renders_tools(
+    state: &AppState,
+    options: &ChatTemplateOptions,
+) -> Result<bool, ApiError> {
+    check_request_template(state, options)?;
     match &options.chat_template {
-        Some(source) => ChatTemplate::new(source.clone()).is_ok_and(|t| t.renders_tools()),
-        None => state.inner.template_renders_tools,
+        Some(source) => {
+            let source = source.clone();
+            off_runtime(move || ChatTemplate::new(source).is_ok_and(|t| t.renders_tools())).await
+        }
+        None => Ok(state.inner.template_renders_tools),
     }
+}
+
+/// vLLM's refusal of a request-level `chat_template` without `--trust-request-chat-template`.
+fn check_request_template(state: &AppState, options: &ChatTemplateOptions) -> Result<(), ApiError> {
+    if options.chat_template.is_some() && !state.config().trust_request_chat_template {
+        return Err(ApiError::invalid_param(
+            "chat_template",
+            "Chat template is passed with request, but --trust-request-chat-template is not \
+             set. Refused request with untrusted chat template.",
+        ));
+    }
+    Ok(())
+}
+
+/// Runs template work on the blocking pool: a render is bounded (fuel, output size) but may
+/// still take a while, and must not hold an async worker that `/health` needs. A panic in
+/// the template engine is a 500 with its details logged.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::Internal(format!("chat template task: {e}")))
 }
 
 /// Tokenizes prompt text (`add_special_tokens` adds BOS where the model wants one).
@@ -148,12 +181,16 @@ pub(crate) fn encode(
         .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))
 }
 
-/// Renders a conversation with the request's template, else the server's.
-pub(crate) fn render_chat(
+/// Renders a conversation with the request's template (only under
+/// `--trust-request-chat-template`), else the server's, off the async runtime. Every render is
+/// bounded by the template engine's fuel and an output cap (`tokenmill_text`'s
+/// `TEMPLATE_FUEL`, `MAX_RENDERED_BYTES`); going over either is a 400.
+pub(crate) async fn render_chat(
     state: &AppState,
     messages: &[ConversationMessage],
     options: &ChatTemplateOptions,
 ) -> Result<String, ApiError> {
+    check_request_template(state, options)?;
     let values = messages
         .iter()
         .map(serde_json::to_value)
@@ -169,12 +206,15 @@ pub(crate) fn render_chat(
             .map(|doc| serde_json::Value::Object(doc.clone()))
             .collect()
     });
-    let rendered = match &options.chat_template {
+    let source = options.chat_template.clone();
+    let model = std::sync::Arc::clone(&state.inner.model);
+    let rendered = off_runtime(move || match source {
         Some(source) => {
-            ChatTemplate::new(source.clone()).and_then(|template| template.render(&values, &render))
+            ChatTemplate::new(source).and_then(|template| template.render(&values, &render))
         }
-        None => state.inner.model.chat_template.render(&values, &render),
-    };
+        None => model.chat_template.render(&values, &render),
+    })
+    .await?;
     rendered.map_err(template_error)
 }
 
