@@ -365,10 +365,24 @@ pub enum ToolChoice {
 pub enum ThinkingConfig {
     Enabled {
         budget_tokens: i64,
+        #[serde(default)]
+        display: Option<ThinkingDisplay>,
     },
     Disabled {},
     /// The model decides how much to think (Claude Code 2.1's default): thinking on.
-    Adaptive {},
+    Adaptive {
+        #[serde(default)]
+        display: Option<ThinkingDisplay>,
+    },
+}
+
+/// `thinking.display`: `omitted` sends thinking blocks with empty text (their signature
+/// still made from the thinking), `summarized` (the default here) sends the thinking whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThinkingDisplay {
+    Summarized,
+    Omitted,
 }
 
 /// `metadata`.
@@ -492,6 +506,9 @@ pub struct MessagesRequest {
     pub context_management: Option<ContextManagement>,
     #[serde(default)]
     pub output_config: Option<OutputConfig>,
+    /// Automatic caching of the whole prompt: what tokenmill's prefix cache always does.
+    #[serde(default)]
+    pub cache_control: Option<CacheControl>,
 }
 
 /// `POST /v1/messages/count_tokens` body: the prompt side of a [`MessagesRequest`].
@@ -512,6 +529,9 @@ pub struct CountTokensRequest {
     pub context_management: Option<ContextManagement>,
     #[serde(default)]
     pub output_config: Option<OutputConfig>,
+    /// See [`MessagesRequest::cache_control`].
+    #[serde(default)]
+    pub cache_control: Option<CacheControl>,
 }
 
 /// Parses a Messages API body; an error names the path of the field at fault
@@ -549,6 +569,8 @@ pub struct MessagesPrompt {
     pub parallel_tool_calls: Option<bool>,
     /// How many tool results `context_management` cleared (reported back).
     pub cleared_tool_uses: usize,
+    /// `thinking.display: omitted`: thinking blocks without their text.
+    pub omit_thinking: bool,
 }
 
 /// The fields [`MessagesPrompt`] is built from.
@@ -604,7 +626,7 @@ impl MessagesRequest {
                 ));
             }
         }
-        if let Some(ThinkingConfig::Enabled { budget_tokens }) = &self.thinking {
+        if let Some(ThinkingConfig::Enabled { budget_tokens, .. }) = &self.thinking {
             if *budget_tokens < MIN_THINKING_BUDGET || *budget_tokens >= self.max_tokens {
                 return Err(ProtocolError::invalid(
                     "thinking.budget_tokens",
@@ -897,7 +919,7 @@ impl PromptFields<'_> {
         });
         let mut kwargs = Map::new();
         match self.thinking {
-            Some(ThinkingConfig::Enabled { .. } | ThinkingConfig::Adaptive {}) => {
+            Some(ThinkingConfig::Enabled { .. } | ThinkingConfig::Adaptive { .. }) => {
                 kwargs.insert("enable_thinking".into(), Value::Bool(true));
             }
             Some(ThinkingConfig::Disabled {}) => {
@@ -952,6 +974,17 @@ impl PromptFields<'_> {
             tool_choice,
             parallel_tool_calls,
             cleared_tool_uses: cleared.len(),
+            omit_thinking: matches!(
+                self.thinking,
+                Some(
+                    ThinkingConfig::Enabled {
+                        display: Some(ThinkingDisplay::Omitted),
+                        ..
+                    } | ThinkingConfig::Adaptive {
+                        display: Some(ThinkingDisplay::Omitted)
+                    }
+                )
+            ),
         })
     }
 
@@ -1429,6 +1462,32 @@ mod tests {
             json!(false)
         );
         assert!(prompt.template.add_generation_prompt);
+    }
+
+    #[test]
+    fn thinking_display_and_automatic_caching_are_read() {
+        let omitted = request(minimal(
+            json!({"thinking": {"type": "adaptive", "display": "omitted"},
+            "cache_control": {"type": "ephemeral", "ttl": "1h"}}),
+        ))
+        .unwrap();
+        let prompt = omitted.prompt(false).unwrap();
+        assert!(prompt.omit_thinking);
+        assert_eq!(
+            prompt.template.chat_template_kwargs["enable_thinking"],
+            json!(true)
+        );
+        let shown = request(minimal(
+            json!({"thinking": {"type": "enabled", "budget_tokens": 2048,
+            "display": "summarized"}, "max_tokens": 4096}),
+        ))
+        .unwrap();
+        assert!(!shown.prompt(false).unwrap().omit_thinking);
+        assert!(request(minimal(
+            json!({"thinking": {"type": "adaptive", "display": "full"}})
+        ))
+        .is_err());
+        assert!(request(minimal(json!({"cache_control": {"type": "persistent"}}))).is_err());
     }
 
     #[test]

@@ -926,7 +926,10 @@ fn anthropic_components() -> Map<String, Value> {
         vec![
             ("text", json!({"type": "string"})),
             ("cache_control", cache_control()),
-            ("citations", nullable(json!({"type": "array", "maxItems": 0}))),
+            (
+                "citations",
+                nullable(json!({"type": "array", "maxItems": 0})),
+            ),
         ],
         &["text"],
     );
@@ -948,7 +951,10 @@ fn anthropic_components() -> Map<String, Value> {
             vec![
                 ("tool_use_id", json!({"type": "string"})),
                 ("content", nullable(texts.clone())),
-                ("is_error", boolean("The tool failed; the result is its error.")),
+                (
+                    "is_error",
+                    boolean("The tool failed; the result is its error."),
+                ),
                 ("cache_control", cache_control()),
             ],
             &["tool_use_id"],
@@ -964,14 +970,20 @@ fn anthropic_components() -> Map<String, Value> {
         ),
         tagged(
             "redacted_thinking",
-            vec![("data", json!({"type": "string"})), ("cache_control", cache_control())],
+            vec![
+                ("data", json!({"type": "string"})),
+                ("cache_control", cache_control()),
+            ],
             &["data"],
         ),
     ];
     let message = closed(
         vec![
             ("role", json!({"enum": ["user", "assistant", "system"]})),
-            ("content", json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": blocks}}]})),
+            (
+                "content",
+                json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": blocks}}]}),
+            ),
         ],
         &["role", "content"],
     );
@@ -985,18 +997,29 @@ fn anthropic_components() -> Map<String, Value> {
         ],
         &["name", "input_schema"],
     );
-    let parallel = || ("disable_parallel_tool_use", boolean("At most one tool call."));
+    let parallel = || {
+        (
+            "disable_parallel_tool_use",
+            boolean("At most one tool call."),
+        )
+    };
     let tool_choice = nullable(json!({"oneOf": [
         tagged("auto", vec![parallel()], &[]),
         tagged("any", vec![parallel()], &[]),
         tagged("tool", vec![("name", json!({"type": "string"})), parallel()], &["name"]),
         tagged("none", vec![], &[]),
     ]}));
+    let display = || {
+        (
+            "display",
+            nullable(json!({"enum": ["summarized", "omitted"]})),
+        )
+    };
     let thinking = nullable(json!({"oneOf": [
         tagged("enabled", vec![("budget_tokens", json!({"type": "integer", "minimum": 1024,
-            "description": "At least 1024 and below max_tokens."}))], &["budget_tokens"]),
+            "description": "At least 1024 and below max_tokens."})), display()], &["budget_tokens"]),
         tagged("disabled", vec![], &[]),
-        tagged("adaptive", vec![], &[]),
+        tagged("adaptive", vec![display()], &[]),
     ]}));
     let amount = |unit: &str| {
         nullable(closed(
@@ -1027,32 +1050,55 @@ fn anthropic_components() -> Map<String, Value> {
     let output_config = nullable(closed(
         vec![(
             "format",
-            nullable(tagged("json_schema", vec![("schema", json!({"type": "object"}))], &["schema"])),
+            nullable(tagged(
+                "json_schema",
+                vec![("schema", json!({"type": "object"}))],
+                &["schema"],
+            )),
         )],
         &[],
     ));
     let prompt_properties = || {
         vec![
             ("model", json!({"type": "string"})),
-            ("messages", json!({"type": "array", "minItems": 1, "items": message.clone()})),
+            (
+                "messages",
+                json!({"type": "array", "minItems": 1, "items": message.clone()}),
+            ),
             ("system", nullable(texts.clone())),
-            ("tools", nullable(json!({"type": "array", "items": tool.clone()}))),
+            (
+                "tools",
+                nullable(json!({"type": "array", "items": tool.clone()})),
+            ),
             ("tool_choice", tool_choice.clone()),
             ("thinking", thinking.clone()),
             ("context_management", context_management.clone()),
             ("output_config", output_config.clone()),
+            ("cache_control", cache_control()),
         ]
     };
     let mut request = prompt_properties();
     request.extend([
         ("max_tokens", json!({"type": "integer", "minimum": 1})),
-        ("stop_sequences", nullable(json!({"type": "array", "items": {"type": "string"}}))),
+        (
+            "stop_sequences",
+            nullable(json!({"type": "array", "items": {"type": "string"}})),
+        ),
         ("temperature", bounded_number("Default 1.", 0.0, 1.0)),
-        ("top_p", nullable(json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1}))),
+        (
+            "top_p",
+            nullable(json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1})),
+        ),
         ("top_k", integer("")),
         ("stream", boolean("Anthropic's server-sent events.")),
-        ("metadata", nullable(closed(vec![("user_id", string(""))], &[]))),
-        ("service_tier", nullable(json!({"enum": ["auto", "standard_only"]}))),
+        (
+            "metadata",
+            nullable(closed(vec![("user_id", string(""))], &[])),
+        ),
+        (
+            "service_tier",
+            nullable(json!({"enum": ["auto", "standard_only"]})),
+        ),
     ]);
     let usage = object(
         vec![
@@ -1071,23 +1117,38 @@ fn anthropic_components() -> Map<String, Value> {
         object(vec![("type", json!({"const": "thinking"})), ("thinking", json!({"type": "string"})),
             ("signature", json!({"type": "string"}))], &["type", "thinking", "signature"]),
     ]});
-    let stop_reason = nullable(json!({"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}));
+    let stop_reason =
+        nullable(json!({"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}));
     let response = object(
         vec![
             ("id", json!({"type": "string"})),
             ("type", json!({"const": "message"})),
             ("role", json!({"const": "assistant"})),
-            ("content", json!({"type": "array", "items": response_block.clone()})),
+            (
+                "content",
+                json!({"type": "array", "items": response_block.clone()}),
+            ),
             ("model", json!({"type": "string"})),
             ("stop_reason", stop_reason.clone()),
             ("stop_sequence", nullable(json!({"type": "string"}))),
             ("usage", usage.clone()),
             ("context_management", json!({"type": "object"})),
         ],
-        &["id", "type", "role", "content", "model", "stop_reason", "usage"],
+        &[
+            "id",
+            "type",
+            "role",
+            "content",
+            "model",
+            "stop_reason",
+            "usage",
+        ],
     );
     let error_body = object(
-        vec![("type", json!({"type": "string"})), ("message", json!({"type": "string"}))],
+        vec![
+            ("type", json!({"type": "string"})),
+            ("message", json!({"type": "string"})),
+        ],
         &["type", "message"],
     );
     let delta = json!({"oneOf": [
@@ -1116,12 +1177,30 @@ fn anthropic_components() -> Map<String, Value> {
     ]});
     let mut schemas = Map::new();
     schemas.insert("AnthropicTextBlock".into(), text_block);
-    schemas.insert("MessagesRequest".into(), closed(request, &["model", "max_tokens", "messages"]));
-    schemas.insert("CountTokensRequest".into(), closed(prompt_properties(), &["model", "messages"]));
-    schemas.insert("CountTokensResponse".into(), object(vec![("input_tokens", json!({"type": "integer"}))], &["input_tokens"]));
+    schemas.insert(
+        "MessagesRequest".into(),
+        closed(request, &["model", "max_tokens", "messages"]),
+    );
+    schemas.insert(
+        "CountTokensRequest".into(),
+        closed(prompt_properties(), &["model", "messages"]),
+    );
+    schemas.insert(
+        "CountTokensResponse".into(),
+        object(
+            vec![("input_tokens", json!({"type": "integer"}))],
+            &["input_tokens"],
+        ),
+    );
     schemas.insert("AnthropicMessage".into(), response);
     schemas.insert("AnthropicStreamEvent".into(), stream_event);
-    schemas.insert("AnthropicError".into(), object(vec![("type", json!({"const": "error"})), ("error", error_body)], &["type", "error"]));
+    schemas.insert(
+        "AnthropicError".into(),
+        object(
+            vec![("type", json!({"const": "error"})), ("error", error_body)],
+            &["type", "error"],
+        ),
+    );
     schemas
 }
 
@@ -1129,12 +1208,21 @@ fn anthropic_components() -> Map<String, Value> {
 fn anthropic_operation(summary: &str, request: &str, ok: Value) -> Value {
     let mut responses = Map::new();
     for (status, description) in [
-        (400, "invalid_request_error: malformed body, unknown or unsupported field, prompt too long."),
+        (
+            400,
+            "invalid_request_error: malformed body, unknown or unsupported field, prompt too long.",
+        ),
         (401, "authentication_error: missing or wrong API key."),
         (404, "not_found_error: unknown model."),
-        (408, "The request body did not arrive within --body-read-timeout."),
+        (
+            408,
+            "The request body did not arrive within --body-read-timeout.",
+        ),
         (413, "request_too_large: request body too large."),
-        (529, "overloaded_error: server draining, engine not running or queue full."),
+        (
+            529,
+            "overloaded_error: server draining, engine not running or queue full.",
+        ),
     ] {
         responses.insert(
             status.to_string(),
@@ -1150,18 +1238,18 @@ fn anthropic_operation(summary: &str, request: &str, ok: Value) -> Value {
 /// The Messages API routes.
 fn anthropic_paths() -> Map<String, Value> {
     let stream = json!({"description": "OK. With stream: true, Anthropic's server-sent events (`event: <type>`, `data: <event JSON>`).",
-        "content": {
-            "application/json": {"schema": schema_ref("AnthropicMessage")},
-            "text/event-stream": {
-                "schema": {"description": "Server-sent events: `event: <type>` and `data: <AnthropicStreamEvent JSON>` per event."},
-                "itemSchema": {
-                    "type": "object",
-                    "required": ["data"],
-                    "properties": {"data": {"contentMediaType": "application/json",
-                        "contentSchema": schema_ref("AnthropicStreamEvent")}}
-                }
+    "content": {
+        "application/json": {"schema": schema_ref("AnthropicMessage")},
+        "text/event-stream": {
+            "schema": {"description": "Server-sent events: `event: <type>` and `data: <AnthropicStreamEvent JSON>` per event."},
+            "itemSchema": {
+                "type": "object",
+                "required": ["data"],
+                "properties": {"data": {"contentMediaType": "application/json",
+                    "contentSchema": schema_ref("AnthropicStreamEvent")}}
             }
-        }});
+        }
+    }});
     let mut paths = Map::new();
     paths.insert(
         "/v1/messages".into(),

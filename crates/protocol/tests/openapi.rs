@@ -386,7 +386,10 @@ fn the_messages_api_is_documented_as_strictly_as_it_parses() {
     let schemas = &document["components"]["schemas"];
     let request = &schemas["MessagesRequest"];
     assert_eq!(request["additionalProperties"], false);
-    assert_eq!(request["required"], json!(["model", "max_tokens", "messages"]));
+    assert_eq!(
+        request["required"],
+        json!(["model", "max_tokens", "messages"])
+    );
     // Every documented property is one the request type reads (a request naming all of them
     // with null or a valid value parses), and the type reads no other (deny_unknown_fields).
     let mut full = serde_json::Map::new();
@@ -395,7 +398,10 @@ fn the_messages_api_is_documented_as_strictly_as_it_parses() {
     }
     full.insert("model".into(), json!("m"));
     full.insert("max_tokens".into(), json!(5));
-    full.insert("messages".into(), json!([{"role": "user", "content": "hi"}]));
+    full.insert(
+        "messages".into(),
+        json!([{"role": "user", "content": "hi"}]),
+    );
     tokenmill_protocol::parse_anthropic::<tokenmill_protocol::MessagesRequest>(
         Value::Object(full).to_string().as_bytes(),
     )

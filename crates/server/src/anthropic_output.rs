@@ -33,9 +33,20 @@ enum OpenBlock {
 pub(crate) struct BlockWriter {
     open: Option<OpenBlock>,
     blocks: Vec<ResponseBlock>,
+    /// `thinking.display: omitted`: thinking blocks carry no text (only a signature).
+    omit_thinking: bool,
+    /// The open thinking block's text (signed when it closes, shown or not).
+    thinking: String,
 }
 
 impl BlockWriter {
+    pub fn new(omit_thinking: bool) -> Self {
+        BlockWriter {
+            omit_thinking,
+            ..BlockWriter::default()
+        }
+    }
+
     /// Whether a `tool_use` block was written (the stop reason becomes `tool_use`).
     pub fn called(&self) -> bool {
         self.blocks
@@ -61,6 +72,10 @@ impl BlockWriter {
                             OpenBlock::Thinking,
                             &mut events,
                         );
+                    }
+                    self.thinking.push_str(&text);
+                    if self.omit_thinking {
+                        continue;
                     }
                     if let Some(ResponseBlock::Thinking { thinking, .. }) = self.blocks.last_mut() {
                         thinking.push_str(&text);
@@ -182,12 +197,9 @@ impl BlockWriter {
             None | Some(OpenBlock::Text { started: false, .. }) => return,
             Some(OpenBlock::Text { started: true, .. }) => {}
             Some(OpenBlock::Thinking) => {
-                if let Some(ResponseBlock::Thinking {
-                    thinking,
-                    signature,
-                }) = self.blocks.last_mut()
-                {
-                    *signature = thinking_signature(thinking);
+                let thinking = std::mem::take(&mut self.thinking);
+                if let Some(ResponseBlock::Thinking { signature, .. }) = self.blocks.last_mut() {
+                    *signature = thinking_signature(&thinking);
                     events.push(StreamEvent::ContentBlockDelta {
                         index,
                         delta: BlockDelta::SignatureDelta {
@@ -371,6 +383,34 @@ mod tests {
                 input: json!({})
             }
         );
+    }
+
+    #[test]
+    fn omitted_thinking_keeps_its_block_and_signature_only() {
+        let text = "<think>secret plan</think>Answer.";
+        let reading = reading(Some("qwen3"), None);
+        let mut shown = BlockWriter::new(false);
+        shown.push(reading.choice().push(text, true));
+        shown.finish();
+        let mut omitted = BlockWriter::new(true);
+        let events = omitted.push(reading.choice().push(text, true));
+        assert!(!events.iter().any(|e| matches!(
+            e,
+            StreamEvent::ContentBlockDelta {
+                delta: BlockDelta::ThinkingDelta { .. },
+                ..
+            }
+        )));
+        omitted.finish();
+        let (shown, omitted) = (shown.into_blocks(), omitted.into_blocks());
+        assert_eq!(
+            omitted[0],
+            ResponseBlock::Thinking {
+                thinking: String::new(),
+                signature: thinking_signature("secret plan")
+            }
+        );
+        assert_eq!(shown[1], omitted[1]);
     }
 
     #[test]

@@ -117,6 +117,7 @@ struct Job {
     model: String,
     prompt_tokens: u32,
     reading: OutputReading,
+    omit_thinking: bool,
     context_management: Option<serde_json::Value>,
 }
 
@@ -162,6 +163,7 @@ async fn create_message(state: AppState, body: Body) -> Result<Response, Anthrop
         model,
         prompt_tokens: prepared.prompt_token_ids.len() as u32,
         reading: prepared.reading,
+        omit_thinking: prompt.omit_thinking,
         context_management: request
             .context_management
             .is_some()
@@ -172,7 +174,7 @@ async fn create_message(state: AppState, body: Body) -> Result<Response, Anthrop
     } else {
         let result = collect(stream).await?;
         drop(guard);
-        let mut writer = BlockWriter::default();
+        let mut writer = BlockWriter::new(job.omit_thinking);
         writer.push(job.reading.choice().push(&result.text, true));
         writer.finish();
         let (stop_reason, stop_sequence) =
@@ -236,7 +238,7 @@ fn stream_response(guard: InFlightGuard, job: Job, stream: RequestStream) -> Res
         let _guard = guard;
         let mut merged = sse::merge(vec![(0, stream)]);
         let mut reader = job.reading.choice();
-        let mut writer = BlockWriter::default();
+        let mut writer = BlockWriter::new(job.omit_thinking);
         let mut output_tokens = 0u32;
         let mut cached_tokens = 0u32;
         let mut started = false;
