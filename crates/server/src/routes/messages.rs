@@ -84,7 +84,7 @@ fn prepare(
     state: &AppState,
     prompt: impl Fn(bool) -> Result<MessagesPrompt, tokenmill_protocol::ProtocolError>,
     clear_trigger: Option<u64>,
-    mut validated: Option<&mut ValidatedSampling>,
+    validated: Option<&mut ValidatedSampling>,
 ) -> Result<(MessagesPrompt, ChatPrompt), AnthropicApiError> {
     let render = |prompt: &MessagesPrompt, validated: Option<&mut ValidatedSampling>| {
         chat_prompt(
@@ -107,7 +107,7 @@ fn prepare(
         None => false,
     };
     let chosen = if over { prompt(true)? } else { first };
-    let prepared = render(&chosen, validated.as_deref_mut())?;
+    let prepared = render(&chosen, validated)?;
     Ok((chosen, prepared))
 }
 
