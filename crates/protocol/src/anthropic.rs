@@ -584,31 +584,43 @@ struct PromptFields<'a> {
     output_config: Option<&'a OutputConfig>,
 }
 
-impl MessagesRequest {
-    fn fields(&self) -> PromptFields<'_> {
-        PromptFields {
-            messages: &self.messages,
-            system: self.system.as_ref(),
-            tools: self.tools.as_deref(),
-            tool_choice: self.tool_choice.as_ref(),
-            thinking: self.thinking.as_ref(),
-            context_management: self.context_management.as_ref(),
-            output_config: self.output_config.as_ref(),
+/// The prompt side both request types share: their fields as [`PromptFields`], the checked
+/// prompt and the `clear_tool_uses` trigger.
+macro_rules! prompt_source {
+    ($request:ty) => {
+        impl $request {
+            fn fields(&self) -> PromptFields<'_> {
+                PromptFields {
+                    messages: &self.messages,
+                    system: self.system.as_ref(),
+                    tools: self.tools.as_deref(),
+                    tool_choice: self.tool_choice.as_ref(),
+                    thinking: self.thinking.as_ref(),
+                    context_management: self.context_management.as_ref(),
+                    output_config: self.output_config.as_ref(),
+                }
+            }
+
+            /// The conversation, template options and tool fields (`over_trigger`: whether
+            /// the rendered prompt is over a `clear_tool_uses` trigger, asked once the server
+            /// knows the length; see `clear_trigger`).
+            pub fn prompt(&self, over_trigger: bool) -> Result<MessagesPrompt, ProtocolError> {
+                self.fields().prompt(over_trigger)
+            }
+
+            /// The input-token count above which `context_management` clears old tool
+            /// results.
+            pub fn clear_trigger(&self) -> Result<Option<u64>, ProtocolError> {
+                clear_trigger(self.context_management.as_ref())
+            }
         }
-    }
+    };
+}
 
-    /// The conversation, template options and tool fields (`over_trigger`: whether the
-    /// rendered prompt is over a `clear_tool_uses` trigger, asked once the server knows
-    /// the length; see [`MessagesRequest::clear_trigger`]).
-    pub fn prompt(&self, over_trigger: bool) -> Result<MessagesPrompt, ProtocolError> {
-        self.fields().prompt(over_trigger)
-    }
+prompt_source!(MessagesRequest);
+prompt_source!(CountTokensRequest);
 
-    /// The input-token count above which `context_management` clears old tool results.
-    pub fn clear_trigger(&self) -> Result<Option<u64>, ProtocolError> {
-        clear_trigger(self.context_management.as_ref())
-    }
-
+impl MessagesRequest {
     /// Sampling and output settings, checked (`max_tokens` against the context later, once
     /// the prompt is tokenized: [`check_context`]).
     pub fn validate(&self, limits: &ValidationLimits) -> Result<ValidatedSampling, ProtocolError> {
@@ -662,30 +674,6 @@ impl MessagesRequest {
             });
         }
         Ok(validated)
-    }
-}
-
-impl CountTokensRequest {
-    fn fields(&self) -> PromptFields<'_> {
-        PromptFields {
-            messages: &self.messages,
-            system: self.system.as_ref(),
-            tools: self.tools.as_deref(),
-            tool_choice: self.tool_choice.as_ref(),
-            thinking: self.thinking.as_ref(),
-            context_management: self.context_management.as_ref(),
-            output_config: self.output_config.as_ref(),
-        }
-    }
-
-    /// See [`MessagesRequest::prompt`].
-    pub fn prompt(&self, over_trigger: bool) -> Result<MessagesPrompt, ProtocolError> {
-        self.fields().prompt(over_trigger)
-    }
-
-    /// See [`MessagesRequest::clear_trigger`].
-    pub fn clear_trigger(&self) -> Result<Option<u64>, ProtocolError> {
-        clear_trigger(self.context_management.as_ref())
     }
 }
 
