@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-HTTP tests of `tokenmill serve` with the official `openai` Python client, httpx and
+# Real-HTTP tests of `tokenmill serve` with the official `openai` and `anthropic` Python clients, httpx and
 # LangChain (`langchain-openai`), the KV-event subscriber (pyzmq, msgpack, msgspec), and the
 # tools vLLM users point at a server: lm-eval, GuideLLM and schemathesis (tests/python/
 # test_eval_tools.py, test_openapi_schemathesis.py):

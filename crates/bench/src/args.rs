@@ -44,9 +44,10 @@ pub struct BenchServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// API endpoint: /v1/completions, /v1/chat/completions, or /v1/embeddings (a pooling
-    /// server: one non-streamed request per prompt; E2EL percentiles and request/input-token
-    /// throughput are what it measures).
+    /// API endpoint: /v1/completions, /v1/chat/completions, /v1/messages (Anthropic's
+    /// Messages API, streamed events), or /v1/embeddings (a pooling server: one non-streamed
+    /// request per prompt; E2EL percentiles and request/input-token throughput are what it
+    /// measures).
     #[arg(long, default_value = "/v1/completions")]
     pub endpoint: String,
     /// Model name sent in requests (default: the first id of GET /v1/models).
@@ -185,6 +186,8 @@ pub enum EndpointKind {
     ChatCompletions,
     /// `/v1/embeddings`: not streamed; the whole response is the request's latency.
     Embeddings,
+    /// `/v1/messages`: Anthropic's Messages API, its `content_block_delta` events timed.
+    Messages,
 }
 
 /// A metric that can get a percentile section in the report.
@@ -400,6 +403,15 @@ impl BenchServeArgs {
             EndpointKind::ChatCompletions
         } else if endpoint.ends_with("completions") {
             EndpointKind::Completions
+        } else if endpoint.ends_with("messages") {
+            if self.ignore_eos {
+                return Err(BenchError::InvalidArgument(
+                    "--ignore-eos is not part of Anthropic's Messages API (/v1/messages \
+                     refuses unknown fields)"
+                        .into(),
+                ));
+            }
+            EndpointKind::Messages
         } else if endpoint.ends_with("embeddings") {
             if structured {
                 return Err(BenchError::InvalidArgument(
@@ -409,7 +421,8 @@ impl BenchServeArgs {
             EndpointKind::Embeddings
         } else {
             return Err(BenchError::InvalidArgument(format!(
-                "--endpoint {endpoint} must end with completions, chat/completions or embeddings"
+                "--endpoint {endpoint} must end with completions, chat/completions, messages \
+                 or embeddings"
             )));
         };
 
@@ -571,6 +584,11 @@ mod tests {
         assert!(parse(&["--max-concurrency", "0"]).plan().is_err());
         assert!(parse(&["--dataset-name", "sharegpt"]).plan().is_err());
         assert!(parse(&["--endpoint", "/v1/rerank"]).plan().is_err());
+        let plan = parse(&["--endpoint", "/v1/messages"]).plan().unwrap();
+        assert_eq!(plan.endpoint_kind, EndpointKind::Messages);
+        assert!(parse(&["--endpoint", "/v1/messages", "--ignore-eos"])
+            .plan()
+            .is_err());
         let plan = parse(&["--endpoint", "/v1/embeddings"]).plan().unwrap();
         assert_eq!(plan.endpoint_kind, EndpointKind::Embeddings);
         // vLLM's default for pooling: E2EL percentiles only.

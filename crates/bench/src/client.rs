@@ -101,6 +101,12 @@ pub fn request_body(config: &EndpointConfig, input: &RequestInput) -> Value {
             "input": input.prompt,
             "encoding_format": "float",
         }),
+        EndpointKind::Messages => json!({
+            "model": config.model,
+            "messages": [{"role": "user", "content": input.prompt}],
+            "max_tokens": input.output_len,
+            "stream": true,
+        }),
     };
     if let Value::Object(map) = &mut body {
         if config.kind == EndpointKind::Embeddings {
@@ -109,7 +115,8 @@ pub fn request_body(config: &EndpointConfig, input: &RequestInput) -> Value {
             }
             return body;
         }
-        if config.ignore_eos {
+        // The Messages API refuses fields it does not know (`plan` refuses the flag there).
+        if config.ignore_eos && config.kind != EndpointKind::Messages {
             map.insert("ignore_eos".into(), Value::Bool(true));
         }
         if let Some(schema) = &input.json_schema {
@@ -133,6 +140,10 @@ fn structured_field(kind: EndpointKind, schema: &Value) -> (&'static str, Value)
                 "type": "json_schema",
                 "json_schema": {"name": "bench", "schema": schema, "strict": true},
             }),
+        ),
+        EndpointKind::Messages => (
+            "output_config",
+            json!({"format": {"type": "json_schema", "schema": schema}}),
         ),
         EndpointKind::Completions | EndpointKind::Embeddings => {
             ("structured_outputs", json!({"json": schema}))
@@ -183,6 +194,9 @@ pub fn interpret_chunk(kind: EndpointKind, event: Option<&str>, data: &str) -> C
             .unwrap_or_else(|| truncate(data, 200));
         return ChunkMeaning::Error(format!("error in stream: {message}"));
     }
+    if kind == EndpointKind::Messages {
+        return interpret_message_event(&value);
+    }
     if let Some(choice) = value
         .get("choices")
         .and_then(Value::as_array)
@@ -190,7 +204,9 @@ pub fn interpret_chunk(kind: EndpointKind, event: Option<&str>, data: &str) -> C
     {
         let finished = choice.get("finish_reason").is_some_and(|r| !r.is_null());
         let content = match kind {
-            EndpointKind::Completions | EndpointKind::Embeddings => choice.get("text"),
+            EndpointKind::Completions | EndpointKind::Embeddings | EndpointKind::Messages => {
+                choice.get("text")
+            }
             EndpointKind::ChatCompletions => choice.get("delta").and_then(|delta| {
                 delta
                     .get("content")
@@ -217,6 +233,45 @@ pub fn interpret_chunk(kind: EndpointKind, event: Option<&str>, data: &str) -> C
         };
     }
     ChunkMeaning::NoContent { finished: false }
+}
+
+/// One event of Anthropic's Messages stream: text, thinking and tool-input deltas are
+/// content, `message_delta` carries the usage (the prompt is its uncached input plus the
+/// cache reads), `message_stop` ends the message.
+fn interpret_message_event(value: &Value) -> ChunkMeaning {
+    match value.get("type").and_then(Value::as_str) {
+        Some("content_block_delta") => {
+            let delta = value.get("delta");
+            let text = ["text", "thinking", "partial_json"]
+                .iter()
+                .find_map(|key| delta.and_then(|d| d.get(*key)).and_then(Value::as_str));
+            match text {
+                Some(text) => ChunkMeaning::Content {
+                    text: text.to_string(),
+                    finished: false,
+                },
+                None => ChunkMeaning::NoContent { finished: false },
+            }
+        }
+        Some("message_delta") => {
+            let count = |key: &str| {
+                value
+                    .pointer(&format!("/usage/{key}"))
+                    .and_then(Value::as_u64)
+                    .map(|n| n as usize)
+            };
+            let prompt_tokens = match (count("input_tokens"), count("cache_read_input_tokens")) {
+                (Some(input), cached) => Some(input + cached.unwrap_or(0)),
+                (None, _) => None,
+            };
+            ChunkMeaning::Usage {
+                prompt_tokens,
+                completion_tokens: count("output_tokens"),
+            }
+        }
+        Some("message_stop") => ChunkMeaning::NoContent { finished: true },
+        _ => ChunkMeaning::NoContent { finished: false },
+    }
 }
 
 fn truncate(text: &str, max_chars: usize) -> String {
@@ -456,6 +511,60 @@ mod tests {
         assert_eq!(chat["messages"][0]["content"], "hi");
         assert_eq!(chat["max_completion_tokens"], 7);
         assert!(body.get("structured_outputs").is_none() && chat.get("response_format").is_none());
+    }
+
+    #[test]
+    fn anthropic_events_are_timed_and_counted() {
+        let config = config(EndpointKind::Messages);
+        let input = RequestInput {
+            prompt: "hi".into(),
+            prompt_len: 1,
+            output_len: 7,
+            json_schema: None,
+        };
+        let body = request_body(&config, &input);
+        assert_eq!(
+            body,
+            // No `ignore_eos` (the config asks for it): the Messages API refuses it.
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 7, "stream": true, "temperature": 0.0})
+        );
+        let kind = EndpointKind::Messages;
+        assert_eq!(
+            interpret_chunk(
+                kind,
+                Some("content_block_delta"),
+                r#"{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}"#
+            ),
+            ChunkMeaning::Content {
+                text: "Hi".into(),
+                finished: false
+            }
+        );
+        assert_eq!(
+            interpret_chunk(
+                kind,
+                Some("message_delta"),
+                r#"{"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"input_tokens": 3, "cache_read_input_tokens": 16, "output_tokens": 5}}"#
+            ),
+            ChunkMeaning::Usage {
+                prompt_tokens: Some(19),
+                completion_tokens: Some(5)
+            }
+        );
+        assert_eq!(
+            interpret_chunk(kind, Some("message_stop"), r#"{"type": "message_stop"}"#),
+            ChunkMeaning::NoContent { finished: true }
+        );
+        assert_eq!(
+            interpret_chunk(kind, Some("ping"), r#"{"type": "ping"}"#),
+            ChunkMeaning::NoContent { finished: false }
+        );
+        assert!(matches!(
+            interpret_chunk(kind, Some("error"),
+                r#"{"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}"#),
+            ChunkMeaning::Error(message) if message.contains("busy")
+        ));
     }
 
     #[test]

@@ -20,6 +20,10 @@
 //!   [`ScoreRequest`], [`RerankRequest`], [`ClassifyRequest`] and their responses; vectors
 //!   as floats or base64 ([`WireVector`]); [`truncation_limit`] and [`input_too_long`] are
 //!   vLLM's 400s.
+//! - Anthropic's Messages API (`anthropic.rs`): [`MessagesRequest`] and
+//!   [`CountTokensRequest`] (strict: unknown fields are a 400 naming them), checked into a
+//!   [`MessagesPrompt`] of chat messages; [`MessageResponse`], [`StreamEvent`] and
+//!   [`AnthropicError`].
 //! - [`openapi_json`]: the OpenAPI 3.1 document of the served routes.
 //!
 //! # Usage (server side)
@@ -48,6 +52,7 @@
 //! Not implemented yet (accepted on the wire, documented in the OpenAPI document):
 //! `best_of` must equal `n`; beam search is a 400.
 
+mod anthropic;
 mod chat;
 mod common;
 mod completion;
@@ -60,6 +65,12 @@ mod sampling;
 mod structured;
 mod tools;
 
+pub use anthropic::{
+    anthropic_request_id, applied_edits, check_context, message_id, parse_anthropic,
+    thinking_signature, tool_use_id, AnthropicError, AnthropicErrorBody, AnthropicStopReason,
+    BlockDelta, CountTokensRequest, MessageDelta, MessageResponse, MessagesPrompt, MessagesRequest,
+    MessagesUsage, ResponseBlock, StreamEvent, OVERLOADED_STATUS,
+};
 pub use chat::{
     conversation, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, ChatMessage,

@@ -880,6 +880,12 @@ pub fn apply_openapi_limits(document: &mut Value, limits: &ValidationLimits) {
             json!(limits.max_model_len),
         );
     }
+    // The Messages API: max_tokens alone must leave room for a prompt.
+    set(
+        format!("{schemas}/MessagesRequest/properties/max_tokens"),
+        "maximum",
+        json!(limits.max_model_len.saturating_sub(1)),
+    );
     for batch in [1, 3] {
         set(
             format!("{schemas}/CompletionRequest/properties/prompt/anyOf/{batch}"),
@@ -887,6 +893,374 @@ pub fn apply_openapi_limits(document: &mut Value, limits: &ValidationLimits) {
             json!(limits.max_prompts),
         );
     }
+}
+
+/// A closed object (the Messages API refuses unknown fields).
+fn closed(properties: Vec<(&str, Value)>, required: &[&str]) -> Value {
+    let mut schema = object(properties, required);
+    schema["additionalProperties"] = json!(false);
+    schema
+}
+
+/// `{"type": "<kind>", ...}` as a closed object.
+fn tagged(kind: &str, mut properties: Vec<(&str, Value)>, required: &[&str]) -> Value {
+    properties.insert(0, ("type", json!({"const": kind})));
+    let mut required = required.to_vec();
+    required.insert(0, "type");
+    closed(properties, &required)
+}
+
+/// Anthropic's Messages API schemas (`anthropic.rs`).
+fn anthropic_components() -> Map<String, Value> {
+    let cache_control = || {
+        nullable(closed(
+            vec![
+                ("type", json!({"const": "ephemeral"})),
+                ("ttl", nullable(json!({"enum": ["5m", "1h"]}))),
+            ],
+            &["type"],
+        ))
+    };
+    let text_block = tagged(
+        "text",
+        vec![
+            ("text", json!({"type": "string"})),
+            ("cache_control", cache_control()),
+            (
+                "citations",
+                nullable(json!({"type": "array", "maxItems": 0})),
+            ),
+        ],
+        &["text"],
+    );
+    let texts = json!({"anyOf": [{"type": "string"}, {"type": "array", "items": schema_ref("AnthropicTextBlock")}]});
+    let blocks = vec![
+        schema_ref("AnthropicTextBlock"),
+        tagged(
+            "tool_use",
+            vec![
+                ("id", json!({"type": "string"})),
+                ("name", json!({"type": "string"})),
+                ("input", json!({"type": "object"})),
+                ("cache_control", cache_control()),
+            ],
+            &["id", "name", "input"],
+        ),
+        tagged(
+            "tool_result",
+            vec![
+                ("tool_use_id", json!({"type": "string"})),
+                ("content", nullable(texts.clone())),
+                (
+                    "is_error",
+                    boolean("The tool failed; the result is its error."),
+                ),
+                ("cache_control", cache_control()),
+            ],
+            &["tool_use_id"],
+        ),
+        tagged(
+            "thinking",
+            vec![
+                ("thinking", json!({"type": "string"})),
+                ("signature", json!({"type": "string"})),
+                ("cache_control", cache_control()),
+            ],
+            &["thinking", "signature"],
+        ),
+        tagged(
+            "redacted_thinking",
+            vec![
+                ("data", json!({"type": "string"})),
+                ("cache_control", cache_control()),
+            ],
+            &["data"],
+        ),
+    ];
+    let message = closed(
+        vec![
+            ("role", json!({"enum": ["user", "assistant", "system"]})),
+            (
+                "content",
+                json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"oneOf": blocks}}]}),
+            ),
+        ],
+        &["role", "content"],
+    );
+    let tool = closed(
+        vec![
+            ("type", nullable(json!({"const": "custom"}))),
+            ("name", json!({"type": "string"})),
+            ("description", string("")),
+            ("input_schema", json!({"type": "object"})),
+            ("cache_control", cache_control()),
+        ],
+        &["name", "input_schema"],
+    );
+    let parallel = || {
+        (
+            "disable_parallel_tool_use",
+            boolean("At most one tool call."),
+        )
+    };
+    let tool_choice = nullable(json!({"oneOf": [
+        tagged("auto", vec![parallel()], &[]),
+        tagged("any", vec![parallel()], &[]),
+        tagged("tool", vec![("name", json!({"type": "string"})), parallel()], &["name"]),
+        tagged("none", vec![], &[]),
+    ]}));
+    let display = || {
+        (
+            "display",
+            nullable(json!({"enum": ["summarized", "omitted"]})),
+        )
+    };
+    let thinking = nullable(json!({"oneOf": [
+        tagged("enabled", vec![("budget_tokens", json!({"type": "integer", "minimum": 1024,
+            "description": "At least 1024 and below max_tokens."})), display()], &["budget_tokens"]),
+        tagged("disabled", vec![], &[]),
+        tagged("adaptive", vec![display()], &[]),
+    ]}));
+    let amount = |unit: &str| {
+        nullable(closed(
+            vec![
+                ("type", json!({"const": unit})),
+                ("value", json!({"type": "integer", "minimum": 0})),
+            ],
+            &["type", "value"],
+        ))
+    };
+    let context_management = nullable(closed(
+        vec![(
+            "edits",
+            json!({"type": "array", "items": {"oneOf": [
+                tagged("clear_tool_uses_20250919", vec![
+                    ("trigger", amount("input_tokens")),
+                    ("keep", amount("tool_uses")),
+                    ("exclude_tools", nullable(json!({"type": "array", "items": {"type": "string"}}))),
+                    ("clear_tool_inputs", boolean("")),
+                ], &[]),
+                tagged("clear_thinking_20251015", vec![
+                    ("keep", json!({"description": "Only absent (or keeping nothing): earlier thinking is never rendered."})),
+                ], &[]),
+            ]}}),
+        )],
+        &[],
+    ));
+    let output_config = nullable(closed(
+        vec![(
+            "format",
+            nullable(tagged(
+                "json_schema",
+                vec![("schema", json!({"type": "object"}))],
+                &["schema"],
+            )),
+        )],
+        &[],
+    ));
+    let prompt_properties = || {
+        vec![
+            ("model", json!({"type": "string"})),
+            (
+                "messages",
+                json!({"type": "array", "minItems": 1, "items": message.clone()}),
+            ),
+            ("system", nullable(texts.clone())),
+            (
+                "tools",
+                nullable(json!({"type": "array", "items": tool.clone()})),
+            ),
+            ("tool_choice", tool_choice.clone()),
+            ("thinking", thinking.clone()),
+            ("context_management", context_management.clone()),
+            ("output_config", output_config.clone()),
+            ("cache_control", cache_control()),
+        ]
+    };
+    let mut request = prompt_properties();
+    request.extend([
+        ("max_tokens", json!({"type": "integer", "minimum": 1})),
+        (
+            "stop_sequences",
+            nullable(json!({"type": "array", "items": {"type": "string"}})),
+        ),
+        ("temperature", bounded_number("Default 1.", 0.0, 1.0)),
+        (
+            "top_p",
+            nullable(json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1})),
+        ),
+        ("top_k", integer("")),
+        ("stream", boolean("Anthropic's server-sent events.")),
+        (
+            "metadata",
+            nullable(closed(vec![("user_id", string(""))], &[])),
+        ),
+        (
+            "service_tier",
+            nullable(json!({"enum": ["auto", "standard_only"]})),
+        ),
+    ]);
+    let usage = object(
+        vec![
+            ("input_tokens", json!({"type": "integer"})),
+            ("output_tokens", json!({"type": "integer"})),
+            ("cache_creation_input_tokens", json!({"type": "integer"})),
+            ("cache_read_input_tokens", json!({"type": "integer"})),
+            ("service_tier", nullable(json!({"type": "string"}))),
+        ],
+        &["input_tokens", "output_tokens"],
+    );
+    let response_block = json!({"oneOf": [
+        object(vec![("type", json!({"const": "text"})), ("text", json!({"type": "string"}))], &["type", "text"]),
+        object(vec![("type", json!({"const": "tool_use"})), ("id", json!({"type": "string"})),
+            ("name", json!({"type": "string"})), ("input", json!({"type": "object"}))], &["type", "id", "name", "input"]),
+        object(vec![("type", json!({"const": "thinking"})), ("thinking", json!({"type": "string"})),
+            ("signature", json!({"type": "string"}))], &["type", "thinking", "signature"]),
+    ]});
+    let stop_reason =
+        nullable(json!({"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}));
+    let response = object(
+        vec![
+            ("id", json!({"type": "string"})),
+            ("type", json!({"const": "message"})),
+            ("role", json!({"const": "assistant"})),
+            (
+                "content",
+                json!({"type": "array", "items": response_block.clone()}),
+            ),
+            ("model", json!({"type": "string"})),
+            ("stop_reason", stop_reason.clone()),
+            ("stop_sequence", nullable(json!({"type": "string"}))),
+            ("usage", usage.clone()),
+            ("context_management", json!({"type": "object"})),
+        ],
+        &[
+            "id",
+            "type",
+            "role",
+            "content",
+            "model",
+            "stop_reason",
+            "usage",
+        ],
+    );
+    let error_body = object(
+        vec![
+            ("type", json!({"type": "string"})),
+            ("message", json!({"type": "string"})),
+        ],
+        &["type", "message"],
+    );
+    let delta = json!({"oneOf": [
+        object(vec![("type", json!({"const": "text_delta"})), ("text", json!({"type": "string"}))], &["type", "text"]),
+        object(vec![("type", json!({"const": "input_json_delta"})), ("partial_json", json!({"type": "string"}))], &["type", "partial_json"]),
+        object(vec![("type", json!({"const": "thinking_delta"})), ("thinking", json!({"type": "string"}))], &["type", "thinking"]),
+        object(vec![("type", json!({"const": "signature_delta"})), ("signature", json!({"type": "string"}))], &["type", "signature"]),
+    ]});
+    let event = |kind: &str, properties: Vec<(&str, Value)>| {
+        let required: Vec<&str> = properties.iter().map(|(name, _)| *name).collect();
+        let mut all = vec![("type", json!({"const": kind}))];
+        all.extend(properties);
+        let mut required = required;
+        required.insert(0, "type");
+        object(all, &required)
+    };
+    let stream_event = json!({"oneOf": [
+        event("message_start", vec![("message", schema_ref("AnthropicMessage"))]),
+        event("content_block_start", vec![("index", json!({"type": "integer"})), ("content_block", response_block)]),
+        event("content_block_delta", vec![("index", json!({"type": "integer"})), ("delta", delta)]),
+        event("content_block_stop", vec![("index", json!({"type": "integer"}))]),
+        event("message_delta", vec![("delta", object(vec![("stop_reason", stop_reason), ("stop_sequence", nullable(json!({"type": "string"})))], &["stop_reason"])), ("usage", usage)]),
+        event("message_stop", vec![]),
+        event("ping", vec![]),
+        event("error", vec![("error", error_body.clone())]),
+    ]});
+    let mut schemas = Map::new();
+    schemas.insert("AnthropicTextBlock".into(), text_block);
+    schemas.insert(
+        "MessagesRequest".into(),
+        closed(request, &["model", "max_tokens", "messages"]),
+    );
+    schemas.insert(
+        "CountTokensRequest".into(),
+        closed(prompt_properties(), &["model", "messages"]),
+    );
+    schemas.insert(
+        "CountTokensResponse".into(),
+        object(
+            vec![("input_tokens", json!({"type": "integer"}))],
+            &["input_tokens"],
+        ),
+    );
+    schemas.insert("AnthropicMessage".into(), response);
+    schemas.insert("AnthropicStreamEvent".into(), stream_event);
+    schemas.insert(
+        "AnthropicError".into(),
+        object(
+            vec![("type", json!({"const": "error"})), ("error", error_body)],
+            &["type", "error"],
+        ),
+    );
+    schemas
+}
+
+/// An operation of the Messages API: Anthropic's error body and statuses, either key header.
+fn anthropic_operation(summary: &str, request: &str, ok: Value) -> Value {
+    let mut responses = Map::new();
+    for (status, description) in [
+        (
+            400,
+            "invalid_request_error: malformed body, unknown or unsupported field, prompt too long.",
+        ),
+        (401, "authentication_error: missing or wrong API key."),
+        (404, "not_found_error: unknown model."),
+        (
+            408,
+            "The request body did not arrive within --body-read-timeout.",
+        ),
+        (413, "request_too_large: request body too large."),
+        (
+            529,
+            "overloaded_error: server draining, engine not running or queue full.",
+        ),
+    ] {
+        responses.insert(
+            status.to_string(),
+            json!({"description": description,
+                   "content": {"application/json": {"schema": schema_ref("AnthropicError")}}}),
+        );
+    }
+    responses.insert("200".to_string(), ok);
+    json!({"summary": summary, "requestBody": json_body(request), "responses": responses,
+           "security": [{"bearer": []}, {"x_api_key": []}]})
+}
+
+/// The Messages API routes.
+fn anthropic_paths() -> Map<String, Value> {
+    let stream = json!({"description": "OK. With stream: true, Anthropic's server-sent events (`event: <type>`, `data: <event JSON>`).",
+    "content": {
+        "application/json": {"schema": schema_ref("AnthropicMessage")},
+        "text/event-stream": {
+            "schema": {"description": "Server-sent events: `event: <type>` and `data: <AnthropicStreamEvent JSON>` per event."},
+            "itemSchema": {
+                "type": "object",
+                "required": ["data"],
+                "properties": {"data": {"contentMediaType": "application/json",
+                    "contentSchema": schema_ref("AnthropicStreamEvent")}}
+            }
+        }
+    }});
+    let mut paths = Map::new();
+    paths.insert(
+        "/v1/messages".into(),
+        json!({"post": anthropic_operation("Create a message (Anthropic's Messages API)", "MessagesRequest", stream)}),
+    );
+    paths.insert(
+        "/v1/messages/count_tokens".into(),
+        json!({"post": anthropic_operation("Count a message request's input tokens", "CountTokensRequest",
+            ok_json("CountTokensResponse"))}),
+    );
+    paths
 }
 
 /// Restricts every request's `model` to the names this server answers to (`names`: the
@@ -924,9 +1298,11 @@ pub fn openapi_json() -> Value {
     let mut document = generation_document();
     if let Some(schemas) = document["components"]["schemas"].as_object_mut() {
         schemas.extend(pooling_components());
+        schemas.extend(anthropic_components());
     }
     if let Some(paths) = document["paths"].as_object_mut() {
         paths.extend(pooling_paths());
+        paths.extend(anthropic_paths());
     }
     document
 }
@@ -945,7 +1321,8 @@ fn generation_document() -> Value {
         },
         "components": {
             "schemas": components(),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                "x_api_key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
         },
         "security": [{"bearer": []}],
         "paths": {

@@ -79,7 +79,7 @@ pub struct StructuredOutputRequest {
 const BACKENDS: [&str; 3] = ["auto", "guidance", "llguidance"];
 
 /// A JSON schema given as an object (or `true`), or as JSON text, to compact JSON text.
-fn schema_text(param: &'static str, schema: &Value) -> Result<String, ProtocolError> {
+pub(crate) fn schema_text(param: &'static str, schema: &Value) -> Result<String, ProtocolError> {
     let schema = match schema {
         Value::String(text) => serde_json::from_str(text).map_err(|e| {
             ProtocolError::invalid(param, format!("{param} is not valid JSON: {e}."))

@@ -296,6 +296,8 @@ fn every_ref_resolves_and_every_route_is_documented() {
         ("/v1/rerank", "post"),
         ("/v2/rerank", "post"),
         ("/classify", "post"),
+        ("/v1/messages", "post"),
+        ("/v1/messages/count_tokens", "post"),
     ] {
         assert!(
             document["paths"][path][method]["responses"]["200"].is_object(),
@@ -376,4 +378,43 @@ fn streams_are_described_as_server_sent_events_of_chunks() {
             format!("#/components/schemas/{chunk}")
         );
     }
+}
+
+#[test]
+fn the_messages_api_is_documented_as_strictly_as_it_parses() {
+    let document = openapi_json();
+    let schemas = &document["components"]["schemas"];
+    let request = &schemas["MessagesRequest"];
+    assert_eq!(request["additionalProperties"], false);
+    assert_eq!(
+        request["required"],
+        json!(["model", "max_tokens", "messages"])
+    );
+    // Every documented property is one the request type reads (a request naming all of them
+    // with null or a valid value parses), and the type reads no other (deny_unknown_fields).
+    let mut full = serde_json::Map::new();
+    for name in request["properties"].as_object().unwrap().keys() {
+        full.insert(name.clone(), Value::Null);
+    }
+    full.insert("model".into(), json!("m"));
+    full.insert("max_tokens".into(), json!(5));
+    full.insert(
+        "messages".into(),
+        json!([{"role": "user", "content": "hi"}]),
+    );
+    tokenmill_protocol::parse_anthropic::<tokenmill_protocol::MessagesRequest>(
+        Value::Object(full).to_string().as_bytes(),
+    )
+    .unwrap();
+    let errors = &document["paths"]["/v1/messages"]["post"]["responses"];
+    assert_eq!(
+        errors["529"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/AnthropicError"
+    );
+    let mut served = openapi_json();
+    apply_openapi_limits(&mut served, &ValidationLimits::new(512, 100));
+    assert_eq!(
+        served["components"]["schemas"]["MessagesRequest"]["properties"]["max_tokens"]["maximum"],
+        511
+    );
 }

@@ -1,9 +1,10 @@
 //! One error type for every handler, with one mapping to an OpenAI-style HTTP response.
 
+use axum::http::HeaderValue;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tokenmill_protocol::{ErrorResponse, ProtocolError};
+use tokenmill_protocol::{anthropic_request_id, AnthropicError, ErrorResponse, ProtocolError};
 
 /// Anything a handler can fail with; the response body is always OpenAI's error object.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +74,45 @@ pub fn error_response(body: ErrorResponse) -> Response {
 /// `Retry-After` of a 503.
 const RETRY_AFTER_SECONDS: &str = "1";
 
+/// Anthropic's `request-id` response header.
+pub(crate) const REQUEST_ID: &str = "request-id";
+
+/// A failed request of the Anthropic routes: the same errors, in Anthropic's shape
+/// (`{"type": "error", "error": {"type", "message"}}`) and status codes.
+#[derive(Debug)]
+pub(crate) struct AnthropicApiError(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for AnthropicApiError {
+    fn from(error: E) -> Self {
+        AnthropicApiError(error.into())
+    }
+}
+
+impl IntoResponse for AnthropicApiError {
+    fn into_response(self) -> Response {
+        anthropic_error_response(self.0.to_error_response())
+    }
+}
+
+/// An error in Anthropic's shape with its status (a 503 is Anthropic's 529, which its SDKs
+/// retry), `Retry-After` when overloaded, and a `request-id`.
+pub(crate) fn anthropic_error_response(body: ErrorResponse) -> Response {
+    let (status, body) = AnthropicError::from_openai(&body);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, Json(body)).into_response();
+    let headers = response.headers_mut();
+    if status.as_u16() == tokenmill_protocol::OVERLOADED_STATUS {
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
+    }
+    if let Ok(id) = HeaderValue::from_str(&anthropic_request_id()) {
+        headers.insert(REQUEST_ID, id);
+    }
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use axum::body::to_bytes;
@@ -123,6 +163,24 @@ mod tests {
             assert_eq!(status, expected);
             assert_eq!(body["error"]["code"], expected.as_u16());
         }
+    }
+
+    #[tokio::test]
+    async fn anthropic_errors_have_its_shape_status_and_request_id() {
+        let response = AnthropicApiError(ApiError::unavailable("busy")).into_response();
+        assert_eq!(response.status().as_u16(), 529);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let id = response.headers()[REQUEST_ID].to_str().unwrap().to_string();
+        assert!(id.starts_with("req_"), "{id}");
+        let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
+        );
+        let response =
+            AnthropicApiError::from(ProtocolError::invalid("x", "bad x")).into_response();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     }
 
     #[tokio::test]

@@ -31,15 +31,18 @@ pub(crate) fn merge(streams: Vec<(u32, RequestStream)>) -> MergedStreams {
     }))
 }
 
-/// A channel and the SSE response that drains it.
+/// A channel and the SSE response that drains it (keep-alive comments while idle).
 pub(crate) fn channel() -> (EventSender, Response) {
+    channel_with(KeepAlive::default())
+}
+
+/// [`channel`] with its own keep-alive (Anthropic's streams send `ping` events).
+pub(crate) fn channel_with(keep_alive: KeepAlive) -> (EventSender, Response) {
     let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
     let body = stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    let response = Sse::new(body)
-        .keep_alive(KeepAlive::default())
-        .into_response();
+    let response = Sse::new(body).keep_alive(keep_alive).into_response();
     (tx, response)
 }
 
@@ -60,6 +63,20 @@ pub(crate) async fn send_json<T: Serialize>(tx: &EventSender, value: &T) -> bool
         Ok(json) => tx.send(Ok(Event::default().data(json))).await.is_ok(),
         Err(err) => {
             tracing::error!("cannot serialize an SSE chunk: {err}");
+            false
+        }
+    }
+}
+
+/// Sends one named event (`event: NAME`, `data: JSON`); `false` when the client is gone.
+pub(crate) async fn send_named<T: Serialize>(tx: &EventSender, name: &str, value: &T) -> bool {
+    match serde_json::to_string(value) {
+        Ok(json) => tx
+            .send(Ok(Event::default().event(name).data(json)))
+            .await
+            .is_ok(),
+        Err(err) => {
+            tracing::error!("cannot serialize an SSE event: {err}");
             false
         }
     }

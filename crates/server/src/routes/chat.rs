@@ -7,8 +7,9 @@ use axum::extract::State;
 use axum::response::Response;
 use tokenmill_engine::{RequestEvent, RequestStream};
 use tokenmill_protocol::{
-    chat_completion_id, prepare_tool_history, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-    ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatResponseMessage, FinishReason,
+    chat_completion_id, plan_tools, prepare_tool_history, ChatChoice, ChatChunkChoice,
+    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+    ChatResponseMessage, ChatTemplateOptions, ConversationMessage, FinishReason,
     StructuredConstraint, StructuredOutputRequest, ToolOutput, Usage, ValidatedSampling,
 };
 
@@ -50,54 +51,25 @@ pub(crate) async fn create(
     let limits = &state.inner.limits;
     let mut validated = request.validate(limits)?;
     check_request_shape(&state, &validated, 1)?;
-    let mut messages = request.conversation()?;
-    let mut options = request.template_options()?;
-    let renders_tools = renders_tools(&state, &options).await?;
-    let plan = request.tool_plan(&state.config().tools, renders_tools)?;
-    prepare_tool_history(&mut messages, plan.system_prompt.as_deref(), !renders_tools);
-    options.tools = plan.template_tools.clone();
-    if let ToolOutput::Envelope { schema, .. } = &plan.output {
-        if let Some(other) = &validated.sampling.structured_output {
-            return Err(ApiError::invalid_param(
-                "tool_choice",
-                format!(
-                    "{} cannot be combined with tool_choice {:?}: both constrain the output.",
-                    other.param,
-                    request
-                        .tool_choice
-                        .as_ref()
-                        .map_or("auto".to_string(), |c| c.to_string())
-                ),
-            ));
-        }
-        validated.sampling.structured_output = Some(StructuredOutputRequest {
-            constraint: StructuredConstraint::JsonSchema(schema.clone()),
-            param: "tools",
-        });
-    }
-    let reading = OutputReading::new(
-        &plan,
-        state.config().reasoning_parser.as_deref(),
-        request.include_reasoning.unwrap_or(true),
-    );
-    if reading.needs_special_tokens() {
-        validated.sampling.skip_special_tokens = false;
-    }
-    let prompt = render_chat(&state, &messages, &options).await?;
-    if state.config().enable_log_requests {
-        let shown: String = match state.config().max_log_len {
-            Some(max) => prompt.chars().take(max).collect(),
-            None => prompt.clone(),
-        };
-        tracing::info!("chat prompt: {shown:?}");
-    }
-    let prompt_token_ids = encode(&state, &prompt, validated.output.add_special_tokens)?;
-    if prompt_token_ids.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "The rendered prompt is empty.",
-        ));
-    }
+    let prepared = chat_prompt(
+        &state,
+        ChatInput {
+            messages: request.conversation()?,
+            options: request.template_options()?,
+            tools: request.tools.as_deref(),
+            tool_choice: request.tool_choice.as_ref(),
+            parallel_tool_calls: request.parallel_tool_calls,
+            include_reasoning: request.include_reasoning.unwrap_or(true),
+        },
+        Some(&mut validated),
+    )
+    .await?;
+    let ChatPrompt {
+        messages,
+        options,
+        prompt_token_ids,
+        reading,
+    } = prepared;
     let max_tokens = validated.resolve_max_tokens(prompt_token_ids.len(), limits)?;
     let role = match messages.last() {
         Some(last) if !options.add_generation_prompt => last.role.as_str().to_string(),
@@ -145,6 +117,101 @@ pub(crate) async fn create(
         drop(guard);
         Ok(served(json_response(&response), lora.as_ref()))
     }
+}
+
+/// A chat-shaped request before the engine: the conversation and template options of chat
+/// completions or Anthropic's messages, with the tool fields in OpenAI's shape.
+pub(crate) struct ChatInput<'a> {
+    pub messages: Vec<ConversationMessage>,
+    pub options: ChatTemplateOptions,
+    pub tools: Option<&'a [serde_json::Value]>,
+    pub tool_choice: Option<&'a serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub include_reasoning: bool,
+}
+
+/// A [`ChatInput`] rendered and tokenized, with how its output is read.
+pub(crate) struct ChatPrompt {
+    pub messages: Vec<ConversationMessage>,
+    pub options: ChatTemplateOptions,
+    pub prompt_token_ids: Vec<u32>,
+    pub reading: OutputReading,
+}
+
+/// The one request path of every chat-shaped route: tools planned (a forced call constrains
+/// `validated`'s output to the envelope), history prepared, the template rendered, the prompt
+/// tokenized. `validated` is `None` where nothing is generated (token counting).
+pub(crate) async fn chat_prompt(
+    state: &AppState,
+    input: ChatInput<'_>,
+    validated: Option<&mut ValidatedSampling>,
+) -> Result<ChatPrompt, ApiError> {
+    let ChatInput {
+        mut messages,
+        mut options,
+        ..
+    } = input;
+    let renders_tools = renders_tools(state, &options).await?;
+    let plan = plan_tools(
+        input.tools,
+        input.tool_choice,
+        input.parallel_tool_calls,
+        &state.config().tools,
+        renders_tools,
+    )?;
+    prepare_tool_history(&mut messages, plan.system_prompt.as_deref(), !renders_tools);
+    options.tools = plan.template_tools.clone();
+    let reading = OutputReading::new(
+        &plan,
+        state.config().reasoning_parser.as_deref(),
+        input.include_reasoning,
+    );
+    let mut add_special_tokens = false;
+    if let Some(validated) = validated {
+        if let ToolOutput::Envelope { schema, .. } = &plan.output {
+            if let Some(other) = &validated.sampling.structured_output {
+                return Err(ApiError::invalid_param(
+                    "tool_choice",
+                    format!(
+                        "{} cannot be combined with tool_choice {:?}: both constrain the output.",
+                        other.param,
+                        input
+                            .tool_choice
+                            .map_or("auto".to_string(), |c| c.to_string())
+                    ),
+                ));
+            }
+            validated.sampling.structured_output = Some(StructuredOutputRequest {
+                constraint: StructuredConstraint::JsonSchema(schema.clone()),
+                param: "tools",
+            });
+        }
+        if reading.needs_special_tokens() {
+            validated.sampling.skip_special_tokens = false;
+        }
+        add_special_tokens = validated.output.add_special_tokens;
+    }
+    let prompt = render_chat(state, &messages, &options).await?;
+    if state.config().enable_log_requests {
+        let shown: String = match state.config().max_log_len {
+            Some(max) => prompt.chars().take(max).collect(),
+            None => prompt.clone(),
+        };
+        tracing::info!("chat prompt: {shown:?}");
+    }
+    let prompt_token_ids = encode(state, &prompt, add_special_tokens)?;
+    if prompt_token_ids.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "The rendered prompt is empty.",
+        ));
+    }
+    Ok(ChatPrompt {
+        messages,
+        options,
+        prompt_token_ids,
+        reading,
+    })
 }
 
 async fn complete(

@@ -6,6 +6,7 @@ mod chat;
 mod completions;
 pub(crate) mod info;
 mod lora;
+mod messages;
 pub(crate) mod tokenize;
 
 use std::time::Instant;
@@ -23,7 +24,7 @@ use tokenmill_protocol::{
 };
 
 use crate::config::ServerConfig;
-use crate::error::{error_response, ApiError};
+use crate::error::{anthropic_error_response, error_response, ApiError};
 use crate::state::AppState;
 use tokenmill_metrics::EngineMetrics;
 
@@ -79,6 +80,8 @@ pub fn router(state: AppState) -> Router {
     let mut routes = Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(info::models))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
@@ -144,7 +147,7 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
     ))
 }
 
-/// Bearer-token check: every route except `/health` (and `/metrics` unless
+/// API-key check (`Authorization: Bearer` or `x-api-key`): every route except `/health` (and `/metrics` unless
 /// `--api-key-metrics`) needs the key when one is configured.
 async fn authenticate<S: HttpState>(
     State(state): State<S>,
@@ -161,19 +164,32 @@ async fn authenticate<S: HttpState>(
     if open {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
+    // `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic), either on any route.
+    let headers = request.headers();
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "));
-    if presented.is_some_and(|key| constant_time_eq(key.as_bytes(), expected.as_bytes())) {
-        next.run(request).await
+    let x_api_key = headers.get(X_API_KEY).and_then(|value| value.to_str().ok());
+    let matches = |key: Option<&str>| {
+        key.is_some_and(|key| constant_time_eq(key.as_bytes(), expected.as_bytes()))
+    };
+    if matches(bearer) || matches(x_api_key) {
+        return next.run(request).await;
+    }
+    let error = ErrorResponse::authentication(
+        "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>' or \
+         'x-api-key: <key>'.",
+    );
+    if messages::is_anthropic_path(path) {
+        anthropic_error_response(error)
     } else {
-        error_response(ErrorResponse::authentication(
-            "Incorrect or missing API key. Pass it as 'Authorization: Bearer <key>'.",
-        ))
+        error_response(error)
     }
 }
+
+/// Anthropic's API key header.
+const X_API_KEY: &str = "x-api-key";
 
 /// Compares keys without an early exit on the first differing byte.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -240,6 +256,24 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned, S: HttpState>(
     state: &S,
     body: Body,
 ) -> Result<T, ApiError> {
+    let bytes = read_body(state, body).await?;
+    let (request, ignored) = parse_json_noting_ignored(&bytes)?;
+    if !ignored.is_empty() {
+        // vLLM's warning: the request is served, but the client should know what did nothing.
+        tracing::warn!(
+            "The following fields were present in the request but ignored: {}",
+            ignored.join(", ")
+        );
+    }
+    Ok(request)
+}
+
+/// A request body's bytes, which must start a JSON object: over the configured limit is a
+/// 413, not received in time a 408.
+pub(crate) async fn read_body<S: HttpState>(
+    state: &S,
+    body: Body,
+) -> Result<axum::body::Bytes, ApiError> {
     let limit = state.config().max_body_bytes;
     let timeout = state.config().body_read_timeout;
     // A declared Content-Length over the limit is refused before waiting for the body.
@@ -267,15 +301,7 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned, S: HttpState>(
             message: "Invalid request body: expected a JSON object.".to_string(),
         }));
     }
-    let (request, ignored) = parse_json_noting_ignored(&bytes)?;
-    if !ignored.is_empty() {
-        // vLLM's warning: the request is served, but the client should know what did nothing.
-        tracing::warn!(
-            "The following fields were present in the request but ignored: {}",
-            ignored.join(", ")
-        );
-    }
-    Ok(request)
+    Ok(bytes)
 }
 
 /// 503 for new generation work while draining or after the engine died.
