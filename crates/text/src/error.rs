@@ -35,7 +35,7 @@ pub enum TextError {
     TemplateSyntax(String),
     #[error("chat template rendering failed: {0}")]
     TemplateRender(String),
-    /// A render went over one of [`crate::chat_template`]'s bounds (fuel, output size,
+    /// A render went over one of the chat template's bounds (fuel, output size,
     /// indentation width); the message names the limit.
     #[error("chat template rendering stopped: {0}")]
     TemplateLimit(String),
