@@ -72,9 +72,8 @@ impl LlamaModel {
         LlamaModel::load(&ModelSource::HfDirectory(dir.to_path_buf()), options)
     }
 
-    /// Builds a Llama-shaped family's model (any family whose [`Family::build`] calls
-    /// [`build_llama`]).
-    fn build(
+    /// Builds a Llama-shaped family's model ([`Family::build`]'s default).
+    pub(super) fn build(
         weights: WeightSource<'_>,
         config: ModelConfig,
         kv_layout: Vec<LayerKvLayout>,
@@ -281,19 +280,6 @@ impl CausalLm for LlamaModel {
     }
 }
 
-/// Builds the model of a family that runs on the Llama block, with the family's cache layout.
-pub(super) fn build_llama(
-    family: &dyn Family,
-    weights: WeightSource<'_>,
-    config: ModelConfig,
-    options: &LoadOptions,
-) -> Result<Box<dyn CausalLm>> {
-    let kv_layout = family.kv_layout(&config);
-    Ok(Box::new(LlamaModel::build(
-        weights, config, kv_layout, options,
-    )?))
-}
-
 /// GGUF's `llama`: Llama 2/3, SmolLM2, TinyLlama, and Mixtral (a `llama` file with experts;
 /// HF's `model_type: mixtral`).
 pub(super) struct Llama;
@@ -331,14 +317,5 @@ impl Family for Llama {
         let mut config = raw.decoder_config(LLAMA, "Llama")?;
         config.family_name = Llama::name(&config);
         Ok(config)
-    }
-
-    fn build(
-        &self,
-        weights: WeightSource<'_>,
-        config: ModelConfig,
-        options: &LoadOptions,
-    ) -> Result<Box<dyn CausalLm>> {
-        build_llama(self, weights, config, options)
     }
 }

@@ -3,13 +3,11 @@
 
 use serde::Deserialize;
 
-use super::llama::build_llama;
-use super::{Family, WeightSource};
+use super::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
 use crate::error::Result;
-use crate::model::{CausalLm, LoadOptions};
 
 pub(super) struct Mistral;
 
@@ -38,15 +36,6 @@ impl Family for Mistral {
         let mut config = raw.common.decoder_config(MISTRAL, "Mistral")?;
         config.sliding_window = raw.sliding_window;
         Ok(config)
-    }
-
-    fn build(
-        &self,
-        weights: WeightSource<'_>,
-        config: ModelConfig,
-        options: &LoadOptions,
-    ) -> Result<Box<dyn CausalLm>> {
-        build_llama(self, weights, config, options)
     }
 }
 

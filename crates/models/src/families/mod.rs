@@ -71,13 +71,20 @@ pub(crate) trait Family: Send + Sync {
     /// Its hyper-parameters from the text of an HF `config.json` (the caller validates them).
     fn config_from_hf(&self, config_json: &str) -> Result<ModelConfig>;
 
-    /// Builds the model from the weights whose config this family read.
+    /// Builds the model from the weights whose config this family read. By default on the
+    /// Llama block ([`LlamaModel`]: pre-norm, one RoPE table, the config's variants), which
+    /// every Llama-shaped family runs on; a family with its own block overrides this.
     fn build(
         &self,
         weights: WeightSource<'_>,
         config: ModelConfig,
         options: &LoadOptions,
-    ) -> Result<Box<dyn CausalLm>>;
+    ) -> Result<Box<dyn CausalLm>> {
+        let kv_layout = self.kv_layout(&config);
+        Ok(Box::new(LlamaModel::build(
+            weights, config, kv_layout, options,
+        )?))
+    }
 
     /// What each layer keeps in the cache, known before loading (to size a KV budget): by
     /// default every layer keeps paged K/V of the config's attention shape, with the

@@ -3,13 +3,11 @@
 //! (`rope_factors_long`/`_short`), all read by the shared parsers and layers; what is Phi-3's
 //! own is that its sliding window is not applied.
 
-use super::llama::build_llama;
-use super::{Family, WeightSource};
+use super::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
 use crate::error::Result;
-use crate::model::{CausalLm, LoadOptions};
 
 pub(super) struct Phi3;
 
@@ -32,15 +30,6 @@ impl Family for Phi3 {
     fn config_from_hf(&self, config_json: &str) -> Result<ModelConfig> {
         let raw: HfCommon = parse_config_json(config_json)?;
         raw.decoder_config(PHI3, "Phi-3")
-    }
-
-    fn build(
-        &self,
-        weights: WeightSource<'_>,
-        config: ModelConfig,
-        options: &LoadOptions,
-    ) -> Result<Box<dyn CausalLm>> {
-        build_llama(self, weights, config, options)
     }
 }
 

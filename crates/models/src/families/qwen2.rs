@@ -1,13 +1,11 @@
 //! Qwen2 and Qwen2.5: the Llama block with a bias on the Q, K and V projections, rotating
 //! half-split pairs in both formats.
 
-use super::llama::build_llama;
-use super::{Family, WeightSource};
+use super::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
 use crate::error::Result;
-use crate::model::{CausalLm, LoadOptions};
 
 pub(super) struct Qwen2;
 
@@ -30,15 +28,6 @@ impl Family for Qwen2 {
         let mut config = raw.decoder_config(QWEN2, "Qwen2")?;
         config.attention_bias = true;
         Ok(config)
-    }
-
-    fn build(
-        &self,
-        weights: WeightSource<'_>,
-        config: ModelConfig,
-        options: &LoadOptions,
-    ) -> Result<Box<dyn CausalLm>> {
-        build_llama(self, weights, config, options)
     }
 }
 

@@ -2,13 +2,11 @@
 //! no bias, rotating half-split pairs in both formats; Qwen3-MoE has a routed mixture of
 //! experts as every layer's FFN (HF `model_type: qwen3_moe`, GGUF `qwen3moe`).
 
-use super::llama::build_llama;
-use super::{Family, WeightSource};
+use super::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
 use crate::error::{ModelError, Result};
-use crate::model::{CausalLm, LoadOptions};
 
 pub(super) struct Qwen3;
 
@@ -49,15 +47,6 @@ impl Family for Qwen3 {
     fn config_from_hf(&self, config_json: &str) -> Result<ModelConfig> {
         hf_config(config_json, QWEN3, "Qwen3")
     }
-
-    fn build(
-        &self,
-        weights: WeightSource<'_>,
-        config: ModelConfig,
-        options: &LoadOptions,
-    ) -> Result<Box<dyn CausalLm>> {
-        build_llama(self, weights, config, options)
-    }
 }
 
 impl Family for Qwen3Moe {
@@ -75,15 +64,6 @@ impl Family for Qwen3Moe {
 
     fn config_from_hf(&self, config_json: &str) -> Result<ModelConfig> {
         require_experts(hf_config(config_json, QWEN3_MOE, "Qwen3-MoE")?)
-    }
-
-    fn build(
-        &self,
-        weights: WeightSource<'_>,
-        config: ModelConfig,
-        options: &LoadOptions,
-    ) -> Result<Box<dyn CausalLm>> {
-        build_llama(self, weights, config, options)
     }
 }
 
