@@ -287,7 +287,7 @@ impl Engine {
     pub fn bytes_per_block_for(config: &EngineConfig) -> Result<usize, EngineError> {
         let model_config = read_model_config(&config.model)?;
         let plan = KvPlan::for_layout(
-            &kv_layout(&model_config),
+            &kv_layout(&model_config)?,
             config.disable_hybrid_kv_cache_manager,
         );
         Ok(plan.bytes_per_block(config.block_size, config.kv_storage()?))

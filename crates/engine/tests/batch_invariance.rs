@@ -29,7 +29,7 @@ fn sliding_window_greedy_tokens_are_identical_alone_batched_chunked_and_preempte
     let path = common::sliding_window_model_path();
     let source = tokenmill_models::ModelSource::Gguf(path.clone());
     let model_config = tokenmill_models::read_model_config(&source).unwrap();
-    let layout = tokenmill_models::kv_layout(&model_config);
+    let layout = tokenmill_models::kv_layout(&model_config).unwrap();
     assert!(layout
         .iter()
         .all(|layer| layer.sliding_window == Some(common::SLIDING_WINDOW)));

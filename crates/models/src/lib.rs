@@ -83,8 +83,8 @@ pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
 pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
 pub use families::{
-    registered_architectures, registered_names, BertModel, EncoderPrecision, Gemma3Model,
-    LlamaModel,
+    kv_layout, load_gguf_model, load_model, read_model_config, registered_architectures,
+    registered_names, BertModel, EncoderPrecision, Gemma3Model, LlamaModel,
 };
 pub use kv_cache::{KvCacheGrouping, KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
@@ -92,7 +92,7 @@ pub use loader::safetensors_shards_from_index;
 pub use lora::{
     write_random_peft_adapter, LoraAdapter, LoraBatch, LoraError, LoraTarget, RandomLoraSpec,
 };
-pub use model::{kv_layout, load_gguf_model, load_model, read_model_config, CausalLm, LoadOptions};
+pub use model::{CausalLm, LoadOptions};
 pub use pooling::{
     is_pooling_model, l2_normalize, load_pooling_model, load_pooling_model_with, ConvertOption,
     DecoderEmbedder, EncoderBatch, EncoderWorkspace, PoolerConfig, PoolingMethod, PoolingModel,

@@ -1,18 +1,16 @@
-//! The model seam: the [`CausalLm`] trait every family implements, and the loader that picks
-//! the family from the architecture a checkpoint declares.
+//! The model seam: the [`CausalLm`] trait every family's model implements, and the batch
+//! check every forward pass starts with. Loading goes through the family registry
+//! (`crate::families`: `load_model`).
 
 use std::any::Any;
 
-use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::ThreadPool;
 
 use crate::batch::BatchInput;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::families::WeightSource;
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::Workspace;
-use crate::source::ModelSource;
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -73,62 +71,6 @@ pub trait CausalLm: Any + Send + Sync + std::fmt::Debug {
         workspace: &mut Workspace,
         hidden: &mut Vec<f32>,
     ) -> Result<()>;
-}
-
-/// Loads the model a [`ModelSource`] names, through the family its architecture names in the
-/// registry (`crate::families`).
-///
-/// A boxed trait object rather than an enum of families: the engine never names a family, a
-/// family file (and its registry line) is all a new architecture adds, and a backend in
-/// another crate can implement [`CausalLm`] too. The cost is one virtual call per forward
-/// pass, nothing next to the pass itself.
-pub fn load_model(source: &ModelSource, options: &LoadOptions) -> Result<Box<dyn CausalLm>> {
-    match source {
-        ModelSource::Gguf(path) => load_gguf_model(&GgufFile::open(path)?, options),
-        ModelSource::HfDirectory(dir) => {
-            let config = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
-            let family = config.architecture.family();
-            family.build(WeightSource::HfDirectory(dir), config, options)
-        }
-    }
-}
-
-/// Loads a model from an open GGUF file, so its tokenizer can be read from the same file.
-pub fn load_gguf_model(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn CausalLm>> {
-    let config = ModelConfig::from_gguf(file)?;
-    let family = config.architecture.family();
-    family.build(WeightSource::Gguf(file), config, options)
-}
-
-/// Reads a model's hyper-parameters from its metadata only (no weights), e.g. to size a KV
-/// budget before loading.
-pub fn read_model_config(source: &ModelSource) -> Result<ModelConfig> {
-    match source {
-        ModelSource::Gguf(path) => ModelConfig::from_gguf(&GgufFile::open(path)?),
-        ModelSource::HfDirectory(dir) => ModelConfig::from_hf_config_file(&dir.join("config.json")),
-    }
-}
-
-/// The cache layout a model with `config` will report ([`CausalLm::kv_layout`]), without
-/// loading it: its family's declaration.
-pub fn kv_layout(config: &ModelConfig) -> Vec<LayerKvLayout> {
-    config.architecture.family().kv_layout(config)
-}
-
-/// The concrete model behind a loaded one: the per-block loaders (`LlamaModel::load`) load
-/// through the registry and check that the family built their block.
-pub(crate) fn downcast_model<M: CausalLm>(model: Box<dyn CausalLm>, block: &str) -> Result<M> {
-    let architecture = model.config().architecture.name();
-    let model: Box<dyn Any> = model;
-    model
-        .downcast::<M>()
-        .map(|model| *model)
-        .map_err(|_| ModelError::InvalidMetadata {
-            key: "general.architecture".into(),
-            message: format!(
-                "`{architecture}` does not run on the {block} block (load_model picks its family's)"
-            ),
-        })
 }
 
 /// Checks a batch against the model and cache before any kernel reads it: every family's

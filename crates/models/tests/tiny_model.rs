@@ -356,7 +356,10 @@ fn loader_dispatches_supported_architectures_to_their_family() {
     let direct = load(&source);
     assert_eq!(boxed.config(), direct.config());
     assert_eq!(boxed.kv_layout(), direct.kv_layout());
-    assert_eq!(boxed.kv_layout(), kv_layout(direct.config()).as_slice());
+    assert_eq!(
+        boxed.kv_layout(),
+        kv_layout(direct.config()).unwrap().as_slice()
+    );
     assert_eq!(boxed.weight_bytes(), direct.weight_bytes());
     // Through the trait object, the same logits as the concrete type.
     assert_eq!(
@@ -408,15 +411,15 @@ fn kv_cache_bytes_per_block() {
     .unwrap();
     // 2 (K and V) * 30 layers * 16 tokens * 3 heads * 64 dims * 4 bytes.
     assert_eq!(
-        KvCacheStorage::bytes_per_block(&kv_layout(&config), 16, KvCacheDType::F32),
+        KvCacheStorage::bytes_per_block(&kv_layout(&config).unwrap(), 16, KvCacheDType::F32),
         737_280
     );
     assert_eq!(
-        KvCacheStorage::bytes_per_block(&kv_layout(&config), 16, KvCacheDType::F16),
+        KvCacheStorage::bytes_per_block(&kv_layout(&config).unwrap(), 16, KvCacheDType::F16),
         737_280 / 2
     );
     assert_eq!(
-        KvCacheStorage::bytes_per_block(&kv_layout(&config), 16, KvCacheDType::Fp8E4m3),
+        KvCacheStorage::bytes_per_block(&kv_layout(&config).unwrap(), 16, KvCacheDType::Fp8E4m3),
         737_280 / 4
     );
 }

@@ -1,6 +1,7 @@
 //! Typed model hyper-parameters: what every family shares.
 //!
-//! A checkpoint's family is found in the registry (`crate::families`) by its GGUF
+//! A checkpoint's family is found in the registry (`crate::families`, which also holds the
+//! entry points `ModelConfig::from_gguf` and `from_hf_config_json`) by its GGUF
 //! `general.architecture` or HF `model_type`; the family parses its own config (its
 //! `config.json` fields in a struct of the file's shape, its GGUF quirks) into the
 //! [`ModelConfig`] the shared layers read. What every family reads the same way lives here:
@@ -10,67 +11,32 @@
 mod gguf;
 mod hf;
 
-use std::path::Path;
-
 use serde::Deserialize;
 use tokenmill_gguf::GgufFile;
 
-use crate::error::{io_error, ModelError, Result};
-use crate::families::{self, Family};
+use crate::error::{ModelError, Result};
 
 pub(crate) use gguf::GgufMetadata;
 pub(crate) use hf::{parse_config_json, HfCommon};
 
 /// The architecture a checkpoint declares, as GGUF spells it (`llama`, `qwen3moe`, `gemma3`):
-/// also the prefix of its GGUF metadata keys. Each is made by the family that runs it
-/// ([`Architecture::from_name`] finds it in the registry), so holding one means a family
-/// runs it, and the family is at hand.
-#[derive(Clone, Copy)]
+/// also the prefix of its GGUF metadata keys. Each family declares its own as a constant;
+/// [`Architecture::from_name`] finds one in the registry (`crate::families`), so holding one
+/// means a registered family runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Architecture {
     name: &'static str,
-    family: &'static dyn Family,
 }
 
 impl Architecture {
-    /// A family's own architecture (each family declares its names as constants).
-    pub(crate) const fn new(name: &'static str, family: &'static dyn Family) -> Architecture {
-        Architecture { name, family }
-    }
-
-    /// Maps a GGUF `general.architecture` or HF `model_type` string (HF calls Gemma 3's text
-    /// model `gemma3_text`) to the architecture of the family that answers to it; an unknown
-    /// name is an error listing the known ones.
-    pub fn from_name(name: &str) -> Result<Architecture> {
-        families::lookup(name).map(|family| family.architecture())
+    /// A family's own architecture.
+    pub(crate) const fn new(name: &'static str) -> Architecture {
+        Architecture { name }
     }
 
     /// The GGUF name, which is also the metadata key prefix (`gemma3.embedding_length`).
     pub fn name(self) -> &'static str {
         self.name
-    }
-
-    /// The family that runs it.
-    pub(crate) fn family(self) -> &'static dyn Family {
-        self.family
-    }
-
-    /// `llama, mistral, ...`: what an unsupported-architecture error lists.
-    pub fn supported_list() -> String {
-        families::supported_list()
-    }
-}
-
-impl PartialEq for Architecture {
-    fn eq(&self, other: &Architecture) -> bool {
-        self.name == other.name
-    }
-}
-
-impl Eq for Architecture {}
-
-impl std::fmt::Debug for Architecture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Architecture({})", self.name)
     }
 }
 
@@ -218,35 +184,6 @@ impl ModelConfig {
     pub fn attention_scale(&self) -> f32 {
         let scalar = self.query_pre_attn_scalar.unwrap_or(self.head_dim as f32);
         1.0 / scalar.sqrt()
-    }
-
-    /// Reads the hyper-parameters from a GGUF file's `{arch}.*` metadata, through the family
-    /// its `general.architecture` names.
-    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
-        let family = families::lookup(gguf_architecture(file)?)?;
-        let config = family.config_from_gguf(&GgufMetadata::new(file, family.architecture()))?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads an HF `config.json`.
-    pub fn from_hf_config_file(path: &Path) -> Result<ModelConfig> {
-        let text = std::fs::read_to_string(path).map_err(io_error(path))?;
-        ModelConfig::from_hf_config_json(&text).map_err(|error| match error {
-            ModelError::ConfigJson { source, .. } => ModelError::ConfigJson {
-                path: path.to_path_buf(),
-                source,
-            },
-            other => other,
-        })
-    }
-
-    /// Parses the text of an HF `config.json`, through the family its `model_type` names.
-    pub fn from_hf_config_json(text: &str) -> Result<ModelConfig> {
-        let family = families::lookup(&hf_model_type(text)?)?;
-        let config = family.config_from_hf(text)?;
-        config.validate()?;
-        Ok(config)
     }
 
     /// Checks what every family's forward pass relies on; run on every parsed config.

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::Family;
+use super::family::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
@@ -11,7 +11,7 @@ use crate::error::Result;
 
 pub(super) struct Mistral;
 
-const MISTRAL: Architecture = Architecture::new("mistral", &Mistral);
+const MISTRAL: Architecture = Architecture::new("mistral");
 
 /// Mistral's `config.json`: the shared fields and its window.
 #[derive(Deserialize)]

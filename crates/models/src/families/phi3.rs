@@ -3,7 +3,7 @@
 //! (`rope_factors_long`/`_short`), all read by the shared parsers and layers; what is Phi-3's
 //! own is that its sliding window is not applied.
 
-use super::Family;
+use super::family::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
@@ -11,7 +11,7 @@ use crate::error::Result;
 
 pub(super) struct Phi3;
 
-const PHI3: Architecture = Architecture::new("phi3", &Phi3);
+const PHI3: Architecture = Architecture::new("phi3");
 
 impl Family for Phi3 {
     fn architecture(&self) -> Architecture {

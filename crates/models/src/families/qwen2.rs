@@ -1,7 +1,7 @@
 //! Qwen2 and Qwen2.5: the Llama block with a bias on the Q, K and V projections, rotating
 //! half-split pairs in both formats.
 
-use super::Family;
+use super::family::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
@@ -9,7 +9,7 @@ use crate::error::Result;
 
 pub(super) struct Qwen2;
 
-const QWEN2: Architecture = Architecture::new("qwen2", &Qwen2);
+const QWEN2: Architecture = Architecture::new("qwen2");
 
 impl Family for Qwen2 {
     fn architecture(&self) -> Architecture {

@@ -2,7 +2,7 @@
 //! no bias, rotating half-split pairs in both formats; Qwen3-MoE has a routed mixture of
 //! experts as every layer's FFN (HF `model_type: qwen3_moe`, GGUF `qwen3moe`).
 
-use super::Family;
+use super::family::Family;
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
 };
@@ -12,8 +12,8 @@ pub(super) struct Qwen3;
 
 pub(super) struct Qwen3Moe;
 
-const QWEN3: Architecture = Architecture::new("qwen3", &Qwen3);
-const QWEN3_MOE: Architecture = Architecture::new("qwen3moe", &Qwen3Moe);
+const QWEN3: Architecture = Architecture::new("qwen3");
+const QWEN3_MOE: Architecture = Architecture::new("qwen3moe");
 
 /// Both forms' HF config: the shared fields, with QK-norm.
 fn hf_config(

@@ -20,9 +20,10 @@ use super::{
 };
 use crate::batch::BatchInput;
 use crate::error::{ModelError, Result};
+use crate::families::load_model;
 use crate::kv_cache::{KvCacheGrouping, KvCacheStorage};
 use crate::layers::Workspace;
-use crate::model::{load_model, CausalLm, LoadOptions};
+use crate::model::{CausalLm, LoadOptions};
 use crate::source::ModelSource;
 
 /// Tokens per block of the scratch cache.
@@ -115,7 +116,7 @@ impl DecoderEmbedder {
 /// Whether an HF directory's `config.json` describes a decoder the generation loader knows
 /// (its `model_type`), i.e. one `--convert embed` applies to.
 pub(crate) fn hf_dir_is_decoder(dir: &Path) -> bool {
-    crate::model::read_model_config(&ModelSource::HfDirectory(dir.to_path_buf())).is_ok()
+    crate::families::read_model_config(&ModelSource::HfDirectory(dir.to_path_buf())).is_ok()
 }
 
 impl PoolingModel for DecoderEmbedder {
