@@ -28,6 +28,12 @@ pub struct BatchInput {
     /// them all.
     pub other_groups: Vec<GroupTables>,
     pub logits_indices: Vec<u32>,
+    /// Per entry of `seqs`, the recurrent-state slot of that sequence
+    /// ([`crate::StateCacheStorage`]); empty for a model without recurrent layers. A sequence
+    /// whose run starts at position 0 starts from a zero state (the model resets its slot);
+    /// any other continues from the state its slot holds, which must be the state after
+    /// exactly the positions before its run.
+    pub state_slots: Vec<u32>,
     /// The step's LoRA adapters and each token's slot (0: the base model).
     pub lora: LoraBatch,
 }
@@ -49,6 +55,7 @@ impl BatchInput {
         self.block_tables.clear();
         self.other_groups.clear();
         self.logits_indices.clear();
+        self.state_slots.clear();
         self.lora.clear();
     }
 

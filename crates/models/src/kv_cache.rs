@@ -3,6 +3,8 @@
 
 use tokenmill_kernels::{KvCacheBuffer, KvCacheDType};
 
+use crate::state_cache::StateCacheStorage;
+
 /// What one layer keeps per cached token: its KV heads, their width, and how far back its
 /// attention looks. A model reports one per layer ([`crate::CausalLm::kv_layout`]) and the
 /// cache is sized from that, so families whose layers differ (Gemma 3's local and global
@@ -151,12 +153,14 @@ impl KvCacheGrouping {
 /// K and V tensors, one pair per buffer of the [`KvCacheGrouping`] (per layer without the
 /// hybrid grouping), each laid out `[num_blocks][block_size][num_kv_heads][head_dim]` in the
 /// cache's element type (`--kv-cache-dtype`), the layout `tokenmill_kernels::paged_attention`
-/// reads.
+/// reads. A model with recurrent layers also keeps their per-sequence state here
+/// ([`Self::with_state`]).
 #[derive(Debug)]
 pub struct KvCacheStorage {
     keys: Vec<KvCacheBuffer>,
     values: Vec<KvCacheBuffer>,
     grouping: KvCacheGrouping,
+    state: StateCacheStorage,
     num_blocks: usize,
     block_size: usize,
     dtype: KvCacheDType,
@@ -202,10 +206,27 @@ impl KvCacheStorage {
             keys: buffers(),
             values: buffers(),
             grouping,
+            state: StateCacheStorage::default(),
             num_blocks,
             block_size,
             dtype,
         }
+    }
+
+    /// The same storage holding `state` as the recurrent layers' state slots.
+    pub fn with_state(mut self, state: StateCacheStorage) -> KvCacheStorage {
+        self.state = state;
+        self
+    }
+
+    /// The recurrent layers' state slots (empty for a model without recurrent layers).
+    pub fn state(&self) -> &StateCacheStorage {
+        &self.state
+    }
+
+    /// The recurrent layers' state slots, mutable.
+    pub fn state_mut(&mut self) -> &mut StateCacheStorage {
+        &mut self.state
     }
 
     /// Bytes one block occupies across all layers, K and V, in elements of `dtype`, with

@@ -77,6 +77,7 @@ mod model;
 mod pooling;
 mod sampling;
 mod source;
+mod state_cache;
 
 pub use batch::{BatchInput, GroupTables};
 pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
@@ -84,7 +85,7 @@ pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
 pub use families::{
     kv_layout, load_gguf_model, load_model, read_model_config, registered_architectures,
-    registered_names, BertModel, EncoderPrecision, Gemma3Model, LlamaModel,
+    registered_names, state_layout, BertModel, EncoderPrecision, Gemma3Model, LlamaModel,
 };
 pub use kv_cache::{KvCacheGrouping, KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;
@@ -108,6 +109,7 @@ pub use source::{
     find_cached_repo, hf_hub_cache_dir, model_cache_dir, resolve_model, resolve_model_with,
     ModelSource, ResolveOptions, DEFAULT_MODEL_FILE, DEFAULT_MODEL_WHEEL,
 };
+pub use state_cache::{LayerStateLayout, StateCacheStorage};
 pub use tokenmill_kernels::AttentionSeq;
 pub use tokenmill_kernels::EncoderSeq;
 pub use tokenmill_kernels::KvCacheDType;

@@ -11,6 +11,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::Workspace;
+use crate::state_cache::LayerStateLayout;
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -36,8 +37,17 @@ pub trait CausalLm: Any + Send + Sync + std::fmt::Debug {
     /// The hyper-parameters the model was loaded with.
     fn config(&self) -> &ModelConfig;
 
-    /// What each layer keeps in the KV cache; [`KvCacheStorage`] is sized from it.
+    /// What each attention layer keeps in the KV cache, in layer order; [`KvCacheStorage`]
+    /// is sized from it. A model with recurrent layers lists its attention layers only.
     fn kv_layout(&self) -> &[LayerKvLayout];
+
+    /// What each recurrent (linear-attention / state-space) layer keeps per sequence, in
+    /// layer order: the [`crate::StateCacheStorage`] inside the KV cache is sized from it, and
+    /// every sequence of a step names its slot in [`BatchInput::state_slots`]. Empty (the
+    /// default) for a pure transformer.
+    fn state_layout(&self) -> &[LayerStateLayout] {
+        &[]
+    }
 
     /// Bytes of weight storage in the compute layer's layout.
     fn weight_bytes(&self) -> usize;
@@ -88,11 +98,28 @@ pub(crate) fn validate_batch(
             batch.slot_mapping.len()
         )));
     }
-    if kv.num_layers() != config.num_layers {
+    let cached_layers = kv.num_layers() + kv.state().num_layers();
+    if cached_layers != config.num_layers {
         return Err(ModelError::InvalidBatch(format!(
-            "KV cache has {} layers, model has {}",
-            kv.num_layers(),
+            "KV and state cache have {cached_layers} layers, model has {}",
             config.num_layers
+        )));
+    }
+    if kv.state().num_layers() > 0 && batch.state_slots.len() != batch.seqs.len() {
+        return Err(ModelError::InvalidBatch(format!(
+            "{} sequences but {} recurrent-state slots",
+            batch.seqs.len(),
+            batch.state_slots.len()
+        )));
+    }
+    if let Some(&slot) = batch
+        .state_slots
+        .iter()
+        .find(|&&slot| slot as usize >= kv.state().num_slots())
+    {
+        return Err(ModelError::InvalidBatch(format!(
+            "recurrent-state slot {slot} but the cache has {}",
+            kv.state().num_slots()
         )));
     }
     if let Some(&token) = batch

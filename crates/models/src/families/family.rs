@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::kv_cache::LayerKvLayout;
 use crate::layers::AttentionShape;
 use crate::model::{CausalLm, LoadOptions};
+use crate::state_cache::LayerStateLayout;
 
 /// Where a model's weights are: an open GGUF file or an HF directory of safetensors.
 #[derive(Clone, Copy)]
@@ -58,5 +59,11 @@ pub(crate) trait Family: Sync {
         (0..config.num_layers)
             .map(|layer| shape.kv_layout(config.layer_sliding_window(layer)))
             .collect()
+    }
+
+    /// What each recurrent layer keeps per sequence ([`CausalLm::state_layout`]), known
+    /// before loading: none by default.
+    fn state_layout(&self, _config: &ModelConfig) -> Vec<LayerStateLayout> {
+        Vec::new()
     }
 }

@@ -34,5 +34,5 @@ pub use blocks::{Gemma3Model, LlamaModel};
 
 pub use registry::{
     kv_layout, load_gguf_model, load_model, read_model_config, registered_architectures,
-    registered_names,
+    registered_names, state_layout,
 };

@@ -16,6 +16,7 @@ use crate::error::{io_error, ModelError, Result};
 use crate::kv_cache::LayerKvLayout;
 use crate::model::{CausalLm, LoadOptions};
 use crate::source::ModelSource;
+use crate::state_cache::LayerStateLayout;
 
 /// Every causal-LM family tokenmill runs, in the order error messages list them.
 static REGISTRY: &[&dyn Family] = &[
@@ -147,6 +148,12 @@ pub fn read_model_config(source: &ModelSource) -> Result<ModelConfig> {
 /// loading it: its family's declaration.
 pub fn kv_layout(config: &ModelConfig) -> Result<Vec<LayerKvLayout>> {
     Ok(family_of(config.architecture)?.kv_layout(config))
+}
+
+/// The recurrent-state layout a model with `config` will report
+/// ([`CausalLm::state_layout`]), without loading it: empty for a pure transformer.
+pub fn state_layout(config: &ModelConfig) -> Result<Vec<LayerStateLayout>> {
+    Ok(family_of(config.architecture)?.state_layout(config))
 }
 
 /// The concrete model behind a loaded one: the per-block loaders load through the registry
