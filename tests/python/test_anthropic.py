@@ -278,3 +278,25 @@ def test_thinking_blocks_with_a_reasoning_parser(thinking_server):
                                        {"role": "user", "content": "Go on."}],
     )
     assert follow_up.content
+
+
+def test_a_thinking_budget_caps_the_thinking_block(thinking_server):
+    """`thinking.budget_tokens` is enforced: the engine forces `</think>` once the thinking has
+    spent the budget (deepseek_r1 reads the output as thinking until then; this small model
+    never closes it by itself), so the answer gets the rest of `max_tokens`."""
+    claude = anthropic.Anthropic(base_url=thinking_server.base_url, api_key="unused", max_retries=0)
+    budget = 1024
+    message = claude.messages.create(
+        model=MODEL_NAME, max_tokens=budget + 24, extra_body=GREEDY,
+        thinking={"type": "enabled", "budget_tokens": budget},
+        messages=[{"role": "user", "content": "Think about the number 7."}])
+    kinds = [block.type for block in message.content]
+    assert kinds[0] == "thinking" and "text" in kinds, kinds
+    thinking = message.content[0].thinking
+    counted = thinking_server.http().post(
+        "/tokenize", json={"model": MODEL_NAME, "prompt": thinking, "add_special_tokens": False})
+    assert 0 < counted.json()["count"] <= budget + 8, counted.json()["count"]
+    text = "".join(block.text for block in message.content if block.type == "text")
+    assert text.strip(), message
+    # The thinking ran into the budget (the close was forced, not the model's own).
+    assert message.usage.output_tokens > budget, message.usage

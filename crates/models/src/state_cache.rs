@@ -133,11 +133,11 @@ mod tests {
         assert_eq!(StateCacheStorage::bytes_per_slot(&layout), (7 + 7) * 4);
         let mut state = StateCacheStorage::new(&layout, 3);
         assert_eq!((state.num_slots(), state.num_layers()), (3, 2));
-        for layer in 0..2 {
+        for (layer, shape) in layout.iter().enumerate() {
             for slot in 0..3 {
                 let (conv, recurrent) = state.slot_mut(layer, slot).unwrap();
-                assert_eq!(conv.len(), layout[layer].conv_elems);
-                assert_eq!(recurrent.len(), layout[layer].recurrent_elems);
+                assert_eq!(conv.len(), shape.conv_elems);
+                assert_eq!(recurrent.len(), shape.recurrent_elems);
                 conv.fill((10 * layer + slot) as f32);
                 recurrent.fill((100 + 10 * layer + slot) as f32);
             }

@@ -12,7 +12,7 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::chat::{ChatTemplateOptions, ConversationMessage, Role};
+use crate::chat::{set_reasoning_effort, ChatTemplateOptions, ConversationMessage, Role};
 use crate::common::StopInput;
 use crate::error::{ErrorResponse, ProtocolError};
 use crate::sampling::{RawSampling, ValidatedSampling, ValidationLimits};
@@ -406,7 +406,8 @@ pub enum ServiceTier {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutputConfig {
-    /// Refused: tokenmill has no per-request effort setting.
+    /// `low`, `medium`, `high` or `max`: handed to the chat template as `reasoning_effort`
+    /// (`max` as `high`), as OpenAI's `reasoning_effort` is.
     #[serde(default)]
     pub effort: Option<String>,
     /// `{"type": "json_schema", "schema": {...}}`: the output is constrained to the schema.
@@ -661,6 +662,11 @@ impl MessagesRequest {
             logprobs_param: "top_logprobs",
             stream: self.stream,
             prompt_param: "messages",
+            thinking_token_budget: match &self.thinking {
+                Some(ThinkingConfig::Enabled { budget_tokens, .. }) => Some(*budget_tokens),
+                _ => None,
+            },
+            thinking_budget_param: "thinking.budget_tokens",
             ..RawSampling::default()
         };
         let mut validated = raw.validate(limits)?;
@@ -771,15 +777,6 @@ impl PromptFields<'_> {
             return Err(ProtocolError::invalid(
                 "messages",
                 "messages: at least one message is required.",
-            ));
-        }
-        if let Some(effort) = self.output_config.and_then(|c| c.effort.as_deref()) {
-            return Err(ProtocolError::unsupported(
-                "output_config.effort",
-                format!(
-                    "output_config.effort ({effort:?}) is not supported: tokenmill has no \
-                     per-request effort setting; use `thinking` to switch reasoning on or off."
-                ),
             ));
         }
         clear_trigger(self.context_management)?;
@@ -915,7 +912,7 @@ impl PromptFields<'_> {
             }
             None => {}
         }
-        let template = ChatTemplateOptions {
+        let mut template = ChatTemplateOptions {
             add_generation_prompt: !prefill,
             continue_final_message: prefill,
             chat_template: None,
@@ -923,6 +920,23 @@ impl PromptFields<'_> {
             documents: None,
             tools: None,
         };
+        if let Some(effort) = self.output_config.and_then(|c| c.effort.as_deref()) {
+            // Anthropic's levels; `max` is the template's highest.
+            let level = match effort {
+                "low" | "medium" | "high" => effort,
+                "max" => "high",
+                other => {
+                    return Err(ProtocolError::invalid(
+                        "output_config.effort",
+                        format!(
+                            "output_config.effort must be one of low, medium, high, max, got \
+                             {other:?}."
+                        ),
+                    ))
+                }
+            };
+            set_reasoning_effort(&mut template, "output_config.effort", level)?;
+        }
         let tools = self.tools.filter(|t| !t.is_empty()).map(|tools| {
             tools
                 .iter()
@@ -1367,7 +1381,12 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("`document`"));
-        let effort = request(minimal(json!({"output_config": {"effort": "high"}}))).unwrap();
+        let effort = request(minimal(json!({"output_config": {"effort": "max"}}))).unwrap();
+        assert_eq!(
+            effort.prompt(false).unwrap().template.chat_template_kwargs["reasoning_effort"],
+            "high"
+        );
+        let effort = request(minimal(json!({"output_config": {"effort": "extreme"}}))).unwrap();
         assert_eq!(
             effort.prompt(false).unwrap_err().param(),
             Some("output_config.effort")

@@ -309,6 +309,14 @@ pub struct ChatCompletionRequest {
     pub allowed_token_ids: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bad_words: Option<Vec<String>>,
+    /// vLLM's `thinking_token_budget`: the most tokens the output may spend reasoning
+    /// (needs `--reasoning-parser`, whose markers the engine counts between and forces).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::common::lenient_integer"
+    )]
+    pub thinking_token_budget: Option<i64>,
     /// Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub add_generation_prompt: Option<bool>,
@@ -323,6 +331,11 @@ pub struct ChatCompletionRequest {
     pub chat_template: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// OpenAI's `reasoning_effort`: handed to the chat template as `reasoning_effort`, as vLLM
+    /// does (templates with an effort switch, such as gpt-oss's, read it; an explicit
+    /// `chat_template_kwargs.reasoning_effort` wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
     /// RAG documents handed to templates that support them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub documents: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
@@ -353,6 +366,33 @@ pub struct ChatTemplateOptions {
     pub documents: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
     /// Tool definitions for templates that render them.
     pub tools: Option<Vec<serde_json::Value>>,
+}
+
+/// The reasoning-effort levels OpenAI's `reasoning_effort` takes.
+pub const REASONING_EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
+
+/// Hands a reasoning effort to the chat template as its `reasoning_effort` variable (what
+/// vLLM does with the field), unless `chat_template_kwargs` already sets it; an effort outside
+/// [`REASONING_EFFORTS`] is a 400 naming `param`.
+pub fn set_reasoning_effort(
+    options: &mut ChatTemplateOptions,
+    param: &str,
+    effort: &str,
+) -> Result<(), ProtocolError> {
+    if !REASONING_EFFORTS.contains(&effort) {
+        return Err(ProtocolError::invalid(
+            param,
+            format!(
+                "{param} must be one of {}, got {effort:?}.",
+                REASONING_EFFORTS.join(", ")
+            ),
+        ));
+    }
+    options
+        .chat_template_kwargs
+        .entry("reasoning_effort")
+        .or_insert_with(|| serde_json::Value::String(effort.to_string()));
+    Ok(())
 }
 
 /// Shared by chat completions and chat-form tokenize.
@@ -431,6 +471,8 @@ impl ChatCompletionRequest {
             logit_bias: self.logit_bias.as_ref(),
             allowed_token_ids: self.allowed_token_ids.as_deref(),
             bad_words: self.bad_words.as_deref(),
+            thinking_token_budget: self.thinking_token_budget,
+            thinking_budget_param: "thinking_token_budget",
             logprobs: logprobs_requested.then_some(self.top_logprobs.unwrap_or(0)),
             logprobs_param: "top_logprobs",
             prompt_logprobs: self.prompt_logprobs,
@@ -484,6 +526,9 @@ impl ChatCompletionRequest {
         )?;
         options.documents = self.documents.clone();
         options.tools = self.tools.clone();
+        if let Some(effort) = &self.reasoning_effort {
+            set_reasoning_effort(&mut options, "reasoning_effort", effort)?;
+        }
         Ok(options)
     }
 }

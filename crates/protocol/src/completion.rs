@@ -257,6 +257,14 @@ pub struct CompletionRequest {
     pub allowed_token_ids: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bad_words: Option<Vec<String>>,
+    /// vLLM's `thinking_token_budget`: the most tokens the output may spend reasoning
+    /// (needs `--reasoning-parser`, whose markers the engine counts between and forces).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::common::lenient_integer"
+    )]
+    pub thinking_token_budget: Option<i64>,
     /// Default true for completions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub add_special_tokens: Option<bool>,
@@ -326,6 +334,8 @@ impl CompletionRequest {
             logit_bias: self.logit_bias.as_ref(),
             allowed_token_ids: self.allowed_token_ids.as_deref(),
             bad_words: self.bad_words.as_deref(),
+            thinking_token_budget: self.thinking_token_budget,
+            thinking_budget_param: "thinking_token_budget",
             logprobs: self.logprobs,
             logprobs_param: "logprobs",
             prompt_logprobs: self.prompt_logprobs,

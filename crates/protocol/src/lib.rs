@@ -72,10 +72,10 @@ pub use anthropic::{
     MessagesUsage, ResponseBlock, StreamEvent, OVERLOADED_STATUS,
 };
 pub use chat::{
-    conversation, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs, ChatMessage,
-    ChatResponseMessage, ChatTemplateOptions, ChatTopLogprob, ContentPart, ConversationMessage,
-    MessageContent, Role,
+    conversation, set_reasoning_effort, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+    ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprobToken, ChatLogprobs,
+    ChatMessage, ChatResponseMessage, ChatTemplateOptions, ChatTopLogprob, ContentPart,
+    ConversationMessage, MessageContent, Role, REASONING_EFFORTS,
 };
 pub use common::{
     chat_completion_id, completion_id, random_hex_id, wire_logprob, FinishReason,
@@ -101,9 +101,9 @@ pub use pooling::{
     ScoreInput, ScoreRequest, ScoreResponse, WireVector,
 };
 pub use sampling::{
-    OutputOptions, SamplingDefaults, SamplingOptions, ValidatedSampling, ValidationLimits,
-    COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS,
-    GREEDY_TEMPERATURE_EPSILON, MAX_CACHE_SALT_LEN,
+    OutputOptions, SamplingDefaults, SamplingOptions, ThinkingTokenBudget, ValidatedSampling,
+    ValidationLimits, COMPLETION_DEFAULT_MAX_TOKENS, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N,
+    DEFAULT_MAX_PROMPTS, GREEDY_TEMPERATURE_EPSILON, MAX_CACHE_SALT_LEN,
 };
 pub use structured::{
     GuidedDecodingParams, StructuredConstraint, StructuredOutputRequest, StructuredOutputsParams,

@@ -225,6 +225,15 @@ fn shared_generation_properties() -> Vec<(&'static str, Value)> {
             ),
         ),
         (
+            "thinking_token_budget",
+            bounded_integer(
+                "vLLM: the most tokens the output may spend reasoning; then the reasoning end \
+                 marker is forced (needs --reasoning-parser).",
+                Some(0),
+                Some(i128::from(u32::MAX)),
+            ),
+        ),
+        (
             "priority",
             integer("vLLM: lower is scheduled earlier under priority scheduling. Default 0."),
         ),
@@ -297,6 +306,8 @@ fn chat_request_schema() -> Value {
         ("add_special_tokens", boolean("vLLM: default false; the template adds them.")),
         ("chat_template", string("vLLM: a Jinja template overriding the model's.")),
         ("chat_template_kwargs", nullable(json!({"type": "object", "description": "vLLM: extra template variables."}))),
+        ("reasoning_effort", nullable(json!({"type": "string", "enum": crate::chat::REASONING_EFFORTS,
+            "description": "Handed to the chat template as reasoning_effort (as vLLM); templates with an effort switch read it."}))),
         ("documents", nullable(json!({"type": "array", "items": {"type": "object"}, "description": "vLLM: RAG documents for templates."}))),
         ("echo", boolean("vLLM: prepend the last message when it has the reply's role.")),
     ]);

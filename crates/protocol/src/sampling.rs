@@ -118,6 +118,16 @@ pub struct SamplingOptions {
     /// Structured outputs: what the output must match, from `response_format`,
     /// `structured_outputs` or a `guided_*` field (compiled by the server before queuing).
     pub structured_output: Option<StructuredOutputRequest>,
+    /// The most tokens the output may spend reasoning (vLLM's `thinking_token_budget`;
+    /// enforced by the engine with the reasoning parser's markers).
+    pub thinking_token_budget: Option<ThinkingTokenBudget>,
+}
+
+/// A checked thinking budget and the request field that set it (named in later errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinkingTokenBudget {
+    pub tokens: u32,
+    pub param: &'static str,
 }
 
 impl Default for SamplingOptions {
@@ -147,6 +157,7 @@ impl Default for SamplingOptions {
             skip_special_tokens: true,
             spaces_between_special_tokens: true,
             structured_output: None,
+            thinking_token_budget: None,
         }
     }
 }
@@ -283,6 +294,9 @@ pub(crate) struct RawSampling<'a> {
     pub logit_bias: Option<&'a BTreeMap<String, f64>>,
     pub allowed_token_ids: Option<&'a [u32]>,
     pub bad_words: Option<&'a [String]>,
+    pub thinking_token_budget: Option<i64>,
+    /// The field `thinking_token_budget` came from (empty: `thinking_token_budget`).
+    pub thinking_budget_param: &'static str,
     /// Already mapped to a count of top alternatives (chat: `top_logprobs` when `logprobs`).
     pub logprobs: Option<i64>,
     pub logprobs_param: &'static str,
@@ -615,6 +629,26 @@ impl RawSampling<'_> {
             ));
         }
 
+        let thinking_budget_param = match self.thinking_budget_param {
+            "" => "thinking_token_budget",
+            param => param,
+        };
+        let thinking_token_budget = match self.thinking_token_budget {
+            None => None,
+            Some(tokens) => Some(ThinkingTokenBudget {
+                tokens: u32::try_from(tokens).map_err(|_| {
+                    ProtocolError::invalid(
+                        thinking_budget_param,
+                        format!(
+                            "{thinking_budget_param} must be between 0 and {}, got {tokens}.",
+                            u32::MAX
+                        ),
+                    )
+                })?,
+                param: thinking_budget_param,
+            }),
+        };
+
         let logprobs =
             check_logprob_count(self.logprobs_param, self.logprobs, limits.max_logprobs)?;
         let stream = self.stream.unwrap_or(false);
@@ -734,6 +768,7 @@ impl RawSampling<'_> {
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             spaces_between_special_tokens: self.spaces_between_special_tokens.unwrap_or(true),
             structured_output,
+            thinking_token_budget,
         };
         if sampling.is_greedy() {
             if sampling.n > 1 {
@@ -785,6 +820,36 @@ mod tests {
             add_special_tokens: true,
             ..RawSampling::default()
         }
+    }
+
+    #[test]
+    fn a_thinking_budget_is_checked_and_keeps_the_field_it_came_from() {
+        let limits = ValidationLimits::new(2048, 49152);
+        let budget = |tokens, param| RawSampling {
+            thinking_token_budget: Some(tokens),
+            thinking_budget_param: param,
+            ..raw()
+        };
+        let chat = budget(0, "").validate(&limits).unwrap();
+        assert_eq!(
+            chat.sampling.thinking_token_budget,
+            Some(ThinkingTokenBudget {
+                tokens: 0,
+                param: "thinking_token_budget"
+            })
+        );
+        let anthropic = budget(2048, "thinking.budget_tokens")
+            .validate(&limits)
+            .unwrap();
+        assert_eq!(
+            anthropic.sampling.thinking_token_budget.map(|b| b.param),
+            Some("thinking.budget_tokens")
+        );
+        let negative = budget(-1, "").validate(&limits).unwrap_err();
+        assert!(
+            negative.to_string().contains("thinking_token_budget"),
+            "{negative}"
+        );
     }
 
     #[test]

@@ -9,14 +9,14 @@ use tokenmill_engine::{
     FinishReason as EngineFinish, GenerateRequest, LoadedModel, RequestEvent, RequestFailure,
     RequestStream, SamplingParams, StopOptions, StopReason as EngineStop, TokenLogprob,
 };
-use tokenmill_models::StructuredOutput;
+use tokenmill_models::{StructuredOutput, ThinkingBudget};
 
 use tokenmill_protocol::{
     ChatLogprobToken, ChatLogprobs, ChatTopLogprob, CompletionLogprobs, ErrorResponse,
     FinishReason, PromptLogprob, PromptLogprobs, StopReason, StructuredConstraint,
-    StructuredOutputRequest, TopLogprobMap, ValidatedSampling,
+    StructuredOutputRequest, ThinkingTokenBudget, TopLogprobMap, ValidatedSampling,
 };
-use tokenmill_text::{DecodeOptions, Tokenizer};
+use tokenmill_text::{reasoning_markers, DecodeOptions, Tokenizer};
 
 use crate::error::ApiError;
 
@@ -28,8 +28,13 @@ use crate::error::ApiError;
 pub(crate) async fn engine_sampling(
     validated: &ValidatedSampling,
     model: &Arc<LoadedModel>,
+    reasoning_parser: Option<&str>,
 ) -> Result<SamplingParams, ApiError> {
     let sampling = &validated.sampling;
+    let thinking_budget = match sampling.thinking_token_budget {
+        Some(budget) => Some(thinking_budget(budget, model, reasoning_parser)?),
+        None => None,
+    };
     let structured_output = match sampling.structured_output.clone() {
         Some(request) => {
             let model = Arc::clone(model);
@@ -61,6 +66,7 @@ pub(crate) async fn engine_sampling(
         min_tokens: sampling.min_tokens,
         all_stop_token_ids: Vec::new(),
         structured_output,
+        thinking_budget,
     };
     // What the engine's `min_tokens` will hold back (its `all_stop_token_ids`): constraints
     // that leave nothing to generate are a 400 here, before anything is queued.
@@ -72,6 +78,47 @@ pub(crate) async fn engine_sampling(
         .check_satisfiable(&stop_token_ids)
         .map_err(|e| ApiError::invalid_param(e.param(), e.to_string()))?;
     Ok(params)
+}
+
+/// The engine's thinking budget: the request's token count and the reasoning parser's
+/// markers as tokens. Without a reasoning parser the server cannot tell thinking from
+/// answer, so a budget is a 400 naming its field rather than a setting silently dropped.
+fn thinking_budget(
+    budget: ThinkingTokenBudget,
+    model: &LoadedModel,
+    reasoning_parser: Option<&str>,
+) -> Result<ThinkingBudget, ApiError> {
+    let param = budget.param;
+    let markers = reasoning_parser
+        .and_then(reasoning_markers)
+        .ok_or_else(|| {
+            ApiError::invalid_param(
+                param,
+                format!(
+                "{param}: this server runs without a reasoning parser (--reasoning-parser), so \
+                 it cannot tell reasoning tokens from the answer; leave the budget out"
+            ),
+            )
+        })?;
+    let encode = |marker: &str| {
+        model
+            .tokenizer
+            .encode(marker, false)
+            .ok()
+            .filter(|ids| !ids.is_empty())
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    param,
+                    format!("{param}: the reasoning marker {marker:?} has no tokens"),
+                )
+            })
+    };
+    Ok(ThinkingBudget {
+        budget: budget.tokens,
+        start_token_ids: encode(markers.start)?,
+        end_token_ids: encode(markers.end)?,
+        reasoning_without_start: markers.reasoning_without_start,
+    })
 }
 
 /// The engine's form of a checked wire constraint (also used by `generate --input`).

@@ -433,6 +433,37 @@ async fn errors_take_anthropics_shape() {
         "invalid_request_error",
     );
     assert!(message.contains("max_tokens"), "{message}");
+    // The router's own answers take the route's shape too: a wrong method (405) on a
+    // Messages route and an unserved path under it (the Message Batches API, 404).
+    for (method, path, expected, kind) in [
+        (
+            Method::GET,
+            "/v1/messages",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+        ),
+        (
+            Method::POST,
+            "/v1/messages/batches",
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+        ),
+    ] {
+        let response = app
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header("x-api-key", "sk-test")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await;
+        assert!(response.headers().contains_key("request-id"), "{path}");
+        let (status, text) = text_of(response).await;
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_anthropic_error(status, &error, expected, kind);
+    }
     // Still serving, nothing left in the engine.
     let (status, _) = post(&app, "/v1/messages", &body(json!({"max_tokens": 2})), &key).await;
     assert_eq!(status, StatusCode::OK);

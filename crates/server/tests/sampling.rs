@@ -94,3 +94,109 @@ async fn allowed_token_ids_restrict_every_output_token() {
     );
     app.wait_idle().await;
 }
+
+/// `thinking_token_budget` (vLLM's name; Anthropic's `thinking.budget_tokens` maps to it): with
+/// the `deepseek_r1` reasoning parser the output is reasoning until `</think>`, which the model
+/// never writes by itself here; the budget forces the marker after exactly that many tokens
+/// and the rest is the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_budget_forces_the_reasoning_end_marker() {
+    let app = TestApp::with_config(|config| config.reasoning_parser = Some("deepseek_r1".into()));
+    let end = tokenizer(&app).encode("</think>", false).unwrap();
+    let prompt = "The capital of France is";
+
+    // Negative control: without a budget the marker does not appear.
+    let (_, free) = complete(&app, prompt, json!({"max_tokens": 24})).await;
+    assert!(!contains(&free, &end), "{free:?}");
+
+    for budget in [0usize, 5] {
+        let (_, ids) = complete(
+            &app,
+            prompt,
+            json!({"max_tokens": 24, "thinking_token_budget": budget}),
+        )
+        .await;
+        assert_eq!(ids[..budget], free[..budget], "budget {budget}");
+        assert_eq!(
+            ids[budget..budget + end.len()],
+            end[..],
+            "budget {budget}: {ids:?}"
+        );
+        assert!(!contains(&ids[budget + end.len()..], &end), "{ids:?}");
+    }
+
+    // Chat: the reasoning parser splits at the forced marker.
+    let (status, response) = app
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"model": MODEL_NAME, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+                    "thinking_token_budget": 3,
+                    "messages": [{"role": "user", "content": "Name a colour."}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{response}");
+    let message = &response["choices"][0]["message"];
+    let reasoning = message["reasoning"].as_str().unwrap();
+    let reasoning_tokens = tokenizer(&app).encode(reasoning, false).unwrap();
+    assert!(
+        (1..=3).contains(&reasoning_tokens.len()),
+        "{reasoning:?} {response}"
+    );
+    assert!(
+        !message["content"].as_str().unwrap_or("").is_empty(),
+        "{response}"
+    );
+    assert_eq!(app.wait_idle().await.kv_cache_usage, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_budget_without_a_reasoning_parser_is_refused() {
+    // Anthropic's smallest budget is 1024 tokens, below max_tokens: a longer context.
+    let app = TestApp::with_engine_config(
+        |engine| {
+            engine.max_model_len = Some(1536);
+            engine.kv_cache = tokenmill_engine::KvCacheSizing::Bytes(128 << 20);
+        },
+        |_| {},
+    );
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"model": MODEL_NAME, "prompt": "Hi", "thinking_token_budget": 8}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL_NAME, "thinking_token_budget": 8,
+                   "messages": [{"role": "user", "content": "Hi"}]}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": MODEL_NAME, "prompt": "Hi", "thinking_token_budget": -1}),
+        ),
+    ] {
+        let (status, response) = app.post_json(path, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {response}");
+        assert_eq!(
+            common::error_param(&response),
+            Some("thinking_token_budget"),
+            "{response}"
+        );
+    }
+    let (status, response) = app
+        .post_json(
+            "/v1/messages",
+            &json!({"model": MODEL_NAME, "max_tokens": 1100,
+                    "thinking": {"type": "enabled", "budget_tokens": 1024},
+                    "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{response}");
+    assert_eq!(response["type"], "error", "{response}");
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("thinking.budget_tokens"),
+        "{response}"
+    );
+}

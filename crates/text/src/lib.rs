@@ -57,7 +57,10 @@ pub use detokenizer::IncrementalDetokenizer;
 pub use error::{Result, TextError};
 pub use gguf_vocab::{token_type, GgufVocab};
 pub use pretokenize::PreTokenizerSpec;
-pub use reasoning::{reasoning_parser, ReasoningDelta, ReasoningParser, REASONING_PARSER_NAMES};
+pub use reasoning::{
+    reasoning_markers, reasoning_parser, ReasoningDelta, ReasoningMarkers, ReasoningParser,
+    REASONING_PARSER_NAMES,
+};
 pub use stop::{StopMatch, StopStep, StopStringMatcher};
 pub use template_functions::strftime;
 pub use tokenizer::{DecodeOptions, HfTokenizerFiles, Tokenizer};

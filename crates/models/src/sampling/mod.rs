@@ -6,6 +6,8 @@
 //!   each gets `apply(logits, history)` before the pick and `accept(token)` after it.
 //! - [`GrammarCompiler`] and [`GrammarMatcher`] (`grammar.rs`, GBNF translation in `gbnf.rs`):
 //!   structured outputs on llguidance, the chain's grammar slot.
+//! - [`ThinkingBudget`] (`thinking_budget.rs`): the reasoning-token budget, forcing the end
+//!   marker once it is spent.
 //! - [`Sampler`] (`sampler.rs`): raw logprobs, the chain, then greedy or random selection.
 //! - [`token_logprobs`] (`logprobs.rs`): the log-softmax and top-k shared by sampled-token and
 //!   prompt logprobs.
@@ -16,6 +18,7 @@ mod logprobs;
 mod params;
 mod processors;
 mod sampler;
+mod thinking_budget;
 
 pub use grammar::{
     GrammarCompiler, GrammarMatcher, GrammarVocabulary, JsonGrammarOptions, StructuredOutput,
@@ -24,3 +27,4 @@ pub use logprobs::{log_sum_exp, token_logprobs};
 pub use params::{SamplingParams, Unsatisfiable};
 pub use processors::{History, LogitsChain, LogitsProcessor};
 pub use sampler::{argmax, SampledToken, Sampler};
+pub use thinking_budget::ThinkingBudget;

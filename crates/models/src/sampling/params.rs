@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 
 use super::grammar::StructuredOutput;
+use super::thinking_budget::ThinkingBudget;
 use crate::error::{ModelError, Result};
 
 /// Below this temperature sampling is greedy, as in vLLM (`_SAMPLING_EPS`).
@@ -48,6 +49,9 @@ pub struct SamplingParams {
     /// Structured outputs: the grammar the output must match. The executor compiles it with
     /// the model's [`crate::GrammarCompiler`] and puts it first in the chain.
     pub structured_output: Option<StructuredOutput>,
+    /// The reasoning-token budget (vLLM's `thinking_token_budget`): once the output has spent
+    /// it inside reasoning sections, the end marker is forced.
+    pub thinking_budget: Option<ThinkingBudget>,
 }
 
 impl Default for SamplingParams {
@@ -68,6 +72,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             all_stop_token_ids: Vec::new(),
             structured_output: None,
+            thinking_budget: None,
         }
     }
 }
@@ -127,6 +132,14 @@ impl SamplingParams {
         }
         if self.bad_words_token_ids.iter().any(Vec::is_empty) {
             return invalid("bad_words", "a bad word has no tokens".into());
+        }
+        if let Some(budget) = &self.thinking_budget {
+            if budget.start_token_ids.is_empty() || budget.end_token_ids.is_empty() {
+                return invalid(
+                    "thinking_token_budget",
+                    "the reasoning start and end markers must have tokens".into(),
+                );
+            }
         }
         self.check_satisfiable(&self.all_stop_token_ids)
             .map_err(|error| ModelError::InvalidSamplingParams(error.to_string()))

@@ -3,9 +3,9 @@
 //! A request's [`LogitsChain`] is built once from its [`SamplingParams`] and holds only the
 //! processors the request uses (default parameters build an empty chain, which costs
 //! nothing). The order is vLLM V1's: a grammar mask (the structured-outputs slot), allowed
-//! token ids, bad words, the min-tokens ban, logit bias, then repetition and
-//! frequency/presence penalties. Raw logprobs are taken before every processor but the
-//! grammar, so they describe the model, not the processors (vLLM's `raw_logprobs`); vLLM
+//! token ids, bad words, the min-tokens ban, logit bias, repetition and frequency/presence
+//! penalties, then the thinking budget (`thinking_budget.rs`), which can force a token. Raw
+//! logprobs are taken before every processor but the grammar, so they describe the model, not the processors (vLLM's `raw_logprobs`); vLLM
 //! applies a grammar's bitmask to the logits before its sampler, so those logprobs see it.
 //! State is per request (penalty counts, grammar position), so a request's result never
 //! depends on the rest of the batch.
@@ -13,6 +13,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::params::SamplingParams;
+use super::thinking_budget::ThinkingBudgetProcessor;
 use crate::error::Result;
 
 /// The tokens a request has seen when its next token is picked.
@@ -268,6 +269,10 @@ impl LogitsChain {
                 params.frequency_penalty,
                 params.presence_penalty,
             )));
+        }
+        // Last: once the budget is spent the end marker is forced whatever came before.
+        if let Some(budget) = &params.thinking_budget {
+            processors.push(Box::new(ThinkingBudgetProcessor::new(budget, prompt)));
         }
         LogitsChain {
             grammar: None,

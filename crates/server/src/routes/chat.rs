@@ -82,7 +82,12 @@ pub(crate) async fn create(
         _ => String::new(),
     };
 
-    let params = engine_sampling(&validated, &state.inner.model).await?;
+    let params = engine_sampling(
+        &validated,
+        &state.inner.model,
+        state.config().reasoning_parser.as_deref(),
+    )
+    .await?;
     let mut guard = InFlightGuard::new(&state);
     let mut streams = Vec::with_capacity(validated.sampling.n as usize);
     for choice in 0..validated.sampling.n {

@@ -80,7 +80,12 @@ pub(crate) async fn create(
         log_prompts(&state, &prompts);
     }
 
-    let params = engine_sampling(&validated, &state.inner.model).await?;
+    let params = engine_sampling(
+        &validated,
+        &state.inner.model,
+        state.config().reasoning_parser.as_deref(),
+    )
+    .await?;
     let mut guard = InFlightGuard::new(&state);
     let n = validated.sampling.n;
     let mut streams = Vec::with_capacity(prompts.len() * n as usize);

@@ -132,19 +132,32 @@ pub(crate) fn finish_app<S: HttpState>(routes: Router<S>, state: S) -> Router {
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> Response {
-    error_response(ErrorResponse::not_found(format!(
+    let error = ErrorResponse::not_found(format!(
         "{method} {} is not a route of this server",
         uri.path()
-    )))
+    ));
+    // Anthropic's clients (the Message Batches API under `/v1/messages/batches`, ...) parse
+    // Anthropic's error shape.
+    if uri.path().contains("/v1/messages/") {
+        anthropic_error_response(error)
+    } else {
+        error_response(error)
+    }
 }
 
-/// A known path with the wrong method: 405 with an OpenAI error body (axum's default is empty).
+/// A known path with the wrong method: 405 with an error body in the route's API shape
+/// (Anthropic's on the Messages routes, OpenAI's elsewhere; axum's default is empty).
 async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
-    error_response(ErrorResponse::new(
+    let error = ErrorResponse::new(
         405,
         "method_not_allowed",
         format!("{method} is not allowed on {}", uri.path()),
-    ))
+    );
+    if messages::is_anthropic_path(uri.path()) {
+        anthropic_error_response(error)
+    } else {
+        error_response(error)
+    }
 }
 
 /// API-key check (`Authorization: Bearer` or `x-api-key`): every route except `/health` (and `/metrics` unless

@@ -1,7 +1,7 @@
 //! Reasoning delimited by start and end markers: `<think>...</think>` (DeepSeek-R1, QwQ,
 //! Qwen3) and Granite 3.2's `Here is my thought process: ... Here is my response:`.
 
-use super::{ReasoningDelta, ReasoningParser};
+use super::{ReasoningDelta, ReasoningMarkers, ReasoningParser};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -72,6 +72,16 @@ impl MarkerReasoningParser {
             &["Here is my response:", "Here's my response:"],
             false,
         )
+    }
+
+    /// Its first start and end markers (the ones a thinking budget counts between and
+    /// forces).
+    pub fn markers(&self) -> ReasoningMarkers {
+        ReasoningMarkers {
+            start: self.starts.first().copied().unwrap_or_default(),
+            end: self.ends.first().copied().unwrap_or_default(),
+            reasoning_without_start: self.reasoning_without_start,
+        }
     }
 
     fn run(&mut self, finished: bool, out: &mut Vec<ReasoningDelta>) {

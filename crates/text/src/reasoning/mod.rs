@@ -47,6 +47,29 @@ pub trait ReasoningParser: Send + std::fmt::Debug {
 /// The `--reasoning-parser` names tokenmill implements.
 pub const REASONING_PARSER_NAMES: [&str; 3] = ["deepseek_r1", "qwen3", "granite"];
 
+/// The markers a reasoning parser splits on, as a thinking budget needs them: the primary
+/// start and end strings (tokenized by the server, counted between and forced by the
+/// engine) and whether output without a start marker is reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningMarkers {
+    pub start: &'static str,
+    pub end: &'static str,
+    pub reasoning_without_start: bool,
+}
+
+/// The markers of the parser vLLM calls `name`.
+pub fn reasoning_markers(name: &str) -> Option<ReasoningMarkers> {
+    Some(
+        match name {
+            "deepseek_r1" => MarkerReasoningParser::deepseek_r1(),
+            "qwen3" => MarkerReasoningParser::qwen3(),
+            "granite" => MarkerReasoningParser::granite(),
+            _ => return None,
+        }
+        .markers(),
+    )
+}
+
 /// A fresh parser by vLLM's name.
 pub fn reasoning_parser(name: &str) -> Option<Box<dyn ReasoningParser>> {
     Some(Box::new(match name {
