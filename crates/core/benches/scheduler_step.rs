@@ -22,6 +22,7 @@ fn config(max_num_seqs: usize) -> SchedulerConfig {
         enable_chunked_prefill: true,
         sliding_window: None,
         kv_groups: KvCacheGroups::Single,
+        state_slots: tokenmill_core::StateSlotConfig::none(),
     }
 }
 

@@ -81,14 +81,40 @@ pub fn max_concurrency_line(
     blocks_per_request: usize,
     max_model_len: usize,
 ) -> String {
-    let concurrency = if blocks_per_request == 0 {
+    concurrency_line(
+        block_concurrency(num_blocks, blocks_per_request),
+        max_model_len,
+    )
+}
+
+/// Max-length requests the blocks hold at once when each holds `blocks_per_request`.
+pub fn block_concurrency(num_blocks: u32, blocks_per_request: usize) -> f64 {
+    if blocks_per_request == 0 {
         0.0
     } else {
         f64::from(num_blocks) / blocks_per_request as f64
-    };
+    }
+}
+
+/// `Maximum concurrency for 131,072 tokens per request: 4.68x` for a computed `concurrency`
+/// (with recurrent-state slots: the blocks' concurrency capped by the slots, one per running
+/// sequence).
+pub fn concurrency_line(concurrency: f64, max_model_len: usize) -> String {
     format!(
         "Maximum concurrency for {} tokens per request: {concurrency:.2}x",
         format_thousands(max_model_len),
+    )
+}
+
+/// `Recurrent state cache: 64 slots of 18.00 MiB (1.12 GiB), one per running sequence`: what
+/// a hybrid model's recurrent layers reserve out of the KV cache memory.
+pub fn state_cache_line(num_slots: usize, bytes_per_slot: u64) -> String {
+    let mib = bytes_per_slot as f64 / f64::from(1u32 << 20);
+    let total_gib = num_slots as f64 * bytes_per_slot as f64 / f64::from(1u32 << 30);
+    format!(
+        "Recurrent state cache: {} slots of {mib:.2} MiB ({total_gib:.2} GiB), one per running \
+         sequence",
+        format_thousands(num_slots)
     )
 }
 
@@ -127,6 +153,18 @@ mod tests {
         assert_eq!(
             max_concurrency_line(38_314, 289, 131_072),
             "Maximum concurrency for 131,072 tokens per request: 132.57x"
+        );
+    }
+
+    #[test]
+    fn state_cache_line_names_slots_and_bytes() {
+        assert_eq!(
+            state_cache_line(64, 18 << 20),
+            "Recurrent state cache: 64 slots of 18.00 MiB (1.12 GiB), one per running sequence"
+        );
+        assert_eq!(
+            concurrency_line(3.0, 32_768),
+            "Maximum concurrency for 32,768 tokens per request: 3.00x"
         );
     }
 

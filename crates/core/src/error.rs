@@ -11,6 +11,10 @@ pub enum KvCacheError {
     /// this by preempting or by not admitting.
     #[error("not enough free KV blocks: need {needed}, {available} available")]
     OutOfBlocks { needed: usize, available: usize },
+    /// Every recurrent-state slot is held; nothing was changed. Admission waits, as for
+    /// blocks.
+    #[error("no free recurrent-state slot: all {num_slots} are held")]
+    OutOfStateSlots { num_slots: u32 },
     #[error("request {request_id} already holds KV blocks; prefix hits apply only on admission")]
     AlreadyAllocated { request_id: RequestId },
     #[error("KV cache invariant violated: {detail}")]

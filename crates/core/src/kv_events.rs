@@ -48,6 +48,7 @@ mod tests {
             enable_prefix_caching: true,
             sliding_window: None,
             groups: KvCacheGroups::Single,
+            state_slots: crate::StateSlotConfig::none(),
         })
         .unwrap();
         kv.enable_events();
@@ -104,6 +105,7 @@ mod tests {
             enable_prefix_caching: true,
             sliding_window: None,
             groups: KvCacheGroups::Single,
+            state_slots: crate::StateSlotConfig::none(),
         })
         .unwrap();
         let tokens: Vec<u32> = (0..9).collect();

@@ -10,6 +10,8 @@
 //! - [`KvCacheManager`] over a [`BlockPool`]: ref-counted fixed-size blocks, an LRU free
 //!   queue and automatic prefix caching by chained [`BlockHash`]es. The scheduler sees block
 //!   ids and token counts only.
+//! - [`StateSlotPool`]: one recurrent-state slot per running request of a hybrid model
+//!   (Gated DeltaNet / Mamba layers), owned by the KV manager beside the block tables.
 //! - [`KvCacheEvent`]: the prefix cache's stored/removed/cleared log, recorded on demand and
 //!   drained by the engine once per step (vLLM's KV events).
 //! - [`capacity`]: blocks from a memory budget and vLLM's start-up capacity lines.
@@ -31,6 +33,7 @@
 //!     enable_chunked_prefill: true,
 //!     sliding_window: None,
 //!     kv_groups: tokenmill_core::KvCacheGroups::Single,
+//!     state_slots: tokenmill_core::StateSlotConfig::none(),
 //! })?;
 //! scheduler.add_request(Request::new(RequestId(1), vec![1, 2, 3, 4, 5], 3))?;
 //! while scheduler.has_unfinished_requests() {
@@ -60,6 +63,7 @@ mod kv_cache_manager;
 mod kv_events;
 mod request;
 mod scheduler;
+mod state_slots;
 
 pub use block_hash::{hash_block, BlockHash, BlockHashChain, BlockHashExtraKeys};
 pub use block_pool::BlockPool;
@@ -73,3 +77,4 @@ pub use scheduler::{
     LoraStats, RequestUpdate, ScheduleKind, ScheduledRequest, Scheduler, SchedulerConfig,
     SchedulerOutput, SchedulerStats, SchedulingPolicy,
 };
+pub use state_slots::{StateSlotConfig, StateSlotPool};

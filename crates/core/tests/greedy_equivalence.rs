@@ -43,6 +43,7 @@ fn config(
         enable_chunked_prefill: true,
         sliding_window: None,
         kv_groups: KvCacheGroups::Single,
+        state_slots: tokenmill_core::StateSlotConfig::none(),
     }
 }
 

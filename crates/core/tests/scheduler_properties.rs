@@ -5,7 +5,9 @@
 mod common;
 
 use proptest::prelude::*;
-use tokenmill_core::{KvCacheGroups, SchedulerConfig, SchedulingPolicy, StopParams};
+use tokenmill_core::{
+    KvCacheGroups, SchedulerConfig, SchedulingPolicy, StateSlotConfig, StopParams,
+};
 
 use common::driver::{run, run_with_drafts, run_with_model_window, RequestSpec};
 use common::EOS;
@@ -140,6 +142,7 @@ fn scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
                     enable_chunked_prefill: true,
                     sliding_window: None,
                     kv_groups: KvCacheGroups::Single,
+                    state_slots: StateSlotConfig::none(),
                 };
                 let requests = raws
                     .iter()
@@ -350,6 +353,68 @@ proptest! {
             let result = run(config, &scenario.requests, scenario.eos_every, MAX_STEPS);
             prop_assert!(result.is_ok(), "{}", result.clone().err().unwrap_or_default());
             let result = result.unwrap_or_else(|_| unreachable!());
+            prop_assert_eq!(&result.outcomes, &reference.outcomes, "caching={}", caching);
+        }
+        let speculative = run_with_drafts(
+            scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS, Some(seed),
+        );
+        prop_assert!(speculative.is_ok(), "{}", speculative.clone().err().unwrap_or_default());
+        prop_assert_eq!(
+            &speculative.unwrap_or_else(|_| unreachable!()).outcomes,
+            &reference.outcomes
+        );
+    }
+}
+
+/// [`scenario`] for a model with recurrent layers: 1 to `max_num_seqs + 1` state slots (often
+/// fewer than the requests that could run, so admission waits for a slot), weighed against
+/// the blocks by random byte sizes.
+fn state_scenario(with_aborts: bool) -> impl Strategy<Value = Scenario> {
+    (scenario(with_aborts), 0u32..=6, 1u64..=1000, 1u64..=1000).prop_map(
+        |(mut scenario, slots, bytes_per_slot, bytes_per_block)| {
+            let num_slots = 1 + slots % (scenario.config.max_num_seqs as u32 + 1);
+            scenario.config.state_slots = StateSlotConfig {
+                num_slots,
+                bytes_per_slot,
+                bytes_per_block,
+            };
+            scenario
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Recurrent-state slots under random add / schedule / finish / abort / preempt streams in
+    /// small pools: a request holds exactly one slot exactly while it runs, no two running
+    /// requests share one, none leaks (all free at the end), every continuing run finds its own
+    /// state of exactly the positions before it (the executor fails the step otherwise), no
+    /// prefix hit is ever taken, usage weighs slots by bytes, and every request finishes.
+    #[test]
+    fn state_slot_invariants_hold_and_every_request_finishes(scenario in state_scenario(true)) {
+        let result = run(scenario.config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(result.is_ok(), "{}", result.err().unwrap_or_default());
+    }
+
+    /// The recurrent state gives the tokens of the reference (a pure transformer with a roomy
+    /// pool, no preemption, no prefix cache), with prefix caching asked for or not, and with
+    /// speculative drafts offered (the scheduler refuses them with recurrent state).
+    #[test]
+    fn state_outputs_equal_the_reference(scenario in state_scenario(false), seed in any::<u64>()) {
+        let reference = SchedulerConfig {
+            state_slots: StateSlotConfig::none(),
+            ..reference_config(&scenario)
+        };
+        let reference = run(reference, &scenario.requests, scenario.eos_every, MAX_STEPS);
+        prop_assert!(reference.is_ok(), "{}", reference.clone().err().unwrap_or_default());
+        let reference = reference.unwrap_or_else(|_| unreachable!());
+        for caching in [false, true] {
+            let config = SchedulerConfig { enable_prefix_caching: caching, ..scenario.config };
+            let result = run(config, &scenario.requests, scenario.eos_every, MAX_STEPS);
+            prop_assert!(result.is_ok(), "{}", result.clone().err().unwrap_or_default());
+            let result = result.unwrap_or_else(|_| unreachable!());
+            prop_assert_eq!(result.stats.prefix_cache_hits, 0);
             prop_assert_eq!(&result.outcomes, &reference.outcomes, "caching={}", caching);
         }
         let speculative = run_with_drafts(

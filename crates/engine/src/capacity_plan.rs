@@ -1,11 +1,13 @@
 //! Capacity planning: how many KV blocks the byte budget buys for the model's cache layout,
 //! and what that allows (the KV cache groups, `max_model_len`, the step's token budget), as a
-//! pure function of the layout, the engine flags and the budget. vLLM keeps the same decision
+//! pure function of the layout, the engine flags and the budget. A model with recurrent
+//! layers first reserves one recurrent-state slot per sequence that may run out of the budget
+//! ([`plan_state_slots`]); the blocks get the rest. vLLM keeps the same decision
 //! apart from start-up (`get_kv_cache_configs`); here [`crate::startup`] reads the budget and
 //! the layout, calls [`plan_capacity`], then logs and builds from the plan.
 
-use tokenmill_core::{capacity, SchedulerConfig};
-use tokenmill_models::{KvCacheDType, LayerKvLayout};
+use tokenmill_core::{capacity, SchedulerConfig, StateSlotConfig};
+use tokenmill_models::{KvCacheDType, LayerKvLayout, LayerStateLayout, StateCacheStorage};
 
 use crate::config::DEFAULT_MAX_NUM_BATCHED_TOKENS;
 use crate::kv_groups::{longest_fitting_len, KvPlan};
@@ -15,8 +17,10 @@ use crate::{EngineConfig, EngineError};
 /// What the plan depends on besides the engine flags.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CapacityInputs<'a> {
-    /// What each layer keeps in the cache (the model family's declaration).
+    /// What each attention layer keeps in the cache (the model family's declaration).
     pub layout: &'a [LayerKvLayout],
+    /// What each recurrent layer keeps per sequence (empty for a pure transformer).
+    pub state_layout: &'a [LayerStateLayout],
     /// The context the model was trained for: `max_model_len` when the flag does not say.
     pub max_position_embeddings: usize,
     /// The element type K/V are stored as (`--kv-cache-dtype` resolved for the model).
@@ -43,10 +47,7 @@ pub(crate) fn plan_capacity(
     let kv_plan = KvPlan::for_layout(inputs.layout, config.disable_hybrid_kv_cache_manager);
     let bytes_per_block = kv_plan.bytes_per_block(config.block_size, inputs.kv_storage);
     let kv_bytes = inputs.kv_cache_bytes;
-    let num_blocks = capacity::num_blocks_for_budget(kv_bytes, bytes_per_block);
     let sliding_window = kv_plan.sliding_window;
-    let pool_tokens =
-        capacity::kv_cache_size_tokens(num_blocks, config.block_size) / kv_plan.num_groups();
     let mut scheduler = SchedulerConfig {
         // Without chunked prefill the budget follows max_model_len, set below.
         max_num_batched_tokens: config
@@ -55,14 +56,32 @@ pub(crate) fn plan_capacity(
         max_num_seqs: config.max_num_seqs,
         max_model_len: 2,
         block_size: config.block_size,
-        num_blocks,
+        num_blocks: 0,
         enable_prefix_caching: config.enable_prefix_caching,
         policy: config.scheduling_policy,
         long_prefill_token_threshold: None,
         enable_chunked_prefill: config.enable_chunked_prefill,
         sliding_window,
         kv_groups: kv_plan.groups,
+        state_slots: StateSlotConfig::none(),
     };
+    let bytes_per_slot = StateCacheStorage::bytes_per_slot(inputs.state_layout) as u64;
+    let num_slots = plan_state_slots(&scheduler, config, inputs, bytes_per_block, bytes_per_slot)?;
+    let state_bytes = u64::from(num_slots) * bytes_per_slot;
+    let num_blocks =
+        capacity::num_blocks_for_budget(kv_bytes.saturating_sub(state_bytes), bytes_per_block);
+    scheduler.num_blocks = num_blocks;
+    if num_slots > 0 {
+        // A sequence runs only with a slot, and the slots are all the state there is.
+        scheduler.max_num_seqs = num_slots as usize;
+        scheduler.state_slots = StateSlotConfig {
+            num_slots,
+            bytes_per_slot,
+            bytes_per_block: bytes_per_block as u64,
+        };
+    }
+    let pool_tokens =
+        capacity::kv_cache_size_tokens(num_blocks, config.block_size) / kv_plan.num_groups();
     let trained = inputs.max_position_embeddings;
     scheduler.max_model_len = match config.max_model_len {
         Some(len) => len,
@@ -86,6 +105,8 @@ pub(crate) fn plan_capacity(
         max_model_len,
         blocks_per_request,
         num_kv_cache_groups: kv_plan.num_groups(),
+        num_state_slots: num_slots as usize,
+        bytes_per_state_slot: bytes_per_slot,
     };
     if (num_blocks as usize) < blocks_per_request {
         return Err(EngineError::Config(format!(
@@ -102,6 +123,51 @@ pub(crate) fn plan_capacity(
         scheduler,
         report,
     })
+}
+
+/// Recurrent-state slots for a model whose slot takes `bytes_per_slot` (0: no recurrent
+/// layers, no slots): one per sequence that may run (`--max-num-seqs`), as vLLM reserves
+/// state for every sequence it may schedule; fewer when the budget cannot hold them beside
+/// the blocks of one request of `--max-model-len` (without the flag, of one step's tokens:
+/// the context is then what the remaining blocks hold). An error when not even one fits.
+fn plan_state_slots(
+    base: &SchedulerConfig,
+    config: &EngineConfig,
+    inputs: &CapacityInputs<'_>,
+    bytes_per_block: usize,
+    bytes_per_slot: u64,
+) -> Result<u32, EngineError> {
+    if bytes_per_slot == 0 {
+        return Ok(0);
+    }
+    let keep_len = config
+        .max_model_len
+        .unwrap_or_else(|| {
+            inputs
+                .max_position_embeddings
+                .min(base.max_num_batched_tokens)
+        })
+        .max(2);
+    let keep_blocks = SchedulerConfig {
+        max_model_len: keep_len,
+        ..*base
+    }
+    .max_blocks_per_request();
+    let keep_bytes = (keep_blocks as u64).saturating_mul(bytes_per_block as u64);
+    let room = inputs.kv_cache_bytes.saturating_sub(keep_bytes) / bytes_per_slot;
+    let num_slots = (config.max_num_seqs as u64)
+        .min(room)
+        .min(u64::from(u32::MAX));
+    if num_slots == 0 {
+        return Err(EngineError::Config(format!(
+            "the KV cache memory ({:.1} MiB) cannot hold one recurrent-state slot ({:.1} MiB) \
+             beside the {keep_blocks} KV blocks of one {keep_len}-token request: raise \
+             --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len",
+            inputs.kv_cache_bytes as f64 / f64::from(1u32 << 20),
+            bytes_per_slot as f64 / f64::from(1u32 << 20),
+        )));
+    }
+    Ok(num_slots as u32)
 }
 
 #[cfg(test)]
@@ -130,6 +196,7 @@ mod tests {
     fn inputs(layout: &[LayerKvLayout], trained: usize, bytes: u64) -> CapacityInputs<'_> {
         CapacityInputs {
             layout,
+            state_layout: &[],
             max_position_embeddings: trained,
             kv_storage: KvCacheDType::F16,
             kv_cache_bytes: bytes,
@@ -196,5 +263,88 @@ mod tests {
         config.max_num_batched_tokens = Some(512);
         let plan = plan_capacity(&config, &inputs(&layout, 4000, 8 * MIB)).unwrap();
         assert_eq!(plan.scheduler.max_num_batched_tokens, 512);
+    }
+
+    /// Three recurrent layers of 64 Ki + 192 Ki f32 elements: 3 MiB a slot.
+    const STATE: [LayerStateLayout; 3] = [LayerStateLayout {
+        conv_elems: 64 << 10,
+        recurrent_elems: 192 << 10,
+    }; 3];
+
+    #[test]
+    fn recurrent_state_is_reserved_per_sequence_before_the_blocks() {
+        let layout = [layer(None)];
+        let mut config = config();
+        config.max_num_seqs = 8;
+        config.max_model_len = Some(1024);
+        // 8 slots of 3 MiB, then 8 KiB blocks (one layer, 16 tokens of 2 × 64 f16 K and V)
+        // from the remaining 40 MiB.
+        let hybrid = CapacityInputs {
+            state_layout: &STATE,
+            ..inputs(&layout, 4096, 64 * MIB)
+        };
+        let plan = plan_capacity(&config, &hybrid).unwrap();
+        assert_eq!(plan.report.num_state_slots, 8);
+        assert_eq!(plan.report.bytes_per_state_slot, 3 * MIB);
+        assert_eq!(plan.report.state_bytes(), 24 * MIB);
+        assert_eq!(plan.report.num_blocks, 5120);
+        assert_eq!(plan.scheduler.max_num_seqs, 8);
+        assert_eq!(
+            plan.scheduler.state_slots,
+            StateSlotConfig {
+                num_slots: 8,
+                bytes_per_slot: 3 * MIB,
+                bytes_per_block: 8 << 10,
+            }
+        );
+        // 5,120 blocks hold 80 requests of 1,024 tokens, but 8 slots run 8.
+        assert_eq!(plan.report.max_concurrency(), 8.0);
+        assert_eq!(plan.report.log_lines().len(), 5);
+        // A pure transformer on the same budget: no slots, every byte in blocks.
+        let plain = plan_capacity(
+            &config,
+            &CapacityInputs {
+                state_layout: &[],
+                ..hybrid
+            },
+        )
+        .unwrap();
+        assert_eq!(plain.report.num_state_slots, 0);
+        assert_eq!(plain.report.num_blocks, 8192);
+        assert_eq!(plain.scheduler.state_slots, StateSlotConfig::none());
+    }
+
+    #[test]
+    fn a_budget_short_of_state_for_every_sequence_lowers_max_num_seqs() {
+        let layout = [layer(None)];
+        let mut config = config();
+        config.max_num_seqs = 64;
+        config.max_model_len = Some(4096);
+        // One 4,096-token request needs 256 blocks (2 MiB); 20 MiB leaves room for 6 slots.
+        let hybrid = CapacityInputs {
+            state_layout: &STATE,
+            ..inputs(&layout, 4096, 20 * MIB)
+        };
+        let plan = plan_capacity(&config, &hybrid).unwrap();
+        assert_eq!(plan.report.num_state_slots, 6);
+        assert_eq!(plan.scheduler.max_num_seqs, 6);
+        assert!(plan.report.num_blocks as usize >= plan.report.blocks_per_request);
+        // Not even one slot beside one request: refused by flag name.
+        let tiny = CapacityInputs {
+            state_layout: &STATE,
+            ..inputs(&layout, 4096, 4 * MIB)
+        };
+        let message = plan_capacity(&config, &tiny).unwrap_err().to_string();
+        assert!(message.contains("recurrent-state slot"), "{message}");
+        assert!(message.contains("--kv-cache-memory"), "{message}");
+        // Without --max-model-len the slots keep one step's blocks and the context is what
+        // the rest holds.
+        config.max_model_len = None;
+        let plan = plan_capacity(&config, &hybrid).unwrap();
+        assert_eq!(plan.report.num_state_slots, 6);
+        assert_eq!(
+            plan.report.max_model_len,
+            plan.report.num_blocks as usize * 16
+        );
     }
 }

@@ -794,6 +794,8 @@ impl<E: Executor> EngineLoop<E> {
             stats.num_blocks = snapshot.num_blocks;
             stats.num_free_blocks = snapshot.num_free_blocks;
             stats.num_cached_free_blocks = snapshot.num_cached_free_blocks;
+            stats.num_state_slots = snapshot.num_state_slots;
+            stats.num_free_state_slots = snapshot.num_free_state_slots;
             stats.prompt_tokens += step.prompt_tokens;
             stats.generation_tokens += step.generation_tokens;
         }

@@ -182,6 +182,7 @@ mod tests {
                 full: 1,
                 sliding: 2,
             },
+            state_slots: tokenmill_core::StateSlotConfig::none(),
         };
         // Each sliding group holds at most ceil((31 + 64) / 16) + 1 = 7 blocks, so the full
         // group gets 100 - 14 = 86 blocks: 1,376 tokens.

@@ -45,6 +45,8 @@ mod pooling;
 mod request;
 pub mod spec;
 mod startup;
+#[cfg(test)]
+mod state_slot_tests;
 mod stats;
 #[cfg(test)]
 mod test_support;

@@ -13,7 +13,7 @@ use tokenmill_models::{
     load_gguf_model, load_model, token_logprobs, BatchInput, CausalLm, GrammarCompiler,
     GrammarVocabulary, History, JsonGrammarOptions, KvCacheDType, KvCacheGrouping, KvCacheStorage,
     LoadOptions, LoraAdapter, ModelConfig, ModelError, ModelSource, SampledToken, Sampler,
-    Workspace,
+    StateCacheStorage, Workspace,
 };
 use tokenmill_text::{ChatTemplate, Tokenizer};
 
@@ -261,6 +261,20 @@ impl ModelRunner {
             rows: Vec::new(),
         }
     }
+
+    /// The same runner with `num_slots` recurrent-state slots of the model's
+    /// [`CausalLm::state_layout`] inside its KV cache (none for a model without recurrent
+    /// layers, whatever `num_slots`): the scheduler's slot pool, whose ids each step's
+    /// sequences carry.
+    pub fn with_state_slots(mut self, num_slots: usize) -> ModelRunner {
+        let layout = self.loaded.model.state_layout();
+        if !layout.is_empty() {
+            // An empty placeholder while the cache moves into `with_state` (no allocation).
+            let kv_cache = std::mem::replace(&mut self.kv_cache, KvCacheStorage::new(&[], 0, 1));
+            self.kv_cache = kv_cache.with_state(StateCacheStorage::new(layout, num_slots));
+        }
+        self
+    }
 }
 
 impl Executor for ModelRunner {
@@ -304,6 +318,7 @@ impl Executor for ModelRunner {
 
     fn execute(&mut self, output: &SchedulerOutput) -> Result<StepOutput, EngineError> {
         let block_size = self.kv_cache.block_size();
+        let has_state = self.kv_cache.state().num_layers() > 0;
         self.batch.clear();
         self.rows.clear();
         for scheduled in &output.scheduled {
@@ -315,6 +330,15 @@ impl Executor for ModelRunner {
                 block_size,
                 false,
             )?;
+            if has_state {
+                let slot = scheduled.state_slot.ok_or_else(|| {
+                    EngineError::Executor(format!(
+                        "request {} was scheduled without a recurrent-state slot",
+                        scheduled.request_id
+                    ))
+                })?;
+                self.batch.state_slots.push(slot);
+            }
             if let Some(state) = self.sequences.get(&scheduled.request_id) {
                 if let Some(adapter) = &state.lora {
                     self.batch.set_last_sequence_adapter(adapter)?;

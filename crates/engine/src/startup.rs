@@ -85,6 +85,40 @@ impl Engine {
         if config.json_grammar != JsonGrammarOptions::default() {
             loaded.set_json_grammar_options(config.json_grammar)?;
         }
+        Self::start_loaded(config, loaded, available_before_load, own_pools)
+    }
+
+    /// [`Self::start`] after the model is loaded: plans the KV capacity for it and starts the
+    /// engine threads. `available_before_load` is the memory that was available before the
+    /// weights loaded; `own_pools` whether each engine builds its own thread pool.
+    pub(crate) fn start_loaded(
+        config: &EngineConfig,
+        loaded: LoadedModel,
+        available_before_load: Option<u64>,
+        own_pools: bool,
+    ) -> Result<Engine, EngineError> {
+        let ranks = config.data_parallel_size.max(1);
+        let state_layout = loaded.model.state_layout();
+        if !state_layout.is_empty() {
+            if let Some(spec) = &config.speculative {
+                return Err(EngineError::Config(format!(
+                    "--speculative-config: method {} cannot run on this model: its {} \
+                     recurrent layers keep a state that a rejected draft token cannot be \
+                     rolled back out of (multi-token-prediction drafting for such models is \
+                     not implemented yet); start without --speculative-config",
+                    spec.method_name(),
+                    state_layout.len()
+                )));
+            }
+            if config.enable_prefix_caching {
+                tracing::info!(
+                    "prefix caching is off for this model: its {} recurrent layers keep a \
+                     per-sequence state and there are no state checkpoints at block \
+                     boundaries yet, so every request computes its whole prompt",
+                    state_layout.len()
+                );
+            }
+        }
         let loaded = Arc::new(loaded);
         let model_config = loaded.config().clone();
         let lora = match &config.lora {
@@ -105,6 +139,7 @@ impl Engine {
             config,
             &CapacityInputs {
                 layout: loaded.model.kv_layout(),
+                state_layout: loaded.model.state_layout(),
                 max_position_embeddings: model_config.max_position_embeddings,
                 kv_storage: config.kv_storage()?,
                 kv_cache_bytes: kv_bytes,
@@ -112,6 +147,16 @@ impl Engine {
         )?;
         let (sliding_window, blocks_per_request) =
             (kv_plan.sliding_window, capacity.blocks_per_request);
+        if capacity.num_state_slots > 0 && scheduler_config.max_num_seqs < config.max_num_seqs {
+            tracing::warn!(
+                "max_num_seqs lowered from {} to {}: the KV cache memory holds recurrent state \
+                 for {} sequences beside the blocks of one max-length request (raise \
+                 --kv-cache-memory to run more at once)",
+                config.max_num_seqs,
+                scheduler_config.max_num_seqs,
+                capacity.num_state_slots
+            );
+        }
         match sliding_window {
             Some(window) if kv_plan.is_hybrid() => tracing::info!(
                 "hybrid KV cache manager: {} KV cache groups ({:?}); blocks before the \
@@ -188,7 +233,7 @@ impl Engine {
             loaded,
             capacity,
             lora,
-            config.enable_prefix_caching,
+            scheduler_config.prefix_caching_active(),
         ))
     }
 
@@ -221,14 +266,15 @@ impl Engine {
             num_blocks as usize,
             config.block_size,
             kv_dtype,
-        );
+        )
+        .with_state_slots(scheduler_config.state_slots.num_slots as usize);
         let mut metrics = EngineMetrics::for_engine(
             MetricsConfig {
                 model_name: config.served_model_name.clone(),
                 max_model_len,
                 block_size: config.block_size,
                 num_blocks: num_blocks as usize,
-                enable_prefix_caching: config.enable_prefix_caching,
+                enable_prefix_caching: scheduler_config.prefix_caching_active(),
                 cache_dtype: config.kv_cache_dtype.as_str().into(),
             },
             config
@@ -435,6 +481,8 @@ mod tests {
             max_model_len: 64,
             blocks_per_request: 4,
             num_kv_cache_groups: 1,
+            num_state_slots: 0,
+            bytes_per_state_slot: 0,
         };
         let metrics = small_metrics();
         let core = Engine::spawn_core(

@@ -11,7 +11,8 @@ use crate::CacheDtype;
 pub struct EngineStats {
     pub num_running: usize,
     pub num_waiting: usize,
-    /// Used blocks / total blocks, 0..=1 (cached free blocks do not count as used).
+    /// Used blocks / total blocks, 0..=1 (cached free blocks do not count as used); with
+    /// recurrent-state slots, used bytes of blocks and slots over all of them.
     pub kv_cache_usage: f64,
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
@@ -28,6 +29,10 @@ pub struct EngineStats {
     pub num_free_blocks: usize,
     /// Free blocks still holding a cached prefix.
     pub num_cached_free_blocks: usize,
+    /// Recurrent-state slots (0 for a model without recurrent layers).
+    pub num_state_slots: usize,
+    /// Of those, slots no request holds.
+    pub num_free_state_slots: usize,
 }
 
 impl EngineStats {
@@ -49,6 +54,8 @@ impl EngineStats {
             total.num_blocks += engine.num_blocks;
             total.num_free_blocks += engine.num_free_blocks;
             total.num_cached_free_blocks += engine.num_cached_free_blocks;
+            total.num_state_slots += engine.num_state_slots;
+            total.num_free_state_slots += engine.num_free_state_slots;
             used_blocks += engine.kv_cache_usage * engine.num_blocks as f64;
         }
         total.kv_cache_usage = match engines {
@@ -78,6 +85,11 @@ pub struct CapacityReport {
     /// KV cache groups sharing the pool (1 unless the hybrid KV cache manager groups the
     /// layers): a sequence position takes one block slot in each.
     pub num_kv_cache_groups: usize,
+    /// Recurrent-state slots reserved out of `kv_cache_bytes` before the blocks (0 for a model
+    /// without recurrent layers): one per sequence that may run (`max_num_seqs`).
+    pub num_state_slots: usize,
+    /// Bytes of one state slot over all recurrent layers.
+    pub bytes_per_state_slot: u64,
 }
 
 impl CapacityReport {
@@ -88,11 +100,28 @@ impl CapacityReport {
         capacity::kv_cache_size_tokens(blocks_per_group, self.block_size)
     }
 
-    /// vLLM's start-up lines, one per element, after a line naming the cache's element type.
-    pub fn log_lines(&self) -> [String; 4] {
+    /// Bytes the recurrent-state slots take out of the KV cache memory.
+    pub fn state_bytes(&self) -> u64 {
+        (self.num_state_slots as u64).saturating_mul(self.bytes_per_state_slot)
+    }
+
+    /// Max-length requests that can run at once: what the blocks hold, and with recurrent
+    /// layers at most one per state slot.
+    pub fn max_concurrency(&self) -> f64 {
+        let blocks = capacity::block_concurrency(self.num_blocks, self.blocks_per_request);
+        if self.num_state_slots > 0 {
+            blocks.min(self.num_state_slots as f64)
+        } else {
+            blocks
+        }
+    }
+
+    /// vLLM's start-up lines after a line naming the cache's element type; for a model with
+    /// recurrent layers a last line gives the state slots (the concurrency line counts them).
+    pub fn log_lines(&self) -> Vec<String> {
         let storage = self.kv_storage;
         let bytes = storage.element_bytes();
-        [
+        let mut lines = vec![
             format!(
                 "KV cache dtype: {} (stored as {storage}, {bytes} byte{} per element)",
                 self.kv_cache_dtype,
@@ -100,12 +129,15 @@ impl CapacityReport {
             ),
             capacity::available_memory_line(self.kv_cache_bytes),
             capacity::kv_cache_size_line(self.num_tokens()),
-            capacity::max_concurrency_line(
-                self.num_blocks,
-                self.blocks_per_request,
-                self.max_model_len,
-            ),
-        ]
+            capacity::concurrency_line(self.max_concurrency(), self.max_model_len),
+        ];
+        if self.num_state_slots > 0 {
+            lines.push(capacity::state_cache_line(
+                self.num_state_slots,
+                self.bytes_per_state_slot,
+            ));
+        }
+        lines
     }
 }
 
@@ -149,8 +181,13 @@ mod tests {
             max_model_len: 131_072,
             blocks_per_request: 8_192,
             num_kv_cache_groups: 1,
+            num_state_slots: 0,
+            bytes_per_state_slot: 0,
         };
-        let [dtype, memory, size, concurrency] = report.log_lines();
+        let lines = report.log_lines();
+        let [dtype, memory, size, concurrency] = &lines[..] else {
+            panic!("four lines without state slots: {lines:?}");
+        };
         assert_eq!(
             dtype,
             "KV cache dtype: fp8 (stored as fp8_e4m3, 1 byte per element)"
@@ -181,5 +218,28 @@ mod tests {
             hybrid.log_lines()[3],
             "Maximum concurrency for 131,072 tokens per request: 4.26x"
         );
+        // Recurrent layers: the blocks hold 4.68 max-length requests, but 3 state slots run
+        // at most 3; the slots' bytes get a line of their own.
+        let with_state = CapacityReport {
+            num_state_slots: 3,
+            bytes_per_state_slot: 18 << 20,
+            ..report
+        };
+        let lines = with_state.log_lines();
+        assert_eq!(lines.len(), 5);
+        assert_eq!(
+            lines[3],
+            "Maximum concurrency for 131,072 tokens per request: 3.00x"
+        );
+        assert_eq!(
+            lines[4],
+            "Recurrent state cache: 3 slots of 18.00 MiB (0.05 GiB), one per running sequence"
+        );
+        assert_eq!(with_state.state_bytes(), 3 * (18 << 20));
+        let roomy = CapacityReport {
+            num_state_slots: 64,
+            ..with_state
+        };
+        assert!((roomy.max_concurrency() - 38_314.0 / 8_192.0).abs() < 1e-12);
     }
 }

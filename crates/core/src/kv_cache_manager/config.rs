@@ -1,5 +1,8 @@
 //! The KV cache's shape as the manager sees it: the pool, the block size, and the KV cache
-//! groups (vLLM's `KVCacheGroupSpec`s) whose block tables it keeps per request.
+//! groups (vLLM's `KVCacheGroupSpec`s) whose block tables it keeps per request, and the
+//! recurrent-state slots of a hybrid model's recurrent layers.
+
+use crate::state_slots::StateSlotConfig;
 
 /// How the model's layers share block tables.
 ///
@@ -34,6 +37,9 @@ pub struct KvCacheConfig {
     /// every layer keeping every block).
     pub sliding_window: Option<usize>,
     pub groups: KvCacheGroups,
+    /// The recurrent-state slots beside the blocks (none for a pure transformer): a request
+    /// holds one while it holds blocks (see [`crate::StateSlotPool`]).
+    pub state_slots: StateSlotConfig,
 }
 
 impl KvCacheConfig {
@@ -54,8 +60,20 @@ impl KvCacheConfig {
         }
     }
 
+    /// Whether prefix-cache lookups may hit and full blocks are registered:
+    /// `enable_prefix_caching`, unless the model has recurrent layers. A hit would start a
+    /// request after positions its recurrent state never saw, and there are no state
+    /// checkpoints yet, so such a model recomputes every prompt (vLLM likewise turns prefix
+    /// caching off for state-space models without its block-aligned state caching).
+    pub fn prefix_caching_active(&self) -> bool {
+        self.enable_prefix_caching && !self.state_slots.is_enabled()
+    }
+
     /// Why this shape cannot be managed, if it cannot.
     pub(crate) fn invalid_reason(&self) -> Option<String> {
+        if let Some(reason) = self.state_slots.invalid_reason() {
+            return Some(reason);
+        }
         if self.block_size == 0 {
             return Some("block_size must be at least 1".to_owned());
         }

@@ -20,6 +20,7 @@ fn hybrid(num_blocks: u32, caching: bool) -> KvCacheManager {
             full: 1,
             sliding: 2,
         },
+        state_slots: crate::StateSlotConfig::none(),
     })
     .unwrap()
 }

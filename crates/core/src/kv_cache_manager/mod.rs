@@ -32,6 +32,13 @@
 //! cached blocks from the start caps it, and each sliding group needs the blocks inside the
 //! hit's window.
 //!
+//! A model with recurrent layers ([`KvCacheConfig::state_slots`]) also needs one
+//! recurrent-state slot per request ([`crate::StateSlotPool`], owned here): the request's
+//! first `allocate_slots` takes a free slot together with its first blocks, all or nothing
+//! ([`KvCacheError::OutOfStateSlots`] when none is free, so admission waits as for blocks),
+//! and `free` releases it with the blocks, so a request holds a slot exactly while it holds
+//! tables. Prefix caching is off for such a model ([`KvCacheConfig::prefix_caching_active`]).
+//!
 //! With [`KvCacheManager::enable_events`] the manager also logs what the prefix cache gains
 //! (step 3) and loses (evictions in step 1 or 2, [`KvCacheManager::reset_prefix_cache`]) as
 //! [`KvCacheEvent`]s, drained by [`KvCacheManager::drain_events`]; they describe group 0's
@@ -46,6 +53,7 @@ use crate::block_pool::BlockPool;
 use crate::error::KvCacheError;
 use crate::kv_events::KvCacheEvent;
 use crate::request::RequestId;
+use crate::state_slots::StateSlotPool;
 
 pub use config::{KvCacheConfig, KvCacheGroups};
 
@@ -151,6 +159,8 @@ pub struct KvCacheManager {
     prefix_stats: PrefixCacheStats,
     /// The event log; `None` until [`Self::enable_events`].
     events: Option<Vec<KvCacheEvent>>,
+    /// One recurrent-state slot per request holding tables (empty without recurrent layers).
+    state: StateSlotPool,
 }
 
 impl KvCacheManager {
@@ -164,6 +174,7 @@ impl KvCacheManager {
             tables: HashMap::new(),
             prefix_stats: PrefixCacheStats::default(),
             events: None,
+            state: StateSlotPool::new(config.state_slots.num_slots),
         })
     }
 
@@ -227,7 +238,7 @@ impl KvCacheManager {
             num_queried_tokens: num_tokens,
             ..ComputedBlocks::default()
         };
-        if !self.config.enable_prefix_caching || num_tokens == 0 {
+        if !self.config.prefix_caching_active() || num_tokens == 0 {
             return result;
         }
         let max_hit_blocks = ((num_tokens - 1) / self.config.block_size).min(hashes.hashes().len());
@@ -297,8 +308,9 @@ impl KvCacheManager {
     /// Makes `request_id`'s tables cover `num_total_tokens` tokens (those already computed,
     /// the prefix hit, and this step's new ones) in every group. `prefix_hit` is only for a
     /// request's admission, when it holds no blocks; its blocks become the head of the tables
-    /// and the lookup counts toward the prefix-cache statistics. All or nothing: on
-    /// [`KvCacheError::OutOfBlocks`] nothing changed.
+    /// and the lookup counts toward the prefix-cache statistics. A request's first call also
+    /// takes its recurrent-state slot when the model has recurrent layers. All or nothing: on
+    /// [`KvCacheError::OutOfBlocks`] or [`KvCacheError::OutOfStateSlots`] nothing changed.
     pub fn allocate_slots(
         &mut self,
         request_id: RequestId,
@@ -338,6 +350,13 @@ impl KvCacheManager {
                     .filter(|&&block| self.pool.ref_count(block) == 0)
                     .count();
         }
+        let needs_state_slot =
+            self.config.state_slots.is_enabled() && !self.tables.contains_key(&request_id);
+        if needs_state_slot && self.state.num_free() == 0 {
+            return Err(KvCacheError::OutOfStateSlots {
+                num_slots: self.state.num_slots(),
+            });
+        }
         if needed > self.pool.num_free_blocks() {
             return Err(KvCacheError::OutOfBlocks {
                 needed,
@@ -348,6 +367,10 @@ impl KvCacheManager {
             self.pool.touch(group_hit(group).0);
         }
         let mut new_blocks = self.pool.allocate(num_new.iter().sum())?.into_iter();
+        if needs_state_slot {
+            // A free slot was checked for above, so this cannot fail.
+            self.state.allocate(request_id)?;
+        }
         self.log_removals();
         let tables = self
             .tables
@@ -409,7 +432,7 @@ impl KvCacheManager {
         token_ids: &[u32],
         num_computed_tokens: usize,
     ) {
-        if !self.config.enable_prefix_caching {
+        if !self.config.prefix_caching_active() {
             return;
         }
         let Some(tables) = self.tables.get_mut(&request_id) else {
@@ -459,6 +482,7 @@ impl KvCacheManager {
                 self.pool.free(table.owned().iter().rev().copied());
             }
         }
+        self.state.free(request_id);
     }
 
     /// Shrinks the request's tables to the blocks covering its first `num_tokens` tokens,
@@ -562,9 +586,40 @@ impl KvCacheManager {
         self.pool.num_used_blocks()
     }
 
-    /// Fraction of blocks referenced by some request (vLLM's `kv_cache_usage_perc`, 0..1).
+    /// The recurrent-state slot the request holds (`None` without recurrent layers, or when
+    /// the request holds no tables).
+    pub fn state_slot(&self, request_id: RequestId) -> Option<u32> {
+        self.state.slot(request_id)
+    }
+
+    /// Recurrent-state slots in the pool (0 without recurrent layers).
+    pub fn num_state_slots(&self) -> usize {
+        self.state.num_slots() as usize
+    }
+
+    /// Recurrent-state slots no request holds.
+    pub fn num_free_state_slots(&self) -> usize {
+        self.state.num_free()
+    }
+
+    /// Fraction of the KV cache referenced by requests (vLLM's `kv_cache_usage_perc`, 0..1):
+    /// used blocks over all blocks; with recurrent-state slots, bytes-weighted over both
+    /// (`used_blocks * bytes_per_block + used_slots * bytes_per_slot` over the same with every
+    /// block and slot), since both come out of the one KV budget, as vLLM's state blocks come
+    /// out of its one page pool.
     pub fn usage(&self) -> f64 {
-        self.pool.num_used_blocks() as f64 / self.pool.num_blocks() as f64
+        let slots = self.config.state_slots;
+        if !slots.is_enabled() {
+            return self.pool.num_used_blocks() as f64 / self.pool.num_blocks() as f64;
+        }
+        let (block, slot) = (slots.bytes_per_block as f64, slots.bytes_per_slot as f64);
+        let used = self.pool.num_used_blocks() as f64 * block + self.state.num_used() as f64 * slot;
+        let total = self.pool.num_blocks() as f64 * block + f64::from(slots.num_slots) * slot;
+        if total > 0.0 {
+            used / total
+        } else {
+            0.0
+        }
     }
 
     pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
@@ -601,11 +656,33 @@ impl KvCacheManager {
     }
 
     /// Checks that every reference count equals the number of tables holding the block, that
-    /// no table holds a block twice, that a request's groups have tables of one length, and
-    /// the pool's own bookkeeping.
+    /// no table holds a block twice, that a request's groups have tables of one length, that
+    /// with recurrent layers exactly the requests holding tables hold a state slot each (no
+    /// slot shared, none leaked), and the pools' own bookkeeping.
     pub fn verify(&self) -> Result<(), KvCacheError> {
         self.pool.verify()?;
+        self.state.verify()?;
         let fail = |detail: String| Err(KvCacheError::InvariantViolated { detail });
+        if self.config.state_slots.is_enabled() {
+            if self.state.num_used() != self.tables.len() {
+                return fail(format!(
+                    "{} state slots held by {} requests with tables",
+                    self.state.num_used(),
+                    self.tables.len()
+                ));
+            }
+            if let Some(request_id) = self
+                .tables
+                .keys()
+                .find(|&&id| self.state.slot(id).is_none())
+            {
+                return fail(format!(
+                    "request {request_id} holds tables but no state slot"
+                ));
+            }
+        } else if self.state.num_used() > 0 {
+            return fail("state slots held without recurrent layers".to_owned());
+        }
         let mut owners = vec![0u32; self.pool.num_blocks()];
         for (request_id, tables) in &self.tables {
             if tables.len() != self.num_groups() {
@@ -663,5 +740,7 @@ impl KvCacheManager {
 
 #[cfg(test)]
 mod hybrid_tests;
+#[cfg(test)]
+mod state_tests;
 #[cfg(test)]
 mod tests;

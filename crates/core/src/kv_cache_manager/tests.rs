@@ -10,6 +10,7 @@ fn manager(num_blocks: u32, caching: bool) -> KvCacheManager {
         enable_prefix_caching: caching,
         sliding_window: None,
         groups: KvCacheGroups::Single,
+        state_slots: crate::StateSlotConfig::none(),
     })
     .unwrap()
 }

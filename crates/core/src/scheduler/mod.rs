@@ -7,6 +7,8 @@ mod output;
 mod queue;
 mod spec;
 #[cfg(test)]
+mod state_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -16,6 +18,7 @@ use crate::error::SchedulerError;
 use crate::kv_cache_manager::{KvCacheConfig, KvCacheGroups, KvCacheManager};
 use crate::kv_events::KvCacheEvent;
 use crate::request::{FinishReason, Request, RequestId};
+use crate::state_slots::StateSlotConfig;
 
 pub use output::{RequestUpdate, ScheduleKind, ScheduledRequest, SchedulerOutput, SchedulerStats};
 pub use queue::SchedulingPolicy;
@@ -48,6 +51,10 @@ pub struct SchedulerConfig {
     pub sliding_window: Option<usize>,
     /// The KV cache groups (vLLM's hybrid KV cache manager, [`KvCacheGroups`]).
     pub kv_groups: KvCacheGroups,
+    /// The recurrent-state slots of a model with recurrent layers (none for a pure
+    /// transformer): a request needs a free one to be admitted and holds it while it runs
+    /// ([`crate::StateSlotPool`]).
+    pub state_slots: StateSlotConfig,
 }
 
 impl SchedulerConfig {
@@ -58,7 +65,14 @@ impl SchedulerConfig {
             enable_prefix_caching: self.enable_prefix_caching,
             sliding_window: self.sliding_window,
             groups: self.kv_groups,
+            state_slots: self.state_slots,
         }
+    }
+
+    /// [`KvCacheConfig::prefix_caching_active`]: `enable_prefix_caching` unless the model has
+    /// recurrent-state slots.
+    pub fn prefix_caching_active(&self) -> bool {
+        self.kv_cache_config().prefix_caching_active()
     }
 
     /// The most blocks one request may hold at once ([`KvCacheConfig::max_blocks_per_request`]
@@ -289,7 +303,7 @@ impl Scheduler {
                 adapter_id: request.adapter_id,
             },
         );
-        if self.config.enable_prefix_caching {
+        if self.config.prefix_caching_active() {
             block_hashes.extend(&request.prompt_token_ids);
         }
         let queue_key = self.waiting.push_back(&request);
@@ -312,8 +326,9 @@ impl Scheduler {
     /// one token, a request still prefilling takes a chunk of what budget is left. When the KV
     /// cache cannot grow a running request, the policy's victim is preempted (possibly the
     /// request itself, which ends the running pass). Only in a step without preemption are
-    /// waiting requests admitted, in policy order, while `max_num_seqs`, the budget and the
-    /// free blocks allow; the first one that does not fit stops admission.
+    /// waiting requests admitted, in policy order, while `max_num_seqs`, the budget, the free
+    /// blocks and (with recurrent layers) the free state slots allow; the first one that does
+    /// not fit stops admission.
     ///
     /// Calling `schedule` again without `update_from_output` discards the previous plan (its
     /// tokens count as not computed).
@@ -419,7 +434,7 @@ impl Scheduler {
             let num_tokens = state.num_tokens();
             let prefix_hit = self
                 .config
-                .enable_prefix_caching
+                .prefix_caching_active()
                 .then(|| self.kv.get_computed_blocks(&state.block_hashes, num_tokens));
             let num_cached_tokens = prefix_hit
                 .as_ref()
@@ -526,6 +541,7 @@ impl Scheduler {
             draft_token_ids,
             start_position: start,
             block_tables: self.kv.block_tables(plan.request_id),
+            state_slot: self.kv.state_slot(plan.request_id),
             samples: end == state.num_tokens(),
             num_cached_tokens: plan.num_cached_tokens,
         })
@@ -629,7 +645,7 @@ impl Scheduler {
                     break;
                 }
             }
-            if self.config.enable_prefix_caching {
+            if self.config.prefix_caching_active() {
                 state.block_hashes.extend(&state.all_token_ids);
             }
             // Accepted drafts hold valid KV; the run's last token (and anything cut by a stop)
@@ -789,6 +805,8 @@ impl Scheduler {
             prefix_cache_hits: prefix.hits,
             num_preemptions: self.num_preemptions,
             num_evictions: self.kv.num_evictions(),
+            num_state_slots: self.kv.num_state_slots(),
+            num_free_state_slots: self.kv.num_free_state_slots(),
             num_scheduled_tokens_last_step: self.num_scheduled_tokens_last_step,
         }
     }

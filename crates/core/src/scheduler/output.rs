@@ -32,6 +32,11 @@ pub struct ScheduledRequest {
     /// The request's block tables, one per KV cache group (one unless the model is hybrid),
     /// all of one length; each covers `start_position + token_ids.len()` tokens.
     pub block_tables: Vec<Vec<u32>>,
+    /// The request's recurrent-state slot (models with recurrent layers; `None` otherwise),
+    /// held from admission until the request finishes or is preempted. A run starting at
+    /// position 0 starts from a zero state (the model resets the slot); any other continues
+    /// from the state after exactly the positions before `start_position`.
+    pub state_slot: Option<u32>,
     /// After this step every known token is computed, so the executor must return one sampled
     /// token for this request (the logits of the last fed token before the drafts), plus the
     /// drafts it accepts.
@@ -92,7 +97,8 @@ pub struct SchedulerStats {
     pub num_running: usize,
     /// Waiting requests, preempted ones included.
     pub num_waiting: usize,
-    /// Fraction (0..1) of KV blocks referenced by requests.
+    /// Fraction (0..1) of the KV cache referenced by requests: blocks, and with recurrent
+    /// layers state slots, bytes-weighted ([`crate::KvCacheManager::usage`]).
     pub kv_cache_usage: f64,
     pub num_blocks: usize,
     pub num_free_blocks: usize,
@@ -103,5 +109,9 @@ pub struct SchedulerStats {
     pub prefix_cache_hits: u64,
     pub num_preemptions: u64,
     pub num_evictions: u64,
+    /// Recurrent-state slots in the pool (0 for a model without recurrent layers).
+    pub num_state_slots: usize,
+    /// Of those, slots no request holds.
+    pub num_free_state_slots: usize,
     pub num_scheduled_tokens_last_step: usize,
 }

@@ -12,9 +12,12 @@ impl Scheduler {
     /// had. They are used at most once: the next `schedule` takes as many as fit (the token
     /// budget, `max_model_len`, and `max_tokens` minus one, since the verified run always
     /// adds a token of the target's own) when the request is decoding, and drops them
-    /// otherwise. Returns `false` for a request that is not running.
+    /// otherwise. Returns `false` for a request that is not running, and always for a model
+    /// with recurrent-state slots: a rejected draft's update cannot be rolled back out of a
+    /// recurrent state (the engine refuses speculative decoding for such a model at
+    /// start-up; this keeps the scheduler safe on its own).
     pub fn set_draft_token_ids(&mut self, request_id: RequestId, draft_token_ids: &[u32]) -> bool {
-        if !self.running.contains(&request_id) {
+        if !self.running.contains(&request_id) || self.config.state_slots.is_enabled() {
             return false;
         }
         match self.requests.get_mut(&request_id) {
@@ -123,6 +126,7 @@ mod tests {
             enable_chunked_prefill: true,
             sliding_window: None,
             kv_groups: KvCacheGroups::Single,
+            state_slots: crate::StateSlotConfig::none(),
         })
         .unwrap()
     }

@@ -14,6 +14,7 @@ pub(super) fn config(num_blocks: u32, budget: usize) -> SchedulerConfig {
         enable_chunked_prefill: true,
         sliding_window: None,
         kv_groups: KvCacheGroups::Single,
+        state_slots: crate::StateSlotConfig::none(),
     }
 }
 

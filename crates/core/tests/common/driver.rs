@@ -115,7 +115,8 @@ fn run_inner(
         specs,
         scheduler,
         executor: PagedTokenExecutor::new(config.num_blocks, config.block_size, eos_every)
-            .with_group_windows(windows),
+            .with_group_windows(windows)
+            .with_state_slots(config.state_slots.num_slots),
         outputs: HashMap::new(),
         outcomes: BTreeMap::new(),
         admitted_once: HashSet::new(),
@@ -382,6 +383,13 @@ impl Driver<'_> {
                     },
                 )?;
             }
+            ensure(scheduled.state_slot == kv.state_slot(id), || {
+                format!("request {id}: its state slot differs from the manager's")
+            })?;
+            ensure(
+                scheduled.state_slot.is_some() == config.state_slots.is_enabled(),
+                || format!("request {id}: state slot {:?}", scheduled.state_slot),
+            )?;
             let held = kv.num_owned_blocks(id);
             ensure(held <= config.max_blocks_per_request(), || {
                 format!(
@@ -403,8 +411,8 @@ impl Driver<'_> {
                     ensure(scheduled.num_cached_tokens % config.block_size == 0, || {
                         "prefix hit not in whole blocks".to_owned()
                     })?;
-                    ensure(config.enable_prefix_caching || start == 0, || {
-                        "prefix hit with caching disabled".to_owned()
+                    ensure(config.prefix_caching_active() || start == 0, || {
+                        "prefix hit with caching disabled (or with recurrent state)".to_owned()
                     })?;
                     let was_preempted = self.preempted_once.contains(&id);
                     let first = self.admitted_once.insert(id);
@@ -469,6 +477,40 @@ impl Driver<'_> {
                 )
             })?;
         }
+        // Recurrent-state slots: held exactly by the running requests, one each, never shared.
+        let mut slots: Vec<u32> = self
+            .scheduler
+            .running_request_ids()
+            .iter()
+            .filter_map(|&id| kv.state_slot(id))
+            .collect();
+        let state = self.config.state_slots;
+        let expected_slots = if state.is_enabled() {
+            self.scheduler.num_running()
+        } else {
+            0
+        };
+        ensure(slots.len() == expected_slots, || {
+            format!(
+                "{} of {} running requests hold a state slot",
+                slots.len(),
+                self.scheduler.num_running()
+            )
+        })?;
+        slots.sort_unstable();
+        ensure(slots.windows(2).all(|pair| pair[0] != pair[1]), || {
+            format!("two running requests share a state slot: {slots:?}")
+        })?;
+        ensure(
+            slots.iter().all(|&slot| slot < state.num_slots)
+                && kv.num_free_state_slots() + slots.len() == state.num_slots as usize,
+            || format!("state slots {slots:?} of {}: some leaked", state.num_slots),
+        )?;
+        for id in self.scheduler.waiting_request_ids() {
+            ensure(kv.state_slot(id).is_none(), || {
+                format!("waiting request {id} holds a state slot")
+            })?;
+        }
         let used = owners.iter().filter(|&&c| c > 0).count();
         let cached_free = kv.num_cached_free_blocks();
         let free = kv.num_free_blocks() - cached_free;
@@ -481,8 +523,15 @@ impl Driver<'_> {
             stats.prefix_cache_hits <= stats.prefix_cache_queries,
             || "more prefix hits than queries".to_owned(),
         )?;
+        let expected_usage = if state.is_enabled() {
+            let (block, slot) = (state.bytes_per_block as f64, state.bytes_per_slot as f64);
+            (used as f64 * block + slots.len() as f64 * slot)
+                / (kv.num_blocks() as f64 * block + f64::from(state.num_slots) * slot)
+        } else {
+            used as f64 / kv.num_blocks() as f64
+        };
         ensure(
-            (stats.kv_cache_usage - used as f64 / kv.num_blocks() as f64).abs() < 1e-12,
+            (stats.kv_cache_usage - expected_usage).abs() < 1e-12,
             || "usage fraction wrong".to_owned(),
         )
     }
@@ -491,6 +540,9 @@ impl Driver<'_> {
         let kv = self.scheduler.kv_cache_manager();
         ensure(kv.num_used_blocks() == 0 && kv.usage() == 0.0, || {
             "blocks still used after every request ended".to_owned()
+        })?;
+        ensure(kv.num_free_state_slots() == kv.num_state_slots(), || {
+            "state slots still held after every request ended".to_owned()
         })?;
         for block in 0..kv.num_blocks() as u32 {
             ensure(kv.ref_count(block) == 0, || {

@@ -8,6 +8,13 @@
 //! KV cache groups (a hybrid model) every group's table is written and read back on its own,
 //! each with its group's window, the slots remembering their group so a block two groups
 //! shared would show; the sample hashes what group 0 reads.
+//!
+//! With recurrent-state slots (a hybrid model's recurrent layers) the "model" also keeps,
+//! per slot, a running hash of the tokens fed to it, its owner and how many positions it has
+//! seen: a run at position 0 resets the slot, any other must find there its own state after
+//! exactly the positions before the run (else the step fails: a stale, shared or un-reset
+//! slot), and the sample comes from the state's hash, the same function of the sequence as
+//! the read-back hash, so a wrong state also changes the tokens.
 
 #![allow(dead_code)]
 
@@ -36,23 +43,46 @@ pub struct PagedTokenExecutor {
     /// The "model"'s sliding window per KV cache group: a query at `p` reads positions
     /// `(p - w, p]` only.
     windows: Vec<Option<usize>>,
+    /// Recurrent-state slots (`None`: a model without recurrent layers).
+    states: Option<Vec<Option<SlotState>>>,
 }
 
-/// FNV-1a over the sequence: a pure function of the tokens, like greedy decoding.
-pub fn next_token(sequence: &[u32], eos_every: u64) -> u32 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &token in sequence {
+/// What one recurrent-state slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotState {
+    owner: RequestId,
+    /// Positions folded in so far.
+    num_positions: usize,
+    /// FNV-1a of those tokens.
+    hash: u64,
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Folds `tokens` into an FNV-1a hash.
+fn fnv_extend(mut hash: u64, tokens: &[u32]) -> u64 {
+    for &token in tokens {
         for byte in token.to_le_bytes() {
             hash ^= u64::from(byte);
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     }
+    hash
+}
+
+/// The greedy token after a sequence whose FNV-1a hash is `hash`.
+fn token_from_hash(mut hash: u64, eos_every: u64) -> u32 {
     hash ^= hash >> 29;
     if eos_every > 0 && hash.is_multiple_of(eos_every) {
         EOS
     } else {
         1 + (hash % u64::from(VOCAB - 1)) as u32
     }
+}
+
+/// FNV-1a over the sequence: a pure function of the tokens, like greedy decoding.
+pub fn next_token(sequence: &[u32], eos_every: u64) -> u32 {
+    token_from_hash(fnv_extend(FNV_OFFSET, sequence), eos_every)
 }
 
 impl PagedTokenExecutor {
@@ -62,7 +92,61 @@ impl PagedTokenExecutor {
             slots: vec![None; num_blocks as usize * block_size],
             eos_every,
             windows: vec![None],
+            states: None,
         }
+    }
+
+    /// The same executor with `num_slots` recurrent-state slots (0: none).
+    pub fn with_state_slots(mut self, num_slots: u32) -> Self {
+        self.states = (num_slots > 0).then(|| vec![None; num_slots as usize]);
+        self
+    }
+
+    /// Advances the request's recurrent state over this step's fed tokens (drafts are never
+    /// scheduled with state slots) and returns its hash; checks the slot first.
+    fn advance_state(&mut self, scheduled: &ScheduledRequest) -> Result<Option<u64>, String> {
+        let Some(states) = &mut self.states else {
+            return match scheduled.state_slot {
+                None => Ok(None),
+                Some(slot) => Err(format!(
+                    "request {} got state slot {slot} without recurrent layers",
+                    scheduled.request_id
+                )),
+            };
+        };
+        let id = scheduled.request_id;
+        let slot = scheduled
+            .state_slot
+            .ok_or_else(|| format!("request {id} scheduled without a state slot"))?;
+        let state = states
+            .get_mut(slot as usize)
+            .ok_or_else(|| format!("request {id}: state slot {slot} out of range"))?;
+        if !scheduled.draft_token_ids.is_empty() {
+            return Err(format!(
+                "request {id}: drafts scheduled with a recurrent state"
+            ));
+        }
+        let start = scheduled.start_position;
+        let before = if start == 0 {
+            FNV_OFFSET
+        } else {
+            match *state {
+                Some(held) if held.owner == id && held.num_positions == start => held.hash,
+                other => {
+                    return Err(format!(
+                        "request {id} continues at position {start} from state slot {slot} \
+                         holding {other:?}"
+                    ))
+                }
+            }
+        };
+        let hash = fnv_extend(before, &scheduled.token_ids);
+        *state = Some(SlotState {
+            owner: id,
+            num_positions: start + scheduled.token_ids.len(),
+            hash,
+        });
+        Ok(Some(hash))
     }
 
     /// The same executor with one group whose "model" has a sliding window of `window`
@@ -193,6 +277,12 @@ impl PagedTokenExecutor {
             }
         }
         let mut sampled = Vec::new();
+        let mut state_hashes = HashMap::new();
+        for scheduled in &output.scheduled {
+            if let Some(hash) = self.advance_state(scheduled)? {
+                state_hashes.insert(scheduled.request_id, hash);
+            }
+        }
         for scheduled in &output.scheduled {
             let (tokens, salt) = &truth[&scheduled.request_id];
             let drafts = &scheduled.draft_token_ids;
@@ -206,6 +296,14 @@ impl PagedTokenExecutor {
             }
             // Speculative verification: each draft is checked against the "model" reading
             // the sequence (drafts before it included) back through the block tables.
+            if let Some(&hash) = state_hashes.get(&scheduled.request_id) {
+                // The recurrent layers' view: what the state saw, not what the KV holds.
+                sampled.push((
+                    scheduled.request_id,
+                    vec![token_from_hash(hash, self.eos_every)],
+                ));
+                continue;
+            }
             let mut run = Vec::new();
             loop {
                 let token = next_token(&sequence, self.eos_every);

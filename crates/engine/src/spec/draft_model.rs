@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokenmill_core::{KvCacheConfig, KvCacheGroups, KvCacheManager, RequestId};
+use tokenmill_core::{KvCacheConfig, KvCacheGroups, KvCacheManager, RequestId, StateSlotConfig};
 use tokenmill_models::{argmax, BatchInput, KvCacheDType, KvCacheStorage, ModelSource, Workspace};
 
 use super::{DraftRequest, Proposer};
@@ -65,6 +65,15 @@ impl DraftModelProposer {
             None,
             setup.num_threads,
         )?;
+        let num_recurrent = loaded.model.state_layout().len();
+        if num_recurrent > 0 {
+            return Err(EngineError::Config(format!(
+                "--speculative-config: the draft model {} has {num_recurrent} recurrent layers, \
+                 whose state a rejected draft cannot be rolled back out of; a draft model must \
+                 be a transformer",
+                model.display()
+            )));
+        }
         let draft_vocab = loaded.config().vocab_size;
         if draft_vocab != setup.vocab_size {
             return Err(EngineError::Config(format!(
@@ -86,6 +95,7 @@ impl DraftModelProposer {
             enable_prefix_caching: false,
             sliding_window: None,
             groups: KvCacheGroups::Single,
+            state_slots: StateSlotConfig::none(),
         })
         .map_err(|e| EngineError::Config(e.to_string()))?;
         tracing::info!(

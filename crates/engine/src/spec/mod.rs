@@ -272,6 +272,7 @@ mod tests {
             enable_chunked_prefill: true,
             sliding_window: None,
             kv_groups: KvCacheGroups::Single,
+            state_slots: tokenmill_core::StateSlotConfig::none(),
         })
         .unwrap();
         for (id, prompt) in prompts.iter().enumerate() {
