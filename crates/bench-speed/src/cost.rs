@@ -92,6 +92,8 @@ mod tests {
             query_pre_attn_scalar: None,
             final_logit_softcapping: None,
             moe: None,
+            linear_attention: None,
+            attention_output_gate: false,
         }
     }
 

@@ -97,6 +97,7 @@ mod cpu;
 mod dtype;
 mod elementwise;
 mod encoder;
+mod gated_delta;
 mod kv_dtype;
 mod matmul;
 mod peak;
@@ -122,6 +123,11 @@ pub use elementwise::{
 pub use encoder::{
     add_layer_norm, bidirectional_attention, gelu_erf_inplace, layer_norm, Bf16PanelMatrix,
     EncoderAttentionShape, EncoderSeq, Int8PairMatrix, PanelMatrix, VDPBF16PS_ENV,
+};
+pub use gated_delta::{
+    causal_conv1d_silu, gated_delta_rule, gated_delta_rule_on, l2_normalize_rows, sigmoid, silu,
+    softplus, DeltaRuleInputs, DeltaRulePath, DeltaRuleSeq, DeltaRuleShape, KeyHeadOrder,
+    MAX_HEAD_V_DIM,
 };
 pub use kv_dtype::{
     f32_to_bf16_saturating, f32_to_f16_saturating, f32_to_fp8_e4m3, f32_to_fp8_e5m2,

@@ -81,11 +81,14 @@ mod state_cache;
 
 pub use batch::{BatchInput, GroupTables};
 pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
-pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
+pub use config::{
+    Architecture, LinearAttentionConfig, ModelConfig, MoeConfig, RopeScaling, RopeStyle,
+};
 pub use error::{ModelError, Result};
 pub use families::{
     kv_layout, load_gguf_model, load_model, read_model_config, registered_architectures,
     registered_names, state_layout, BertModel, EncoderPrecision, Gemma3Model, LlamaModel,
+    Qwen35Model,
 };
 pub use kv_cache::{KvCacheGrouping, KvCacheStorage, LayerKvLayout};
 pub use layers::Workspace;

@@ -87,6 +87,34 @@ impl StateCacheStorage {
         Some((conv, recurrent))
     }
 
+    /// Recurrent layer `layer`'s convolution and recurrent state of each of `slots` at once
+    /// (one step's sequences), in the order given; `None` when the layer or a slot is out
+    /// of range or a slot is named twice.
+    pub fn slots_mut(
+        &mut self,
+        layer: usize,
+        slots: &[u32],
+    ) -> Option<Vec<(&mut [f32], &mut [f32])>> {
+        let shape = *self.layout.get(layer)?;
+        let conv = self.conv.get_mut(layer)?;
+        let recurrent = self.recurrent.get_mut(layer)?;
+        let mut all: Vec<Option<(&mut [f32], &mut [f32])>> = if shape.conv_elems == 0 {
+            recurrent
+                .chunks_exact_mut(shape.recurrent_elems.max(1))
+                .map(|r| Some((&mut [][..], r)))
+                .collect()
+        } else {
+            conv.chunks_exact_mut(shape.conv_elems)
+                .zip(recurrent.chunks_exact_mut(shape.recurrent_elems.max(1)))
+                .map(|(c, r)| Some((c, r)))
+                .collect()
+        };
+        slots
+            .iter()
+            .map(|&slot| all.get_mut(slot as usize).and_then(Option::take))
+            .collect()
+    }
+
     /// Zeroes `slot` in every layer: a sequence whose run starts at position 0 starts from
     /// here (a model does this itself for such a sequence before reading its state).
     pub fn reset_slot(&mut self, slot: usize) {
@@ -143,6 +171,13 @@ mod tests {
             }
         }
         assert!(state.slot_mut(2, 0).is_none());
+        {
+            let both = state.slots_mut(1, &[2, 0]).unwrap();
+            assert_eq!(both[0].0[0], 12.0);
+            assert_eq!(both[1].1[0], 110.0);
+        }
+        assert!(state.slots_mut(0, &[1, 1]).is_none());
+        assert!(state.slots_mut(0, &[3]).is_none());
         assert!(state.slot_mut(0, 3).is_none());
         state.copy_slot(2, 0);
         state.reset_slot(1);

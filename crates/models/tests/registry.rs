@@ -9,14 +9,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "support/qwen35.rs"]
+mod qwen35;
 
 use std::path::{Path, PathBuf};
 
 use common::family::{write_gguf, write_hf_directory, Fixture};
 use common::tiny::{TinyConfig, TinyModel};
 use tokenmill_models::{
-    kv_layout, load_model, read_model_config, registered_architectures, Architecture, CausalLm,
-    KvCacheDType, LoadOptions, ModelSource, Workspace,
+    kv_layout, load_model, read_model_config, registered_architectures, state_layout, Architecture,
+    CausalLm, KvCacheDType, LoadOptions, ModelSource, Workspace,
 };
 
 /// GGUF and HF logits of the same f32 weights differ by summation order at most (Llama's
@@ -46,6 +48,11 @@ fn tiny_model_of(architecture: &str, dir: &Path) -> Option<(PathBuf, PathBuf)> {
         "qwen3moe" => fixture("family_qwen3moe.json"),
         "gemma3" => fixture("family_gemma3.json"),
         "phi3" => fixture("family_phi3.json"),
+        "qwen35" => {
+            let fixture = qwen35::load_fixture("qwen35_grouped_values");
+            qwen35::write_gguf(&fixture, &gguf);
+            qwen35::write_hf_directory(&fixture, &hf, |_, _| {});
+        }
         _ => return None,
     }
     Some((gguf, hf))
@@ -80,6 +87,11 @@ fn check_family(architecture: Architecture) {
         let model = load_model(&source, &LoadOptions::default()).unwrap();
         assert_eq!(model.config(), &config, "{source:?}");
         assert_eq!(kv_layout(&config).unwrap(), model.kv_layout(), "{source:?}");
+        assert_eq!(
+            state_layout(&config).unwrap(),
+            model.state_layout(),
+            "{source:?}"
+        );
         let logits = logits(model.as_ref());
         assert!(logits.iter().all(|x| x.is_finite()), "{source:?}");
         family_names.push(config.family());

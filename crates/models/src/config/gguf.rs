@@ -41,6 +41,11 @@ impl<'a> GgufMetadata<'a> {
             .transpose()
     }
 
+    /// An array value, `None` when the key is absent or not an array.
+    pub fn array(&self, suffix: &str) -> Option<&'a [tokenmill_gguf::MetadataValue]> {
+        self.file.get_array(&self.key(suffix))
+    }
+
     pub fn optional_f32(&self, suffix: &str) -> Option<f32> {
         self.file.get_f64(&self.key(suffix)).map(|v| v as f32)
     }
@@ -159,6 +164,8 @@ impl<'a> GgufMetadata<'a> {
                 .optional_f32("final_logit_softcapping")
                 .filter(|&c| c > 0.0),
             moe,
+            linear_attention: None,
+            attention_output_gate: false,
         })
     }
 

@@ -117,6 +117,8 @@ impl HfCommon {
             query_pre_attn_scalar: None,
             final_logit_softcapping: None,
             moe: hf_moe(&self)?,
+            linear_attention: None,
+            attention_output_gate: false,
         })
     }
 }

@@ -129,6 +129,67 @@ pub struct ModelConfig {
     pub final_logit_softcapping: Option<f32>,
     /// `Some`: every layer's FFN is a routed mixture of experts (Mixtral, Qwen3-MoE).
     pub moe: Option<MoeConfig>,
+    /// `Some`: a hybrid model whose layers are Gated DeltaNet (linear attention) except every
+    /// `full_attention_interval`-th (Qwen3.5, Qwen3-Next).
+    pub linear_attention: Option<LinearAttentionConfig>,
+    /// The attention layers' query projection also yields a per-head output gate
+    /// (`attn_output * sigmoid(gate)`; Qwen3.5, Qwen3-Next).
+    pub attention_output_gate: bool,
+}
+
+/// The Gated DeltaNet layers of a hybrid model (Qwen3.5's `linear_*` config fields, GGUF's
+/// `ssm.*` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearAttentionConfig {
+    /// Query/key heads (`linear_num_key_heads`, GGUF `ssm.group_count`).
+    pub num_k_heads: usize,
+    /// Value heads (`linear_num_value_heads`, GGUF `ssm.time_step_rank`).
+    pub num_v_heads: usize,
+    /// `linear_key_head_dim` (GGUF `ssm.state_size`).
+    pub head_k_dim: usize,
+    /// `linear_value_head_dim` (GGUF `ssm.inner_size / ssm.time_step_rank`).
+    pub head_v_dim: usize,
+    /// Taps of the causal depthwise convolution (`linear_conv_kernel_dim`, GGUF
+    /// `ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Layer `i` is full attention when `(i + 1) % full_attention_interval == 0`.
+    pub full_attention_interval: usize,
+    /// Which key head a value head reads: HF checkpoints group value heads by key head;
+    /// llama.cpp's converter reorders them so they cycle (a property of the file, like
+    /// [`RopeStyle`]).
+    pub key_heads: tokenmill_kernels::KeyHeadOrder,
+}
+
+impl LinearAttentionConfig {
+    /// The kernels' description of one layer's heads.
+    pub fn shape(&self) -> tokenmill_kernels::DeltaRuleShape {
+        tokenmill_kernels::DeltaRuleShape {
+            num_k_heads: self.num_k_heads,
+            num_v_heads: self.num_v_heads,
+            head_k_dim: self.head_k_dim,
+            head_v_dim: self.head_v_dim,
+            key_heads: self.key_heads,
+        }
+    }
+
+    /// Channels of the convolution: `[q | k | v]` of one token.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+    }
+
+    /// What one layer keeps per sequence: the last `conv_kernel - 1` inputs of the
+    /// convolution and one `[head_k_dim][head_v_dim]` state per value head.
+    pub fn state_layout(&self) -> crate::state_cache::LayerStateLayout {
+        crate::state_cache::LayerStateLayout {
+            conv_elems: (self.conv_kernel - 1) * self.conv_dim(),
+            recurrent_elems: self.num_v_heads * self.head_k_dim * self.head_v_dim,
+        }
+    }
+
+    /// Whether layer `layer` is a Gated DeltaNet layer (else full attention).
+    pub fn is_linear(&self, layer: usize) -> bool {
+        !(layer + 1).is_multiple_of(self.full_attention_interval)
+    }
 }
 
 /// A mixture-of-experts FFN's shape: each token goes through the `experts_used` experts its
@@ -241,6 +302,29 @@ impl ModelConfig {
                 });
             }
         }
+        if let Some(linear) = self.linear_attention {
+            let dims = [
+                linear.num_k_heads,
+                linear.num_v_heads,
+                linear.head_k_dim,
+                linear.head_v_dim,
+                linear.conv_kernel,
+                linear.full_attention_interval,
+            ];
+            if dims.contains(&0)
+                || !linear.num_v_heads.is_multiple_of(linear.num_k_heads)
+                || linear.head_v_dim > tokenmill_kernels::MAX_HEAD_V_DIM
+            {
+                return Err(ModelError::InvalidMetadata {
+                    key: "linear_attention".into(),
+                    message: format!(
+                        "{linear:?}: need positive sizes, value heads a multiple of key heads \
+                         and value heads at most {} wide",
+                        tokenmill_kernels::MAX_HEAD_V_DIM
+                    ),
+                });
+            }
+        }
         if let Some(moe) = self.moe {
             if moe.experts_used == 0
                 || moe.experts_used > moe.num_experts
@@ -344,7 +428,7 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains("`falcon`"), "{message}");
         assert!(
-            message.contains("llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3"),
+            message.contains("llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3, qwen35"),
             "{message}"
         );
     }

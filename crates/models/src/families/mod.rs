@@ -27,10 +27,11 @@ mod mistral;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen35;
 mod registry;
 
 pub use bert::{BertModel, EncoderPrecision};
-pub use blocks::{Gemma3Model, LlamaModel};
+pub use blocks::{Gemma3Model, LlamaModel, Qwen35Model};
 
 pub use registry::{
     kv_layout, load_gguf_model, load_model, read_model_config, registered_architectures,

@@ -10,7 +10,7 @@ use tokenmill_gguf::GgufFile;
 
 use super::blocks::{Gemma3Model, LlamaModel};
 use super::family::{Family, WeightSource};
-use super::{gemma3, llama, mistral, phi3, qwen2, qwen3};
+use super::{gemma3, llama, mistral, phi3, qwen2, qwen3, qwen35};
 use crate::config::{gguf_architecture, hf_model_type, Architecture, GgufMetadata, ModelConfig};
 use crate::error::{io_error, ModelError, Result};
 use crate::kv_cache::LayerKvLayout;
@@ -27,6 +27,7 @@ static REGISTRY: &[&dyn Family] = &[
     &gemma3::Gemma3,
     &qwen3::Qwen3Moe,
     &phi3::Phi3,
+    &qwen35::Qwen35,
 ];
 
 /// The family that answers to `name` (a GGUF architecture or an HF `model_type`).
@@ -242,7 +243,7 @@ mod tests {
             error.as_deref(),
             Some(
                 "unsupported model architecture `falcon` (supported: llama, mistral, qwen2, \
-                 qwen3, gemma3, qwen3moe, phi3)"
+                 qwen3, gemma3, qwen3moe, phi3, qwen35)"
             )
         );
     }

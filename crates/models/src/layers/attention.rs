@@ -2,7 +2,7 @@
 //! paged KV write, paged attention over each sequence's cached context (optionally within a
 //! sliding window), and the output projection.
 
-use tokenmill_kernels::{add_inplace, paged_attention, write_kv, AttentionParams};
+use tokenmill_kernels::{add_inplace, paged_attention, sigmoid, write_kv, AttentionParams};
 
 use super::{Linear, LinearScratch, RmsNorm, Rope, StackedLinear, Step};
 use crate::error::{ModelError, Result};
@@ -63,6 +63,10 @@ pub(crate) struct AttentionOptions {
     pub scale: f32,
     /// `Some(w)`: the layer attends to the last `w` positions only.
     pub sliding_window: Option<usize>,
+    /// The query projection also yields a per-head output gate (Qwen3.5, Qwen3-Next): each
+    /// head's rows are `[query | gate]`, and the attention output is multiplied by
+    /// `sigmoid(gate)` before the output projection.
+    pub output_gate: bool,
 }
 
 impl AttentionOptions {
@@ -73,6 +77,7 @@ impl AttentionOptions {
             qk_norm: config.qk_norm.then_some(config.rms_norm_eps),
             scale: config.attention_scale(),
             sliding_window: config.layer_sliding_window(layer),
+            output_gate: config.attention_output_gate,
         }
     }
 }
@@ -82,18 +87,22 @@ impl AttentionOptions {
 pub(crate) struct AttentionBuffers {
     qkv: Vec<f32>,
     q: Vec<f32>,
+    /// The output gate's pre-activations (`[n][q_dim]`) when the block has one.
+    gate: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     out: Vec<f32>,
 }
 
 impl AttentionBuffers {
-    /// Sizes the buffers for `n` tokens of `shape`; only grows capacity.
+    /// Sizes the buffers for `n` tokens of `shape` (with room for an output gate); only
+    /// grows capacity.
     pub fn prepare(&mut self, n: usize, shape: AttentionShape) {
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        let sizes: [(&mut Vec<f32>, usize); 5] = [
-            (&mut self.qkv, n * (q_dim + 2 * kv_dim)),
+        let sizes: [(&mut Vec<f32>, usize); 6] = [
+            (&mut self.qkv, n * (2 * q_dim + 2 * kv_dim)),
             (&mut self.q, n * q_dim),
+            (&mut self.gate, n * q_dim),
             (&mut self.k, n * kv_dim),
             (&mut self.v, n * kv_dim),
             (&mut self.out, n * q_dim),
@@ -117,6 +126,7 @@ pub(crate) struct AttentionBlock {
     output: Linear,
     scale: f32,
     sliding_window: Option<usize>,
+    output_gate: bool,
 }
 
 impl AttentionBlock {
@@ -129,13 +139,19 @@ impl AttentionBlock {
         options: AttentionOptions,
     ) -> Result<AttentionBlock> {
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
+        // With an output gate the query projection is twice as tall (each head `[q | gate]`).
+        let q_rows = if options.output_gate {
+            2 * q_dim
+        } else {
+            q_dim
+        };
         // Phi-3 stores the three as one fused `attn_qkv` whose rows are already `[q | k | v]`.
         let qkv = if tensors.contains("attn_qkv.weight") {
-            tensors.stacked(&[("attn_qkv.weight", q_dim + 2 * kv_dim)], hidden)?
+            tensors.stacked(&[("attn_qkv.weight", q_rows + 2 * kv_dim)], hidden)?
         } else {
             tensors.stacked(
                 &[
-                    ("attn_q.weight", q_dim),
+                    ("attn_q.weight", q_rows),
                     ("attn_k.weight", kv_dim),
                     ("attn_v.weight", kv_dim),
                 ],
@@ -165,35 +181,58 @@ impl AttentionBlock {
             output: tensors.matrix("attn_output.weight", hidden, q_dim)?,
             scale: options.scale,
             sliding_window: options.sliding_window,
+            output_gate: options.output_gate,
         })
+    }
+
+    /// Width of one token's fused QKV projection.
+    fn qkv_width(&self) -> usize {
+        let (q_dim, kv_dim) = (self.shape.q_dim(), self.shape.kv_dim());
+        let q_rows = if self.output_gate { 2 * q_dim } else { q_dim };
+        q_rows + 2 * kv_dim
     }
 
     pub fn storage_bytes(&self) -> usize {
         self.qkv.storage_bytes() + self.output.storage_bytes()
     }
 
-    /// Rows of the fused QKV projection (`q_dim + 2 * kv_dim` each) into `q`, `k` and `v`,
-    /// with the bias added, per-head QK-norm (through `scratch`, at least `q`'s length) and
-    /// RoPE at `positions` (one per row) applied.
+    /// Rows of the fused QKV projection ([`Self::qkv_width`] each) into `q`, `k` and `v`
+    /// (and each head's output gate into `gate`, when the block has one), with the bias
+    /// added, per-head QK-norm (through `scratch`, at least `q`'s length) and RoPE at
+    /// `positions` (one per row) applied.
     fn prepare_rows(
         &self,
         rope: &Rope,
         qkv: &[f32],
         positions: &[u32],
-        [q, k, v]: [&mut [f32]; 3],
+        [q, k, v, gate]: [&mut [f32]; 4],
         scratch: &mut [f32],
     ) -> Result<()> {
         let shape = self.shape;
-        let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
-        for (((row, q), k), v) in qkv
-            .chunks_exact(q_dim + 2 * kv_dim)
+        let (q_dim, kv_dim, head_dim) = (shape.q_dim(), shape.kv_dim(), shape.head_dim);
+        let q_rows = self.qkv_width() - 2 * kv_dim;
+        for ((((row, q), k), v), gate) in qkv
+            .chunks_exact(self.qkv_width())
             .zip(q.chunks_exact_mut(q_dim))
             .zip(k.chunks_exact_mut(kv_dim))
             .zip(v.chunks_exact_mut(kv_dim))
+            .zip(gate.chunks_exact_mut(q_dim))
         {
-            let (q_row, rest) = row.split_at(q_dim);
+            let (q_row, rest) = row.split_at(q_rows);
             let (k_row, v_row) = rest.split_at(kv_dim);
-            q.copy_from_slice(q_row);
+            if self.output_gate {
+                for ((pair, q), gate) in q_row
+                    .chunks_exact(2 * head_dim)
+                    .zip(q.chunks_exact_mut(head_dim))
+                    .zip(gate.chunks_exact_mut(head_dim))
+                {
+                    let (query, head_gate) = pair.split_at(head_dim);
+                    q.copy_from_slice(query);
+                    gate.copy_from_slice(head_gate);
+                }
+            } else {
+                q.copy_from_slice(q_row);
+            }
             k.copy_from_slice(k_row);
             v.copy_from_slice(v_row);
         }
@@ -240,13 +279,18 @@ impl AttentionBlock {
         let shape = self.shape;
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
         let b = buffers;
-        self.qkv.forward(pool, x, n, &mut b.qkv, scratch)?;
-        scratch
-            .lora
-            .apply(step, layer, LoraGroup::Qkv, x, &mut b.qkv)?;
         // Row by row (split over the pool): Q, K and V out of the fused projection, their
         // bias, per-head QK-norm and RoPE. `b.out` is the norms' scratch until attention.
-        let width = q_dim + 2 * kv_dim;
+        let width = self.qkv_width();
+        let Some(projected) = b.qkv.get_mut(..n * width) else {
+            return Err(ModelError::InvalidBatch(format!(
+                "attention buffers not prepared for {n} tokens"
+            )));
+        };
+        self.qkv.forward(pool, x, n, projected, scratch)?;
+        scratch
+            .lora
+            .apply(step, layer, LoraGroup::Qkv, x, projected)?;
         let (Some(qkv), Some(positions)) = (b.qkv.get(..n * width), batch.positions.get(..n))
         else {
             return Err(ModelError::InvalidBatch(format!(
@@ -257,6 +301,7 @@ impl AttentionBlock {
             (&b.q, q_dim),
             (&b.k, kv_dim),
             (&b.v, kv_dim),
+            (&b.gate, q_dim),
             (&b.out, q_dim),
         ] {
             if buffer.len() < n * len {
@@ -269,14 +314,14 @@ impl AttentionBlock {
         pool.for_row_chunks(
             n,
             PREPARE_ROWS,
-            [&mut b.q, &mut b.k, &mut b.v, &mut b.out],
-            [q_dim, kv_dim, kv_dim, q_dim],
-            &|first, rows, [q, k, v, scratch]| {
+            [&mut b.q, &mut b.k, &mut b.v, &mut b.gate, &mut b.out],
+            [q_dim, kv_dim, kv_dim, q_dim, q_dim],
+            &|first, rows, [q, k, v, gate, scratch]| {
                 let prepared = self.prepare_rows(
                     rope,
                     &qkv[first * width..(first + rows) * width],
                     &positions[first..first + rows],
-                    [q, k, v],
+                    [q, k, v, gate],
                     scratch,
                 );
                 if let Err(err) = prepared {
@@ -330,6 +375,11 @@ impl AttentionBlock {
             block_tables,
             &mut b.out,
         )?;
+        if self.output_gate {
+            for (o, &g) in b.out[..n * q_dim].iter_mut().zip(&b.gate) {
+                *o *= sigmoid(g);
+            }
+        }
         self.output.forward(pool, &b.out, n, out, scratch)?;
         scratch.lora.apply(step, layer, LoraGroup::O, &b.out, out)
     }

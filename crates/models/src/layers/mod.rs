@@ -7,6 +7,7 @@
 //! same way whatever else is in the batch (the batch-invariance invariant).
 
 mod attention;
+mod gated_delta_net;
 mod head;
 mod linear;
 mod lora;
@@ -16,6 +17,7 @@ mod norm;
 mod rope;
 
 pub(crate) use attention::{AttentionBlock, AttentionBuffers, AttentionOptions, AttentionShape};
+pub(crate) use gated_delta_net::{DeltaNetBuffers, GatedDeltaNet};
 pub(crate) use head::EmbeddingAndHead;
 pub(crate) use linear::{embed, Linear, LinearScratch, StackedLinear};
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
@@ -60,6 +62,8 @@ pub struct Workspace {
     pub(crate) attention: AttentionBuffers,
     pub(crate) mlp: MlpBuffers,
     pub(crate) moe: MoeBuffers,
+    /// Gated DeltaNet layers' intermediates (hybrid models only).
+    pub(crate) delta_net: DeltaNetBuffers,
     pub(crate) linear: LinearScratch,
 }
 

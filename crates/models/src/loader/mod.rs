@@ -326,6 +326,20 @@ impl LayerTensors<'_> {
         load_vector(self.reader.store, &self.name(short), length)
     }
 
+    /// A tensor of `shape` read as f32 values, whatever extra unit dimensions the container
+    /// gives it (HF's depthwise convolution weight is `[channels, 1, kernel]`, GGUF's
+    /// `[channels, kernel]`).
+    pub fn values(&self, short: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let name = self.name(short);
+        let tensor = self.reader.store.get(&name)?;
+        let squeezed: Vec<usize> = tensor.shape.iter().copied().filter(|&d| d != 1).collect();
+        let wanted: Vec<usize> = shape.iter().copied().filter(|&d| d != 1).collect();
+        check_shape(&name, &squeezed, &wanted)?;
+        let mut values = vec![0.0; shape.iter().product()];
+        dequantize(tensor.dtype, &tensor.bytes, &mut values)?;
+        Ok(values)
+    }
+
     /// An RMSNorm weight (shifted as the reader says).
     pub fn rms_norm(&self, short: &str, length: usize, eps: f32) -> Result<RmsNorm> {
         self.reader.norm(&self.name(short), length, eps)

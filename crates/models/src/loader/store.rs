@@ -106,6 +106,27 @@ impl<'f> TensorStore<'f> {
         SafetensorsStore::open(vec![path.to_path_buf()]).map(TensorStore::Safetensors)
     }
 
+    /// Renames every safetensors tensor whose name starts with `from` to start with `to`
+    /// instead (a multimodal checkpoint's `model.language_model.` text tensors read as a text
+    /// model's `model.`); a GGUF store is left alone.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
+        if let TensorStore::Safetensors(store) = self {
+            let renamed: Vec<String> = store
+                .tensors
+                .keys()
+                .filter(|name| name.starts_with(from))
+                .cloned()
+                .collect();
+            for name in renamed {
+                if let Some(entry) = store.tensors.remove(&name) {
+                    store
+                        .tensors
+                        .insert(format!("{to}{}", &name[from.len()..]), entry);
+                }
+            }
+        }
+    }
+
     /// Every tensor name in the store.
     pub fn names(&self) -> Vec<&str> {
         match self {

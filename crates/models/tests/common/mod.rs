@@ -6,7 +6,7 @@ pub mod tiny;
 
 use tokenmill_models::{
     BatchInput, CausalLm, KvCacheDType, KvCacheStorage, LlamaModel, LoadOptions, ModelSource,
-    ThreadPool, Workspace,
+    StateCacheStorage, ThreadPool, Workspace,
 };
 
 pub use tokenmill_test_assets::default_model as default_model_path;
@@ -53,11 +53,14 @@ pub fn teacher_forced_logits(
     let blocks: Vec<u32> = (0..tokens.len().div_ceil(block_size) as u32)
         .rev()
         .collect();
-    let mut kv = KvCacheStorage::with_dtype(model.kv_layout(), blocks.len(), block_size, kv_dtype);
+    // A hybrid model's recurrent layers keep their state in slot 0.
+    let mut kv = KvCacheStorage::with_dtype(model.kv_layout(), blocks.len(), block_size, kv_dtype)
+        .with_state(StateCacheStorage::new(model.state_layout(), 1));
     let mut batch = BatchInput::default();
     batch
         .add_sequence(&tokens, 0, &blocks, block_size, false)
         .unwrap();
+    batch.state_slots.push(0);
     let first = prompt.len() as u32 - 1;
     batch.logits_indices = (first..tokens.len() as u32).collect();
     model

@@ -4,6 +4,8 @@
 
 mod gemma3;
 mod llama;
+mod qwen35;
 
 pub use gemma3::Gemma3Model;
 pub use llama::LlamaModel;
+pub use qwen35::Qwen35Model;
