@@ -90,8 +90,9 @@ impl Engine {
 
     /// [`Self::start`] after the model is loaded: plans the KV capacity for it and starts the
     /// engine threads. `available_before_load` is the memory that was available before the
-    /// weights loaded; `own_pools` whether each engine builds its own thread pool.
-    pub(crate) fn start_loaded(
+    /// weights loaded; `own_pools` whether each engine builds its own thread pool. Public so a
+    /// test can start an engine on a model it built itself (the Qwen3.5 engine test).
+    pub fn start_loaded(
         config: &EngineConfig,
         loaded: LoadedModel,
         available_before_load: Option<u64>,

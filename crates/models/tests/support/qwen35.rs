@@ -43,7 +43,14 @@ impl TensorSpec {
 }
 
 pub fn load_fixture(name: &str) -> Qwen35Fixture {
-    let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    // The models crate's fixtures, also when another crate's tests include this file.
+    let own = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = if own.join(format!("{name}.json")).exists() {
+        own
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures")
+    };
+    let path = dir.join(format!("{name}.json"));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
