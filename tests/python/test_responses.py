@@ -20,6 +20,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import openai
@@ -160,13 +161,14 @@ def test_function_tool_auto_streamed(client):
 
 class City(BaseModel):
     name: str = Field(max_length=20)
-    population: int
+    country: Literal["France", "Germany", "Italy"]
+    capital: bool
 
 
 def test_parse_with_a_pydantic_model(client):
     parsed = client.responses.parse(model=MODEL_NAME, input="Describe Paris as JSON.", text_format=City,
                                     max_output_tokens=60, **GREEDY)
-    assert isinstance(parsed.output_parsed, City)
+    assert isinstance(parsed.output_parsed, City), parsed.output_text
     assert parsed.text.format.type == "json_schema"
 
 

@@ -203,8 +203,22 @@ impl Item {
         }
     }
 
-    /// Gives the item an id (of its type's prefix) if it has none.
-    fn ensure_id(&mut self) {
+    /// As stored and listed (OpenAI's shape): an id (of its type's prefix) if it has none, a
+    /// message's string content as one text part.
+    fn normalize(&mut self) {
+        if let Self::Message(message) = self {
+            if let ItemContent::Text(text) = &message.content {
+                let text = text.clone();
+                message.content = ItemContent::Parts(vec![match message.role {
+                    ItemRole::Assistant => ContentPart::OutputText {
+                        text,
+                        annotations: Vec::new(),
+                        logprobs: None,
+                    },
+                    _ => ContentPart::InputText { text },
+                }]);
+            }
+        }
         let (slot, prefix) = match self {
             Self::Message(m) => (&mut m.id, "msg_"),
             Self::FunctionCall(c) => (&mut c.id, "fc_"),
@@ -774,7 +788,7 @@ fn parse_item(index: usize, value: &Value) -> Result<Item, ProtocolError> {
             ));
         }
     }
-    item.ensure_id();
+    item.normalize();
     Ok(item)
 }
 
