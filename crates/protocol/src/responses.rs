@@ -961,7 +961,7 @@ mod tests {
     fn validation_maps_the_fields() {
         let limits = ValidationLimits::new(2048, 49152);
         let request = parse(json!({
-            "input": "x", "max_output_tokens": 7, "temperature": 0, "top_k": 3,
+            "input": "x", "max_output_tokens": 7, "temperature": 0.5, "top_k": 3,
             "include": [INCLUDE_LOGPROBS], "top_logprobs": 2,
             "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
             "reasoning": {"effort": "none"},
