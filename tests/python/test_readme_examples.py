@@ -63,3 +63,12 @@ def test_the_readme_anthropic_example_works(readme_server):
     result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip(), "the example printed no reply"
+
+
+def test_the_readme_responses_example_works(readme_server):
+    snippets = [block for block in using_the_server_blocks()["python"] if "responses.create" in block]
+    assert snippets, "no Responses API example in the README"
+    snippet = snippets[0].replace(README_ADDRESS, readme_server.base_url)
+    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip(), "the example printed no reply"

@@ -188,6 +188,8 @@ pub enum EndpointKind {
     Embeddings,
     /// `/v1/messages`: Anthropic's Messages API, its `content_block_delta` events timed.
     Messages,
+    /// `/v1/responses`: OpenAI's Responses API, its `response.*.delta` events timed.
+    Responses,
 }
 
 /// A metric that can get a percentile section in the report.
@@ -412,6 +414,8 @@ impl BenchServeArgs {
                 ));
             }
             EndpointKind::Messages
+        } else if endpoint.ends_with("responses") {
+            EndpointKind::Responses
         } else if endpoint.ends_with("embeddings") {
             if structured {
                 return Err(BenchError::InvalidArgument(
@@ -421,8 +425,8 @@ impl BenchServeArgs {
             EndpointKind::Embeddings
         } else {
             return Err(BenchError::InvalidArgument(format!(
-                "--endpoint {endpoint} must end with completions, chat/completions, messages \
-                 or embeddings"
+                "--endpoint {endpoint} must end with completions, chat/completions, messages, \
+                 responses or embeddings"
             )));
         };
 
@@ -586,6 +590,8 @@ mod tests {
         assert!(parse(&["--endpoint", "/v1/rerank"]).plan().is_err());
         let plan = parse(&["--endpoint", "/v1/messages"]).plan().unwrap();
         assert_eq!(plan.endpoint_kind, EndpointKind::Messages);
+        let plan = parse(&["--endpoint", "/v1/responses"]).plan().unwrap();
+        assert_eq!(plan.endpoint_kind, EndpointKind::Responses);
         assert!(parse(&["--endpoint", "/v1/messages", "--ignore-eos"])
             .plan()
             .is_err());

@@ -107,6 +107,14 @@ pub fn request_body(config: &EndpointConfig, input: &RequestInput) -> Value {
             "max_tokens": input.output_len,
             "stream": true,
         }),
+        // Nothing stored: a benchmark's responses are not conversations to continue.
+        EndpointKind::Responses => json!({
+            "model": config.model,
+            "input": input.prompt,
+            "max_output_tokens": input.output_len,
+            "stream": true,
+            "store": false,
+        }),
     };
     if let Value::Object(map) = &mut body {
         if config.kind == EndpointKind::Embeddings {
@@ -145,6 +153,10 @@ fn structured_field(kind: EndpointKind, schema: &Value) -> (&'static str, Value)
             "output_config",
             json!({"format": {"type": "json_schema", "schema": schema}}),
         ),
+        EndpointKind::Responses => (
+            "text",
+            json!({"format": {"type": "json_schema", "name": "bench", "schema": schema, "strict": true}}),
+        ),
         EndpointKind::Completions | EndpointKind::Embeddings => {
             ("structured_outputs", json!({"json": schema}))
         }
@@ -158,10 +170,12 @@ pub enum ChunkMeaning {
     Content { text: String, finished: bool },
     /// A chunk without content; `finished` when it carries a finish_reason.
     NoContent { finished: bool },
-    /// The final usage report.
+    /// The final usage report (`finished`: it also ends the stream, as the Responses API's
+    /// terminal event does).
     Usage {
         prompt_tokens: Option<usize>,
         completion_tokens: Option<usize>,
+        finished: bool,
     },
     /// An error object in the stream.
     Error(String),
@@ -197,6 +211,9 @@ pub fn interpret_chunk(kind: EndpointKind, event: Option<&str>, data: &str) -> C
     if kind == EndpointKind::Messages {
         return interpret_message_event(&value);
     }
+    if kind == EndpointKind::Responses {
+        return interpret_response_event(&value);
+    }
     if let Some(choice) = value
         .get("choices")
         .and_then(Value::as_array)
@@ -204,9 +221,10 @@ pub fn interpret_chunk(kind: EndpointKind, event: Option<&str>, data: &str) -> C
     {
         let finished = choice.get("finish_reason").is_some_and(|r| !r.is_null());
         let content = match kind {
-            EndpointKind::Completions | EndpointKind::Embeddings | EndpointKind::Messages => {
-                choice.get("text")
-            }
+            EndpointKind::Completions
+            | EndpointKind::Embeddings
+            | EndpointKind::Messages
+            | EndpointKind::Responses => choice.get("text"),
             EndpointKind::ChatCompletions => choice.get("delta").and_then(|delta| {
                 delta
                     .get("content")
@@ -230,6 +248,7 @@ pub fn interpret_chunk(kind: EndpointKind, event: Option<&str>, data: &str) -> C
         return ChunkMeaning::Usage {
             prompt_tokens: count("prompt_tokens"),
             completion_tokens: count("completion_tokens"),
+            finished: false,
         };
     }
     ChunkMeaning::NoContent { finished: false }
@@ -267,9 +286,50 @@ fn interpret_message_event(value: &Value) -> ChunkMeaning {
             ChunkMeaning::Usage {
                 prompt_tokens,
                 completion_tokens: count("output_tokens"),
+                finished: false,
             }
         }
         Some("message_stop") => ChunkMeaning::NoContent { finished: true },
+        _ => ChunkMeaning::NoContent { finished: false },
+    }
+}
+
+/// One event of OpenAI's Responses stream: text, reasoning and argument deltas are content;
+/// the terminal event (`response.completed` / `.incomplete`) carries the usage and ends it;
+/// `response.failed` is an error.
+fn interpret_response_event(value: &Value) -> ChunkMeaning {
+    match value.get("type").and_then(Value::as_str) {
+        Some(
+            "response.output_text.delta"
+            | "response.reasoning_text.delta"
+            | "response.function_call_arguments.delta",
+        ) => match value.get("delta").and_then(Value::as_str) {
+            Some(text) => ChunkMeaning::Content {
+                text: text.to_string(),
+                finished: false,
+            },
+            None => ChunkMeaning::NoContent { finished: false },
+        },
+        Some("response.completed" | "response.incomplete") => {
+            let count = |key: &str| {
+                value
+                    .pointer(&format!("/response/usage/{key}"))
+                    .and_then(Value::as_u64)
+                    .map(|n| n as usize)
+            };
+            ChunkMeaning::Usage {
+                prompt_tokens: count("input_tokens"),
+                completion_tokens: count("output_tokens"),
+                finished: true,
+            }
+        }
+        Some("response.failed") => ChunkMeaning::Error(format!(
+            "response failed: {}",
+            value
+                .pointer("/response/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or("no message")
+        )),
         _ => ChunkMeaning::NoContent { finished: false },
     }
 }
@@ -415,7 +475,9 @@ async fn read_stream(
                 ChunkMeaning::Usage {
                     prompt_tokens,
                     completion_tokens,
+                    finished,
                 } => {
+                    ended_cleanly |= finished;
                     outcome.output_tokens = completion_tokens;
                     if let Some(tokens) = prompt_tokens {
                         outcome.prompt_len = tokens;
@@ -549,7 +611,8 @@ mod tests {
             ),
             ChunkMeaning::Usage {
                 prompt_tokens: Some(19),
-                completion_tokens: Some(5)
+                completion_tokens: Some(5),
+                finished: false
             }
         );
         assert_eq!(
@@ -582,6 +645,43 @@ mod tests {
         assert_eq!(chat["response_format"]["type"], "json_schema");
         assert_eq!(chat["response_format"]["json_schema"]["schema"], schema);
         assert_eq!(chat["response_format"]["json_schema"]["strict"], true);
+        let responses = request_body(&config(EndpointKind::Responses), &input);
+        assert_eq!(responses["text"]["format"]["schema"], schema);
+        assert_eq!(responses["input"], "hi");
+        assert_eq!(responses["max_output_tokens"], 7);
+    }
+
+    #[test]
+    fn responses_events_are_classified() {
+        let kind = EndpointKind::Responses;
+        assert_eq!(
+            interpret_chunk(
+                kind,
+                Some("response.output_text.delta"),
+                r#"{"type": "response.output_text.delta", "delta": "Hi", "sequence_number": 4}"#
+            ),
+            ChunkMeaning::Content {
+                text: "Hi".into(),
+                finished: false
+            }
+        );
+        assert_eq!(
+            interpret_chunk(
+                kind,
+                Some("response.completed"),
+                r#"{"type": "response.completed", "response": {"usage": {"input_tokens": 3, "output_tokens": 5}}}"#
+            ),
+            ChunkMeaning::Usage {
+                prompt_tokens: Some(3),
+                completion_tokens: Some(5),
+                finished: true
+            }
+        );
+        assert!(matches!(
+            interpret_chunk(kind, Some("response.failed"),
+                r#"{"type": "response.failed", "response": {"error": {"message": "boom"}}}"#),
+            ChunkMeaning::Error(message) if message.contains("boom")
+        ));
     }
 
     #[test]
@@ -608,7 +708,8 @@ mod tests {
             ),
             Usage {
                 prompt_tokens: Some(5),
-                completion_tokens: Some(9)
+                completion_tokens: Some(9),
+                finished: false
             }
         );
         // llama.cpp-style role-only and empty final deltas are not content.

@@ -7,6 +7,7 @@ mod embed;
 mod engine_args;
 mod generate;
 mod lora_args;
+mod responses_args;
 mod runner;
 mod serve;
 mod structured_args;

@@ -12,6 +12,7 @@ use tokenmill_server::{ServerConfig, TlsConfig};
 
 use crate::engine_args::EngineArgs;
 use crate::lora_args::LoraArgs;
+use crate::responses_args::ResponsesArgs;
 use crate::runner::RunnerArgs;
 use crate::tool_args::ToolArgs;
 use crate::vllm_flags::{markdown_table, VllmArgs};
@@ -34,6 +35,8 @@ pub struct ServeArgs {
     pub runner: RunnerArgs,
     #[command(flatten)]
     pub lora: LoraArgs,
+    #[command(flatten)]
+    pub responses: ResponsesArgs,
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,
     #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
@@ -193,6 +196,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             .block_on(tokenmill_server::serve_pooling_on(listener, engine, server))?;
         return Ok(());
     }
+    server.response_store = args.responses.open()?;
     let engine = Engine::start(&config)?;
     for line in engine.capacity().log_lines() {
         tracing::info!("{line}");

@@ -498,6 +498,12 @@ impl EngineMetrics {
         self.http.record_rejected(reason);
     }
 
+    /// Counts stored responses evicted by age or count
+    /// (`tokenmill:responses_store_evictions_total`).
+    pub fn record_response_store_evictions(&self, count: u64) {
+        self.http.record_response_store_evictions(count);
+    }
+
     /// The scrape in the classic Prometheus text format; serve it with
     /// [`crate::PROMETHEUS_TEXT_CONTENT_TYPE`]. This is what vLLM serves and what
     /// `promtool check metrics` reads.

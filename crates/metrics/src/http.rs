@@ -45,6 +45,8 @@ pub(crate) struct HttpMetrics {
     requests_total: Family<RequestLabels, Counter>,
     /// Requests refused before reaching the engine, by reason (`--max-waiting-requests`).
     rejected_total: Family<RejectedLabels, Counter>,
+    /// Stored responses evicted by age or count (`--responses-store-ttl`, `-max-entries`).
+    response_store_evictions_total: Counter,
     request_duration_seconds: DurationFamily,
     request_duration_highr_seconds: StepHistogram,
 }
@@ -58,6 +60,7 @@ impl HttpMetrics {
         Self {
             requests_total: Family::default(),
             rejected_total: Family::default(),
+            response_store_evictions_total: Counter::default(),
             request_duration_seconds: Family::new_with_constructor(new_duration_histogram),
             request_duration_highr_seconds: StepHistogram::new(HTTP_REQUEST_DURATION_HIGHR_SECONDS),
         }
@@ -73,6 +76,11 @@ impl HttpMetrics {
             "tokenmill:requests_rejected",
             "Requests refused with 503 before reaching the engine, by reason",
             self.rejected_total.clone(),
+        );
+        registry.register(
+            "tokenmill:responses_store_evictions",
+            "Stored responses (/v1/responses) evicted by age or count",
+            self.response_store_evictions_total.clone(),
         );
         registry.register(
             "http_request_duration_seconds",
@@ -94,6 +102,10 @@ impl HttpMetrics {
                 reason: reason.to_string(),
             })
             .inc();
+    }
+
+    pub(crate) fn record_response_store_evictions(&self, count: u64) {
+        self.response_store_evictions_total.inc_by(count);
     }
 
     pub(crate) fn record(&self, handler: &str, method: &str, status: u16, duration_s: f64) {

@@ -24,6 +24,10 @@
 //!   [`CountTokensRequest`] (strict: unknown fields are a 400 naming them), checked into a
 //!   [`MessagesPrompt`] of chat messages; [`MessageResponse`], [`StreamEvent`] and
 //!   [`AnthropicError`].
+//! - OpenAI's Responses API (`responses.rs`, `responses_object.rs`): [`ResponsesRequest`]
+//!   (strict) with its input [`ResponseItem`]s, checked into the chat path's conversation
+//!   ([`items_conversation`]) and tools ([`ResponsesTools`]); [`ResponseObject`] and the
+//!   stream's [`SequencedEvent`]s.
 //! - [`openapi_json`]: the OpenAPI 3.1 document of the served routes.
 //!
 //! # Usage (server side)
@@ -61,6 +65,9 @@ mod lora;
 mod models;
 mod openapi;
 mod pooling;
+mod responses;
+mod responses_object;
+mod responses_openapi;
 mod sampling;
 mod structured;
 mod tools;
@@ -99,6 +106,16 @@ pub use pooling::{
     EmbeddingData, EmbeddingRequest, EmbeddingResponse, EncodingFormat, PoolingUsage,
     RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData,
     ScoreInput, ScoreRequest, ScoreResponse, WireVector,
+};
+pub use responses::{
+    item_id, items_conversation, response_id, ContentPart as ResponseContentPart, FunctionCallItem,
+    FunctionCallOutputItem, Item as ResponseItem, ItemContent, ItemRole, MessageItem,
+    ReasoningItem, ReasoningPart, ResponseInput, ResponsesRequest, ResponsesTools, TextFormat,
+    HOSTED_TOOL_TYPES, INCLUDE_LOGPROBS,
+};
+pub use responses_object::{
+    IncompleteDetails, ResponseErrorBody, ResponseEvent, ResponseObject, ResponseStatus,
+    ResponseUsage, SequencedEvent,
 };
 pub use sampling::{
     OutputOptions, SamplingDefaults, SamplingOptions, ThinkingTokenBudget, ValidatedSampling,

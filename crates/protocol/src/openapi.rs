@@ -1310,10 +1310,12 @@ pub fn openapi_json() -> Value {
     if let Some(schemas) = document["components"]["schemas"].as_object_mut() {
         schemas.extend(pooling_components());
         schemas.extend(anthropic_components());
+        schemas.extend(crate::responses_openapi::components());
     }
     if let Some(paths) = document["paths"].as_object_mut() {
         paths.extend(pooling_paths());
         paths.extend(anthropic_paths());
+        paths.extend(crate::responses_openapi::paths());
     }
     document
 }

@@ -301,6 +301,11 @@ fn every_ref_resolves_and_every_route_is_documented() {
         ("/classify", "post"),
         ("/v1/messages", "post"),
         ("/v1/messages/count_tokens", "post"),
+        ("/v1/responses", "post"),
+        ("/v1/responses/{id}", "get"),
+        ("/v1/responses/{id}", "delete"),
+        ("/v1/responses/{id}/input_items", "get"),
+        ("/v1/responses/{id}/cancel", "post"),
     ] {
         assert!(
             document["paths"][path][method]["responses"]["200"].is_object(),
@@ -419,5 +424,17 @@ fn the_messages_api_is_documented_as_strictly_as_it_parses() {
     assert_eq!(
         served["components"]["schemas"]["MessagesRequest"]["properties"]["max_tokens"]["maximum"],
         511
+    );
+}
+
+#[test]
+fn the_responses_request_schema_lists_every_field_and_refuses_others() {
+    let document = openapi_json();
+    // Every field of the request serializes (as null when unset).
+    let fields = serialized_keys(&tokenmill_protocol::ResponsesRequest::default());
+    assert_eq!(schema_properties(&document, "ResponsesRequest"), fields);
+    assert_eq!(
+        document["components"]["schemas"]["ResponsesRequest"]["additionalProperties"],
+        false
     );
 }

@@ -1,9 +1,11 @@
 //! Server settings, filled from `tokenmill serve` flags (vLLM's names).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokenmill_protocol::{SamplingDefaults, ToolSettings};
+use tokenmill_response_store::ResponseStore;
 
 use crate::cors::CorsConfig;
 
@@ -74,6 +76,9 @@ pub struct ServerConfig {
     /// Serve `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`
     /// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=true` or `--allow-runtime-lora-updating`).
     pub allow_runtime_lora_updating: bool,
+    /// Where `/v1/responses` keeps stored responses (`--responses-store`; `None`: nothing is
+    /// stored, `store: true` answers `store: false`).
+    pub response_store: Option<Arc<ResponseStore>>,
 }
 
 /// Default of both read timeouts.
@@ -109,6 +114,7 @@ impl ServerConfig {
             reasoning_parser: None,
             response_role: "assistant".into(),
             allow_runtime_lora_updating: false,
+            response_store: None,
         }
     }
 

@@ -22,6 +22,8 @@ mod generation;
 mod lifecycle;
 mod parse_errors;
 mod pooling;
+mod responses_output;
+mod responses_runs;
 mod routes;
 mod sse;
 mod state;

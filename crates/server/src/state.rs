@@ -11,6 +11,7 @@ use tokenmill_protocol::ValidationLimits;
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::responses_runs::Responses;
 
 /// Bytes of text per (longest piece × context position) accepted before tokenizing.
 const PROMPT_BYTES_MARGIN: usize = 4;
@@ -41,6 +42,8 @@ pub(crate) struct Inner {
     pub max_prompt_bytes: usize,
     /// Whether the model's chat template renders `tools` (else the generic tool prompt).
     pub template_renders_tools: bool,
+    /// `/v1/responses`: the store and the background runs.
+    pub responses: Responses,
 }
 
 impl std::fmt::Debug for AppState {
@@ -79,6 +82,7 @@ impl AppState {
         let template_renders_tools = model.chat_template.renders_tools();
         AppState {
             inner: Arc::new(Inner {
+                responses: Responses::new(config.response_store.clone()),
                 template_renders_tools,
                 engine,
                 model,

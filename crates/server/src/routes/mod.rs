@@ -7,6 +7,7 @@ mod completions;
 pub(crate) mod info;
 mod lora;
 mod messages;
+mod responses;
 pub(crate) mod tokenize;
 
 use std::time::Instant;
@@ -82,6 +83,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/messages", post(messages::create))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/models", get(info::models))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
