@@ -9,13 +9,7 @@
 
 mod common;
 
-#[allow(dead_code, clippy::all)]
-mod models_support {
-    #[path = "../../../models/tests/common/mod.rs"]
-    pub mod common;
-    #[path = "../../../models/tests/support/qwen35.rs"]
-    pub mod qwen35;
-}
+mod models_support;
 
 use std::sync::{Arc, OnceLock};
 
@@ -109,7 +103,10 @@ fn run(config: &EngineConfig, one_by_one: bool) -> (Vec<Vec<u32>>, u64) {
     };
     let stats = wait_idle(&client);
     assert_eq!(stats.kv_cache_usage, 0.0, "{stats:?}");
-    assert_eq!(stats.num_free_state_slots, stats.num_state_slots, "{stats:?}");
+    assert_eq!(
+        stats.num_free_state_slots, stats.num_state_slots,
+        "{stats:?}"
+    );
     engine.shutdown();
     (tokens, stats.num_preemptions)
 }
