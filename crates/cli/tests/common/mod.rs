@@ -46,9 +46,18 @@ impl Server {
                 sink.lock().unwrap().push(line);
             }
         });
-        let base_url = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("server announced its address");
+        let base_url = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(url) => url,
+            Err(e) => {
+                let status = child.try_wait();
+                // The reader thread may still be appending the last lines of an exited server.
+                std::thread::sleep(Duration::from_millis(200));
+                let lines = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+                panic!(
+                    "server did not announce its address ({e}; exit {status:?}); its log:\n{lines}"
+                );
+            }
+        };
         Server {
             child,
             base_url,
