@@ -31,6 +31,9 @@ echo "== minilm model: $TOKENMILL_MINILM_MODEL"
 
 export TOKENMILL_PROMTOOL="${TOKENMILL_PROMTOOL:-$(scripts/install-promtool.sh)}"
 echo "== promtool: $TOKENMILL_PROMTOOL"
+# A private PostgreSQL server for the shared Responses store tests (two replicas, one store).
+export TOKENMILL_TEST_POSTGRES="${TOKENMILL_TEST_POSTGRES:-$(scripts/start-postgres.sh)}"
+echo "== postgres: $TOKENMILL_TEST_POSTGRES"
 # Every asset above is now here: a test that would skip without one fails instead
 # (crates/test-assets).
 export TOKENMILL_REQUIRE_ASSETS=1

@@ -8,7 +8,8 @@ to the final object) / with a function tool (required and auto) and its round tr
 reads the prefix cache; GET / DELETE / input_items; background runs, cancel (KV blocks freed)
 and a cut stream resumed with `starting_after` equal to an uninterrupted greedy run; a
 kill -9 restart (stored responses survive, an interrupted background run reads `failed`);
-the API key scoping the store; bad input, each an OpenAI-shaped error, the server still
+the API key scoping the store; two replicas sharing a PostgreSQL store (a conversation
+continued on the other replica, a dead replica's background run failed by the live one); bad input, each an OpenAI-shaped error, the server still
 serving and its KV cache empty afterwards; the OpenAI Agents SDK running an agent with one
 function tool."""
 
@@ -332,6 +333,51 @@ def test_a_restart_keeps_the_store_and_fails_interrupted_runs(tmp_path):
         assert follow.output
     finally:
         stop_server(restarted)
+
+
+def postgres_url() -> str:
+    """The shared store's server (`scripts/start-postgres.sh`, exported by scripts/test.sh)."""
+    url = os.environ.get("TOKENMILL_TEST_POSTGRES", "")
+    if not url:
+        if os.environ.get("TOKENMILL_REQUIRE_ASSETS") == "1":
+            pytest.fail("TOKENMILL_TEST_POSTGRES is not set (run scripts/start-postgres.sh)")
+        pytest.skip("no PostgreSQL server (run scripts/start-postgres.sh, set TOKENMILL_TEST_POSTGRES)")
+    return url
+
+
+def test_replicas_share_a_postgres_store():
+    flags = ("--responses-store", postgres_url())
+    first, second = start_server(*flags), start_server(*flags)
+    try:
+        a, b = first.client(), second.client()
+        turn = a.responses.create(model=MODEL_NAME, input="Name a French city.", max_output_tokens=8, **GREEDY)
+        # The conversation goes on at the other replica, which reads the first turn's context.
+        follow = b.responses.create(model=MODEL_NAME, previous_response_id=turn.id, input="And a German one?",
+                                    max_output_tokens=8, **GREEDY)
+        assert follow.previous_response_id == turn.id
+        assert follow.usage.input_tokens > turn.usage.input_tokens + turn.usage.output_tokens
+        assert b.responses.retrieve(turn.id).model_dump() == turn.model_dump()
+        items = a.responses.input_items.list(follow.id)
+        assert [item.type for item in items.data] == ["message"]
+        # A background run of a replica that dies is failed by the one that lives (its periodic
+        # sweep), not left in_progress; one that runs on a live replica is never touched.
+        running = a.responses.create(background=True, **LONG_RUN)
+        time.sleep(0.5)
+        assert b.responses.retrieve(running.id).status in ("queued", "in_progress")
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+        deadline = time.monotonic() + 40
+        while b.responses.retrieve(running.id).status != "failed" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        interrupted = b.responses.retrieve(running.id)
+        assert interrupted.status == "failed", interrupted.status
+        assert "stopped before it finished" in interrupted.error.message
+        b.responses.delete(follow.id)
+        with pytest.raises(openai.NotFoundError):
+            b.responses.retrieve(follow.id)
+    finally:
+        stop_server(first)
+        stop_server(second)
 
 
 def test_the_agents_sdk_runs_an_agent_with_a_function_tool(rserver):

@@ -16,10 +16,11 @@ const DEFAULT_MAX_ENTRIES: u64 = 100_000;
 #[derive(Debug, Args)]
 pub struct ResponsesArgs {
     /// Where /v1/responses stores responses (`store: true`, the default) for
-    /// `previous_response_id`, GET, DELETE and input_items: a SQLite file, or `none` to store
-    /// nothing. Default: $TOKENMILL_STATE_DIR/responses.sqlite3, else
-    /// $XDG_CACHE_HOME/tokenmill/responses.sqlite3, else ~/.cache/tokenmill/responses.sqlite3.
-    #[arg(long, value_name = "PATH|none", help_heading = "Responses API")]
+    /// `previous_response_id`, GET, DELETE and input_items: a SQLite file (servers on one host
+    /// may share it), a `postgres://user:password@host:port/db` URL (replicas on several hosts
+    /// share it), or `none` to store nothing. Default: $TOKENMILL_STATE_DIR/responses.sqlite3,
+    /// else $XDG_CACHE_HOME/tokenmill/responses.sqlite3, else ~/.cache/tokenmill/responses.sqlite3.
+    #[arg(long, value_name = "PATH|URL|none", help_heading = "Responses API")]
     pub responses_store: Option<String>,
     /// Seconds a stored response is kept (evictions counted in
     /// tokenmill:responses_store_evictions_total); 0 keeps them until evicted by count.
@@ -48,36 +49,42 @@ impl ResponsesArgs {
     /// Opens the store (unfinished responses of an earlier run are marked failed), or
     /// `None` for `--responses-store none`.
     pub fn open(&self) -> anyhow::Result<Option<Arc<ResponseStore>>> {
-        let path = match self.responses_store.as_deref() {
-            Some("none") => {
-                tracing::info!("responses store: off (--responses-store none)");
-                return Ok(None);
-            }
-            Some(path) => PathBuf::from(path),
-            None => default_path().context(
-                "no default --responses-store: set TOKENMILL_STATE_DIR or HOME, or pass \
-                 --responses-store PATH|none",
-            )?,
-        };
         let limits = StoreLimits {
             ttl: (self.responses_store_ttl > 0)
                 .then(|| Duration::from_secs(self.responses_store_ttl)),
             max_entries: (self.responses_store_max_entries > 0)
                 .then_some(self.responses_store_max_entries),
         };
-        let store = ResponseStore::open(&path, limits)
-            .with_context(|| format!("--responses-store {}", path.display()))?;
-        let failed = store.recover_unfinished(
-            "The server stopped before this response finished; it was not resumed after the \
-             restart.",
-        )?;
+        let store = match self.responses_store.as_deref() {
+            Some("none") => {
+                tracing::info!("responses store: off (--responses-store none)");
+                return Ok(None);
+            }
+            Some(url) if ResponseStore::is_database_url(url) => {
+                let store = ResponseStore::connect(url, limits);
+                // The error may quote the URL: name the store by its redacted form.
+                store.map_err(|e| anyhow::anyhow!("--responses-store: {e}"))?
+            }
+            location => {
+                let path = match location {
+                    Some(path) => PathBuf::from(path),
+                    None => default_path().context(
+                        "no default --responses-store: set TOKENMILL_STATE_DIR or HOME, or \
+                         pass --responses-store PATH|URL|none",
+                    )?,
+                };
+                ResponseStore::open(&path, limits)
+                    .with_context(|| format!("--responses-store {}", path.display()))?
+            }
+        };
+        let failed = store.recover_unfinished(tokenmill_server::INTERRUPTED_RUN_MESSAGE)?;
         if !failed.is_empty() {
             tracing::warn!(
                 "responses store: {} unfinished response(s) of an earlier run marked failed",
                 failed.len()
             );
         }
-        tracing::info!("responses store: {}", path.display());
+        tracing::info!("responses store: {}", store.describe());
         Ok(Some(Arc::new(store)))
     }
 }

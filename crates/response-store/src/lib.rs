@@ -2,17 +2,23 @@
 //!
 //! # Design
 //!
-//! One SQLite file (bundled SQLite through `rusqlite`, WAL journal), one row per response:
-//! the response object as JSON, the input items of its own request and its *context* (every
-//! item rendered before its output: the previous responses' context, their output and this
-//! request's input), so continuing a conversation by `previous_response_id` is one read.
-//! Every write is one transaction, so a crash never leaves a half-written response readable.
+//! One table, one row per response: the response object as JSON, the input items of its own
+//! request and its *context* (every item rendered before its output: the previous responses'
+//! context, their output and this request's input), so continuing a conversation by
+//! `previous_response_id` is one read. Every write is one transaction, so a crash never
+//! leaves a half-written response readable. The table lives in a SQLite file (bundled SQLite
+//! through `rusqlite`, WAL journal; several servers on one host may share it) or in
+//! PostgreSQL (`postgres://...`, shared by replicas on several hosts); the statements are
+//! written once over [`backend::Database`].
 //!
 //! The store is bounded by age (`ttl`) and count (`max_entries`): each [`ResponseStore::put`]
 //! evicts in the same transaction and returns how many rows went (the server counts them in
-//! a metric). A response that was `queued` or `in_progress` when its server died is marked
-//! `failed` by [`ResponseStore::recover_unfinished`] at the next start, so none stays
-//! unfinished forever. A store file belongs to one server process at a time.
+//! a metric). A response that is `queued` or `in_progress` carries its server's *owner* tag;
+//! each server holds a liveness lock for its tag while it runs (a lock file for SQLite, a
+//! session advisory lock for PostgreSQL, both dropped by the OS or the database when the
+//! process dies). [`ResponseStore::recover_unfinished`], run at start and then periodically,
+//! marks `failed` the unfinished responses whose owner no longer holds its lock, so none
+//! stays unfinished forever and a live replica's runs are never touched.
 //!
 //! # Usage
 //!
@@ -29,20 +35,27 @@
 //! assert!(store.delete("resp_1").unwrap());
 //! ```
 
+mod backend;
+mod postgres;
+mod sqlite;
+
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
+
+use backend::{transaction, Cell, Database, Param, Tx};
 
 /// What can go wrong with the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("response store database: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("response store: cannot create {path}: {source}")]
-    CreateDir {
+    #[error("response store database: {0}")]
+    Postgres(#[from] ::postgres::Error),
+    #[error("response store: {path}: {source}")]
+    Io {
         path: String,
         source: std::io::Error,
     },
@@ -50,6 +63,8 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
     #[error("response store: a response object needs a string `{0}`")]
     MissingField(&'static str),
+    #[error("response store: unexpected column value: {0}")]
+    Column(String),
     #[error("response store: the connection lock was poisoned")]
     Poisoned,
 }
@@ -115,60 +130,75 @@ pub struct ItemPage {
 /// Statuses of a response that has not finished.
 const UNFINISHED: [&str; 2] = ["queued", "in_progress"];
 
-/// The SQLite-backed store.
+/// Where stored responses live (see the crate's documentation).
 #[derive(Debug)]
 pub struct ResponseStore {
-    conn: Mutex<Connection>,
+    db: Box<dyn Database>,
     limits: StoreLimits,
 }
 
+/// A fresh owner tag: 16 hex digits, unique among the servers sharing a store.
+fn new_owner_key() -> i64 {
+    rand::random::<i64>()
+}
+
+fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
 impl ResponseStore {
-    /// Opens (creating it and its folder if needed) the store file at `path`.
+    /// Opens (creating it and its folder if needed) the SQLite store file at `path`.
     pub fn open(path: &Path, limits: StoreLimits) -> Result<Self, StoreError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| StoreError::CreateDir {
-                path: parent.display().to_string(),
-                source,
-            })?;
-        }
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        Self::with_connection(conn, limits)
-    }
-
-    /// A store that lives only as long as the process (tests, `--responses-store none`
-    /// never uses it).
-    pub fn in_memory(limits: StoreLimits) -> Result<Self, StoreError> {
-        Self::with_connection(Connection::open_in_memory()?, limits)
-    }
-
-    fn with_connection(conn: Connection, limits: StoreLimits) -> Result<Self, StoreError> {
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS responses (
-                 id TEXT PRIMARY KEY,
-                 created_at INTEGER NOT NULL,
-                 status TEXT NOT NULL,
-                 response TEXT NOT NULL,
-                 input_items TEXT NOT NULL,
-                 context TEXT NOT NULL
-             );
-             CREATE INDEX IF NOT EXISTS responses_created_at ON responses (created_at);",
-        )?;
+        let owner = format!("{:016x}", new_owner_key() as u64);
         Ok(ResponseStore {
-            conn: Mutex::new(conn),
+            db: Box::new(sqlite::Sqlite::open(path, owner)?),
             limits,
         })
     }
 
-    fn conn(&self) -> Result<MutexGuard<'_, Connection>, StoreError> {
-        self.conn.lock().map_err(|_| StoreError::Poisoned)
+    /// Connects to the PostgreSQL store at `url` (`postgres://user:password@host:port/db`),
+    /// creating its table if needed.
+    pub fn connect(url: &str, limits: StoreLimits) -> Result<Self, StoreError> {
+        Ok(ResponseStore {
+            db: Box::new(postgres::Postgres::connect(url, new_owner_key())?),
+            limits,
+        })
+    }
+
+    /// Whether `location` names a PostgreSQL store rather than a SQLite file.
+    pub fn is_database_url(location: &str) -> bool {
+        location.starts_with("postgres://") || location.starts_with("postgresql://")
+    }
+
+    /// A store that lives only as long as the process (tests).
+    pub fn in_memory(limits: StoreLimits) -> Result<Self, StoreError> {
+        let owner = format!("{:016x}", new_owner_key() as u64);
+        Ok(ResponseStore {
+            db: Box::new(sqlite::Sqlite::in_memory(owner)?),
+            limits,
+        })
     }
 
     /// The limits this store enforces.
     pub fn limits(&self) -> StoreLimits {
         self.limits
+    }
+
+    /// The store as the log names it (a path, or the URL without its password).
+    pub fn describe(&self) -> String {
+        self.db.describe()
+    }
+
+    /// This server's owner tag (written beside the responses it has not finished).
+    pub fn owner(&self) -> &str {
+        self.db.owner()
+    }
+
+    /// The owner column for a response in `status`.
+    fn owner_for(&self, status: &str) -> Option<String> {
+        UNFINISHED
+            .contains(&status)
+            .then(|| self.db.owner().to_string())
     }
 
     /// Writes (or replaces) a response, then evicts what is over the limits at `now` (unix
@@ -181,23 +211,52 @@ impl ResponseStore {
             .get("created_at")
             .and_then(Value::as_u64)
             .unwrap_or(now);
-        let mut conn = self.conn()?;
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT OR REPLACE INTO responses (id, created_at, status, response, input_items, context)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                id,
-                created_at as i64,
-                status,
-                stored.response.to_string(),
-                Value::Array(stored.input_items.clone()).to_string(),
-                Value::Array(stored.context.clone()).to_string(),
-            ],
-        )?;
-        let evicted = evict(&tx, self.limits, now, Some(id))?;
-        tx.commit()?;
-        Ok(evicted)
+        let response = stored.response.to_string();
+        let input_items = Value::Array(stored.input_items.clone()).to_string();
+        let context = Value::Array(stored.context.clone()).to_string();
+        let owner = self.owner_for(status);
+        let limits = self.limits;
+        transaction(self.db.as_ref(), |tx| {
+            tx.execute(
+                "DELETE FROM tokenmill_responses WHERE id = $1",
+                &[Param::Text(id)],
+            )?;
+            let owner = owner.as_deref();
+            let insert = "INSERT INTO tokenmill_responses
+                 (id, created_at, seq, status, owner, response, input_items, context)
+                 VALUES ($1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM tokenmill_responses),
+                         $3, $4, $5, $6, $7)";
+            let insert_unowned = "INSERT INTO tokenmill_responses
+                 (id, created_at, seq, status, owner, response, input_items, context)
+                 VALUES ($1, $2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM tokenmill_responses),
+                         $3, NULL, $4, $5, $6)";
+            match owner {
+                Some(owner) => tx.execute(
+                    insert,
+                    &[
+                        Param::Text(id),
+                        Param::Int(int(created_at)),
+                        Param::Text(status),
+                        Param::Text(owner),
+                        Param::Text(&response),
+                        Param::Text(&input_items),
+                        Param::Text(&context),
+                    ],
+                )?,
+                None => tx.execute(
+                    insert_unowned,
+                    &[
+                        Param::Text(id),
+                        Param::Int(int(created_at)),
+                        Param::Text(status),
+                        Param::Text(&response),
+                        Param::Text(&input_items),
+                        Param::Text(&context),
+                    ],
+                )?,
+            };
+            evict(tx, limits, now, Some(id))
+        })
     }
 
     /// Replaces the response object of a stored response (a status change); `false` when
@@ -211,44 +270,60 @@ impl ResponseStore {
             .get("status")
             .and_then(Value::as_str)
             .ok_or(StoreError::MissingField("status"))?;
-        let changed = self.conn()?.execute(
-            "UPDATE responses SET status = ?2, response = ?3 WHERE id = ?1",
-            params![id, status, response.to_string()],
-        )?;
+        let text = response.to_string();
+        let finished = self.owner_for(status).is_none();
+        let changed = transaction(self.db.as_ref(), |tx| {
+            let sql = if finished {
+                "UPDATE tokenmill_responses SET status = $2, response = $3, owner = NULL
+                 WHERE id = $1"
+            } else {
+                "UPDATE tokenmill_responses SET status = $2, response = $3 WHERE id = $1"
+            };
+            tx.execute(
+                sql,
+                &[Param::Text(id), Param::Text(status), Param::Text(&text)],
+            )
+        })?;
         Ok(changed > 0)
     }
 
     /// A stored response.
     pub fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
-        let conn = self.conn()?;
-        let row = conn
-            .query_row(
-                "SELECT response, input_items, context FROM responses WHERE id = ?1",
-                params![id],
-                |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                    ))
-                },
+        let rows = transaction(self.db.as_ref(), |tx| {
+            tx.query(
+                "SELECT response, input_items, context FROM tokenmill_responses WHERE id = $1",
+                &[Param::Text(id)],
             )
-            .optional()?;
-        let Some((response, input_items, context)) = row else {
+        })?;
+        let Some(row) = rows.into_iter().next() else {
             return Ok(None);
         };
+        let mut cells = row.into_iter();
+        let mut next = || {
+            cells
+                .next()
+                .unwrap_or(Cell::Null)
+                .into_text()
+                .and_then(|text| Ok(serde_json::from_str::<Value>(&text)?))
+        };
+        let response = next()?;
+        let input_items = serde_json::from_value(next()?)?;
+        let context = serde_json::from_value(next()?)?;
         Ok(Some(StoredResponse {
-            response: serde_json::from_str(&response)?,
-            input_items: serde_json::from_str(&input_items)?,
-            context: serde_json::from_str(&context)?,
+            response,
+            input_items,
+            context,
         }))
     }
 
     /// Deletes a response; `false` when there was none.
     pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let deleted = self
-            .conn()?
-            .execute("DELETE FROM responses WHERE id = ?1", params![id])?;
+        let deleted = transaction(self.db.as_ref(), |tx| {
+            tx.execute(
+                "DELETE FROM tokenmill_responses WHERE id = $1",
+                &[Param::Text(id)],
+            )
+        })?;
         Ok(deleted > 0)
     }
 
@@ -284,53 +359,86 @@ impl ResponseStore {
         }))
     }
 
-    /// Marks every response still `queued` or `in_progress` as `failed` with `message` (a
-    /// server that died left them); returns their ids.
+    /// Marks `failed` (with `message`) every response still `queued` or `in_progress` whose
+    /// server is gone: one that no longer holds its owner lock, or an unowned one. This
+    /// server's own runs and those of other live servers sharing the store are left alone.
+    /// Returns the ids it failed.
     pub fn recover_unfinished(&self, message: &str) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.conn()?;
-        let tx = conn.transaction()?;
-        let rows: Vec<(String, String)> = {
-            let mut statement =
-                tx.prepare("SELECT id, response FROM responses WHERE status IN (?1, ?2)")?;
-            let rows = statement.query_map(params![UNFINISHED[0], UNFINISHED[1]], |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-            })?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let mut ids = Vec::with_capacity(rows.len());
-        for (id, response) in rows {
-            let mut response: Value = serde_json::from_str(&response)?;
-            if let Some(object) = response.as_object_mut() {
-                object.insert("status".into(), Value::String("failed".into()));
-                object.insert(
-                    "error".into(),
-                    serde_json::json!({"code": "server_error", "message": message}),
-                );
+        let own = self.db.owner().to_string();
+        let owners: BTreeSet<Option<String>> = transaction(self.db.as_ref(), |tx| {
+            tx.query(
+                "SELECT DISTINCT owner FROM tokenmill_responses WHERE status IN ($1, $2)",
+                &[Param::Text(UNFINISHED[0]), Param::Text(UNFINISHED[1])],
+            )
+        })?
+        .into_iter()
+        .map(|row| row.first().and_then(Cell::as_text).map(str::to_string))
+        .collect();
+        let mut dead = BTreeSet::new();
+        for owner in owners {
+            match owner {
+                Some(owner) if owner == own => {}
+                Some(owner) => {
+                    if !self.db.owner_alive(&owner)? {
+                        dead.insert(Some(owner));
+                    }
+                }
+                None => {
+                    dead.insert(None);
+                }
             }
-            tx.execute(
-                "UPDATE responses SET status = 'failed', response = ?2 WHERE id = ?1",
-                params![id, response.to_string()],
-            )?;
-            ids.push(id);
         }
-        tx.commit()?;
-        Ok(ids)
+        if dead.is_empty() {
+            return Ok(Vec::new());
+        }
+        transaction(self.db.as_ref(), |tx| {
+            let rows = tx.query(
+                "SELECT id, owner, response FROM tokenmill_responses WHERE status IN ($1, $2)",
+                &[Param::Text(UNFINISHED[0]), Param::Text(UNFINISHED[1])],
+            )?;
+            let mut ids = Vec::new();
+            for row in rows {
+                let [id, owner, response] = <[Cell; 3]>::try_from(row)
+                    .map_err(|row| StoreError::Column(format!("{} columns", row.len())))?;
+                let owner = owner.as_text().map(str::to_string);
+                if !dead.contains(&owner) {
+                    continue;
+                }
+                let id = id.into_text()?;
+                let mut response: Value = serde_json::from_str(&response.into_text()?)?;
+                if let Some(object) = response.as_object_mut() {
+                    object.insert("status".into(), Value::String("failed".into()));
+                    object.insert(
+                        "error".into(),
+                        serde_json::json!({"code": "server_error", "message": message}),
+                    );
+                }
+                tx.execute(
+                    "UPDATE tokenmill_responses SET status = 'failed', owner = NULL, response = $2
+                     WHERE id = $1",
+                    &[Param::Text(&id), Param::Text(&response.to_string())],
+                )?;
+                ids.push(id);
+            }
+            Ok(ids)
+        })
     }
 
     /// Evicts what is over the limits at `now` (unix seconds); returns how many went.
     pub fn evict(&self, now: u64) -> Result<u64, StoreError> {
-        let mut conn = self.conn()?;
-        let tx = conn.transaction()?;
-        let evicted = evict(&tx, self.limits, now, None)?;
-        tx.commit()?;
-        Ok(evicted)
+        let limits = self.limits;
+        transaction(self.db.as_ref(), |tx| evict(tx, limits, now, None))
     }
 
     /// How many responses are stored.
     pub fn len(&self) -> Result<u64, StoreError> {
-        let count: i64 = self
-            .conn()?
-            .query_row("SELECT COUNT(*) FROM responses", [], |row| row.get(0))?;
+        let rows = transaction(self.db.as_ref(), |tx| {
+            tx.query("SELECT COUNT(*) FROM tokenmill_responses", &[])
+        })?;
+        let count = rows
+            .first()
+            .and_then(|row| row.first())
+            .map_or(Ok(0), Cell::as_int)?;
         Ok(count.max(0) as u64)
     }
 
@@ -343,7 +451,7 @@ impl ResponseStore {
 /// Deletes expired rows, then the oldest beyond the count limit (never `keep`, the row just
 /// written).
 fn evict(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &mut dyn Tx,
     limits: StoreLimits,
     now: u64,
     keep: Option<&str>,
@@ -351,22 +459,26 @@ fn evict(
     let keep = keep.unwrap_or("");
     let mut evicted = 0u64;
     if let Some(ttl) = limits.ttl {
-        let cutoff = now.saturating_sub(ttl.as_secs()) as i64;
+        let cutoff = int(now.saturating_sub(ttl.as_secs()));
         evicted += tx.execute(
-            "DELETE FROM responses WHERE created_at < ?1 AND id != ?2",
-            params![cutoff, keep],
-        )? as u64;
+            "DELETE FROM tokenmill_responses WHERE created_at < $1 AND id != $2",
+            &[Param::Int(cutoff), Param::Text(keep)],
+        )?;
     }
     if let Some(max) = limits.max_entries {
-        let count: i64 = tx.query_row("SELECT COUNT(*) FROM responses", [], |row| row.get(0))?;
-        let over = count.saturating_sub(i64::try_from(max).unwrap_or(i64::MAX));
+        let count = tx
+            .query("SELECT COUNT(*) FROM tokenmill_responses", &[])?
+            .first()
+            .and_then(|row| row.first())
+            .map_or(Ok(0), Cell::as_int)?;
+        let over = count.saturating_sub(int(max));
         if over > 0 {
             evicted += tx.execute(
-                "DELETE FROM responses WHERE id IN (
-                     SELECT id FROM responses WHERE id != ?2
-                     ORDER BY created_at ASC, rowid ASC LIMIT ?1)",
-                params![over, keep],
-            )? as u64;
+                "DELETE FROM tokenmill_responses WHERE id IN (
+                     SELECT id FROM tokenmill_responses WHERE id != $2
+                     ORDER BY created_at ASC, seq ASC LIMIT $1)",
+                &[Param::Int(over), Param::Text(keep)],
+            )?;
         }
     }
     Ok(evicted)

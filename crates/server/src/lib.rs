@@ -34,5 +34,6 @@ pub use error::ApiError;
 pub use generation::structured_output;
 pub use lifecycle::{bind, serve, serve_on, serve_pooling_on, ServeError};
 pub use pooling::{pooling_router, PoolingState};
+pub use responses_runs::INTERRUPTED_RUN_MESSAGE;
 pub use routes::router;
 pub use state::AppState;

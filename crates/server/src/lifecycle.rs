@@ -121,8 +121,10 @@ async fn serve_state(
         config.shutdown_timeout,
     ));
     let watcher = tokio::spawn(stop_when_engine_dies(state.clone(), handle.clone()));
+    let sweeper = tokio::spawn(crate::responses_runs::sweep_store(state.clone()));
     let served = run_app(listener, app, config, handle).await;
     watcher.abort();
+    sweeper.abort();
     served?;
     // The caller shuts the engine down only after this returns: not running now means it
     // died.

@@ -214,6 +214,49 @@ impl Responses {
     }
 }
 
+/// The error of a stored response whose server stopped before it finished.
+pub const INTERRUPTED_RUN_MESSAGE: &str = "The server running this response stopped before it \
+     finished; the response was not resumed.";
+
+/// How often a server looks for runs that a dead server (a replica sharing the store, or this
+/// one before a restart) left unfinished, and for responses past their age.
+const STORE_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Every [`STORE_SWEEP_PERIOD`]: fails the unfinished runs of servers that are gone and evicts
+/// what is past the store's TTL (counted in the evictions metric). Runs until aborted.
+pub(crate) async fn sweep_store(state: crate::state::AppState) {
+    let responses = &state.inner.responses;
+    if responses.store.is_none() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(STORE_SWEEP_PERIOD).await;
+        let swept = responses
+            .with_store(|store| {
+                let failed = store.recover_unfinished(INTERRUPTED_RUN_MESSAGE)?;
+                let evicted = store.evict(unix_now())?;
+                Ok((failed, evicted))
+            })
+            .await;
+        match swept {
+            Ok(Some((failed, evicted))) => {
+                if !failed.is_empty() {
+                    tracing::warn!(
+                        "responses store: {} unfinished response(s) of a server that stopped \
+                         marked failed",
+                        failed.len()
+                    );
+                }
+                if evicted > 0 {
+                    state.inner.metrics.record_response_store_evictions(evicted);
+                }
+            }
+            Ok(None) => return,
+            Err(e) => tracing::warn!("responses store sweep: {e:?}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

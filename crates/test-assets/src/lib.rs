@@ -158,6 +158,29 @@ pub fn assets_required() -> bool {
     std::env::var(REQUIRE_ASSETS).is_ok_and(|value| value == "1")
 }
 
+/// The variable naming the PostgreSQL server of the shared Responses store tests.
+pub const POSTGRES_URL: &str = "TOKENMILL_TEST_POSTGRES";
+
+/// The PostgreSQL URL the shared-store tests run against (`scripts/start-postgres.sh` starts
+/// one and prints it; `scripts/test.sh` exports it as `TOKENMILL_TEST_POSTGRES`), or `None`
+/// after printing that `test` skipped; under `TOKENMILL_REQUIRE_ASSETS=1` its absence fails.
+#[allow(clippy::panic)]
+pub fn postgres_url_or_skip(test: &str) -> Option<String> {
+    if let Some(url) = std::env::var(POSTGRES_URL)
+        .ok()
+        .filter(|url| !url.is_empty())
+    {
+        return Some(url);
+    }
+    let missing =
+        format!("no PostgreSQL server (run scripts/start-postgres.sh and set {POSTGRES_URL})");
+    if assets_required() {
+        panic!("{test}: {missing} ({REQUIRE_ASSETS}=1: a missing asset fails)");
+    }
+    eprintln!("{test}: skipped: {missing}");
+    None
+}
+
 /// The default model's path; the test fails without it.
 pub fn default_model() -> PathBuf {
     DEFAULT_MODEL.require()
