@@ -234,6 +234,31 @@ pub(crate) fn lenient_integer<'de, D: Deserializer<'de>>(
     deserializer.deserialize_option(IntegerVisitor)
 }
 
+/// An optional object field that refuses a JSON array: serde's derived structs also read a
+/// sequence of their fields in order (`"reasoning": [null, null]`), which the API's schema
+/// does not allow.
+pub(crate) fn object_only<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    match Option::<serde_json::Value>::deserialize(deserializer)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(value @ serde_json::Value::Object(_)) => serde_json::from_value(value)
+            .map(Some)
+            .map_err(D::Error::custom),
+        Some(other) => Err(D::Error::invalid_type(
+            match &other {
+                serde_json::Value::Array(_) => serde::de::Unexpected::Seq,
+                serde_json::Value::Bool(b) => serde::de::Unexpected::Bool(*b),
+                serde_json::Value::String(s) => serde::de::Unexpected::Str(s),
+                _ => serde::de::Unexpected::Other("a number"),
+            },
+            &"an object",
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -317,9 +317,9 @@ pub struct ResponsesRequest {
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::common::object_only")]
     pub text: Option<TextConfig>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::common::object_only")]
     pub reasoning: Option<ReasoningConfig>,
     #[serde(default)]
     pub max_output_tokens: Option<i64>,
@@ -340,7 +340,7 @@ pub struct ResponsesRequest {
     pub truncation: Option<String>,
     #[serde(default)]
     pub stream: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::common::object_only")]
     pub stream_options: Option<ResponseStreamOptions>,
     #[serde(default)]
     pub store: Option<bool>,
@@ -884,6 +884,20 @@ mod tests {
 
     fn parse(body: Value) -> Result<ResponsesRequest, ProtocolError> {
         crate::anthropic::parse_anthropic(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn object_settings_refuse_arrays() {
+        for field in ["reasoning", "text", "stream_options"] {
+            let error = parse(json!({"input": "hi", field: [null, null]})).unwrap_err();
+            assert!(error.message().contains("an object"), "{field}: {error}");
+            assert!(
+                parse(json!({"input": "hi", field: null})).is_ok(),
+                "{field}"
+            );
+        }
+        let request = parse(json!({"input": "hi", "reasoning": {"effort": "low"}})).unwrap();
+        assert_eq!(request.reasoning.unwrap().effort.as_deref(), Some("low"));
     }
 
     #[test]

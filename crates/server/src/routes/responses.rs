@@ -393,7 +393,15 @@ pub(crate) async fn retrieve(
              included.",
         ));
     }
-    if parse_param::<bool>(&params, "stream")?.unwrap_or(false) {
+    let starting_after = parse_param::<u64>(&params, "starting_after")?;
+    let stream = parse_param::<bool>(&params, "stream")?.unwrap_or(false);
+    if starting_after.is_some() && !stream {
+        return Err(ApiError::invalid_param(
+            "starting_after",
+            "starting_after picks where a replayed event stream starts: it needs stream=true.",
+        ));
+    }
+    if stream {
         let Some(run) = state.inner.responses.run(&id) else {
             return match current(&state, &id).await? {
                 Some(_) => Err(ApiError::invalid_param(
@@ -406,7 +414,9 @@ pub(crate) async fn retrieve(
                 None => Err(not_found(&id, "response_id")),
             };
         };
-        let from = parse_param::<u64>(&params, "starting_after")?.map_or(0, |n| n as usize + 1);
+        let from = starting_after.map_or(0, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX).saturating_add(1)
+        });
         return Ok(follow_response(run, from));
     }
     match current(&state, &id).await? {
