@@ -9,7 +9,7 @@
 //! leaves a half-written response readable. The table lives in a SQLite file (bundled SQLite
 //! through `rusqlite`, WAL journal; several servers on one host may share it) or in
 //! PostgreSQL (`postgres://...`, shared by replicas on several hosts); the statements are
-//! written once over [`backend::Database`].
+//! written once over `backend::Database`.
 //!
 //! The store is bounded by age (`ttl`) and count (`max_entries`): each [`ResponseStore::put`]
 //! evicts in the same transaction and returns how many rows went (the server counts them in
