@@ -66,7 +66,29 @@ impl Sqlite {
             describe: path.display().to_string(),
         };
         store.create_tables()?;
+        store.remove_litter();
         Ok(store)
+    }
+
+    /// Removes the lock files of servers that died with no unfinished run (a run's lock file
+    /// goes when its run is failed): without this, every killed server would leave one.
+    fn remove_litter(&self) {
+        let Some(dir) = &self.owners_dir else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(tag) = name.to_str().and_then(|n| n.strip_suffix(".lock")) else {
+                continue;
+            };
+            if tag != self.owner {
+                // Best effort: an unreadable file stays, and says nothing about this store.
+                let _ = self.owner_alive(tag);
+            }
+        }
     }
 
     pub(crate) fn in_memory(owner: String) -> Result<Self, StoreError> {

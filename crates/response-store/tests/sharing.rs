@@ -91,10 +91,50 @@ fn sqlite_servers_opening_a_fresh_file_at_once_all_succeed() {
         .collect();
     let stores: Vec<ResponseStore> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(stores[0].len().unwrap(), 8);
-    // All eight are alive: none of their runs was failed by another's recovery.
+    // All eight are alive: none of their runs was failed by another's recovery, and none
+    // took another's lock file for a dead server's.
     for i in 0..8 {
         assert_eq!(status(&stores[0], &format!("r{i}")), "in_progress");
     }
+    assert_eq!(lock_files(&path), 8);
+}
+
+fn lock_files(store: &std::path::Path) -> usize {
+    let dir = format!("{}.owners", store.display());
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".lock")
+        })
+        .count()
+}
+
+#[test]
+fn sqlite_removes_dead_servers_lock_files_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("responses.sqlite3");
+    let first = ResponseStore::open(&path, StoreLimits::default()).unwrap();
+    // What a server killed with no unfinished run leaves: its lock file, unlocked.
+    std::fs::write(
+        dir.path().join("responses.sqlite3.owners/0badc0de.lock"),
+        b"",
+    )
+    .unwrap();
+    assert_eq!(lock_files(&path), 2);
+    let second = ResponseStore::open(&path, StoreLimits::default()).unwrap();
+    // The dead one's file went; the live first server's stayed.
+    assert_eq!(lock_files(&path), 2);
+    assert!(!dir
+        .path()
+        .join("responses.sqlite3.owners/0badc0de.lock")
+        .exists());
+    drop(first);
+    drop(second);
+    assert_eq!(lock_files(&path), 0);
 }
 
 /// A fresh database on the test server, so that tests never see each other's rows.
