@@ -23,7 +23,7 @@ pub struct ResponsesArgs {
     #[arg(long, value_name = "PATH|URL|none", help_heading = "Responses API")]
     pub responses_store: Option<String>,
     /// Seconds a stored response is kept (evictions counted in
-    /// tokenmill:responses_store_evictions_total); 0 keeps them until evicted by count.
+    /// tokenmill_responses_store_evictions_total); 0 keeps them until evicted by count.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_TTL_SECONDS, help_heading = "Responses API")]
     pub responses_store_ttl: u64,
     /// At most this many stored responses (the oldest are evicted first); 0: no bound.

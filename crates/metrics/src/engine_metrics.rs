@@ -499,7 +499,7 @@ impl EngineMetrics {
     }
 
     /// Counts stored responses evicted by age or count
-    /// (`tokenmill:responses_store_evictions_total`).
+    /// (`tokenmill_responses_store_evictions_total`).
     pub fn record_response_store_evictions(&self, count: u64) {
         self.http.record_response_store_evictions(count);
     }

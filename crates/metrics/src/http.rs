@@ -78,7 +78,7 @@ impl HttpMetrics {
             self.rejected_total.clone(),
         );
         registry.register(
-            "tokenmill:responses_store_evictions",
+            "tokenmill_responses_store_evictions",
             "Stored responses (/v1/responses) evicted by age or count",
             self.response_store_evictions_total.clone(),
         );

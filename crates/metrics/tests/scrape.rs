@@ -429,6 +429,7 @@ fn metric_families_match_the_compatibility_table() {
         ("vllm:request_prefill_time_seconds", "histogram"),
         ("vllm:request_decode_time_seconds", "histogram"),
         ("tokenmill_kv_events_dropped_total", "counter"),
+        ("tokenmill_responses_store_evictions_total", "counter"),
         ("http_requests_total", "counter"),
         ("http_request_duration_seconds", "histogram"),
         ("http_request_duration_highr_seconds", "histogram"),
