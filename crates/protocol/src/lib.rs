@@ -24,9 +24,11 @@
 //!   [`CountTokensRequest`] (strict: unknown fields are a 400 naming them), checked into a
 //!   [`MessagesPrompt`] of chat messages; [`MessageResponse`], [`StreamEvent`] and
 //!   [`AnthropicError`].
-//! - OpenAI's Responses API (`responses.rs`, `responses_object.rs`): [`ResponsesRequest`]
-//!   (strict) with its input [`ResponseItem`]s, checked into the chat path's conversation
-//!   ([`items_conversation`]) and tools ([`ResponsesTools`]); [`ResponseObject`] and the
+//! - OpenAI's Responses API (`responses.rs`, `responses_object.rs`, `responses_tools.rs`):
+//!   [`ResponsesRequest`] (strict) with its input [`ResponseItem`]s, checked into the chat
+//!   path's conversation ([`items_conversation`]) and tools ([`ResponsesTools`]: function,
+//!   custom and namespace tools as chat functions, [`ToolNames`] to read calls back);
+//!   [`ResponseObject`] and the
 //!   stream's [`SequencedEvent`]s.
 //! - [`openapi_json`]: the OpenAPI 3.1 document of the served routes.
 //!
@@ -68,6 +70,7 @@ mod pooling;
 mod responses;
 mod responses_object;
 mod responses_openapi;
+mod responses_tools;
 mod sampling;
 mod structured;
 mod tools;
@@ -108,14 +111,19 @@ pub use pooling::{
     ScoreInput, ScoreRequest, ScoreResponse, WireVector,
 };
 pub use responses::{
-    item_id, items_conversation, response_id, ContentPart as ResponseContentPart, FunctionCallItem,
-    FunctionCallOutputItem, Item as ResponseItem, ItemContent, ItemRole, MessageItem,
-    ReasoningItem, ReasoningPart, ResponseInput, ResponsesRequest, ResponsesTools, TextFormat,
-    HOSTED_TOOL_TYPES, INCLUDE_LOGPROBS,
+    decode_reasoning, encode_reasoning, item_id, items_conversation, response_id,
+    ContentPart as ResponseContentPart, CustomToolCallItem, CustomToolCallOutputItem,
+    FunctionCallItem, FunctionCallOutputItem, Item as ResponseItem, ItemContent, ItemRole,
+    MessageItem, ReasoningItem, ReasoningPart, ResponseInput, ResponsesRequest, TextFormat,
+    HOSTED_TOOL_TYPES, INCLUDE_ENCRYPTED_REASONING, INCLUDE_LOGPROBS,
 };
 pub use responses_object::{
     IncompleteDetails, ResponseErrorBody, ResponseEvent, ResponseObject, ResponseStatus,
     ResponseUsage, SequencedEvent,
+};
+pub use responses_tools::{
+    custom_arguments, custom_input, model_tool_name, ResponsesTools, ToolNames, ToolTarget,
+    CUSTOM_INPUT_ARGUMENT,
 };
 pub use sampling::{
     OutputOptions, SamplingDefaults, SamplingOptions, ThinkingTokenBudget, ValidatedSampling,

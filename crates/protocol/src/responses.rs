@@ -7,8 +7,12 @@
 //! parts joined with `"\n"`) become messages of their role; consecutive `function_call`
 //! items become one assistant message's `tool_calls` (joined to the assistant text just
 //! before them); a `function_call_output` becomes a `tool` message and must answer a call
-//! made earlier in the conversation. `reasoning` items are accepted and not rendered: chat
-//! templates have no place for earlier reasoning (as with Anthropic's thinking blocks).
+//! made earlier in the conversation. `custom_tool_call` items are calls of their tool's
+//! function with `{"input": ...}` as arguments (`responses_tools.rs`), their
+//! `custom_tool_call_output`s tool messages like a function's; a call of a `namespace` tool
+//! is rendered under its `namespace.name`. `reasoning` items are accepted and not rendered:
+//! chat templates have no place for earlier reasoning (as with Anthropic's thinking blocks);
+//! an `encrypted_content` must be one this server wrote ([`encode_reasoning`]).
 //! `instructions` are a first system message and, as in OpenAI, not carried over by
 //! `previous_response_id`.
 
@@ -20,6 +24,7 @@ use serde_json::{json, Map, Value};
 use crate::chat::{ChatTemplateOptions, ConversationMessage, Role};
 use crate::common::{ResponseFormat, StopInput};
 use crate::error::ProtocolError;
+use crate::responses_tools::{custom_arguments, model_tool_name};
 use crate::sampling::{RawSampling, ValidatedSampling, ValidationLimits};
 
 /// Built-in tools that need a hosted service: declared ones are not offered to the model
@@ -40,6 +45,35 @@ pub const HOSTED_TOOL_TYPES: &[&str] = &[
 
 /// The `include` values served.
 pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+/// Reasoning items carry `encrypted_content`: see [`encode_reasoning`].
+pub const INCLUDE_ENCRYPTED_REASONING: &str = "reasoning.encrypted_content";
+
+/// What starts the `encrypted_content` this server writes.
+const REASONING_CONTENT_PREFIX: &str = "tokenmill:";
+
+/// A reasoning item's `encrypted_content` (with `include: ["reasoning.encrypted_content"]`):
+/// the reasoning text, base64-encoded behind a `tokenmill:` prefix. Not encrypted: the
+/// server holds no secret, and the same text is in the item's `content`. Clients that keep
+/// no state (`store: false`) send the item back as they got it; [`decode_reasoning`] checks
+/// it.
+pub fn encode_reasoning(text: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "{REASONING_CONTENT_PREFIX}{}",
+        base64::engine::general_purpose::STANDARD.encode(text)
+    )
+}
+
+/// The reasoning text of an `encrypted_content` this server wrote (`None`: not one of
+/// ours, e.g. another provider's ciphertext).
+pub fn decode_reasoning(encrypted: &str) -> Option<String> {
+    use base64::Engine as _;
+    let encoded = encrypted.strip_prefix(REASONING_CONTENT_PREFIX)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
 
 /// Who wrote a message item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,6 +168,25 @@ pub struct FunctionCallItem {
     pub call_id: String,
     pub name: String,
     pub arguments: String,
+    /// The `namespace` tool the function belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// A call the model made to a custom (free-form) tool: its `input` is raw text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomToolCallItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    pub name: String,
+    pub input: String,
+    /// The `namespace` tool the custom tool belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }
@@ -142,6 +195,18 @@ pub struct FunctionCallItem {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FunctionCallOutputItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    pub output: ItemContent,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// A custom call's result, sent back by the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomToolCallOutputItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
@@ -182,6 +247,8 @@ pub enum Item {
     Message(MessageItem),
     FunctionCall(FunctionCallItem),
     FunctionCallOutput(FunctionCallOutputItem),
+    CustomToolCall(CustomToolCallItem),
+    CustomToolCallOutput(CustomToolCallOutputItem),
     Reasoning(ReasoningItem),
 }
 
@@ -190,6 +257,8 @@ const ITEM_TYPES: &[&str] = &[
     "message",
     "function_call",
     "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
     "reasoning",
 ];
 
@@ -199,6 +268,8 @@ impl Item {
             Self::Message(m) => m.id.as_deref(),
             Self::FunctionCall(c) => c.id.as_deref(),
             Self::FunctionCallOutput(o) => o.id.as_deref(),
+            Self::CustomToolCall(c) => c.id.as_deref(),
+            Self::CustomToolCallOutput(o) => o.id.as_deref(),
             Self::Reasoning(r) => r.id.as_deref(),
         }
     }
@@ -223,6 +294,8 @@ impl Item {
             Self::Message(m) => (&mut m.id, "msg_"),
             Self::FunctionCall(c) => (&mut c.id, "fc_"),
             Self::FunctionCallOutput(o) => (&mut o.id, "fco_"),
+            Self::CustomToolCall(c) => (&mut c.id, "ctc_"),
+            Self::CustomToolCallOutput(o) => (&mut o.id, "ctco_"),
             Self::Reasoning(r) => (&mut r.id, "rs_"),
         };
         if slot.is_none() {
@@ -388,17 +461,14 @@ pub struct ResponsesRequest {
     pub request_id: Option<String>,
     #[serde(default)]
     pub cache_salt: Option<String>,
-}
-
-/// The checked tool fields, in chat completions' shape.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ResponsesTools {
-    /// Function tools as chat completions takes them (`None`: no function tool).
-    pub tools: Option<Vec<Value>>,
-    /// `tool_choice` in chat completions' shape.
-    pub tool_choice: Option<Value>,
-    /// Declared hosted tools, not offered to the model.
-    pub skipped: Vec<String>,
+    /// OpenAI's cache-routing hint: echoed. Every request here shares one automatic prefix
+    /// cache (`cache_salt` isolates), so no routing is needed for a key's requests to hit.
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
+    /// The client's own string tags (Codex sends its session and turn ids): logged with the
+    /// request under `--enable-log-requests`, as `user` is.
+    #[serde(default)]
+    pub client_metadata: Option<Map<String, Value>>,
 }
 
 impl ResponsesRequest {
@@ -409,6 +479,14 @@ impl ResponsesRequest {
 
     pub fn is_background(&self) -> bool {
         self.background.unwrap_or(false)
+    }
+
+    /// Whether reasoning items carry `encrypted_content` (`include`).
+    pub fn includes_encrypted_reasoning(&self) -> bool {
+        self.include
+            .iter()
+            .flatten()
+            .any(|value| value == INCLUDE_ENCRYPTED_REASONING)
     }
 
     /// Whether logprobs go into the output text parts (`include`).
@@ -423,17 +501,18 @@ impl ResponsesRequest {
     /// prompt is tokenized). Fields that are not served are a 400 here.
     pub fn validate(&self, limits: &ValidationLimits) -> Result<ValidatedSampling, ProtocolError> {
         for (index, value) in self.include.iter().flatten().enumerate() {
-            if value != INCLUDE_LOGPROBS {
+            if value != INCLUDE_LOGPROBS && value != INCLUDE_ENCRYPTED_REASONING {
                 return Err(ProtocolError::unsupported(
                     format!("include[{index}]"),
                     format!(
                         "include[{index}]: {value:?} is not supported; only \
-                         {INCLUDE_LOGPROBS:?} is (no hosted tools run here, and reasoning is \
-                         not sent back encrypted)."
+                         {INCLUDE_LOGPROBS:?} and {INCLUDE_ENCRYPTED_REASONING:?} are (no \
+                         hosted tools run here)."
                     ),
                 ));
             }
         }
+        check_client_metadata(self.client_metadata.as_ref())?;
         if self.top_logprobs.is_some_and(|k| k > 0) && !self.includes_logprobs() {
             return Err(ProtocolError::invalid(
                 "top_logprobs",
@@ -592,95 +671,6 @@ impl ResponsesRequest {
         }
     }
 
-    /// The tool fields checked: function tools in chat's shape, hosted ones set aside, other
-    /// types a 400 naming them; a `tool_choice` forcing a hosted tool is a 400.
-    pub fn tools(&self) -> Result<ResponsesTools, ProtocolError> {
-        let mut out = ResponsesTools::default();
-        let mut functions = Vec::new();
-        for (index, tool) in self.tools.iter().flatten().enumerate() {
-            let param = format!("tools[{index}]");
-            let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-            if kind == "function" {
-                let function: FunctionTool = serde_json::from_value(tool.clone())
-                    .map_err(|e| ProtocolError::invalid(param.clone(), format!("{param}: {e}")))?;
-                let mut definition = json!({"name": function.name});
-                if let Some(description) = function.description {
-                    definition["description"] = Value::String(description);
-                }
-                if let Some(parameters) = function.parameters {
-                    definition["parameters"] = parameters;
-                }
-                if let Some(strict) = function.strict {
-                    definition["strict"] = Value::Bool(strict);
-                }
-                functions.push(json!({"type": "function", "function": definition}));
-            } else if HOSTED_TOOL_TYPES.contains(&kind) {
-                out.skipped.push(kind.to_string());
-            } else {
-                return Err(ProtocolError::unsupported(
-                    format!("{param}.type"),
-                    format!(
-                        "{param}.type: tool type {kind:?} is not supported; function tools are \
-                         (hosted tools such as web_search are declared but not offered)."
-                    ),
-                ));
-            }
-        }
-        out.tool_choice = match &self.tool_choice {
-            None => None,
-            Some(Value::String(mode)) if matches!(mode.as_str(), "auto" | "none" | "required") => {
-                Some(Value::String(mode.clone()))
-            }
-            Some(Value::Object(choice)) => {
-                let kind = choice.get("type").and_then(Value::as_str).unwrap_or("");
-                match kind {
-                    "function" => {
-                        let name = choice.get("name").and_then(Value::as_str).ok_or_else(|| {
-                            ProtocolError::invalid(
-                                "tool_choice",
-                                "tool_choice {\"type\": \"function\"} needs a `name`.",
-                            )
-                        })?;
-                        Some(json!({"type": "function", "function": {"name": name}}))
-                    }
-                    hosted if HOSTED_TOOL_TYPES.contains(&hosted) => {
-                        return Err(ProtocolError::unsupported(
-                            "tool_choice",
-                            format!(
-                                "tool_choice forces the hosted tool {hosted:?}, which cannot run \
-                                 on this server."
-                            ),
-                        ))
-                    }
-                    other => {
-                        return Err(ProtocolError::unsupported(
-                            "tool_choice",
-                            format!("tool_choice of type {other:?} is not supported."),
-                        ))
-                    }
-                }
-            }
-            Some(other) => {
-                return Err(ProtocolError::invalid(
-                    "tool_choice",
-                    format!("tool_choice must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", \"name\"}}; got {other}."),
-                ))
-            }
-        };
-        if functions.is_empty()
-            && !out.skipped.is_empty()
-            && matches!(&out.tool_choice, Some(Value::String(mode)) if mode == "required")
-        {
-            return Err(ProtocolError::unsupported(
-                "tool_choice",
-                "tool_choice \"required\" with only hosted tools declared: none of them can run \
-                 on this server.",
-            ));
-        }
-        out.tools = (!functions.is_empty()).then_some(functions);
-        Ok(out)
-    }
-
     /// The chat-template settings: `reasoning.effort` as `reasoning_effort` (and
     /// `enable_thinking: false` for `none`).
     pub fn template_options(&self) -> ChatTemplateOptions {
@@ -702,19 +692,17 @@ impl ResponsesRequest {
     }
 }
 
-/// A function tool as the Responses API declares it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FunctionTool {
-    #[serde(rename = "type")]
-    _type: String,
-    name: String,
-    #[serde(default)]
-    description: Option<String>,
-    #[serde(default)]
-    parameters: Option<Value>,
-    #[serde(default)]
-    strict: Option<bool>,
+/// `client_metadata`: string values only (they are logged as given).
+fn check_client_metadata(metadata: Option<&Map<String, Value>>) -> Result<(), ProtocolError> {
+    for (key, value) in metadata.into_iter().flatten() {
+        if !value.is_string() {
+            return Err(ProtocolError::invalid(
+                "client_metadata",
+                format!("client_metadata[{key:?}] must be a string."),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_metadata(metadata: Option<&Map<String, Value>>) -> Result<(), ProtocolError> {
@@ -778,14 +766,17 @@ fn parse_item(index: usize, value: &Value) -> Result<Item, ProtocolError> {
     let mut item: Item = serde_json::from_value(Value::Object(object))
         .map_err(|e| ProtocolError::invalid(place.clone(), format!("{place}: {e}")))?;
     if let Item::Reasoning(reasoning) = &item {
-        if reasoning.encrypted_content.is_some() {
-            return Err(ProtocolError::unsupported(
-                format!("{place}.encrypted_content"),
-                format!(
-                    "{place}.encrypted_content: encrypted reasoning is not supported (this \
-                     server never sends it; send the reasoning item as returned)."
-                ),
-            ));
+        if let Some(encrypted) = &reasoning.encrypted_content {
+            if decode_reasoning(encrypted).is_none() {
+                return Err(ProtocolError::unsupported(
+                    format!("{place}.encrypted_content"),
+                    format!(
+                        "{place}.encrypted_content was not written by this server (it can \
+                         only read back the encrypted_content it sends); send the reasoning \
+                         item without it."
+                    ),
+                ));
+            }
         }
     }
     item.normalize();
@@ -813,6 +804,26 @@ fn chat_message(role: Role, content: Option<String>) -> ConversationMessage {
     }
 }
 
+/// Adds a call to the assistant message just before it (or a new one).
+fn push_call(messages: &mut Vec<ConversationMessage>, call_id: &str, name: &str, arguments: &str) {
+    let entry = json!({
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    });
+    if let Some(last) = messages
+        .last_mut()
+        .filter(|last| last.role == Role::Assistant)
+    {
+        last.tool_calls.get_or_insert_with(Vec::new).push(entry);
+    } else {
+        messages.push(ConversationMessage {
+            tool_calls: Some(vec![entry]),
+            ..chat_message(Role::Assistant, None)
+        });
+    }
+}
+
 /// The chat conversation of `items` (earlier context first, then this request's input)
 /// after `instructions`. A `function_call_output` whose `call_id` no earlier call made is a
 /// 400.
@@ -833,36 +844,36 @@ pub fn items_conversation(
             )),
             Item::FunctionCall(call) => {
                 calls.insert(call.call_id.as_str());
-                let entry = json!({
-                    "id": call.call_id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                });
-                if let Some(last) = messages
-                    .last_mut()
-                    .filter(|last| last.role == Role::Assistant)
-                {
-                    last.tool_calls.get_or_insert_with(Vec::new).push(entry);
-                } else {
-                    messages.push(ConversationMessage {
-                        tool_calls: Some(vec![entry]),
-                        ..chat_message(Role::Assistant, None)
-                    });
-                }
+                let name = model_tool_name(call.namespace.as_deref(), &call.name);
+                push_call(&mut messages, &call.call_id, &name, &call.arguments);
             }
-            Item::FunctionCallOutput(output) => {
-                if !calls.contains(output.call_id.as_str()) {
+            Item::CustomToolCall(call) => {
+                calls.insert(call.call_id.as_str());
+                let name = model_tool_name(call.namespace.as_deref(), &call.name);
+                push_call(
+                    &mut messages,
+                    &call.call_id,
+                    &name,
+                    &custom_arguments(&call.input),
+                );
+            }
+            Item::FunctionCallOutput(FunctionCallOutputItem {
+                call_id, output, ..
+            })
+            | Item::CustomToolCallOutput(CustomToolCallOutputItem {
+                call_id, output, ..
+            }) => {
+                if !calls.contains(call_id.as_str()) {
                     return Err(ProtocolError::invalid(
                         "input",
                         format!(
-                            "No tool call found for function call output with call_id {:?}.",
-                            output.call_id
+                            "No tool call found for tool call output with call_id {call_id:?}."
                         ),
                     ));
                 }
                 messages.push(ConversationMessage {
-                    tool_call_id: Some(output.call_id.clone()),
-                    ..chat_message(Role::Tool, Some(parts_text(&output.output)))
+                    tool_call_id: Some(call_id.clone()),
+                    ..chat_message(Role::Tool, Some(parts_text(output)))
                 });
             }
             // Not rendered: see the module docs.
@@ -949,26 +960,67 @@ mod tests {
     }
 
     #[test]
-    fn tools_split_into_functions_and_hosted_ones() {
+    fn custom_and_namespaced_calls_render_as_function_calls() {
         let request = parse(json!({
-            "input": "x",
-            "tools": [
-                {"type": "web_search"},
-                {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true},
-            ],
-            "tool_choice": {"type": "function", "name": "f"},
+            "input": [
+                {"role": "user", "content": "Patch it."},
+                {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": "*** Begin Patch\n"},
+                {"type": "function_call", "call_id": "call_2", "name": "spawn", "namespace": "agents", "arguments": "{}"},
+                {"type": "custom_tool_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "done"}]},
+                {"type": "function_call_output", "call_id": "call_2", "output": "spawned"},
+            ]
         }))
         .unwrap();
-        let tools = request.tools().unwrap();
-        assert_eq!(tools.skipped, ["web_search"]);
-        assert_eq!(tools.tools.unwrap()[0]["function"]["name"], "f");
-        assert_eq!(tools.tool_choice.unwrap()["function"]["name"], "f");
-        let forced = parse(json!({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}})).unwrap();
-        assert_eq!(forced.tools().unwrap_err().param(), Some("tool_choice"));
-        let custom =
-            parse(json!({"input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}))
-                .unwrap();
-        assert_eq!(custom.tools().unwrap_err().param(), Some("tools[0].type"));
+        let items = request.input_items().unwrap();
+        assert!(items[1].id().is_some_and(|id| id.starts_with("ctc_")));
+        assert!(items[3].id().is_some_and(|id| id.starts_with("ctco_")));
+        let conversation = items_conversation(None, &items).unwrap();
+        let roles: Vec<&str> = conversation.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "tool"]);
+        let calls = conversation[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0]["function"]["name"], "apply_patch");
+        assert_eq!(
+            calls[0]["function"]["arguments"],
+            "{\"input\":\"*** Begin Patch\\n\"}"
+        );
+        assert_eq!(calls[1]["function"]["name"], "agents.spawn");
+        assert_eq!(conversation[2].content.as_deref(), Some("done"));
+        let orphan = parse(json!({"input": [
+            {"type": "custom_tool_call_output", "call_id": "nope", "output": "x"}
+        ]}))
+        .unwrap();
+        let error = items_conversation(None, &orphan.input_items().unwrap()).unwrap_err();
+        assert!(error.message().contains("nope"), "{error}");
+    }
+
+    #[test]
+    fn encrypted_reasoning_is_ours_or_a_400() {
+        let encoded = encode_reasoning("think \u{e9}");
+        assert!(encoded.starts_with("tokenmill:"));
+        assert_eq!(decode_reasoning(&encoded).as_deref(), Some("think \u{e9}"));
+        assert_eq!(decode_reasoning("gAAAAABfoo"), None);
+        let ours = parse(json!({"input": [
+            {"type": "reasoning", "summary": [], "encrypted_content": encoded},
+            {"role": "user", "content": "go on"},
+        ]}))
+        .unwrap();
+        assert!(ours.input_items().is_ok());
+        let foreign = parse(json!({"input": [
+            {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAABfoo"},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            foreign.input_items().unwrap_err().param(),
+            Some("input[0].encrypted_content")
+        );
+        let limits = ValidationLimits::new(2048, 49152);
+        let request = parse(json!({
+            "input": "x", "include": [INCLUDE_ENCRYPTED_REASONING], "store": false,
+            "prompt_cache_key": "session-1", "client_metadata": {"session_id": "s"},
+        }))
+        .unwrap();
+        assert!(request.validate(&limits).is_ok());
+        assert!(request.includes_encrypted_reasoning());
     }
 
     #[test]
@@ -993,8 +1045,12 @@ mod tests {
         assert_eq!(options.chat_template_kwargs["enable_thinking"], false);
         for (body, param) in [
             (
-                json!({"input": "x", "include": ["reasoning.encrypted_content"]}),
+                json!({"input": "x", "include": ["code_interpreter_call.outputs"]}),
                 "include[0]",
+            ),
+            (
+                json!({"input": "x", "client_metadata": {"k": 1}}),
+                "client_metadata",
             ),
             (json!({"input": "x", "top_logprobs": 2}), "top_logprobs"),
             (

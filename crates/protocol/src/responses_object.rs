@@ -107,6 +107,8 @@ pub struct ResponseObject {
     pub truncation: String,
     pub usage: Option<ResponseUsage>,
     pub user: Option<String>,
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
 }
 
 impl ResponseObject {
@@ -165,6 +167,7 @@ impl ResponseObject {
                 .unwrap_or_else(|| "disabled".into()),
             usage: None,
             user: request.user.clone(),
+            prompt_cache_key: request.prompt_cache_key.clone(),
         }
     }
 }
@@ -240,6 +243,18 @@ pub enum ResponseEvent {
         name: String,
         arguments: String,
     },
+    #[serde(rename = "response.custom_tool_call_input.delta")]
+    CustomToolCallInputDelta {
+        item_id: String,
+        output_index: usize,
+        delta: String,
+    },
+    #[serde(rename = "response.custom_tool_call_input.done")]
+    CustomToolCallInputDone {
+        item_id: String,
+        output_index: usize,
+        input: String,
+    },
     #[serde(rename = "response.completed")]
     Completed { response: Box<ResponseObject> },
     #[serde(rename = "response.incomplete")]
@@ -271,6 +286,8 @@ impl ResponseEvent {
             Self::ReasoningTextDone { .. } => "response.reasoning_text.done",
             Self::FunctionCallArgumentsDelta { .. } => "response.function_call_arguments.delta",
             Self::FunctionCallArgumentsDone { .. } => "response.function_call_arguments.done",
+            Self::CustomToolCallInputDelta { .. } => "response.custom_tool_call_input.delta",
+            Self::CustomToolCallInputDone { .. } => "response.custom_tool_call_input.done",
             Self::Completed { .. } => "response.completed",
             Self::Incomplete { .. } => "response.incomplete",
             Self::Failed { .. } => "response.failed",

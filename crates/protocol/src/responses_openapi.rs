@@ -45,13 +45,13 @@ pub(crate) fn components() -> Map<String, Value> {
         (
             "input",
             json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}],
-            "description": "A string (one user message) or items: message, function_call, function_call_output, reasoning."}),
+            "description": "A string (one user message) or items: message, function_call, function_call_output, custom_tool_call, custom_tool_call_output, reasoning."}),
         ),
         ("instructions", string()),
         (
             "tools",
             nullable(json!({"type": "array", "items": {"type": "object"},
-            "description": "Function tools; hosted tools (web_search, ...) are declared but not offered (header x-tokenmill-skipped-tools)."})),
+            "description": "Function, custom (free-form input) and namespace tools; hosted tools (web_search, ...) are declared but not offered (header x-tokenmill-skipped-tools)."})),
         ),
         (
             "tool_choice",
@@ -123,6 +123,11 @@ pub(crate) fn components() -> Map<String, Value> {
         ("priority", integer()),
         ("request_id", string()),
         ("cache_salt", string()),
+        ("prompt_cache_key", string()),
+        (
+            "client_metadata",
+            nullable(json!({"type": "object", "additionalProperties": {"type": "string"}})),
+        ),
     ] {
         properties.insert(name.into(), schema);
     }

@@ -48,6 +48,13 @@ impl OutputReading {
         }
     }
 
+    /// Whether tool calls are written under the JSON-envelope constraint (a forced call, or
+    /// the `generic` parser, which `plan_tools` always gives an envelope), so a tool's
+    /// argument schema holds.
+    pub fn constrains_tool_calls(&self) -> bool {
+        self.tool_parser.as_deref() == Some("generic")
+    }
+
     /// Whether any parser reads the output (otherwise text passes through untouched).
     pub fn is_plain(&self) -> bool {
         self.reasoning_parser.is_none() && self.tool_parser.is_none()

@@ -2,15 +2,24 @@
 //! `chat_output.rs`) become output items and the Responses stream events, in one machine, so
 //! a streamed response's deltas concatenate to exactly the final object's output (a
 //! non-streamed response runs the same machine and drops the events).
+//!
+//! A call's name is looked up in the request's [`ToolNames`]: a custom tool's call becomes a
+//! `custom_tool_call` whose `input` is the `input` string of the arguments the model wrote.
+//! Those arguments are JSON until the call ends, so the input is sent as one
+//! `custom_tool_call_input.delta` when the call closes (then `.done`): the deltas still
+//! concatenate to the item's input.
 
 use std::future::Future;
+
+use std::collections::HashMap;
 
 use serde_json::{json, Value};
 use tokenmill_engine::{FinishReason as EngineFinish, RequestEvent, RequestStream};
 use tokenmill_protocol::{
-    item_id, FunctionCallItem, IncompleteDetails, ItemContent, ItemRole, MessageItem,
-    ReasoningItem, ReasoningPart, ResponseContentPart, ResponseErrorBody, ResponseEvent,
-    ResponseItem, ResponseObject, ResponseStatus, ResponseUsage,
+    custom_input, encode_reasoning, item_id, CustomToolCallItem, FunctionCallItem,
+    IncompleteDetails, ItemContent, ItemRole, MessageItem, ReasoningItem, ReasoningPart,
+    ResponseContentPart, ResponseErrorBody, ResponseEvent, ResponseItem, ResponseObject,
+    ResponseStatus, ResponseUsage, ToolNames,
 };
 
 use crate::chat_output::{ChoiceReader, Piece};
@@ -47,6 +56,12 @@ pub(crate) struct OutputBuilder {
     open: Option<Open>,
     /// The parser's call index → output index.
     calls: Vec<(usize, usize)>,
+    /// The request's tool names (custom and namespaced tools).
+    names: ToolNames,
+    /// `include: ["reasoning.encrypted_content"]`.
+    encrypted_reasoning: bool,
+    /// A custom call's arguments as written so far, by output index.
+    custom_arguments: HashMap<usize, String>,
 }
 
 fn text_part(text: &str, logprobs: Vec<Value>) -> ResponseContentPart {
@@ -62,6 +77,14 @@ fn part_value(part: &ResponseContentPart) -> Value {
 }
 
 impl OutputBuilder {
+    pub fn new(names: ToolNames, encrypted_reasoning: bool) -> Self {
+        OutputBuilder {
+            names,
+            encrypted_reasoning,
+            ..OutputBuilder::default()
+        }
+    }
+
     pub fn into_items(self) -> Vec<ResponseItem> {
         self.items
     }
@@ -124,14 +147,26 @@ impl OutputBuilder {
                 }
                 Piece::CallStart { index, id, name } => {
                     self.close(&mut events);
-                    self.items
-                        .push(ResponseItem::FunctionCall(FunctionCallItem {
+                    let target = self.names.target(&name);
+                    self.items.push(if target.custom {
+                        ResponseItem::CustomToolCall(CustomToolCallItem {
+                            id: Some(item_id("ctc_")),
+                            call_id: id,
+                            name: target.name,
+                            input: String::new(),
+                            namespace: target.namespace,
+                            status: None,
+                        })
+                    } else {
+                        ResponseItem::FunctionCall(FunctionCallItem {
                             id: Some(item_id("fc_")),
                             call_id: id,
-                            name,
+                            name: target.name,
                             arguments: String::new(),
+                            namespace: target.namespace,
                             status: Some("in_progress".into()),
-                        }));
+                        })
+                    });
                     self.open = Some(Open::Call(index));
                     self.calls.push((index, self.open_index()));
                     events.push(ResponseEvent::OutputItemAdded {
@@ -144,14 +179,21 @@ impl OutputBuilder {
                     else {
                         continue;
                     };
-                    if let Some(ResponseItem::FunctionCall(call)) = self.items.get_mut(output_index)
-                    {
-                        call.arguments.push_str(&fragment);
-                        events.push(ResponseEvent::FunctionCallArgumentsDelta {
-                            item_id: call.id.clone().unwrap_or_default(),
-                            output_index,
-                            delta: fragment,
-                        });
+                    match self.items.get_mut(output_index) {
+                        Some(ResponseItem::FunctionCall(call)) => {
+                            call.arguments.push_str(&fragment);
+                            events.push(ResponseEvent::FunctionCallArgumentsDelta {
+                                item_id: call.id.clone().unwrap_or_default(),
+                                output_index,
+                                delta: fragment,
+                            });
+                        }
+                        Some(ResponseItem::CustomToolCall(_)) => self
+                            .custom_arguments
+                            .entry(output_index)
+                            .or_default()
+                            .push_str(&fragment),
+                        _ => {}
                     }
                 }
             }
@@ -251,6 +293,15 @@ impl OutputBuilder {
                 }
             }
             (Open::Reasoning, ResponseItem::Reasoning(reasoning)) => {
+                if self.encrypted_reasoning {
+                    let text: String = reasoning
+                        .content
+                        .iter()
+                        .flatten()
+                        .map(|part| part.text.as_str())
+                        .collect();
+                    reasoning.encrypted_content = Some(encode_reasoning(&text));
+                }
                 if let Some(part) = reasoning.content.as_ref().and_then(|c| c.first()) {
                     events.push(ResponseEvent::ReasoningTextDone {
                         item_id: item_id.clone(),
@@ -273,6 +324,25 @@ impl OutputBuilder {
                     output_index,
                     name: call.name.clone(),
                     arguments: call.arguments.clone(),
+                });
+            }
+            (Open::Call(_), ResponseItem::CustomToolCall(call)) => {
+                let arguments = self
+                    .custom_arguments
+                    .remove(&output_index)
+                    .unwrap_or_default();
+                call.input = custom_input(&arguments);
+                if !call.input.is_empty() {
+                    events.push(ResponseEvent::CustomToolCallInputDelta {
+                        item_id: item_id.clone(),
+                        output_index,
+                        delta: call.input.clone(),
+                    });
+                }
+                events.push(ResponseEvent::CustomToolCallInputDone {
+                    item_id,
+                    output_index,
+                    input: call.input.clone(),
                 });
             }
             _ => return,
@@ -299,6 +369,10 @@ pub(crate) struct RunSetup {
     pub prompt_tokens: u32,
     /// `top_logprobs` when logprobs go into the text parts.
     pub logprobs: Option<usize>,
+    /// The request's tool names (custom and namespaced tools).
+    pub tool_names: ToolNames,
+    /// `include: ["reasoning.encrypted_content"]`.
+    pub encrypted_reasoning: bool,
 }
 
 /// Why a run ended without a response.
@@ -324,6 +398,8 @@ pub(crate) async fn drive<S: EventSink>(
         mut reader,
         prompt_tokens,
         logprobs,
+        tool_names,
+        encrypted_reasoning,
     } = setup;
     if !sink
         .emit(ResponseEvent::Created {
@@ -342,7 +418,7 @@ pub(crate) async fn drive<S: EventSink>(
     {
         return RunEnd::Gone;
     }
-    let mut builder = OutputBuilder::default();
+    let mut builder = OutputBuilder::new(tool_names, encrypted_reasoning);
     let (mut output_tokens, mut cached_tokens, mut reasoning_tokens) = (0u32, 0u32, 0u32);
     let mut finish = None;
     let mut failure = None;

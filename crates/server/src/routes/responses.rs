@@ -143,7 +143,10 @@ async fn render_fitting(
             Err(ProtocolError::ContextLengthExceeded { .. }) if auto && start + 1 < items.len() => {
                 start += 1;
                 while start + 1 < items.len()
-                    && matches!(items[start], ResponseItem::FunctionCallOutput(_))
+                    && matches!(
+                        items[start],
+                        ResponseItem::FunctionCallOutput(_) | ResponseItem::CustomToolCallOutput(_)
+                    )
                 {
                     start += 1;
                 }
@@ -183,6 +186,24 @@ pub(crate) async fn create(
              reasoning parser).",
         ));
     }
+    if let Some(param) = tools.constrained_formats.first() {
+        if !prepared.reading.constrains_tool_calls() {
+            return Err(ApiError::invalid_param(
+                param,
+                format!(
+                    "{param}: a regex-constrained custom tool needs constrained tool output (a \
+                     forced call: tool_choice \"required\" or this tool, or the server's \
+                     --tool-call-parser generic); the {} parser reads free text and could not \
+                     hold the input to the regex.",
+                    prepared
+                        .reading
+                        .tool_parser
+                        .as_deref()
+                        .unwrap_or("configured")
+                ),
+            ));
+        }
+    }
     if !tools.skipped.is_empty() {
         tracing::info!(
             "responses: hosted tools not offered to the model (they cannot run here): {}",
@@ -192,6 +213,10 @@ pub(crate) async fn create(
     if state.config().enable_log_requests {
         if let Some(user) = &request.user {
             tracing::info!("responses request for user {user:?}");
+        }
+        if let Some(metadata) = &request.client_metadata {
+            let shown = serde_json::Value::Object(metadata.clone());
+            tracing::info!("responses request client_metadata: {shown}");
         }
     }
     let responses = &state.inner.responses;
@@ -220,6 +245,8 @@ pub(crate) async fn create(
         reader: prepared.reading.choice(),
         prompt_tokens: prepared.prompt_token_ids.len() as u32,
         logprobs,
+        tool_names: tools.names.clone(),
+        encrypted_reasoning: request.includes_encrypted_reasoning(),
     };
     let mut http = if request.is_background() {
         let run = Arc::new(BackgroundRun::new(response.clone()));
