@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real-HTTP tests of `tokenmill serve` with the official `openai` and `anthropic` Python clients, httpx and
-# LangChain (`langchain-openai`), the KV-event subscriber (pyzmq, msgpack, msgspec), and the
+# LangChain (`langchain-openai`), the KV-event subscriber (pyzmq, msgpack, msgspec), OpenAI's
+# Codex CLI (`codex exec` with tokenmill as its provider, tests/python/test_codex.py), and the
 # tools vLLM users point at a server: lm-eval, GuideLLM and schemathesis (tests/python/
 # test_eval_tools.py, test_openapi_schemathesis.py):
 # sets up a pinned virtualenv in .cache/venv-tests (git-ignored, reused while the pins are
@@ -22,6 +23,21 @@ VENV=.cache/venv-tests
 # shellcheck source=lib/pinned-venv.sh
 source scripts/lib/pinned-venv.sh
 pinned_venv "$VENV" --no-deps -r tests/python/requirements.lock
+
+# Codex CLI for tests/python/test_codex.py, pinned, in .cache/npm (git-ignored); reinstalled
+# only when the pin changes. Without npm TOKENMILL_CODEX stays unset: the test skips, or
+# fails under TOKENMILL_REQUIRE_ASSETS=1 (scripts/test.sh).
+CODEX_VERSION=0.171.0
+CODEX_PREFIX=.cache/npm
+CODEX_BIN="$CODEX_PREFIX/node_modules/.bin/codex"
+if [ -z "${TOKENMILL_CODEX:-}" ] && command -v npm >/dev/null; then
+  installed="$(node -p "require('./$CODEX_PREFIX/node_modules/@openai/codex/package.json').version" 2>/dev/null || true)"
+  if [ "$installed" != "$CODEX_VERSION" ]; then
+    echo "== installing @openai/codex@$CODEX_VERSION into $CODEX_PREFIX"
+    npm install --prefix "$CODEX_PREFIX" --no-save --no-audit --no-fund "@openai/codex@$CODEX_VERSION" >&2
+  fi
+  export TOKENMILL_CODEX="$PWD/$CODEX_BIN"
+fi
 
 BINARY=target/release/tokenmill
 if [ ! -x "$BINARY" ] || [ -n "$(find crates Cargo.toml Cargo.lock -newer "$BINARY" -print -quit)" ]; then

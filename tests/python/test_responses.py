@@ -4,7 +4,8 @@ generic mode, `--tool-call-parser generic`).
 
 Covered: create plain / streamed (sequence numbers, the event order, concatenated deltas equal
 to the final object) / with a function tool (required and auto) and its round trip /
-`responses.parse` with a Pydantic model; two turns by `previous_response_id` whose second
+`responses.parse` with a Pydantic model; a custom (free-form) tool whose input a regex holds,
+streamed as `custom_tool_call_input` events, and its output sent back; two turns by `previous_response_id` whose second
 reads the prefix cache; GET / DELETE / input_items; background runs, cancel (KV blocks freed)
 and a cut stream resumed with `starting_after` equal to an uninterrupted greedy run; a
 kill -9 restart (stored responses survive, an interrupted background run reads `failed`);
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import tempfile
 import time
@@ -158,6 +160,42 @@ def test_function_tool_auto_streamed(client):
             assert deltas == item.arguments
         else:
             assert item.type == "message"
+
+
+SHOUT = {
+    "type": "custom",
+    "name": "shout",
+    "description": "Shouts one word.",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3,8}"},
+}
+
+
+def test_custom_tool_forced_streamed_then_round_trip(client):
+    ask = "Shout the word hello."
+    stream = client.responses.create(model=MODEL_NAME, input=ask, tools=[SHOUT],
+                                     tool_choice={"type": "custom", "name": "shout"}, stream=True,
+                                     max_output_tokens=40, **GREEDY)
+    events = list(stream)
+    final = events[-1].response
+    assert events[-1].type == "response.completed", events[-1]
+    call = final.output[0]
+    assert call.type == "custom_tool_call" and call.name == "shout", final.output
+    assert call.id.startswith("ctc_") and call.call_id.startswith("call_")
+    assert re.fullmatch("[A-Z]{3,8}", call.input), call.input
+    deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+    assert deltas == call.input
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert len(done) == 1 and done[0].input == call.input and done[0].item_id == call.id
+    result = {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "HELLO!"}
+    history = [{"role": "user", "content": ask}, call.model_dump(exclude_none=True), result]
+    answer = client.responses.create(model=MODEL_NAME, input=history, tools=[SHOUT], tool_choice="none",
+                                     max_output_tokens=16, **GREEDY)
+    assert answer.output[0].type == "message" and answer.output_text
+    # A Lark grammar cannot be held inside the tool envelope: a 400 naming its syntax.
+    lark = {**SHOUT, "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "A"'}}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(model=MODEL_NAME, input=ask, tools=[lark])
+    assert error.value.body["param"] == "tools[0].format.syntax"
 
 
 class City(BaseModel):

@@ -1,7 +1,8 @@
 //! OpenAI's Responses API over the router on the real default model, with an in-memory store:
 //! the response object, the event stream (sequence numbers, deltas that make the final
 //! object), a conversation continued by `previous_response_id` reading the prefix cache,
-//! GET / DELETE / input_items, a background run cancelled (KV blocks freed), and errors in
+//! GET / DELETE / input_items, a background run cancelled (KV blocks freed), custom and
+//! namespaced tools (streamed input, regex-held, outputs taken back), and errors in
 //! OpenAI's shape.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] functions
@@ -16,6 +17,7 @@ use axum::http::{Method, Request, StatusCode};
 use common::{assert_error_body, error_param, json_of, sse_events, TestApp, MODEL_NAME};
 use serde_json::{json, Value};
 use tokenmill_engine::KvCacheSizing;
+use tokenmill_protocol::ToolSettings;
 use tokenmill_response_store::{ResponseStore, StoreLimits};
 
 fn app() -> TestApp {
@@ -240,4 +242,139 @@ async fn bad_requests_are_openai_errors_naming_the_field() {
     let stats = app.wait_idle().await;
     assert_eq!(stats.kv_cache_usage, 0.0);
     assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+fn tool_app(parser: &str) -> TestApp {
+    TestApp::with_engine_config(
+        |engine| {
+            engine.max_model_len = Some(1024);
+            engine.kv_cache = KvCacheSizing::Bytes(128 << 20);
+        },
+        |server| {
+            server.response_store = Some(Arc::new(
+                ResponseStore::in_memory(StoreLimits::default()).unwrap(),
+            ));
+            server.tools = ToolSettings {
+                enable_auto_tool_choice: true,
+                tool_call_parser: Some(parser.to_string()),
+                exclude_tools_when_tool_choice_none: false,
+            };
+        },
+    )
+}
+
+async fn stream_events(app: &TestApp, body: &Value) -> Vec<Value> {
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/responses")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    sse_events(app.send(request).await)
+        .await
+        .iter()
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_tools_stream_their_input_and_take_their_outputs_back() {
+    let app = tool_app("generic");
+    let shout = json!({"type": "custom", "name": "shout", "description": "Shouts a word.",
+        "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3,8}"}});
+    let forced = body(json!({
+        "stream": true, "max_output_tokens": 40,
+        "input": "Shout the word hello.",
+        "tools": [shout.clone()],
+        "tool_choice": {"type": "custom", "name": "shout"},
+        "include": ["reasoning.encrypted_content"], "store": false,
+        "prompt_cache_key": "session-1", "client_metadata": {"session_id": "s"},
+    }));
+    let events = stream_events(&app, &forced).await;
+    let names: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert!(
+        names.contains(&"response.custom_tool_call_input.done"),
+        "{names:?}"
+    );
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.custom_tool_call_input.delta")
+        .map(|e| e["delta"].as_str().unwrap().to_string())
+        .collect();
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "response.completed", "{last}");
+    assert_eq!(last["response"]["prompt_cache_key"], "session-1");
+    let call = &last["response"]["output"][0];
+    assert_eq!(call["type"], "custom_tool_call", "{call}");
+    assert_eq!(call["name"], "shout");
+    assert!(call["id"].as_str().unwrap().starts_with("ctc_"));
+    let input = call["input"].as_str().unwrap();
+    assert_eq!(deltas, input);
+    assert!(
+        (3..=8).contains(&input.len()) && input.chars().all(|c| c.is_ascii_uppercase()),
+        "the regex holds: {input:?}"
+    );
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.custom_tool_call_input.done")
+        .unwrap();
+    assert_eq!(done["input"], input);
+    assert_eq!(done["item_id"], call["id"]);
+
+    // The call and its output go back as input items (store: false, so no previous id).
+    let (status, answered) = app
+        .post_json(
+            "/v1/responses",
+            &body(json!({
+                "tools": [shout.clone()],
+                "input": [
+                    {"role": "user", "content": "Shout the word hello."},
+                    call.clone(),
+                    {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "HELLO!"},
+                ],
+            })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+
+    // A namespaced function comes back with its namespace and bare name.
+    let (status, spawned) = app
+        .post_json(
+            "/v1/responses",
+            &body(json!({
+                "max_output_tokens": 40,
+                "tools": [{"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
+                    {"type": "function", "name": "spawn", "parameters": {"type": "object",
+                        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 3}},
+                        "required": ["n"], "additionalProperties": false}}]}],
+                "tool_choice": "required",
+            })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{spawned}");
+    let call = &spawned["output"][0];
+    assert_eq!(
+        (&call["type"], &call["name"], &call["namespace"]),
+        (&json!("function_call"), &json!("spawn"), &json!("agents")),
+        "{spawned}"
+    );
+
+    // Where the input could not be held to the regex, or the grammar is Lark: 400s.
+    let hermes = tool_app("hermes");
+    for (app, tools, param) in [
+        (&hermes, json!([shout]), "tools[0].format"),
+        (
+            &app,
+            json!([{"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark", "definition": "start: \"a\""}}]),
+            "tools[0].format.syntax",
+        ),
+    ] {
+        let (status, error) = app
+            .post_json("/v1/responses", &body(json!({"tools": tools})))
+            .await;
+        assert_error_body(status, &error, StatusCode::BAD_REQUEST, param);
+        assert_eq!(error_param(&error), Some(param), "{error}");
+    }
+    let stats = app.wait_idle().await;
+    assert_eq!(stats.kv_cache_usage, 0.0);
 }
