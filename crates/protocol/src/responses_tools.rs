@@ -203,35 +203,35 @@ impl Collector {
             json!({"type": "string", "description": "The tool's raw input (free text, not JSON)."});
         match &custom.format {
             None | Some(CustomFormat::Text {}) => {}
-            Some(CustomFormat::Grammar { syntax, definition }) => {
-                match syntax.as_str() {
-                    "regex" => {
-                        check_regex_definition(definition, param)?;
-                        input["pattern"] = Value::String(format!("^(?:{definition})$"));
-                        input["description"] = Value::String(format!(
-                            "The tool's raw input, matching the regular expression {definition}."
-                        ));
-                        self.constrained_formats.push(format!("{param}.format"));
-                    }
-                    "lark" => {
-                        return Err(ProtocolError::unsupported(
-                            format!("{param}.format.syntax"),
-                            format!(
-                                "{param}.format.syntax: \"lark\" grammars are not supported for \
+            Some(CustomFormat::Grammar { syntax, definition }) => match syntax.as_str() {
+                "regex" => {
+                    check_regex_definition(definition, param)?;
+                    input["pattern"] = Value::String(format!("^(?:{definition})$"));
+                    input["description"] = Value::String(format!(
+                        "The tool's raw input, matching the regular expression {definition}."
+                    ));
+                    self.constrained_formats.push(format!("{param}.format"));
+                }
+                "lark" => {
+                    return Err(ProtocolError::unsupported(
+                        format!("{param}.format.syntax"),
+                        format!(
+                            "{param}.format.syntax: \"lark\" grammars are not supported for \
                              custom tools (a tool's input is written inside the JSON envelope \
                              the constraint engine enforces, where a Lark grammar cannot be \
                              placed); use \"regex\", or format {{\"type\": \"text\"}}."
-                            ),
-                        ))
-                    }
-                    other => return Err(ProtocolError::invalid(
+                        ),
+                    ))
+                }
+                other => {
+                    return Err(ProtocolError::invalid(
                         format!("{param}.format.syntax"),
                         format!(
                             "{param}.format.syntax must be \"lark\" or \"regex\", got {other:?}."
                         ),
-                    )),
+                    ))
                 }
-            }
+            },
         }
         let model_name = model_tool_name(namespace.map(|n| n.name.as_str()), &custom.name);
         let mut definition = json!({
