@@ -309,7 +309,7 @@ fn unsupported_architecture_is_named() {
     assert!(
         error
             .to_string()
-            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3)"),
+            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3, qwen35)"),
         "{error}"
     );
 }
