@@ -448,9 +448,10 @@ pub enum ContextEdit {
         #[serde(default)]
         clear_tool_inputs: Option<bool>,
     },
-    /// Thinking of earlier turns: tokenmill never renders earlier thinking into the prompt
-    /// (templates have no place for it), which is this edit with nothing kept; `keep` may be
-    /// absent, `all` is refused.
+    /// Thinking of earlier turns: without this edit it is not rendered; with it, the thinking
+    /// of the `keep` latest assistant turns reaches the template as the message's
+    /// `reasoning_content` (templates that render earlier reasoning, Qwen3's and others, show
+    /// it; the others drop it) and older thinking is cleared.
     #[serde(rename = "clear_thinking_20251015")]
     ClearThinking {
         #[serde(default)]
@@ -723,26 +724,50 @@ fn clear_trigger(context: Option<&ContextManagement>) -> Result<Option<u64>, Pro
                 trigger = Some(edit_trigger.map_or(DEFAULT_CLEAR_TRIGGER, |t| t.value));
             }
             ContextEdit::ClearThinking { keep } => {
-                let keeps_something = match keep {
-                    None => false,
-                    Some(Value::String(all)) if all == "all" => true,
-                    Some(Value::Object(amount)) => {
-                        amount.get("value").and_then(Value::as_u64).unwrap_or(1) > 0
-                    }
-                    Some(_) => true,
-                };
-                if keeps_something {
-                    return Err(ProtocolError::unsupported(
-                        format!("context_management.edits[{index}]"),
-                        "clear_thinking: keeping earlier thinking is not supported: chat \
-                         templates have no place for it, so tokenmill never renders earlier \
-                         thinking into the prompt (omit `keep` or keep 0 turns).",
-                    ));
-                }
+                thinking_turns_kept(keep.as_ref(), index)?;
             }
         }
     }
     Ok(trigger)
+}
+
+/// How many of the latest assistant turns keep their thinking in the prompt: none without a
+/// `clear_thinking` edit (thinking of earlier turns is not rendered), else the edit's `keep`
+/// (`"all"`, or `{"type": "thinking_turns", "value": N}`; Anthropic's default is 1 turn).
+fn kept_thinking_turns(context: Option<&ContextManagement>) -> Result<usize, ProtocolError> {
+    let mut kept = 0;
+    for (index, edit) in context.iter().flat_map(|c| c.edits.iter().enumerate()) {
+        if let ContextEdit::ClearThinking { keep } = edit {
+            kept = thinking_turns_kept(keep.as_ref(), index)?;
+        }
+    }
+    Ok(kept)
+}
+
+fn thinking_turns_kept(keep: Option<&Value>, index: usize) -> Result<usize, ProtocolError> {
+    let invalid = || {
+        ProtocolError::invalid(
+            format!("context_management.edits[{index}].keep"),
+            "clear_thinking: `keep` must be \"all\" or {\"type\": \"thinking_turns\", \"value\": N}.",
+        )
+    };
+    match keep {
+        None => Ok(1),
+        Some(Value::String(all)) if all == "all" => Ok(usize::MAX),
+        Some(Value::Object(amount)) => {
+            if amount.len() != 2
+                || amount.get("type").and_then(Value::as_str) != Some("thinking_turns")
+            {
+                return Err(invalid());
+            }
+            let value = amount
+                .get("value")
+                .and_then(Value::as_u64)
+                .ok_or_else(invalid)?;
+            Ok(usize::try_from(value).unwrap_or(usize::MAX))
+        }
+        Some(_) => Err(invalid()),
+    }
 }
 
 fn text_of_blocks(blocks: &[TextBlock], place: &str) -> Result<String, ProtocolError> {
@@ -763,6 +788,7 @@ fn text_of_blocks(blocks: &[TextBlock], place: &str) -> Result<String, ProtocolE
 
 fn message(role: Role, content: String) -> ConversationMessage {
     ConversationMessage {
+        reasoning_content: None,
         role,
         content: Some(content),
         name: None,
@@ -780,6 +806,15 @@ impl PromptFields<'_> {
             ));
         }
         clear_trigger(self.context_management)?;
+        let kept_turns = kept_thinking_turns(self.context_management)?;
+        // The assistant turns (counted from the end) whose thinking stays in the prompt.
+        let assistant_turns = self
+            .messages
+            .iter()
+            .filter(|m| m.role == MessageRole::Assistant)
+            .count();
+        let first_kept_turn = assistant_turns.saturating_sub(kept_turns);
+        let mut assistant_turn = 0;
         let mut conversation = Vec::new();
         if let Some(system) = self.system {
             let text = match system {
@@ -862,6 +897,9 @@ impl PromptFields<'_> {
                     }
                 }
                 MessageRole::Assistant => {
+                    let keeps_thinking = assistant_turn >= first_kept_turn;
+                    assistant_turn += 1;
+                    let mut thinking = Vec::new();
                     let mut texts = Vec::new();
                     let mut calls = Vec::new();
                     for block in &blocks {
@@ -875,7 +913,11 @@ impl PromptFields<'_> {
                                     "arguments": Value::Object(call.input.clone()).to_string(),
                                 },
                             })),
-                            // Earlier thinking is not rendered (see `ContextEdit::ClearThinking`).
+                            // Rendered only where `clear_thinking` keeps it (see
+                            // `ContextEdit::ClearThinking`); redacted thinking has no text.
+                            ContentBlock::Thinking(block) if keeps_thinking => {
+                                thinking.push(block.thinking.as_str());
+                            }
                             ContentBlock::Thinking(_) | ContentBlock::RedactedThinking(_) => {}
                             ContentBlock::ToolResult(_) => {
                                 return Err(ProtocolError::invalid(
@@ -892,6 +934,7 @@ impl PromptFields<'_> {
                     conversation.push(ConversationMessage {
                         content: (!text.is_empty() || calls.is_empty()).then_some(text),
                         tool_calls: (!calls.is_empty()).then_some(calls),
+                        reasoning_content: (!thinking.is_empty()).then(|| thinking.join("\n")),
                         ..message(Role::Assistant, String::new())
                     });
                 }
@@ -1590,12 +1633,72 @@ mod tests {
             .filter_map(|m| m.content.as_deref())
             .collect();
         assert_eq!(results, [CLEARED_TOOL_RESULT, CLEARED_TOOL_RESULT, "data"]);
-        let keep_all = minimal(json!({"context_management": {"edits": [
-            {"type": "clear_thinking_20251015", "keep": "all"}]}}));
-        assert!(super::tests::request(keep_all)
-            .unwrap()
-            .prompt(false)
-            .is_err());
+    }
+
+    #[test]
+    fn clear_thinking_keeps_the_latest_turns_thinking_for_the_template() {
+        let turn = |n: usize| {
+            vec![
+                json!({"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": format!("plan {n}"), "signature": "s"},
+                    {"type": "redacted_thinking", "data": "x"},
+                    {"type": "text", "text": format!("answer {n}")}]}),
+                json!({"role": "user", "content": format!("next {n}")}),
+            ]
+        };
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for n in 0..3 {
+            messages.extend(turn(n));
+        }
+        let reasoning = |edits: Value| -> Result<Vec<Option<String>>, ProtocolError> {
+            let mut body = minimal(json!({"messages": messages}));
+            if !edits.is_null() {
+                body["context_management"] = json!({"edits": [edits]});
+            }
+            Ok(request(body)?
+                .prompt(false)?
+                .conversation
+                .into_iter()
+                .filter(|m| m.role == Role::Assistant)
+                .map(|m| m.reasoning_content)
+                .collect())
+        };
+        let plan = |n: usize| Some(format!("plan {n}"));
+        // No edit: earlier thinking is not rendered.
+        assert_eq!(reasoning(Value::Null).unwrap(), [None, None, None]);
+        let edit = |keep: Value| {
+            let mut edit = json!({"type": "clear_thinking_20251015"});
+            if !keep.is_null() {
+                edit["keep"] = keep;
+            }
+            edit
+        };
+        // Anthropic's default keeps the latest turn; "all" and N turns as asked.
+        assert_eq!(reasoning(edit(Value::Null)).unwrap(), [None, None, plan(2)]);
+        assert_eq!(
+            reasoning(edit(json!("all"))).unwrap(),
+            [plan(0), plan(1), plan(2)]
+        );
+        let two = json!({"type": "thinking_turns", "value": 2});
+        assert_eq!(reasoning(edit(two)).unwrap(), [None, plan(1), plan(2)]);
+        let none = json!({"type": "thinking_turns", "value": 0});
+        assert_eq!(reasoning(edit(none)).unwrap(), [None, None, None]);
+        for bad in [
+            json!("some"),
+            json!({"type": "tool_uses", "value": 1}),
+            json!(3),
+        ] {
+            let error = reasoning(edit(bad)).unwrap_err();
+            assert_eq!(error.param(), Some("context_management.edits[0].keep"));
+        }
+        // The template sees it as the assistant message's reasoning_content.
+        let body = minimal(json!({"messages": messages,
+            "context_management": {"edits": [edit(json!("all"))]}}));
+        let rendered =
+            serde_json::to_value(&request(body).unwrap().prompt(false).unwrap().conversation[1])
+                .unwrap();
+        assert_eq!(rendered["reasoning_content"], "plan 0");
+        assert_eq!(rendered["content"], "answer 0");
     }
 
     #[test]

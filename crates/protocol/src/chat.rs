@@ -108,6 +108,11 @@ pub struct ConversationMessage {
     pub tool_call_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// An earlier assistant turn's reasoning, for templates that render it (Qwen3's, ...);
+    /// set only where the front end keeps earlier thinking (the Messages API's
+    /// `clear_thinking` edit with `keep`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// Checks `messages` and flattens list-form content: text parts are joined with `"\n"`, as
@@ -176,6 +181,7 @@ pub fn conversation(messages: &[ChatMessage]) -> Result<Vec<ConversationMessage>
                 ));
             }
             Ok(ConversationMessage {
+                reasoning_content: None,
                 role: message.role,
                 content,
                 name: message.name.clone(),

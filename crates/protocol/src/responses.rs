@@ -796,6 +796,7 @@ fn parts_text(content: &ItemContent) -> String {
 
 fn chat_message(role: Role, content: Option<String>) -> ConversationMessage {
     ConversationMessage {
+        reasoning_content: None,
         role,
         content,
         name: None,

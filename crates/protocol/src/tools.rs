@@ -417,6 +417,7 @@ pub fn prepare_tool_history(
         _ => messages.insert(
             0,
             ConversationMessage {
+                reasoning_content: None,
                 role: Role::System,
                 content: Some(prompt.to_string()),
                 name: None,
@@ -570,6 +571,7 @@ mod tests {
     #[test]
     fn history_arguments_become_objects_and_generic_history_the_envelope() {
         let mut messages = vec![ConversationMessage {
+            reasoning_content: None,
             role: Role::Assistant,
             content: None,
             name: None,
