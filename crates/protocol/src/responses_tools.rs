@@ -179,16 +179,7 @@ impl Collector {
         if let Some(strict) = function.strict {
             definition["strict"] = Value::Bool(strict);
         }
-        self.functions
-            .push(json!({"type": "function", "function": definition}));
-        self.names.insert(
-            model_name,
-            ToolTarget {
-                custom: false,
-                name: function.name,
-                namespace: namespace.map(|n| n.name.clone()),
-            },
-        );
+        self.offer(model_name, definition, false, function.name, namespace);
         Ok(())
     }
 
@@ -246,17 +237,30 @@ impl Collector {
         if let Some(description) = join_descriptions(namespace, custom.description.as_deref()) {
             definition["description"] = Value::String(description);
         }
+        self.offer(model_name, definition, true, custom.name, namespace);
+        Ok(())
+    }
+
+    /// Offers `definition` to the model as a chat function and records whom its calls reach.
+    fn offer(
+        &mut self,
+        model_name: String,
+        definition: Value,
+        custom: bool,
+        name: String,
+        namespace: Option<&NamespaceTool>,
+    ) {
         self.functions
             .push(json!({"type": "function", "function": definition}));
+        let namespace = namespace.map(|n| n.name.clone());
         self.names.insert(
             model_name,
             ToolTarget {
-                custom: true,
-                name: custom.name,
-                namespace: namespace.map(|n| n.name.clone()),
+                custom,
+                name,
+                namespace,
             },
         );
-        Ok(())
     }
 }
 
