@@ -322,7 +322,7 @@ def test_bad_input_is_an_openai_error_and_the_server_recovers(client, rserver):
     assert bad(400, input="Hi.", tools=[{"type": "web_search"}], tool_choice={"type": "web_search"})["param"] == "tool_choice"
     assert bad(400, input="word " * 12000)["param"] == "input"
     assert "frobnicate" in bad(400, input="Hi.", frobnicate=1)["message"]
-    assert bad(400, input="Hi.", include=["reasoning.encrypted_content"])["param"] == "include[0]"
+    assert bad(400, input="Hi.", include=["code_interpreter_call.outputs"])["param"] == "include[0]"
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL_NAME, input="Hi.", previous_response_id="resp_missing")
     # Still serving, counted like chat requests, nothing left in the KV cache.

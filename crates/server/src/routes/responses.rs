@@ -186,23 +186,22 @@ pub(crate) async fn create(
              reasoning parser).",
         ));
     }
-    if let Some(param) = tools.constrained_formats.first() {
-        if !prepared.reading.constrains_tool_calls() {
-            return Err(ApiError::invalid_param(
-                param,
-                format!(
-                    "{param}: a regex-constrained custom tool needs constrained tool output (a \
-                     forced call: tool_choice \"required\" or this tool, or the server's \
-                     --tool-call-parser generic); the {} parser reads free text and could not \
-                     hold the input to the regex.",
-                    prepared
-                        .reading
-                        .tool_parser
-                        .as_deref()
-                        .unwrap_or("configured")
-                ),
-            ));
-        }
+    // `tool_choice: "none"` reads no calls (no parser), so nothing needs holding to a regex.
+    let free_parser = prepared
+        .reading
+        .tool_parser
+        .as_deref()
+        .filter(|_| !prepared.reading.constrains_tool_calls());
+    if let (Some(param), Some(parser)) = (tools.constrained_formats.first(), free_parser) {
+        return Err(ApiError::invalid_param(
+            param,
+            format!(
+                "{param}: a regex-constrained custom tool needs constrained tool output (a \
+                 forced call: tool_choice \"required\" or this tool, or the server's \
+                 --tool-call-parser generic); the {parser} parser reads free text and could not \
+                 hold the input to the regex."
+            ),
+        ));
     }
     if !tools.skipped.is_empty() {
         tracing::info!(
