@@ -19,6 +19,7 @@ use llguidance::{Matcher, ParserFactory};
 
 use super::gbnf::gbnf_to_lark;
 use super::processors::{History, LogitsProcessor};
+use super::schema_rewrite::rewrite_property_names;
 use crate::error::{ModelError, Result};
 
 /// Compiled grammars kept for reuse (a repeated schema does not recompile). The cache is
@@ -82,10 +83,12 @@ impl Default for JsonGrammarOptions {
 }
 
 impl JsonGrammarOptions {
-    /// `schema` with these options written in: `additionalProperties` where they are
+    /// `schema` with these options written in (after `propertyNames` is rewritten, see
+    /// `schema_rewrite.rs`): `additionalProperties` where they are
     /// implied, and llguidance's `x-guidance` compile options (keys the schema already sets
     /// are kept).
     fn apply(&self, mut schema: serde_json::Value) -> serde_json::Value {
+        rewrite_property_names(&mut schema);
         if self.no_additional_properties {
             close_objects(&mut schema);
         }
@@ -658,6 +661,34 @@ mod tests {
                 "{bad:?}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn property_names_compile_as_their_equivalent_and_a_key_pattern_holds() {
+        let compiler = compiler();
+        let keys = |pattern: &str| {
+            let schema =
+                serde_json::json!({"type": "object", "propertyNames": {"pattern": pattern}});
+            let mut matcher = compiler
+                .compile(&StructuredOutput::JsonSchema(schema.to_string()))
+                .unwrap();
+            matcher.accept(id("{")).unwrap();
+            matcher.allowed_tokens().unwrap()
+        };
+        assert!(keys("^a$").contains(&id("\"a\"")));
+        assert!(!keys("^b$").contains(&id("\"a\"")));
+        let record =
+            r#"{"type":"object","propertyNames":{"type":"string"},"additionalProperties":{}}"#;
+        compiler
+            .compile(&StructuredOutput::JsonSchema(record.into()))
+            .unwrap();
+        // A key constraint with no equivalent is refused, naming the keyword.
+        let error = compiler
+            .compile(&StructuredOutput::JsonSchema(
+                r#"{"type":"object","propertyNames":{"maxLength":2}}"#.into(),
+            ))
+            .unwrap_err();
+        assert!(error.to_string().contains("propertyNames"), "{error}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod logprobs;
 mod params;
 mod processors;
 mod sampler;
+mod schema_rewrite;
 mod thinking_budget;
 
 pub use grammar::{
