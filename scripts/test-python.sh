@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real-HTTP tests of `tokenmill serve` with the official `openai` and `anthropic` Python clients, httpx and
-# LangChain (`langchain-openai`), the KV-event subscriber (pyzmq, msgpack, msgspec), OpenAI's
-# Codex CLI (`codex exec` with tokenmill as its provider, tests/python/test_codex.py), and the
+# LangChain (`langchain-openai`, `langchain-anthropic`), the KV-event subscriber (pyzmq, msgpack,
+# msgspec), the coding agents OpenAI's Codex CLI (`codex exec` with tokenmill as its provider,
+# tests/python/test_codex.py) and Anthropic's Claude Code (`claude -p`, test_claude_code.py), and the
 # tools vLLM users point at a server: lm-eval, GuideLLM and schemathesis (tests/python/
 # test_eval_tools.py, test_openapi_schemathesis.py):
 # sets up a pinned virtualenv in .cache/venv-tests (git-ignored, reused while the pins are
@@ -24,19 +25,26 @@ VENV=.cache/venv-tests
 source scripts/lib/pinned-venv.sh
 pinned_venv "$VENV" --no-deps -r tests/python/requirements.lock
 
-# Codex CLI for tests/python/test_codex.py, pinned, in .cache/npm (git-ignored); reinstalled
-# only when the pin changes. Without npm TOKENMILL_CODEX stays unset: the test skips, or
-# fails under TOKENMILL_REQUIRE_ASSETS=1 (scripts/test.sh).
+# The coding agents, pinned, in .cache/npm (git-ignored): Codex CLI for
+# tests/python/test_codex.py and Claude Code for tests/python/test_claude_code.py. Both go in
+# one npm command (an `npm install --no-save` prunes what an earlier one put there) and are
+# reinstalled only when a pin changes. Without npm their variables stay unset: the tests skip,
+# or fail under TOKENMILL_REQUIRE_ASSETS=1 (scripts/test.sh).
 CODEX_VERSION=0.171.0
-CODEX_PREFIX=.cache/npm
-CODEX_BIN="$CODEX_PREFIX/node_modules/.bin/codex"
-if [ -z "${TOKENMILL_CODEX:-}" ] && command -v npm >/dev/null; then
-  installed="$(node -p "require('./$CODEX_PREFIX/node_modules/@openai/codex/package.json').version" 2>/dev/null || true)"
-  if [ "$installed" != "$CODEX_VERSION" ]; then
-    echo "== installing @openai/codex@$CODEX_VERSION into $CODEX_PREFIX"
-    npm install --prefix "$CODEX_PREFIX" --no-save --no-audit --no-fund "@openai/codex@$CODEX_VERSION" >&2
+CLAUDE_VERSION=2.1.197
+NPM_PREFIX=.cache/npm
+if command -v npm >/dev/null && { [ -z "${TOKENMILL_CODEX:-}" ] || [ -z "${TOKENMILL_CLAUDE:-}" ]; }; then
+  installed() {
+    node -p "require('./$NPM_PREFIX/node_modules/$1/package.json').version" 2>/dev/null || true
+  }
+  if [ "$(installed @openai/codex)" != "$CODEX_VERSION" ] \
+    || [ "$(installed @anthropic-ai/claude-code)" != "$CLAUDE_VERSION" ]; then
+    echo "== installing @openai/codex@$CODEX_VERSION and @anthropic-ai/claude-code@$CLAUDE_VERSION into $NPM_PREFIX"
+    npm install --prefix "$NPM_PREFIX" --no-save --no-audit --no-fund \
+      "@openai/codex@$CODEX_VERSION" "@anthropic-ai/claude-code@$CLAUDE_VERSION" >&2
   fi
-  export TOKENMILL_CODEX="$PWD/$CODEX_BIN"
+  export TOKENMILL_CODEX="${TOKENMILL_CODEX:-$PWD/$NPM_PREFIX/node_modules/.bin/codex}"
+  export TOKENMILL_CLAUDE="${TOKENMILL_CLAUDE:-$PWD/$NPM_PREFIX/node_modules/.bin/claude}"
 fi
 
 BINARY=target/release/tokenmill

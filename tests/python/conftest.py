@@ -40,6 +40,35 @@ def model_path() -> str:
     return path
 
 
+def require(what: str, found: bool) -> None:
+    """Skips without `what`, or fails under TOKENMILL_REQUIRE_ASSETS=1 (CI provides it)."""
+    if found:
+        return
+    if os.environ.get("TOKENMILL_REQUIRE_ASSETS") == "1":
+        pytest.fail(f"{what} (TOKENMILL_REQUIRE_ASSETS=1)", pytrace=False)
+    pytest.skip(what)
+
+
+def launcher(variable: str, what: str) -> str:
+    """The executable named by `variable` (scripts/test-python.sh installs the agent CLIs
+    and sets it), or skip/fail as `require` does."""
+    path = os.environ.get(variable, "")
+    require(
+        f"{what} not found: scripts/test-python.sh installs it and sets {variable}",
+        bool(path) and os.access(path, os.X_OK),
+    )
+    return path
+
+
+def gemma_path() -> str:
+    """Gemma 3 270M (32k context): the model the coding-agent tests serve."""
+    path = os.environ.get("TOKENMILL_GEMMA3_MODEL") or os.path.expanduser(
+        "~/.cache/tokenmill/models/gemma-3-270m-q4_k_m.gguf"
+    )
+    require(f"Gemma 3 270M not found at {path} (scripts/fetch-gemma3.sh)", os.path.exists(path))
+    return path
+
+
 def binary_path() -> str:
     path = os.environ.get("TOKENMILL_BINARY") or str(REPO / "target/release/tokenmill")
     if not os.path.exists(path):
@@ -107,6 +136,7 @@ def start_server(
     api_key: str | None = None,
     model: str | None = None,
     served_model_name: str = MODEL_NAME,
+    kv_cache_memory: str = "512MiB",
 ) -> Server:
     """Starts `tokenmill serve` on `model` (default: the default model) with `flags` and
     waits until healthy."""
@@ -118,7 +148,7 @@ def start_server(
         "--port",
         "0",
         "--kv-cache-memory",
-        "512MiB",
+        kv_cache_memory,
         "--served-model-name",
         served_model_name,
         "--disable-log-stats",

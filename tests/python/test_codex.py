@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_server, stop_server
+from conftest import gemma_path, launcher, start_server, stop_server
 
 SERVED_NAME = "tm-codex"
 PROMPT = "Say hello to me in one short sentence. Do not run any commands."
@@ -32,35 +32,9 @@ SETUP = Path(__file__).resolve().parent / "codex"
 ACCESS = re.compile(r"tokenmill::access: POST /v1/responses (\d{3})")
 
 
-def require(what: str, found: bool) -> None:
-    """Skips without `what`, or fails under TOKENMILL_REQUIRE_ASSETS=1 (CI provides it)."""
-    if found:
-        return
-    if os.environ.get("TOKENMILL_REQUIRE_ASSETS") == "1":
-        pytest.fail(f"{what} (TOKENMILL_REQUIRE_ASSETS=1)", pytrace=False)
-    pytest.skip(what)
-
-
-def codex_path() -> str:
-    path = os.environ.get("TOKENMILL_CODEX", "")
-    require(
-        "Codex CLI not found: scripts/test-python.sh installs it and sets TOKENMILL_CODEX",
-        bool(path) and os.access(path, os.X_OK),
-    )
-    return path
-
-
-def gemma_path() -> str:
-    path = os.environ.get("TOKENMILL_GEMMA3_MODEL") or os.path.expanduser(
-        "~/.cache/tokenmill/models/gemma-3-270m-q4_k_m.gguf"
-    )
-    require(f"Gemma 3 270M not found at {path} (scripts/fetch-gemma3.sh)", os.path.exists(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def codex_server():
-    codex = codex_path()
+    codex = launcher("TOKENMILL_CODEX", "Codex CLI")
     server = start_server(
         "--enable-auto-tool-choice", "--tool-call-parser", "generic",
         "--max-model-len", "16384",
