@@ -11,21 +11,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokenmill_core::{
     FinishReason, Request, RequestId, RequestUpdate, Scheduler, SchedulerOutput, StopParams,
 };
-use tokenmill_metrics::{
-    EngineMetrics, FinishedReason, FinishedRequestMetrics, OtlpTraceExporter, RequestSpan,
-    SpecDecodingLogger, StatsLogger, StepMetrics,
-};
+use tokenmill_metrics::{EngineMetrics, FinishedReason, OtlpTraceExporter, StepMetrics};
 use tokenmill_models::SampledToken;
 use tokenmill_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::executor::{Executor, NewSequence, StepOutput};
 use crate::kv_events::KvEventPublisher;
+use crate::observer::{FinishedRequest, LoopObserver, ObserverParts, RequestTimes};
 use crate::output::OutputProcessor;
 use crate::request::{
     GenerateRequest, RequestEvent, RequestFailure, RequestOutput, StopReason, TokenLogprob,
@@ -185,15 +183,6 @@ impl Finish {
     }
 }
 
-/// Lifecycle timestamps of one request, for vLLM's latency metrics.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RequestTimes {
-    pub arrival: Instant,
-    pub first_scheduled: Option<Instant>,
-    pub first_token: Option<Instant>,
-    pub last_token: Option<Instant>,
-}
-
 /// What the engine loop is built from.
 pub(crate) struct LoopParts<E: Executor> {
     pub scheduler: Scheduler,
@@ -228,30 +217,13 @@ pub(crate) struct EngineLoop<E: Executor> {
     active: HashMap<RequestId, Active>,
     arrival_seq: u64,
     seed: Option<u64>,
-    metrics: Arc<EngineMetrics>,
-    traces: Option<Arc<OtlpTraceExporter>>,
-    stats_logger: Option<StatsLogger>,
+    /// Metrics, stats lines, spans and the clients' snapshot: every sink the loop feeds.
+    observer: LoopObserver,
     spec: Option<SpecDecoder>,
-    /// The `SpecDecoding metrics` line, logged with the stats line when speculating.
-    spec_logger: Option<SpecDecodingLogger>,
-    /// This iteration's counters and latencies, handed to the metrics once per iteration.
-    step_metrics: StepMetrics,
     /// Output events of this step, sent only after the step's metrics are recorded, so a
     /// client that saw its request finish also sees it counted on `/metrics`.
     outbox: Vec<(UnboundedSender<RequestEvent>, RequestEvent)>,
-    /// Scheduler counters at the previous iteration, to turn totals into deltas.
-    last_counters: Counters,
     kv_events: Option<KvEventPublisher>,
-    /// LoRA adapter names by id, for `vllm:lora_requests_info` (ids are never reused).
-    lora_names: HashMap<u32, String>,
-}
-
-/// Cumulative scheduler counters.
-#[derive(Debug, Default, Clone, Copy)]
-struct Counters {
-    prefix_cache_queries: u64,
-    prefix_cache_hits: u64,
-    num_preemptions: u64,
 }
 
 /// What the command phase of an iteration leaves to do.
@@ -285,6 +257,14 @@ impl<E: Executor> EngineLoop<E> {
             kv_events,
         } = parts;
         let eos_token_ids = tokenizer.eos_token_ids();
+        let observer = LoopObserver::new(ObserverParts {
+            metrics,
+            traces,
+            shared: Arc::clone(&shared),
+            engine_index,
+            log_stats_interval,
+            speculating: spec.is_some(),
+        });
         EngineLoop {
             scheduler,
             executor,
@@ -296,17 +276,10 @@ impl<E: Executor> EngineLoop<E> {
             active: HashMap::new(),
             arrival_seq: 0,
             seed,
-            metrics,
-            traces,
-            stats_logger: log_stats_interval
-                .map(|interval| StatsLogger::new(interval).for_engine(engine_index)),
-            spec_logger: spec.as_ref().map(|_| SpecDecodingLogger::default()),
+            observer,
             spec,
-            step_metrics: StepMetrics::default(),
             outbox: Vec::new(),
-            last_counters: Counters::default(),
             kv_events,
-            lora_names: HashMap::new(),
         }
     }
 
@@ -335,7 +308,7 @@ impl<E: Executor> EngineLoop<E> {
             if let Some(message) = failure {
                 self.finish_all(&Finish::Error(message));
             }
-            self.publish_stats(0);
+            self.observer.step_end(&self.scheduler, 0);
             self.flush_outbox();
         }));
         self.shared.alive.store(false, Ordering::SeqCst);
@@ -348,7 +321,7 @@ impl<E: Executor> EngineLoop<E> {
             CommandPhase::Stop => return Ok(false),
             CommandPhase::Idle => {
                 // Still refresh gauges and let the periodic stats line fall due.
-                self.publish_stats(0);
+                self.observer.step_end(&self.scheduler, 0);
                 return Ok(true);
             }
             CommandPhase::Work => {}
@@ -362,7 +335,7 @@ impl<E: Executor> EngineLoop<E> {
             self.step()?
         };
         self.publish_kv_events();
-        self.publish_stats(step_tokens);
+        self.observer.step_end(&self.scheduler, step_tokens);
         self.flush_outbox();
         Ok(true)
     }
@@ -449,7 +422,7 @@ impl<E: Executor> EngineLoop<E> {
             adapter_id: request.lora.as_ref().map(|lora| lora.id),
         };
         if let Some(lora) = &request.lora {
-            self.lora_names.insert(lora.id, lora.name.clone());
+            self.observer.adapter_added(lora.id, &lora.name);
         }
         let admitted = self
             .executor
@@ -530,12 +503,15 @@ impl<E: Executor> EngineLoop<E> {
         let Some(mut active) = self.active.remove(&request_id) else {
             return;
         };
-        report_finished(
-            &self.metrics,
-            self.traces.as_deref(),
-            request_id,
-            &active,
-            how.metrics_reason(),
+        self.observer.request_finished(
+            &FinishedRequest {
+                request_id,
+                times: active.times,
+                num_prompt_tokens: active.num_prompt_tokens,
+                num_output_tokens: active.num_output_tokens,
+                max_tokens_param: active.max_tokens_param,
+                reason: how.metrics_reason(),
+            },
             now,
         );
         let event = match how {
@@ -606,7 +582,10 @@ impl<E: Executor> EngineLoop<E> {
             self.process_update(update, logprobs, now);
         }
         if let Some(spec) = self.spec.as_mut() {
-            spec.propose(&mut self.scheduler, &mut self.step_metrics.spec_decode);
+            spec.propose(
+                &mut self.scheduler,
+                &mut self.observer.step_metrics().spec_decode,
+            );
         }
         Ok(scheduled.total_num_scheduled_tokens)
     }
@@ -628,7 +607,8 @@ impl<E: Executor> EngineLoop<E> {
             let num_accepted = run.len().saturating_sub(1);
             let num_drafts = request.draft_token_ids.len();
             spec.observe(request.request_id, num_drafts, num_accepted);
-            self.step_metrics
+            self.observer
+                .step_metrics()
                 .spec_decode
                 .observe_draft(num_drafts, num_accepted);
         }
@@ -694,7 +674,11 @@ impl<E: Executor> EngineLoop<E> {
         };
         // Nothing past a stop string goes out, token ids and logprobs included.
         update.new_token_ids.truncate(num_tokens);
-        active.record_token_times(&mut self.step_metrics, update.new_token_ids.len(), now);
+        active.record_token_times(
+            self.observer.step_metrics(),
+            update.new_token_ids.len(),
+            now,
+        );
         if active.wants_logprobs {
             logprobs.truncate(num_tokens);
         } else {
@@ -725,85 +709,6 @@ impl<E: Executor> EngineLoop<E> {
                 publisher.publish(events);
             }
         }
-    }
-
-    /// Publishes the snapshot clients read, feeds the metrics once for this iteration, and
-    /// emits the periodic stats line when due.
-    fn publish_stats(&mut self, step_tokens: usize) {
-        let snapshot = self.scheduler.stats();
-        let counters = Counters {
-            prefix_cache_queries: snapshot.prefix_cache_queries,
-            prefix_cache_hits: snapshot.prefix_cache_hits,
-            num_preemptions: snapshot.num_preemptions,
-        };
-        let step = &mut self.step_metrics;
-        step.num_running = snapshot.num_running;
-        step.num_waiting = snapshot.num_waiting;
-        step.kv_cache_usage = snapshot.kv_cache_usage;
-        step.prefix_cache_queries = counters
-            .prefix_cache_queries
-            .saturating_sub(self.last_counters.prefix_cache_queries);
-        step.prefix_cache_hits = counters
-            .prefix_cache_hits
-            .saturating_sub(self.last_counters.prefix_cache_hits);
-        step.num_preemptions = counters
-            .num_preemptions
-            .saturating_sub(self.last_counters.num_preemptions);
-        step.iteration_tokens = step_tokens;
-        self.last_counters = counters;
-        self.metrics.record_step(step);
-        if let Some(spec_logger) = self.spec_logger.as_mut() {
-            spec_logger.observe(&step.spec_decode);
-        }
-        if self.metrics.lora_enabled() {
-            let lora = self.scheduler.lora_stats();
-            let names = |counts: &std::collections::BTreeMap<u32, usize>| -> Vec<String> {
-                counts
-                    .keys()
-                    .filter_map(|id| self.lora_names.get(id).cloned())
-                    .collect()
-            };
-            self.metrics
-                .record_lora(&names(&lora.running), &names(&lora.waiting));
-        }
-        if let Some(logger) = self.stats_logger.as_mut() {
-            logger.observe_step(step);
-            let now = Instant::now();
-            if let Some((level, line)) = logger.maybe_log(now) {
-                if level == tracing::Level::INFO {
-                    tracing::info!("{line}");
-                } else {
-                    tracing::debug!("{line}");
-                }
-                if let Some(line) = self.spec_logger.as_mut().and_then(|l| l.log_line(now)) {
-                    tracing::info!("{line}");
-                }
-            }
-        }
-        if let Ok(mut stats) = self.shared.stats.lock() {
-            if step_tokens > 0 {
-                stats.num_steps += 1;
-                stats.last_step_tokens = step_tokens;
-            }
-            stats.num_running = snapshot.num_running;
-            stats.num_waiting = snapshot.num_waiting;
-            stats.kv_cache_usage = snapshot.kv_cache_usage;
-            stats.prefix_cache_queries = snapshot.prefix_cache_queries;
-            stats.prefix_cache_hits = snapshot.prefix_cache_hits;
-            stats.num_preemptions = snapshot.num_preemptions;
-            stats.num_blocks = snapshot.num_blocks;
-            stats.num_free_blocks = snapshot.num_free_blocks;
-            stats.num_cached_free_blocks = snapshot.num_cached_free_blocks;
-            stats.num_state_slots = snapshot.num_state_slots;
-            stats.num_free_state_slots = snapshot.num_free_state_slots;
-            stats.prompt_tokens += step.prompt_tokens;
-            stats.generation_tokens += step.generation_tokens;
-        }
-        step.prompt_tokens = 0;
-        step.generation_tokens = 0;
-        step.time_to_first_tokens.clear();
-        step.inter_token_latencies.clear();
-        step.spec_decode = Default::default();
     }
 }
 
@@ -862,68 +767,6 @@ fn metrics_reason(reason: FinishReason) -> FinishedReason {
         FinishReason::Stop => FinishedReason::Stop,
         FinishReason::Length => FinishedReason::Length,
         FinishReason::Abort => FinishedReason::Abort,
-    }
-}
-
-/// Records a finished request in the metrics and, when tracing is on, queues its span.
-fn report_finished(
-    metrics: &EngineMetrics,
-    traces: Option<&OtlpTraceExporter>,
-    request_id: RequestId,
-    active: &Active,
-    reason: FinishedReason,
-    now: Instant,
-) {
-    let finished = finished_metrics(active, reason, now);
-    metrics.record_finished(&finished);
-    if let Some(traces) = traces {
-        // Spans need wall-clock times; the request only carries monotonic instants, so map
-        // `now` and the arrival onto the system clock through the current offset.
-        let end = SystemTime::now()
-            .checked_sub(now.elapsed())
-            .unwrap_or_else(SystemTime::now);
-        let start = end
-            .checked_sub(Duration::from_secs_f64(finished.e2e_latency))
-            .unwrap_or(end);
-        let times = &active.times;
-        let time_to_first_token = times
-            .first_token
-            .map(|first| first.saturating_duration_since(times.arrival).as_secs_f64());
-        traces.record(RequestSpan {
-            request_id: request_id.0,
-            start,
-            end,
-            time_to_first_token,
-            finished,
-        });
-    }
-}
-
-/// vLLM's per-request phase times for a request ending at `now`.
-fn finished_metrics(
-    active: &Active,
-    reason: FinishedReason,
-    now: Instant,
-) -> FinishedRequestMetrics {
-    let times = &active.times;
-    let seconds = |from: Option<Instant>, to: Option<Instant>| match (from, to) {
-        (Some(from), Some(to)) => to.saturating_duration_since(from).as_secs_f64(),
-        _ => 0.0,
-    };
-    let decode_time = seconds(times.first_token, times.last_token);
-    FinishedRequestMetrics {
-        finish_reason: reason,
-        num_prompt_tokens: active.num_prompt_tokens as u64,
-        num_generation_tokens: active.num_output_tokens as u64,
-        max_tokens_param: active.max_tokens_param,
-        n_param: 1,
-        e2e_latency: now.saturating_duration_since(times.arrival).as_secs_f64(),
-        queue_time: seconds(Some(times.arrival), times.first_scheduled),
-        prefill_time: seconds(times.first_scheduled, times.first_token),
-        decode_time,
-        inference_time: seconds(times.first_scheduled, times.last_token),
-        mean_time_per_output_token: (active.num_output_tokens > 1)
-            .then(|| decode_time / (active.num_output_tokens - 1) as f64),
     }
 }
 

@@ -39,6 +39,7 @@ pub mod kv_events;
 mod kv_groups;
 mod lora;
 mod model_runner;
+mod observer;
 mod offline;
 mod output;
 mod pooling;
