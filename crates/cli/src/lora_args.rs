@@ -32,6 +32,10 @@ pub struct LoraArgs {
     /// VLLM_ALLOW_RUNTIME_LORA_UPDATING=true does).
     #[arg(long, help_heading = "LoRA")]
     pub allow_runtime_lora_updating: bool,
+    /// Directories POST /v1/load_lora_adapter may read adapters under, besides the
+    /// directories holding --lora-modules; any other path is refused.
+    #[arg(long, num_args = 1.., value_name = "DIR", help_heading = "LoRA")]
+    pub allowed_lora_root: Vec<PathBuf>,
 }
 
 /// vLLM's JSON form of one `--lora-modules` entry.
@@ -58,6 +62,7 @@ impl LoraArgs {
                     "--allow-runtime-lora-updating",
                     self.allow_runtime_lora_updating,
                 ),
+                ("--allowed-lora-root", !self.allowed_lora_root.is_empty()),
             ];
             if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
                 bail!("{flag} needs --enable-lora");
@@ -72,6 +77,7 @@ impl LoraArgs {
             config.max_lora_rank = rank;
         }
         config.max_cpu_loras = self.max_cpu_loras;
+        config.allowed_roots = self.allowed_lora_root.clone();
         config.modules = self
             .lora_modules
             .iter()
@@ -157,6 +163,18 @@ mod tests {
         };
         let error = off.to_config().unwrap_err().to_string();
         assert!(error.contains("--max-loras needs --enable-lora"), "{error}");
+        let off = LoraArgs {
+            allowed_lora_root: vec![PathBuf::from("/srv/adapters")],
+            ..LoraArgs::default()
+        };
+        let error = off.to_config().unwrap_err().to_string();
+        assert!(error.contains("--allowed-lora-root needs --enable-lora"), "{error}");
+        let on = LoraArgs {
+            allowed_lora_root: vec![PathBuf::from("/srv/adapters")],
+            ..args(&[])
+        };
+        let config = on.to_config().unwrap().unwrap();
+        assert_eq!(config.allowed_roots, vec![PathBuf::from("/srv/adapters")]);
         assert!(LoraArgs::default().to_config().unwrap().is_none());
     }
 }

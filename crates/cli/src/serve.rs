@@ -180,7 +180,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if server.allow_runtime_lora_updating {
         tracing::warn!(
             "runtime LoRA updating is on: /v1/load_lora_adapter and /v1/unload_lora_adapter \
-             are served"
+             are served; adapters load only under --allowed-lora-root and the directories of \
+             --lora-modules"
         );
     }
 

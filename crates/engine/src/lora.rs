@@ -5,9 +5,16 @@
 //! one's weights are dropped (its name stays registered) and read again from its path when
 //! a request names it. A request holds its adapter's `Arc`, so unloading or evicting an
 //! adapter never disturbs requests already in flight.
+//!
+//! A runtime load (`/v1/load_lora_adapter`, [`LoraRegistry::load_at_runtime`]) reads only
+//! under the allowed roots (`--allowed-lora-root`, and the directories holding the
+//! `--lora-modules` entries), after resolving symlinks, and only regular files; every path that
+//! is outside them, missing, not a regular file or not a readable adapter gets the same answer,
+//! so the route is no oracle for what exists on the server nor a reader of its files. The
+//! reason goes to the log.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokenmill_models::{LoraAdapter, ModelConfig};
@@ -25,6 +32,9 @@ pub struct LoraConfig {
     pub max_cpu_loras: Option<usize>,
     /// `--lora-modules`.
     pub modules: Vec<LoraModule>,
+    /// `--allowed-lora-root`: directories runtime loads may read under, besides the
+    /// directories holding `modules`.
+    pub allowed_roots: Vec<PathBuf>,
 }
 
 impl LoraConfig {
@@ -35,6 +45,7 @@ impl LoraConfig {
             max_lora_rank: 16,
             max_cpu_loras: None,
             modules: Vec::new(),
+            allowed_roots: Vec::new(),
         }
     }
 
@@ -116,7 +127,19 @@ pub struct LoraRegistry {
     model: ModelConfig,
     config: LoraConfig,
     max_cpu_loras: usize,
+    /// Canonical directories a runtime load may read under.
+    allowed_roots: Vec<PathBuf>,
     inner: Mutex<Inner>,
+}
+
+/// The one answer to a runtime load whose path cannot be served (see the module comment).
+fn refused_path(path: &Path) -> EngineError {
+    EngineError::InvalidRequest(format!(
+        "cannot load a LoRA adapter from {}: it is not a readable LoRA adapter (a PEFT \
+         directory or a GGUF LoRA file) under this server's allowed LoRA roots \
+         (--allowed-lora-root and the directories of --lora-modules)",
+        path.display()
+    ))
 }
 
 impl LoraRegistry {
@@ -124,10 +147,30 @@ impl LoraRegistry {
     /// (see [`LoraRegistry::load_modules`]).
     pub fn new(model: ModelConfig, config: LoraConfig) -> Result<LoraRegistry, EngineError> {
         let max_cpu_loras = config.validate()?;
+        let mut allowed_roots = Vec::new();
+        for root in &config.allowed_roots {
+            let canonical = std::fs::canonicalize(root)
+                .ok()
+                .filter(|root| root.is_dir())
+                .ok_or_else(|| {
+                    EngineError::Config(format!(
+                        "--allowed-lora-root {}: not a readable directory",
+                        root.display()
+                    ))
+                })?;
+            allowed_roots.push(canonical);
+        }
+        // A module that cannot be resolved fails its own load in `load_modules`.
+        allowed_roots.extend(config.modules.iter().filter_map(|module| {
+            std::fs::canonicalize(&module.path)
+                .ok()
+                .and_then(|path| path.parent().map(Path::to_path_buf))
+        }));
         Ok(LoraRegistry {
             model,
             config,
             max_cpu_loras,
+            allowed_roots,
             inner: Mutex::new(Inner {
                 next_id: 1,
                 ..Inner::default()
@@ -207,6 +250,66 @@ impl LoraRegistry {
         self.evict(&mut inner, name);
         tracing::info!("loaded LoRA adapter {name} (id {id})");
         Ok(())
+    }
+
+    /// [`Self::load`] for a path a client sent: read only if it resolves under an allowed
+    /// root to a regular file or an adapter directory of regular files; any path-level
+    /// failure (outside the roots, missing, not a regular file, unreadable, not an adapter)
+    /// is one message, its reason logged.
+    pub fn load_at_runtime(&self, name: &str, path: &Path) -> Result<(), EngineError> {
+        let refuse = |reason: &dyn std::fmt::Display| {
+            tracing::warn!(
+                "runtime load of LoRA adapter `{name}` from {} refused: {reason}",
+                path.display()
+            );
+            refused_path(path)
+        };
+        let resolved = self
+            .check_runtime_path(path)
+            .map_err(|reason| refuse(&reason))?;
+        match self.load(name, resolved, None) {
+            Err(EngineError::Lora(error)) if error.is_unreadable() => Err(refuse(&error)),
+            other => other,
+        }
+    }
+
+    /// The canonical form of `path` when it may be read (see [`Self::load_at_runtime`]),
+    /// else why not. Nothing is opened: a FIFO or a device is refused by its metadata.
+    fn check_runtime_path(&self, path: &Path) -> Result<PathBuf, String> {
+        let allowed = |candidate: &Path| -> Result<PathBuf, String> {
+            let resolved = std::fs::canonicalize(candidate)
+                .map_err(|error| format!("{}: {error}", candidate.display()))?;
+            if !self
+                .allowed_roots
+                .iter()
+                .any(|root| resolved.starts_with(root))
+            {
+                return Err(format!(
+                    "{} is outside the allowed roots {:?}",
+                    resolved.display(),
+                    self.allowed_roots
+                ));
+            }
+            Ok(resolved)
+        };
+        let regular = |file: &Path| -> Result<(), String> {
+            let metadata =
+                std::fs::metadata(file).map_err(|error| format!("{}: {error}", file.display()))?;
+            if metadata.is_file() {
+                Ok(())
+            } else {
+                Err(format!("{} is not a regular file", file.display()))
+            }
+        };
+        let resolved = allowed(path)?;
+        if resolved.is_dir() {
+            for file in ["adapter_config.json", "adapter_model.safetensors"] {
+                regular(&allowed(&resolved.join(file))?)?;
+            }
+        } else {
+            regular(&resolved)?;
+        }
+        Ok(resolved)
     }
 
     /// Forgets `name`. Requests already using it finish with it.

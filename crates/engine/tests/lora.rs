@@ -60,6 +60,7 @@ fn lora_config(dir: &Path, max_loras: usize) -> EngineConfig {
         max_lora_rank: 16,
         max_cpu_loras: Some(4),
         modules: write_adapters(dir, &model),
+        allowed_roots: Vec::new(),
     });
     config
 }
@@ -217,4 +218,41 @@ fn a_start_up_adapter_that_does_not_load_names_the_flag() {
     }
     let error = Engine::start(&config).unwrap_err().to_string();
     assert!(error.contains("--max-cpu-loras"), "{error}");
+}
+
+#[test]
+fn runtime_loads_read_under_an_allowed_root_and_an_unusable_root_is_refused_at_start() {
+    let allowed = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let model = tokenmill_models::read_model_config(&config(256, 512).model).unwrap();
+    let inside = write_adapters(allowed.path(), &model);
+    let outside = write_adapters(elsewhere.path(), &model);
+    let mut lora = LoraConfig::new();
+    lora.allowed_roots = vec![allowed.path().to_path_buf()];
+    let registry = LoraRegistry::new(model.clone(), lora.clone()).unwrap();
+
+    registry.load_at_runtime("inside", &inside[0].path).unwrap();
+    assert!(registry.get("inside").unwrap().is_some());
+    match registry.load_at_runtime("outside", &outside[0].path) {
+        Err(EngineError::InvalidRequest(message)) => {
+            assert!(message.contains("not a readable LoRA adapter"), "{message}");
+        }
+        other => panic!("an adapter outside the roots loaded: {other:?}"),
+    }
+    assert!(registry.get("outside").unwrap().is_none());
+    // `..` out of the root is resolved before the check.
+    let climbing = allowed
+        .path()
+        .join("..")
+        .join(elsewhere.path().file_name().unwrap())
+        .join("adapter1");
+    assert!(registry.load_at_runtime("climb", &climbing).is_err());
+
+    lora.allowed_roots = vec![allowed.path().join("no-such-dir")];
+    match LoraRegistry::new(model, lora) {
+        Err(EngineError::Config(message)) => {
+            assert!(message.contains("--allowed-lora-root"), "{message}");
+        }
+        other => panic!("an unusable root was accepted: {other:?}"),
+    }
 }

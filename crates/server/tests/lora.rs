@@ -18,6 +18,8 @@ use tokenmill_models::{
 };
 
 const KEY: &str = "lora-key";
+/// The one answer to a runtime load of a path that holds no servable adapter.
+const UNREADABLE: &str = "is not a readable LoRA adapter";
 
 fn write_adapter(dir: &Path, name: &str, rank: usize, seed: u64) -> PathBuf {
     let model = read_model_config(&ModelSource::from_path(common::model_path())).unwrap();
@@ -47,6 +49,7 @@ fn app(dir: &Path, runtime: bool) -> TestApp {
                     path: sql,
                     base_model_name: None,
                 }],
+                allowed_roots: Vec::new(),
             });
         },
         |server| {
@@ -163,8 +166,8 @@ async fn adapters_load_and_unload_at_runtime_and_bad_ones_change_nothing() {
     let cases = [
         (load("chat", &chat), "already been loaded"),
         (load("big", &too_big), "rank 32"),
-        (load("gone", &dir.path().join("gone")), "does not exist"),
-        (load("corrupt", &corrupt), "corrupt"),
+        (load("gone", &dir.path().join("gone")), UNREADABLE),
+        (load("corrupt", &corrupt), UNREADABLE),
         (json!({"lora_name": "x"}), "must be provided"),
     ];
     for (body, expected) in cases {
@@ -239,4 +242,58 @@ async fn openapi_lists_the_runtime_routes_only_when_they_are_served() {
             }
         }
     }
+}
+
+/// A runtime load reads only under the allowed roots (here: the directory of the
+/// `--lora-modules` entry) and only regular files; a path outside them, a symlink out of them,
+/// a missing path, a FIFO and a file that is no adapter all get the same answer, with no file
+/// bytes in it, and the FIFO's answer comes at once (it is never opened).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_loads_read_only_regular_files_under_the_allowed_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let app = app(dir.path(), true);
+    let load = |name: &str, path: &Path| json!({"lora_name": name, "lora_path": path});
+
+    let stray = write_adapter(outside.path(), "stray", 4, 5);
+    let secret = outside.path().join("secret.gguf");
+    std::fs::write(&secret, b"root:x:0:0").unwrap();
+    let linked = dir.path().join("linked");
+    std::os::unix::fs::symlink(&stray, &linked).unwrap();
+    let fifo = dir.path().join("fifo.gguf");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let not_gguf = dir.path().join("notes.gguf");
+    std::fs::write(&not_gguf, b"root:x:0:0").unwrap();
+
+    for path in [
+        stray.clone(),
+        secret,
+        linked,
+        fifo,
+        not_gguf,
+        outside.path().join("missing"),
+        dir.path().join("missing"),
+        PathBuf::from("/etc/passwd"),
+    ] {
+        let started = std::time::Instant::now();
+        let (status, error) = post_json(&app, "/v1/load_lora_adapter", &load("x", &path)).await;
+        assert_error_body(status, &error, StatusCode::BAD_REQUEST, "refused path");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(UNREADABLE), "{message}");
+        assert!(!message.contains("magic"), "{message}");
+        assert!(!message.contains("exist"), "{message}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+    assert!(!models(&app).await.iter().any(|c| c["id"] == "x"));
+
+    // Inside the root a real adapter still loads.
+    let chat = write_adapter(dir.path(), "chat", 4, 2);
+    let (status, text) = post(&app, "/v1/load_lora_adapter", &load("chat", &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    app.wait_idle().await;
 }

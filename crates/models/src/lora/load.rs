@@ -61,13 +61,19 @@ impl LoraAdapter {
         config: &ModelConfig,
         max_rank: usize,
     ) -> Result<LoraAdapter, LoraError> {
-        if !path.exists() {
+        let Ok(metadata) = std::fs::metadata(path) else {
             return Err(LoraError::MissingPath(path.to_path_buf()));
-        }
-        if path.is_dir() {
+        };
+        if metadata.is_dir() {
             load_peft(path, config, max_rank)
-        } else {
+        } else if metadata.is_file() {
             load_gguf(path, config, max_rank)
+        } else {
+            // A FIFO or a device would block or stream forever once opened.
+            Err(LoraError::NotAnAdapter {
+                path: path.to_path_buf(),
+                message: "not a regular file or a directory".into(),
+            })
         }
     }
 }

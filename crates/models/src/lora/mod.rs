@@ -127,6 +127,19 @@ pub enum LoraError {
     ArchitectureMismatch { adapter: String, base: String },
 }
 
+impl LoraError {
+    /// The path holds no readable adapter (missing, not a regular file, not an adapter,
+    /// corrupt bytes), as opposed to an adapter this server cannot serve (rank, targets,
+    /// shapes). A runtime load answers the first kind with one message, so its text, which
+    /// names paths and file bytes, goes to the log only.
+    pub fn is_unreadable(&self) -> bool {
+        matches!(
+            self,
+            LoraError::MissingPath(_) | LoraError::NotAnAdapter { .. } | LoraError::Corrupt { .. }
+        )
+    }
+}
+
 /// Targets whose base layers read the same input (`[q | k | v]` and `[gate | up]` are one
 /// fused matmul each), so one `x · Aᵀ` with their `A`s stacked serves all of them: one pass
 /// over `x` and one kernel call instead of three.

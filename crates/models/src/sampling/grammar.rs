@@ -431,9 +431,11 @@ impl GrammarCompiler {
                 ))
             }
             Err(error) => {
-                return Err(grammar_error(format!(
-                    "no text matches it (it allows no first token): {error}"
-                )))
+                // The matcher's own text ("NoExtensionBias", its markup) is for the log.
+                tracing::debug!("first mask of a structured output failed: {error}");
+                return Err(grammar_error(
+                    "no text matches it (it allows no first token)",
+                ));
             }
         }
         self.lock().insert(output.clone(), &matcher);

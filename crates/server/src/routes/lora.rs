@@ -79,7 +79,7 @@ pub(crate) async fn load(State(state): State<AppState>, body: Body) -> Result<Re
     // Reading and checking the weights is blocking file work.
     let engine = state.engine().clone();
     tokio::task::spawn_blocking(move || match engine.lora() {
-        Some(registry) => registry.load(&name, path, None),
+        Some(registry) => registry.load_at_runtime(&name, &path),
         None => Err(EngineError::Config("LoRA is not enabled".into())),
     })
     .await
