@@ -168,7 +168,10 @@ mod tests {
             ..LoraArgs::default()
         };
         let error = off.to_config().unwrap_err().to_string();
-        assert!(error.contains("--allowed-lora-root needs --enable-lora"), "{error}");
+        assert!(
+            error.contains("--allowed-lora-root needs --enable-lora"),
+            "{error}"
+        );
         let on = LoraArgs {
             allowed_lora_root: vec![PathBuf::from("/srv/adapters")],
             ..args(&[])
