@@ -610,9 +610,9 @@ macro_rules! prompt_source {
                 self.fields().prompt(over_trigger)
             }
 
-            /// The input-token count above which `context_management` clears old tool
-            /// results.
-            pub fn clear_trigger(&self) -> Result<Option<u64>, ProtocolError> {
+            /// When `context_management` clears old tool results: over which input-token
+            /// count, and how many tokens a clearing must free to be applied.
+            pub fn clear_trigger(&self) -> Result<Option<ClearRule>, ProtocolError> {
                 clear_trigger(self.context_management.as_ref())
             }
         }
@@ -688,7 +688,17 @@ impl MessagesRequest {
 const DEFAULT_CLEAR_TRIGGER: u64 = 100_000;
 const DEFAULT_CLEAR_KEEP: u64 = 3;
 
-fn clear_trigger(context: Option<&ContextManagement>) -> Result<Option<u64>, ProtocolError> {
+/// A `clear_tool_uses` edit's thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClearRule {
+    /// Old tool results are cleared once the prompt is over this many input tokens.
+    pub trigger: u64,
+    /// `clear_at_least`: a clearing that frees fewer input tokens than this is not applied
+    /// (0: any clearing is).
+    pub at_least: u64,
+}
+
+fn clear_trigger(context: Option<&ContextManagement>) -> Result<Option<ClearRule>, ProtocolError> {
     let Some(context) = context else {
         return Ok(None);
     };
@@ -714,14 +724,16 @@ fn clear_trigger(context: Option<&ContextManagement>) -> Result<Option<u64>, Pro
                         "clear_tool_uses: `keep` must be in `tool_uses`.",
                     ));
                 }
-                if clear_at_least.is_some() {
-                    return Err(ProtocolError::unsupported(
+                if clear_at_least.is_some_and(|c| c.kind != EditUnit::InputTokens) {
+                    return Err(ProtocolError::invalid(
                         param,
-                        "clear_tool_uses: `clear_at_least` is not supported (tokenmill's \
-                         prefix cache has no write cost to amortize).",
+                        "clear_tool_uses: `clear_at_least` must be in `input_tokens`.",
                     ));
                 }
-                trigger = Some(edit_trigger.map_or(DEFAULT_CLEAR_TRIGGER, |t| t.value));
+                trigger = Some(ClearRule {
+                    trigger: edit_trigger.map_or(DEFAULT_CLEAR_TRIGGER, |t| t.value),
+                    at_least: clear_at_least.map_or(0, |c| c.value),
+                });
             }
             ContextEdit::ClearThinking { keep } => {
                 thinking_turns_kept(keep.as_ref(), index)?;
@@ -828,6 +840,7 @@ impl PromptFields<'_> {
         } else {
             Vec::new()
         };
+        let clear_inputs = !cleared.is_empty() && self.clears_tool_inputs();
         for (index, input) in self.messages.iter().enumerate() {
             let place = format!("messages[{index}]");
             let blocks = match &input.content {
@@ -905,14 +918,21 @@ impl PromptFields<'_> {
                     for block in &blocks {
                         match block {
                             ContentBlock::Text(text) => texts.push(text.clone()),
-                            ContentBlock::ToolUse(call) => calls.push(json!({
-                                "id": call.id,
-                                "type": "function",
-                                "function": {
-                                    "name": call.name,
-                                    "arguments": Value::Object(call.input.clone()).to_string(),
-                                },
-                            })),
+                            ContentBlock::ToolUse(call) => {
+                                // `clear_tool_inputs`: a cleared use keeps its name, not its
+                                // arguments.
+                                let arguments =
+                                    if clear_inputs && cleared.contains(&call.id.as_str()) {
+                                        "{}".to_string()
+                                    } else {
+                                        Value::Object(call.input.clone()).to_string()
+                                    };
+                                calls.push(json!({
+                                    "id": call.id,
+                                    "type": "function",
+                                    "function": {"name": call.name, "arguments": arguments},
+                                }))
+                            }
                             // Rendered only where `clear_thinking` keeps it (see
                             // `ContextEdit::ClearThinking`); redacted thinking has no text.
                             ContentBlock::Thinking(block) if keeps_thinking => {
@@ -1030,6 +1050,21 @@ impl PromptFields<'_> {
                     }
                 )
             ),
+        })
+    }
+
+    /// Whether `clear_tool_uses` clears the cleared uses' inputs too (`clear_tool_inputs`).
+    fn clears_tool_inputs(&self) -> bool {
+        self.context_management.is_some_and(|c| {
+            c.edits.iter().any(|e| {
+                matches!(
+                    e,
+                    ContextEdit::ClearToolUses {
+                        clear_tool_inputs: Some(true),
+                        ..
+                    }
+                )
+            })
         })
     }
 
@@ -1224,12 +1259,13 @@ impl MessageResponse {
     }
 }
 
-/// `context_management` of a response: the `clear_tool_uses` edit when it cleared results.
-pub fn applied_edits(cleared_tool_uses: usize) -> Value {
+/// `context_management` of a response: the `clear_tool_uses` edit when it cleared results,
+/// with the input tokens the clearing freed.
+pub fn applied_edits(cleared_tool_uses: usize, cleared_input_tokens: usize) -> Value {
     let edits = if cleared_tool_uses > 0 {
         vec![
             json!({"type": "clear_tool_uses_20250919", "cleared_tool_uses": cleared_tool_uses,
-            "cleared_input_tokens": 0}),
+            "cleared_input_tokens": cleared_input_tokens}),
         ]
     } else {
         Vec::new()
@@ -1621,7 +1657,13 @@ mod tests {
             {"type": "clear_thinking_20251015"}]}}),
         );
         let request = request(body).unwrap();
-        assert_eq!(request.clear_trigger().unwrap(), Some(10));
+        assert_eq!(
+            request.clear_trigger().unwrap(),
+            Some(ClearRule {
+                trigger: 10,
+                at_least: 0
+            })
+        );
         let untouched = request.prompt(false).unwrap();
         assert_eq!(untouched.cleared_tool_uses, 0);
         let cleared = request.prompt(true).unwrap();
@@ -1633,6 +1675,52 @@ mod tests {
             .filter_map(|m| m.content.as_deref())
             .collect();
         assert_eq!(results, [CLEARED_TOOL_RESULT, CLEARED_TOOL_RESULT, "data"]);
+    }
+
+    #[test]
+    fn clear_tool_inputs_clears_the_cleared_uses_arguments_and_clear_at_least_is_read() {
+        let turn = |id: &str| {
+            vec![
+                json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "f", "input": {"q": id}}]}),
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "data"}]}),
+            ]
+        };
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for id in ["a", "b", "c"] {
+            messages.extend(turn(id));
+        }
+        let arguments = |clear_inputs: bool| {
+            let body = minimal(
+                json!({"messages": messages.clone(), "context_management": {"edits": [
+                {"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": 1},
+                 "clear_at_least": {"type": "input_tokens", "value": 500},
+                 "clear_tool_inputs": clear_inputs}]}}),
+            );
+            let request = request(body).unwrap();
+            assert_eq!(
+                request.clear_trigger().unwrap(),
+                Some(ClearRule {
+                    trigger: DEFAULT_CLEAR_TRIGGER,
+                    at_least: 500
+                })
+            );
+            let cleared = request.prompt(true).unwrap();
+            cleared
+                .conversation
+                .iter()
+                .flat_map(|m| m.tool_calls.iter().flatten())
+                .map(|call| call["function"]["arguments"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(arguments(true), ["{}", "{}", r#"{"q":"c"}"#]);
+        assert_eq!(
+            arguments(false),
+            [r#"{"q":"a"}"#, r#"{"q":"b"}"#, r#"{"q":"c"}"#]
+        );
+        let wrong_unit = minimal(json!({"context_management": {"edits": [
+            {"type": "clear_tool_uses_20250919", "clear_at_least": {"type": "tool_uses", "value": 1}}]}}));
+        let error = request(wrong_unit).unwrap().clear_trigger().unwrap_err();
+        assert!(error.to_string().contains("clear_at_least"), "{error}");
     }
 
     #[test]

@@ -78,8 +78,8 @@ mod tools;
 pub use anthropic::{
     anthropic_request_id, applied_edits, check_context, message_id, parse_anthropic,
     thinking_signature, tool_use_id, AnthropicError, AnthropicErrorBody, AnthropicStopReason,
-    BlockDelta, CountTokensRequest, MessageDelta, MessageResponse, MessagesPrompt, MessagesRequest,
-    MessagesUsage, ResponseBlock, StreamEvent, OVERLOADED_STATUS,
+    BlockDelta, ClearRule, CountTokensRequest, MessageDelta, MessageResponse, MessagesPrompt,
+    MessagesRequest, MessagesUsage, ResponseBlock, StreamEvent, OVERLOADED_STATUS,
 };
 pub use chat::{
     conversation, set_reasoning_effort, ChatChoice, ChatChunkChoice, ChatCompletionChunk,

@@ -1048,11 +1048,12 @@ fn anthropic_components() -> Map<String, Value> {
                 tagged("clear_tool_uses_20250919", vec![
                     ("trigger", amount("input_tokens")),
                     ("keep", amount("tool_uses")),
+                    ("clear_at_least", amount("input_tokens")),
                     ("exclude_tools", nullable(json!({"type": "array", "items": {"type": "string"}}))),
                     ("clear_tool_inputs", boolean("")),
                 ], &[]),
                 tagged("clear_thinking_20251015", vec![
-                    ("keep", json!({"description": "Only absent (or keeping nothing): earlier thinking is never rendered."})),
+                    ("keep", json!({"description": "\"all\" or {\"type\": \"thinking_turns\", \"value\": N} (default 1): the latest assistant turns whose thinking reaches the template."})),
                 ], &[]),
             ]}}),
         )],

@@ -470,3 +470,66 @@ async fn errors_take_anthropics_shape() {
     let stats = app.wait_idle().await;
     assert_eq!(stats.kv_cache_usage, 0.0);
 }
+
+/// `clear_tool_uses` over HTTP: over the trigger the older results are cleared and the
+/// response says how many uses and input tokens; `count_tokens` counts the same prompt; a
+/// `clear_at_least` the clearing cannot free leaves the prompt whole and reports no edit.
+#[tokio::test]
+async fn clear_tool_uses_reports_what_it_freed_and_honours_clear_at_least() {
+    let app = app();
+    let long_result = "temperature humidity pressure wind ".repeat(12);
+    let mut messages = vec![json!({"role": "user", "content": "Check the weather four times."})];
+    for id in ["toolu_a", "toolu_b", "toolu_c", "toolu_d"] {
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "get_weather", "input": {"city": "Paris"}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": long_result}]}));
+    }
+    let edit = |at_least: u64| {
+        json!({"edits": [{"type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": 100},
+            "keep": {"type": "tool_uses", "value": 1},
+            "clear_at_least": {"type": "input_tokens", "value": at_least}}]})
+    };
+    let whole = |u: &Value| {
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap()
+    };
+    let ask = |at_least: u64| {
+        body(
+            json!({"max_tokens": 4, "messages": messages.clone(), "tools": weather_tools(),
+                    "context_management": edit(at_least)}),
+        )
+    };
+    let count = |at_least: u64| {
+        json!({"model": MODEL_NAME, "messages": messages.clone(), "tools": weather_tools(),
+               "context_management": edit(at_least)})
+    };
+
+    let (status, cleared) = post(&app, "/v1/messages", &ask(0), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{cleared}");
+    let edits = &cleared["context_management"]["applied_edits"];
+    assert_eq!(edits[0]["type"], "clear_tool_uses_20250919", "{cleared}");
+    assert_eq!(edits[0]["cleared_tool_uses"], 3, "{cleared}");
+    let freed = edits[0]["cleared_input_tokens"].as_u64().unwrap();
+    assert!(freed > 100, "three long results freed only {freed} tokens");
+    let (_, counted) = post(&app, "/v1/messages/count_tokens", &count(0), &[]).await;
+    assert_eq!(
+        counted["input_tokens"].as_u64(),
+        Some(whole(&cleared["usage"]))
+    );
+
+    let (status, kept) = post(&app, "/v1/messages", &ask(1_000_000), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{kept}");
+    assert_eq!(
+        kept["context_management"],
+        json!({"applied_edits": []}),
+        "{kept}"
+    );
+    assert_eq!(whole(&kept["usage"]), whole(&cleared["usage"]) + freed);
+    let (_, counted) = post(&app, "/v1/messages/count_tokens", &count(1_000_000), &[]).await;
+    assert_eq!(
+        counted["input_tokens"].as_u64(),
+        Some(whole(&kept["usage"]))
+    );
+    app.wait_idle().await;
+}

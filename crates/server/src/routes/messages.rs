@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use tokenmill_engine::{RequestEvent, RequestStream};
 use tokenmill_protocol::{
     anthropic_request_id, applied_edits, check_context, message_id, parse_anthropic,
-    AnthropicError, AnthropicStopReason, CountTokensRequest, FinishReason, MessageDelta,
+    AnthropicError, AnthropicStopReason, ClearRule, CountTokensRequest, FinishReason, MessageDelta,
     MessageResponse, MessagesPrompt, MessagesRequest, MessagesUsage, StopReason, StreamEvent,
     ValidatedSampling,
 };
@@ -61,7 +61,7 @@ pub(crate) async fn count_tokens(State(state): State<AppState>, body: Body) -> R
         let bytes = read_body(&state, body).await?;
         let request: CountTokensRequest = parse_anthropic(&bytes)?;
         resolve_model(&state, Some(&request.model))?;
-        let (_, prepared) = prepare(
+        let prepared = prepare(
             &state,
             |over| request.prompt(over),
             request.clear_trigger()?,
@@ -69,7 +69,7 @@ pub(crate) async fn count_tokens(State(state): State<AppState>, body: Body) -> R
         )
         .await?;
         Ok::<_, AnthropicApiError>(json_response(&serde_json::json!({
-            "input_tokens": prepared.prompt_token_ids.len()
+            "input_tokens": prepared.chat.prompt_token_ids.len()
         })))
     };
     with_request_id(match counted.await {
@@ -78,24 +78,49 @@ pub(crate) async fn count_tokens(State(state): State<AppState>, body: Body) -> R
     })
 }
 
+/// A prompt ready for the engine, and what `clear_tool_uses` did to it.
+struct Prepared {
+    prompt: MessagesPrompt,
+    chat: ChatPrompt,
+    /// Input tokens the clearing freed (0 when nothing was cleared).
+    cleared_input_tokens: usize,
+}
+
 /// The prompt of either route through the chat path; with `context_management`'s
 /// `clear_tool_uses`, rendered again with old tool results cleared when the first rendering
-/// is over its trigger.
+/// is over its trigger, and kept cleared only if that frees at least `clear_at_least` tokens.
 async fn prepare(
     state: &AppState,
     prompt: impl Fn(bool) -> Result<MessagesPrompt, tokenmill_protocol::ProtocolError>,
-    clear_trigger: Option<u64>,
+    clear: Option<ClearRule>,
     validated: Option<&mut ValidatedSampling>,
-) -> Result<(MessagesPrompt, ChatPrompt), AnthropicApiError> {
+) -> Result<Prepared, AnthropicApiError> {
     let first = prompt(false)?;
-    let over = match clear_trigger {
+    if let Some(rule) = clear {
         // Counted without touching `validated`: only the final rendering may constrain it.
-        Some(trigger) => render(state, &first, None).await?.prompt_token_ids.len() as u64 > trigger,
-        None => false,
-    };
-    let chosen = if over { prompt(true)? } else { first };
-    let prepared = render(state, &chosen, validated).await?;
-    Ok((chosen, prepared))
+        let full = render(state, &first, None).await?.prompt_token_ids.len();
+        if full as u64 > rule.trigger {
+            let cleared = prompt(true)?;
+            if cleared.cleared_tool_uses > 0 {
+                let shorter = render(state, &cleared, None).await?.prompt_token_ids.len();
+                let freed = full.saturating_sub(shorter);
+                if freed as u64 >= rule.at_least {
+                    let chat = render(state, &cleared, validated).await?;
+                    return Ok(Prepared {
+                        prompt: cleared,
+                        chat,
+                        cleared_input_tokens: freed,
+                    });
+                }
+            }
+        }
+    }
+    let chat = render(state, &first, validated).await?;
+    Ok(Prepared {
+        prompt: first,
+        chat,
+        cleared_input_tokens: 0,
+    })
 }
 
 /// One rendering of a messages prompt through the chat path.
@@ -137,7 +162,11 @@ async fn create_message(state: AppState, body: Body) -> Result<Response, Anthrop
     let (model, lora) = resolve_model(&state, Some(&request.model))?;
     let limits = &state.inner.limits;
     let mut validated = request.validate(limits)?;
-    let (prompt, prepared) = prepare(
+    let Prepared {
+        prompt,
+        chat: prepared,
+        cleared_input_tokens,
+    } = prepare(
         &state,
         |over| request.prompt(over),
         request.clear_trigger()?,
@@ -181,7 +210,7 @@ async fn create_message(state: AppState, body: Body) -> Result<Response, Anthrop
         context_management: request
             .context_management
             .is_some()
-            .then(|| applied_edits(prompt.cleared_tool_uses)),
+            .then(|| applied_edits(prompt.cleared_tool_uses, cleared_input_tokens)),
     };
     if validated.output.stream {
         Ok(served(stream_response(guard, job, stream), lora.as_ref()))
