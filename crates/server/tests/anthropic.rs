@@ -497,12 +497,12 @@ async fn clear_tool_uses_reports_what_it_freed_and_honours_clear_at_least() {
     let ask = |at_least: u64| {
         body(
             json!({"max_tokens": 4, "messages": messages.clone(), "tools": weather_tools(),
-                    "context_management": edit(at_least)}),
+                    "tool_choice": {"type": "none"}, "context_management": edit(at_least)}),
         )
     };
     let count = |at_least: u64| {
         json!({"model": MODEL_NAME, "messages": messages.clone(), "tools": weather_tools(),
-               "context_management": edit(at_least)})
+               "tool_choice": {"type": "none"}, "context_management": edit(at_least)})
     };
 
     let (status, cleared) = post(&app, "/v1/messages", &ask(0), &[]).await;
