@@ -29,7 +29,10 @@ pinned_venv "$VENV" --no-deps -r tests/python/requirements.lock
 # tests/python/test_codex.py and Claude Code for tests/python/test_claude_code.py. Both go in
 # one npm command (an `npm install --no-save` prunes what an earlier one put there) and are
 # reinstalled only when a pin changes. Without npm their variables stay unset: the tests skip,
-# or fail under TOKENMILL_REQUIRE_ASSETS=1 (scripts/test.sh).
+# or fail under TOKENMILL_REQUIRE_ASSETS=1 (scripts/test.sh). Claude Code's postinstall must run
+# (npm 11 warns "not yet covered by allowScripts" but runs it): it puts the native binary of the
+# optional dependency @anthropic-ai/claude-code-linux-x64 behind bin/claude.exe, which is a stub
+# before (with --ignore-scripts the test fails with "Exec format error"). It needs no network.
 CODEX_VERSION=0.171.0
 CLAUDE_VERSION=2.1.197
 NPM_PREFIX=.cache/npm
