@@ -89,6 +89,8 @@ struct Prepared {
 /// The prompt of either route through the chat path; with `context_management`'s
 /// `clear_tool_uses`, rendered again with old tool results cleared when the first rendering
 /// is over its trigger, and kept cleared only if that frees at least `clear_at_least` tokens.
+/// Each rendering constrains its own copy of `validated`; the chosen one's is kept, so no
+/// prompt is rendered twice.
 async fn prepare(
     state: &AppState,
     prompt: impl Fn(bool) -> Result<MessagesPrompt, tokenmill_protocol::ProtocolError>,
@@ -96,31 +98,52 @@ async fn prepare(
     validated: Option<&mut ValidatedSampling>,
 ) -> Result<Prepared, AnthropicApiError> {
     let first = prompt(false)?;
+    let (chat, constrained) = render_copy(state, &first, validated.as_deref()).await?;
     if let Some(rule) = clear {
-        // Counted without touching `validated`: only the final rendering may constrain it.
-        let full = render(state, &first, None).await?.prompt_token_ids.len();
-        if full as u64 > rule.trigger {
-            let cleared = prompt(true)?;
-            if cleared.cleared_tool_uses > 0 {
-                let shorter = render(state, &cleared, None).await?.prompt_token_ids.len();
-                let freed = full.saturating_sub(shorter);
-                if freed as u64 >= rule.at_least {
-                    let chat = render(state, &cleared, validated).await?;
-                    return Ok(Prepared {
-                        prompt: cleared,
-                        chat,
-                        cleared_input_tokens: freed,
-                    });
-                }
+        let full = chat.prompt_token_ids.len();
+        let cleared = if full as u64 > rule.trigger {
+            Some(prompt(true)?).filter(|cleared| cleared.cleared_tool_uses > 0)
+        } else {
+            None
+        };
+        if let Some(cleared) = cleared {
+            let (shorter, shorter_constrained) =
+                render_copy(state, &cleared, validated.as_deref()).await?;
+            let freed = full.saturating_sub(shorter.prompt_token_ids.len());
+            if freed as u64 >= rule.at_least {
+                keep(validated, shorter_constrained);
+                return Ok(Prepared {
+                    prompt: cleared,
+                    chat: shorter,
+                    cleared_input_tokens: freed,
+                });
             }
         }
     }
-    let chat = render(state, &first, validated).await?;
+    keep(validated, constrained);
     Ok(Prepared {
         prompt: first,
         chat,
         cleared_input_tokens: 0,
     })
+}
+
+/// One rendering against a copy of `validated` (what the rendering constrained comes back).
+async fn render_copy(
+    state: &AppState,
+    prompt: &MessagesPrompt,
+    validated: Option<&ValidatedSampling>,
+) -> Result<(ChatPrompt, Option<ValidatedSampling>), AnthropicApiError> {
+    let mut copy = validated.cloned();
+    let chat = render(state, prompt, copy.as_mut()).await?;
+    Ok((chat, copy))
+}
+
+/// Makes the chosen rendering's constraints the request's.
+fn keep(validated: Option<&mut ValidatedSampling>, constrained: Option<ValidatedSampling>) {
+    if let (Some(validated), Some(constrained)) = (validated, constrained) {
+        *validated = constrained;
+    }
 }
 
 /// One rendering of a messages prompt through the chat path.
