@@ -193,6 +193,25 @@ def start_server(
     return server
 
 
+AGENT_SETUP = Path(__file__).resolve().parent / "codex"
+
+
+def start_agent_server(served_model_name: str, *flags: str, kv_cache_memory: str = "512MiB") -> Server:
+    """Gemma 3 270M served as the coding-agent tests need it: any answer is text or a valid
+    call of the agent's tools (`--tool-call-parser generic`); the base GGUF ships no chat
+    template, so tests/python/codex/ holds Gemma 3's, and its default sampling (greedy with a
+    strong repetition penalty, 256 tokens at most) makes the tiny model's first answer a short
+    text, so the turn ends; requests are logged for the access-log check."""
+    return start_server(
+        "--enable-auto-tool-choice", "--tool-call-parser", "generic",
+        "--chat-template", str(AGENT_SETUP / "gemma3.jinja"),
+        "--generation-config", str(AGENT_SETUP),
+        "--enable-log-requests", "--max-log-len", "200",
+        *flags,
+        model=gemma_path(), served_model_name=served_model_name, kv_cache_memory=kv_cache_memory,
+    )
+
+
 def stop_server(server: Server) -> None:
     try:
         server.terminate()

@@ -26,26 +26,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gemma_path, launcher, start_server, stop_server
+from conftest import launcher, start_agent_server, stop_server
 
 SERVED_NAME = "tm-claude"
 PROMPT = "Say hello to me in one short sentence. Do not use any tools."
 # Claude Code's first prompt is ~21,100 tokens: about 2 minutes of cold prefill on two Zen 3
 # cores; its later requests hit the prefix cache.
 CLAUDE_TIMEOUT_S = 420
-SETUP = Path(__file__).resolve().parent / "codex"
 ACCESS = re.compile(r"tokenmill::access: POST (/v1/messages\S*) (\d{3})")
 
 
 @pytest.fixture(scope="module")
 def claude_server():
     claude = launcher("TOKENMILL_CLAUDE", "Claude Code")
-    server = start_server(
-        "--enable-auto-tool-choice", "--tool-call-parser", "generic",
-        "--chat-template", str(SETUP / "gemma3.jinja"), "--generation-config", str(SETUP),
-        "--enable-log-requests", "--max-log-len", "200",
-        model=gemma_path(), served_model_name=SERVED_NAME, kv_cache_memory="1GiB",
-    )
+    server = start_agent_server(SERVED_NAME, kv_cache_memory="1GiB")
     yield server, claude
     stop_server(server)
 

@@ -22,28 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gemma_path, launcher, start_server, stop_server
+from conftest import launcher, start_agent_server, stop_server
 
 SERVED_NAME = "tm-codex"
 PROMPT = "Say hello to me in one short sentence. Do not run any commands."
 # Codex's first prompt is ~9,900 tokens: about 2 minutes of cold prefill on two CPU cores.
 CODEX_TIMEOUT_S = 240
-SETUP = Path(__file__).resolve().parent / "codex"
 ACCESS = re.compile(r"tokenmill::access: POST /v1/responses (\d{3})")
 
 
 @pytest.fixture(scope="module")
 def codex_server():
     codex = launcher("TOKENMILL_CODEX", "Codex CLI")
-    server = start_server(
-        "--enable-auto-tool-choice", "--tool-call-parser", "generic",
-        "--max-model-len", "16384",
-        # The base GGUF ships no chat template; greedy with a strong repetition penalty (256
-        # tokens at most) makes the tiny model's first answer a short text, so the turn ends.
-        "--chat-template", str(SETUP / "gemma3.jinja"), "--generation-config", str(SETUP),
-        "--enable-log-requests", "--max-log-len", "200",
-        model=gemma_path(), served_model_name=SERVED_NAME,
-    )
+    server = start_agent_server(SERVED_NAME, "--max-model-len", "16384")
     yield server, codex
     stop_server(server)
 
