@@ -253,7 +253,7 @@ impl LoraRegistry {
     }
 
     /// [`Self::load`] for a path a client sent: read only if it resolves under an allowed
-    /// root to a regular file or an adapter directory of regular files; any path-level
+    /// root (and is a regular file or an adapter directory of regular files); any path-level
     /// failure (outside the roots, missing, not a regular file, unreadable, not an adapter)
     /// is one message, its reason logged.
     pub fn load_at_runtime(&self, name: &str, path: &Path) -> Result<(), EngineError> {
@@ -273,8 +273,9 @@ impl LoraRegistry {
         }
     }
 
-    /// The canonical form of `path` when it may be read (see [`Self::load_at_runtime`]),
-    /// else why not. Nothing is opened: a FIFO or a device is refused by its metadata.
+    /// The canonical form of `path` when it lies under an allowed root (for an adapter
+    /// directory, its two files too, so neither is a symlink out), else why not. That every
+    /// file is a regular one is [`LoraAdapter::load`]'s check (a FIFO is never opened).
     fn check_runtime_path(&self, path: &Path) -> Result<PathBuf, String> {
         let allowed = |candidate: &Path| -> Result<PathBuf, String> {
             let resolved = std::fs::canonicalize(candidate)
@@ -292,22 +293,11 @@ impl LoraRegistry {
             }
             Ok(resolved)
         };
-        let regular = |file: &Path| -> Result<(), String> {
-            let metadata =
-                std::fs::metadata(file).map_err(|error| format!("{}: {error}", file.display()))?;
-            if metadata.is_file() {
-                Ok(())
-            } else {
-                Err(format!("{} is not a regular file", file.display()))
-            }
-        };
         let resolved = allowed(path)?;
         if resolved.is_dir() {
             for file in ["adapter_config.json", "adapter_model.safetensors"] {
-                regular(&allowed(&resolved.join(file))?)?;
+                allowed(&resolved.join(file))?;
             }
-        } else {
-            regular(&resolved)?;
         }
         Ok(resolved)
     }
