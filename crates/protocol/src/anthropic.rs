@@ -835,12 +835,11 @@ impl PromptFields<'_> {
             };
             conversation.push(message(Role::System, text));
         }
-        let cleared = if over_trigger {
-            self.tool_results_to_clear()
+        let (cleared, clear_inputs) = if over_trigger {
+            self.tool_uses_to_clear()
         } else {
-            Vec::new()
+            (Vec::new(), false)
         };
-        let clear_inputs = !cleared.is_empty() && self.clears_tool_inputs();
         for (index, input) in self.messages.iter().enumerate() {
             let place = format!("messages[{index}]");
             let blocks = match &input.content {
@@ -1053,27 +1052,14 @@ impl PromptFields<'_> {
         })
     }
 
-    /// Whether `clear_tool_uses` clears the cleared uses' inputs too (`clear_tool_inputs`).
-    fn clears_tool_inputs(&self) -> bool {
-        self.context_management.is_some_and(|c| {
-            c.edits.iter().any(|e| {
-                matches!(
-                    e,
-                    ContextEdit::ClearToolUses {
-                        clear_tool_inputs: Some(true),
-                        ..
-                    }
-                )
-            })
-        })
-    }
-
-    /// The ids of the tool uses whose results `clear_tool_uses` clears: all but the `keep`
-    /// most recent, minus those of `exclude_tools`.
-    fn tool_results_to_clear(&self) -> Vec<&str> {
+    /// The ids of the tool uses whose results `clear_tool_uses` clears (all but the `keep`
+    /// most recent, minus those of `exclude_tools`), and whether their inputs go too
+    /// (`clear_tool_inputs`).
+    fn tool_uses_to_clear(&self) -> (Vec<&str>, bool) {
         let Some(ContextEdit::ClearToolUses {
             keep,
             exclude_tools,
+            clear_tool_inputs,
             ..
         }) = self.context_management.and_then(|c| {
             c.edits
@@ -1081,7 +1067,7 @@ impl PromptFields<'_> {
                 .find(|e| matches!(e, ContextEdit::ClearToolUses { .. }))
         })
         else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         let keep = keep.map_or(DEFAULT_CLEAR_KEEP, |k| k.value) as usize;
         let excluded = exclude_tools.as_deref().unwrap_or_default();
@@ -1099,11 +1085,12 @@ impl PromptFields<'_> {
             })
             .collect();
         let clearable = uses.len().saturating_sub(keep);
-        uses[..clearable]
+        let ids = uses[..clearable]
             .iter()
             .filter(|call| !excluded.contains(&call.name))
             .map(|call| call.id.as_str())
-            .collect()
+            .collect();
+        (ids, clear_tool_inputs.unwrap_or(false))
     }
 }
 
