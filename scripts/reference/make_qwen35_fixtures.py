@@ -156,10 +156,17 @@ def make_checkpoint(spec: dict, out_dir: str) -> list:
 
 
 def run_transformers(model_dir: str, prompts) -> list:
-    import torch
     from transformers import Qwen3_5ForCausalLM
 
-    model = Qwen3_5ForCausalLM.from_pretrained(
+    return run_transformers_with(Qwen3_5ForCausalLM, model_dir, prompts)
+
+
+def run_transformers_with(model_class, model_dir: str, prompts) -> list:
+    """Greedy runs of `model_class` (F32, eager attention, the whole sequence each step),
+    with the top logits of each step (also used by `make_gemma4_fixtures.py`)."""
+    import torch
+
+    model = model_class.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager"
     )
     model.eval()

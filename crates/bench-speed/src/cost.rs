@@ -94,6 +94,12 @@ mod tests {
             moe: None,
             linear_attention: None,
             attention_output_gate: false,
+            sliding_layers: None,
+            full_attention: None,
+            kv_shared_layers: 0,
+            per_layer_input_size: None,
+            layer_intermediate_sizes: None,
+            value_norm: false,
         }
     }
 

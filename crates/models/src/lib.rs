@@ -20,7 +20,7 @@
 //! - [`CausalLm`]: the model seam (config, per-layer [`LayerKvLayout`], forward over a batch
 //!   on the caller's [`ThreadPool`]); [`load_model`] builds it through the family the
 //!   architecture names. The decoder blocks ([`LlamaModel`] for every Llama-shaped family,
-//!   [`Gemma3Model`]) are composed from the shared blocks in `layers/` (linear, norms, RoPE,
+//!   [`GemmaModel`]) are composed from the shared blocks in `layers/` (linear, norms, RoPE,
 //!   attention, gated MLP); quantized and float checkpoints differ only in the dtype of their
 //!   matrices.
 //! - [`PoolingModel`]: the seam for encoders ([`BertModel`]: embeddings with mean / CLS /
@@ -82,12 +82,13 @@ mod state_cache;
 pub use batch::{BatchInput, GroupTables};
 pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
 pub use config::{
-    Architecture, LinearAttentionConfig, ModelConfig, MoeConfig, RopeScaling, RopeStyle,
+    Architecture, FullAttentionGeometry, LinearAttentionConfig, ModelConfig, MoeConfig,
+    RopeScaling, RopeStyle,
 };
 pub use error::{ModelError, Result};
 pub use families::{
     kv_layout, load_gguf_model, load_model, read_model_config, registered_architectures,
-    registered_names, state_layout, BertModel, EncoderPrecision, Gemma3Model, LlamaModel,
+    registered_names, state_layout, BertModel, EncoderPrecision, GemmaModel, LlamaModel,
     Qwen35Model,
 };
 pub use kv_cache::{KvCacheGrouping, KvCacheStorage, LayerKvLayout};

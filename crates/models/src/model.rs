@@ -98,11 +98,12 @@ pub(crate) fn validate_batch(
             batch.slot_mapping.len()
         )));
     }
+    // KV-shared layers (Gemma 4's) read another layer's cache and keep none of their own.
     let cached_layers = kv.num_layers() + kv.state().num_layers();
-    if cached_layers != config.num_layers {
+    if cached_layers + config.kv_shared_layers != config.num_layers {
         return Err(ModelError::InvalidBatch(format!(
-            "KV and state cache have {cached_layers} layers, model has {}",
-            config.num_layers
+            "KV and state cache have {cached_layers} layers, model has {} ({} sharing another's KV)",
+            config.num_layers, config.kv_shared_layers
         )));
     }
     if kv.state().num_layers() > 0 && batch.state_slots.len() != batch.seqs.len() {

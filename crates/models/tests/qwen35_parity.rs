@@ -12,7 +12,7 @@ mod common;
 mod qwen35;
 
 use common::family::Case;
-use qwen35::{argmax, load, load_fixture, scratch_dir, teacher_forced, write_gguf};
+use qwen35::{load, load_fixture, scratch_dir, teacher_forced, widest_difference, write_gguf};
 use tokenmill_models::{CausalLm, ModelSource};
 
 /// Both fixtures: Qwen3.5-0.8B's heads (16 key = 16 value heads, tied head), and twice as
@@ -27,42 +27,8 @@ const MAX_DIFFERENCE: f32 = 5e-4;
 /// A greedy pick is compared only where the reference's top two differ by more than this.
 const DECISIVE_MARGIN: f32 = 0.02;
 
-/// Teacher-forces every case along the reference's greedy path; checks its top logits and
-/// the decisive greedy picks; returns the largest difference.
 fn check_cases(model: &dyn CausalLm, cases: &[Case], what: &str) -> f32 {
-    let mut worst = 0.0f32;
-    for (index, case) in cases.iter().enumerate() {
-        let rows = teacher_forced(model, &case.prompt_ids, &case.greedy_ids);
-        for (step, (row, top)) in rows.iter().zip(&case.top_logits).enumerate() {
-            for &(token, expected) in top {
-                let difference = (row[token as usize] - expected).abs();
-                worst = worst.max(difference);
-                assert!(
-                    difference <= MAX_DIFFERENCE,
-                    "{what}: case {index} step {step} token {token}: {} vs {expected}",
-                    row[token as usize]
-                );
-            }
-            if top[0].1 - top[1].1 > DECISIVE_MARGIN {
-                assert_eq!(argmax(row), top[0].0, "{what}: case {index} step {step}");
-            }
-        }
-    }
-    worst
-}
-
-/// The largest difference from a reference's top logits over all cases.
-fn widest_difference(model: &dyn CausalLm, cases: &[Case]) -> f32 {
-    let mut worst = 0.0f32;
-    for case in cases {
-        let rows = teacher_forced(model, &case.prompt_ids, &case.greedy_ids);
-        for (row, top) in rows.iter().zip(&case.top_logits) {
-            for &(token, expected) in top {
-                worst = worst.max((row[token as usize] - expected).abs());
-            }
-        }
-    }
-    worst
+    qwen35::check_cases(model, cases, what, MAX_DIFFERENCE, DECISIVE_MARGIN)
 }
 
 #[test]

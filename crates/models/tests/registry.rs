@@ -9,6 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "support/gemma4.rs"]
+mod gemma4;
 #[path = "support/qwen35.rs"]
 mod qwen35;
 
@@ -48,6 +50,11 @@ fn tiny_model_of(architecture: &str, dir: &Path) -> Option<(PathBuf, PathBuf)> {
         "qwen3moe" => fixture("family_qwen3moe.json"),
         "gemma3" => fixture("family_gemma3.json"),
         "phi3" => fixture("family_phi3.json"),
+        "gemma4" => {
+            let fixture = qwen35::load_fixture("gemma4_e2b_like");
+            gemma4::write_gguf(&fixture, &gguf);
+            qwen35::write_hf_directory(&fixture, &hf, |_, _| {});
+        }
         "qwen35" => {
             let fixture = qwen35::load_fixture("qwen35_grouped_values");
             qwen35::write_gguf(&fixture, &gguf);

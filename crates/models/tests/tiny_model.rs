@@ -307,9 +307,9 @@ fn unsupported_architecture_is_named() {
     let error = LlamaModel::load_gguf(&path, &options()).unwrap_err();
     assert!(error.to_string().contains("`falcon`"), "{error}");
     assert!(
-        error
-            .to_string()
-            .contains("(supported: llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3, qwen35)"),
+        error.to_string().contains(
+            "(supported: llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35)"
+        ),
         "{error}"
     );
 }

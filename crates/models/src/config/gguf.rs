@@ -19,6 +19,11 @@ impl<'a> GgufMetadata<'a> {
         GgufMetadata { file, architecture }
     }
 
+    /// The file (for its tensor list).
+    pub fn file(&self) -> &'a GgufFile {
+        self.file
+    }
+
     /// The full key of `suffix`: `{arch}.{suffix}`.
     pub fn key(&self, suffix: &str) -> String {
         format!("{}.{suffix}", self.architecture.name())
@@ -39,6 +44,35 @@ impl<'a> GgufMetadata<'a> {
             .get_u64(&name)
             .map(|v| to_usize(&name, v))
             .transpose()
+    }
+
+    /// A value llama.cpp reads with `get_key_or_arr`: a number, or one per layer (Gemma 4's
+    /// `head_count_kv` and `feed_forward_length`), of which the first is returned here; a
+    /// family with per-layer values reads them with [`Self::per_layer_usizes`].
+    pub fn optional_usize_or_first(&self, suffix: &str) -> Result<Option<usize>> {
+        match self.per_layer_usizes(suffix)? {
+            Some(values) => Ok(values.first().copied()),
+            None => self.optional_usize(suffix),
+        }
+    }
+
+    /// A per-layer array of numbers, `None` when the key is absent or a single number.
+    pub fn per_layer_usizes(&self, suffix: &str) -> Result<Option<Vec<usize>>> {
+        let Some(values) = self.array(suffix) else {
+            return Ok(None);
+        };
+        let name = self.key(suffix);
+        values
+            .iter()
+            .map(|value| {
+                let value = value.as_u64().ok_or_else(|| ModelError::InvalidMetadata {
+                    key: name.clone(),
+                    message: "not an array of integers".into(),
+                })?;
+                to_usize(&name, value)
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     /// An array value, `None` when the key is absent or not an array.
@@ -63,7 +97,7 @@ impl<'a> GgufMetadata<'a> {
         let hidden_size = self.required_usize("embedding_length")?;
         let num_heads = self.required_usize("attention.head_count")?;
         let num_kv_heads = self
-            .optional_usize("attention.head_count_kv")?
+            .optional_usize_or_first("attention.head_count_kv")?
             .unwrap_or(num_heads);
         let head_dim = match self.optional_usize("attention.key_length")? {
             Some(dim) => dim,
@@ -114,7 +148,7 @@ impl<'a> GgufMetadata<'a> {
                 Some((scaling, factors)) => (scaling, Some(factors)),
                 None => (rope_scaling, None),
             };
-        let feed_forward_length = self.optional_usize("feed_forward_length")?;
+        let feed_forward_length = self.optional_usize_or_first("feed_forward_length")?;
         let moe = match self
             .optional_usize("expert_count")?
             .filter(|&count| count > 0)
@@ -166,6 +200,12 @@ impl<'a> GgufMetadata<'a> {
             moe,
             linear_attention: None,
             attention_output_gate: false,
+            sliding_layers: None,
+            full_attention: None,
+            kv_shared_layers: 0,
+            per_layer_input_size: None,
+            layer_intermediate_sizes: None,
+            value_norm: false,
         })
     }
 

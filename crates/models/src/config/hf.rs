@@ -119,6 +119,12 @@ impl HfCommon {
             moe: hf_moe(&self)?,
             linear_attention: None,
             attention_output_gate: false,
+            sliding_layers: None,
+            full_attention: None,
+            kv_shared_layers: 0,
+            per_layer_input_size: None,
+            layer_intermediate_sizes: None,
+            value_norm: false,
         })
     }
 }

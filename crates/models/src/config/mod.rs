@@ -135,6 +135,36 @@ pub struct ModelConfig {
     /// The attention layers' query projection also yields a per-head output gate
     /// (`attn_output * sigmoid(gate)`; Qwen3.5, Qwen3-Next).
     pub attention_output_gate: bool,
+    /// Per layer, whether it slides, for layers that follow no `sliding_window_pattern`
+    /// period (Gemma 4's `layer_types`); `None`: the period (or every layer) decides.
+    pub sliding_layers: Option<Vec<bool>>,
+    /// The full-attention layers' own geometry where it differs from the sliding layers'
+    /// (`num_kv_heads` and `head_dim` above): Gemma 4's wider global heads.
+    pub full_attention: Option<FullAttentionGeometry>,
+    /// The last `kv_shared_layers` layers compute no K/V: each attends over the cache of the
+    /// last earlier layer of its kind (Gemma 4's `num_kv_shared_layers`), so the cache has
+    /// `num_layers - kv_shared_layers` layers.
+    pub kv_shared_layers: usize,
+    /// `Some(width)`: per-layer embeddings (Gemma 4's PLE), `width` values per token and
+    /// layer, added to each layer's output through a gate.
+    pub per_layer_input_size: Option<usize>,
+    /// Each layer's MLP width where the layers differ (Gemma 4's double-wide MLPs in the
+    /// KV-shared layers); `None`: every layer is `intermediate_size` wide.
+    pub layer_intermediate_sizes: Option<Vec<usize>>,
+    /// V is RMS-normed per head (no weight) before it is cached (Gemma 4).
+    pub value_norm: bool,
+}
+
+/// The full-attention layers' attention where it differs from the sliding layers' (Gemma 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FullAttentionGeometry {
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Proportional RoPE: the first `rotated_pairs` of the `head_dim / 2` half-split pairs
+    /// turn at `theta^(-2i / head_dim)`, the others pass unrotated.
+    pub rotated_pairs: usize,
+    /// The layers have no V projection: V is K's projection (before K's norm and RoPE).
+    pub values_are_keys: bool,
 }
 
 /// The Gated DeltaNet layers of a hybrid model (Qwen3.5's `linear_*` config fields, GGUF's
@@ -235,10 +265,56 @@ impl ModelConfig {
     /// The sliding window of layer `layer`, `None` for a layer that sees the whole context.
     pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
         let window = self.sliding_window?;
+        if let Some(sliding) = &self.sliding_layers {
+            return sliding
+                .get(layer)
+                .copied()
+                .unwrap_or(false)
+                .then_some(window);
+        }
         match self.sliding_window_pattern {
             Some(period) if (layer + 1).is_multiple_of(period) => None,
             _ => Some(window),
         }
+    }
+
+    /// The KV and head geometry of layer `layer`: `(num_kv_heads, head_dim)`.
+    pub fn layer_kv_geometry(&self, layer: usize) -> (usize, usize) {
+        match self.full_attention {
+            Some(full) if self.layer_sliding_window(layer).is_none() => {
+                (full.num_kv_heads, full.head_dim)
+            }
+            _ => (self.num_kv_heads, self.head_dim),
+        }
+    }
+
+    /// Layer `layer`'s MLP width.
+    pub fn layer_intermediate_size(&self, layer: usize) -> usize {
+        self.layer_intermediate_sizes
+            .as_ref()
+            .and_then(|sizes| sizes.get(layer).copied())
+            .unwrap_or(self.intermediate_size)
+    }
+
+    /// The layer whose cached K/V layer `layer` attends over: itself, or for one of the last
+    /// `kv_shared_layers` layers the last earlier layer of its kind (sliding or not) that
+    /// keeps a cache. Layers that keep a cache are `0..num_layers - kv_shared_layers`, so the
+    /// result is also the layer's index in the KV cache.
+    pub fn kv_source_layer(&self, layer: usize) -> usize {
+        let first_shared = self.num_layers.saturating_sub(self.kv_shared_layers);
+        if layer < first_shared {
+            return layer;
+        }
+        let sliding = self.layer_sliding_window(layer).is_some();
+        (0..first_shared)
+            .rev()
+            .find(|&source| self.layer_sliding_window(source).is_some() == sliding)
+            .unwrap_or(layer)
+    }
+
+    /// Layers that keep K/V in the cache (all but the KV-shared ones).
+    pub fn num_kv_cache_layers(&self) -> usize {
+        self.num_layers.saturating_sub(self.kv_shared_layers)
     }
 
     /// The score scale of every attention layer.
@@ -325,6 +401,7 @@ impl ModelConfig {
                 });
             }
         }
+        self.validate_layer_variants()?;
         if let Some(moe) = self.moe {
             if moe.experts_used == 0
                 || moe.experts_used > moe.num_experts
@@ -338,6 +415,75 @@ impl ModelConfig {
                         moe.experts_used, moe.num_experts, moe.expert_intermediate_size
                     ),
                 });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ModelConfig {
+    /// Checks the per-layer fields (Gemma 4's): lists one entry per layer, KV-shared layers
+    /// with an earlier layer of their kind to read, full-attention geometry in range.
+    fn validate_layer_variants(&self) -> Result<()> {
+        let invalid = |key: &str, message: String| ModelError::InvalidMetadata {
+            key: key.into(),
+            message,
+        };
+        for (key, len) in [
+            ("layer_types", self.sliding_layers.as_ref().map(Vec::len)),
+            (
+                "feed_forward_length",
+                self.layer_intermediate_sizes.as_ref().map(Vec::len),
+            ),
+        ] {
+            if let Some(len) = len.filter(|&len| len != self.num_layers) {
+                return Err(invalid(
+                    key,
+                    format!("{len} entries for {} layers", self.num_layers),
+                ));
+            }
+        }
+        if self
+            .layer_intermediate_sizes
+            .as_ref()
+            .is_some_and(|sizes| sizes.contains(&0))
+        {
+            return Err(invalid("feed_forward_length", "must be positive".into()));
+        }
+        if self.kv_shared_layers >= self.num_layers && self.kv_shared_layers > 0 {
+            return Err(invalid(
+                "num_kv_shared_layers",
+                format!(
+                    "{} of {} layers share another layer's KV: none would keep one",
+                    self.kv_shared_layers, self.num_layers
+                ),
+            ));
+        }
+        let first_shared = self.num_kv_cache_layers();
+        if let Some(layer) =
+            (first_shared..self.num_layers).find(|&layer| self.kv_source_layer(layer) == layer)
+        {
+            return Err(invalid(
+                "num_kv_shared_layers",
+                format!("layer {layer} shares the KV of no earlier layer of its kind"),
+            ));
+        }
+        if let Some(full) = self.full_attention {
+            if full.num_kv_heads == 0
+                || full.head_dim == 0
+                || !full.head_dim.is_multiple_of(2)
+                || !self.num_heads.is_multiple_of(full.num_kv_heads)
+                || full.rotated_pairs == 0
+                || full.rotated_pairs > full.head_dim / 2
+            {
+                return Err(invalid(
+                    "full_attention",
+                    format!(
+                        "{full:?}: need an even head size, KV heads dividing {} query heads \
+                         and 1 to head_dim / 2 rotated pairs",
+                        self.num_heads
+                    ),
+                ));
             }
         }
         Ok(())
@@ -428,7 +574,8 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains("`falcon`"), "{message}");
         assert!(
-            message.contains("llama, mistral, qwen2, qwen3, gemma3, qwen3moe, phi3, qwen35"),
+            message
+                .contains("llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35"),
             "{message}"
         );
     }

@@ -52,12 +52,14 @@ pub(crate) trait Family: Sync {
     }
 
     /// What each layer keeps in the cache, known before loading (to size a KV budget): by
-    /// default every layer keeps paged K/V of the config's attention shape, with the
-    /// config's window for that layer.
+    /// default every layer but the KV-shared ones (`ModelConfig::kv_shared_layers`, which
+    /// come last) keeps paged K/V of its attention shape, with the config's window for it.
     fn kv_layout(&self, config: &ModelConfig) -> Vec<LayerKvLayout> {
-        let shape = AttentionShape::of(config);
-        (0..config.num_layers)
-            .map(|layer| shape.kv_layout(config.layer_sliding_window(layer)))
+        (0..config.num_kv_cache_layers())
+            .map(|layer| {
+                AttentionShape::of_layer(config, layer)
+                    .kv_layout(config.layer_sliding_window(layer))
+            })
             .collect()
     }
 

@@ -1,10 +1,10 @@
-//! Gemma 3 (text), on its own block ([`Gemma3Model`]): names, its `config.json`
+//! Gemma 3 (text), on its own block ([`GemmaModel`]): names, its `config.json`
 //! (`Gemma3TextConfig`) and GGUF quirks (every sixth layer global, local layers on RoPE base
 //! 10,000, the 27B model's score scale).
 
 use serde::Deserialize;
 
-use super::blocks::Gemma3Model;
+use super::blocks::GemmaModel;
 use super::family::{Family, WeightSource};
 use crate::config::{
     parse_config_json, Architecture, GgufMetadata, HfCommon, ModelConfig, RopeStyle,
@@ -92,7 +92,7 @@ impl Family for Gemma3 {
         options: &LoadOptions,
     ) -> Result<Box<dyn CausalLm>> {
         let kv_layout = self.kv_layout(&config);
-        Ok(Box::new(Gemma3Model::build(
+        Ok(Box::new(GemmaModel::build(
             weights, config, kv_layout, options,
         )?))
     }

@@ -8,7 +8,7 @@
 //! look a name up there, so nothing outside a family's file asks which family a model is.
 //!
 //! The decoder blocks live beside them: [`LlamaModel`] (the pre-norm block every Llama-shaped
-//! family builds: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3), [`Gemma3Model`]. Encoders
+//! family builds: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3), [`GemmaModel`]. Encoders
 //! (`bert.rs`) go through [`crate::PoolingModel`] and [`crate::load_pooling_model`].
 //!
 //! To add a family: a file here with its `Family` implementation, and one line in
@@ -22,6 +22,7 @@ mod bert;
 mod blocks;
 mod family;
 mod gemma3;
+mod gemma4;
 mod llama;
 mod mistral;
 mod phi3;
@@ -31,7 +32,7 @@ mod qwen35;
 mod registry;
 
 pub use bert::{BertModel, EncoderPrecision};
-pub use blocks::{Gemma3Model, LlamaModel, Qwen35Model};
+pub use blocks::{GemmaModel, LlamaModel, Qwen35Model};
 
 pub use registry::{
     kv_layout, load_gguf_model, load_model, read_model_config, registered_architectures,

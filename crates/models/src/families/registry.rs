@@ -8,9 +8,9 @@ use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
 
-use super::blocks::{Gemma3Model, LlamaModel};
+use super::blocks::{GemmaModel, LlamaModel};
 use super::family::{Family, WeightSource};
-use super::{gemma3, llama, mistral, phi3, qwen2, qwen3, qwen35};
+use super::{gemma3, gemma4, llama, mistral, phi3, qwen2, qwen3, qwen35};
 use crate::config::{gguf_architecture, hf_model_type, Architecture, GgufMetadata, ModelConfig};
 use crate::error::{io_error, ModelError, Result};
 use crate::kv_cache::LayerKvLayout;
@@ -25,6 +25,7 @@ static REGISTRY: &[&dyn Family] = &[
     &qwen2::Qwen2,
     &qwen3::Qwen3,
     &gemma3::Gemma3,
+    &gemma4::Gemma4,
     &qwen3::Qwen3Moe,
     &phi3::Phi3,
     &qwen35::Qwen35,
@@ -196,17 +197,18 @@ impl LlamaModel {
     }
 }
 
-impl Gemma3Model {
+impl GemmaModel {
     /// Loads from an open GGUF file (whose tokenizer the caller may read as well); an error
-    /// unless it is a Gemma 3 file ([`load_gguf_model`] loads any family).
-    pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Gemma3Model> {
-        downcast_model(load_gguf_model(file, options)?, "Gemma 3")
+    /// unless it is a Gemma 3 or 4 file ([`load_gguf_model`] loads any family).
+    pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<GemmaModel> {
+        downcast_model(load_gguf_model(file, options)?, "Gemma")
     }
 
-    /// Loads an HF directory (`config.json` + safetensors of a `Gemma3ForCausalLM`).
-    pub fn load_hf_directory(dir: &Path, options: &LoadOptions) -> Result<Gemma3Model> {
+    /// Loads an HF directory (`config.json` + safetensors of a `Gemma3ForCausalLM` or a
+    /// `Gemma4ForCausalLM`).
+    pub fn load_hf_directory(dir: &Path, options: &LoadOptions) -> Result<GemmaModel> {
         let source = ModelSource::HfDirectory(dir.to_path_buf());
-        downcast_model(load_model(&source, options)?, "Gemma 3")
+        downcast_model(load_model(&source, options)?, "Gemma")
     }
 }
 
@@ -243,7 +245,7 @@ mod tests {
             error.as_deref(),
             Some(
                 "unsupported model architecture `falcon` (supported: llama, mistral, qwen2, \
-                 qwen3, gemma3, qwen3moe, phi3, qwen35)"
+                 qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35)"
             )
         );
     }

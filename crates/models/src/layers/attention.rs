@@ -23,13 +23,35 @@ pub(crate) struct AttentionShape {
 }
 
 impl AttentionShape {
-    /// The shape every attention layer of `config` has.
+    /// The shape of `config`'s attention layers (its sliding layers' where the full-attention
+    /// layers have their own: [`Self::of_layer`]).
     pub fn of(config: &crate::config::ModelConfig) -> AttentionShape {
         AttentionShape {
             num_heads: config.num_heads,
             num_kv_heads: config.num_kv_heads,
             head_dim: config.head_dim,
         }
+    }
+
+    /// The shape of layer `layer` (Gemma 4's global layers have wider heads).
+    pub fn of_layer(config: &crate::config::ModelConfig, layer: usize) -> AttentionShape {
+        let (num_kv_heads, head_dim) = config.layer_kv_geometry(layer);
+        AttentionShape {
+            num_heads: config.num_heads,
+            num_kv_heads,
+            head_dim,
+        }
+    }
+
+    /// A shape whose buffers fit every layer of `config`.
+    pub fn widest(config: &crate::config::ModelConfig) -> AttentionShape {
+        (0..config.num_layers)
+            .map(|layer| AttentionShape::of_layer(config, layer))
+            .fold(AttentionShape::of(config), |wide, shape| AttentionShape {
+                num_heads: wide.num_heads.max(shape.num_heads),
+                num_kv_heads: wide.num_kv_heads.max(shape.num_kv_heads),
+                head_dim: wide.head_dim.max(shape.head_dim),
+            })
     }
 
     pub fn q_dim(&self) -> usize {
@@ -67,17 +89,32 @@ pub(crate) struct AttentionOptions {
     /// head's rows are `[query | gate]`, and the attention output is multiplied by
     /// `sigmoid(gate)` before the output projection.
     pub output_gate: bool,
+    /// The layer has no V projection: V is K's projection (Gemma 4's global layers).
+    pub values_from_keys: bool,
+    /// `Some(eps)`: V is RMS-normed per head, without a weight, before it is cached (Gemma 4).
+    pub value_norm: Option<f32>,
+    /// `Some(l)`: the layer computes no K/V and attends over cache layer `l`'s (Gemma 4's
+    /// KV-shared layers); `None`: it writes and reads the cache layer its caller names.
+    pub shared_kv_layer: Option<usize>,
 }
 
 impl AttentionOptions {
     /// The options `config` gives layer `layer`.
     pub fn for_layer(config: &crate::config::ModelConfig, layer: usize) -> AttentionOptions {
+        let sliding_window = config.layer_sliding_window(layer);
+        let source = config.kv_source_layer(layer);
         AttentionOptions {
             bias: config.attention_bias,
             qk_norm: config.qk_norm.then_some(config.rms_norm_eps),
             scale: config.attention_scale(),
-            sliding_window: config.layer_sliding_window(layer),
+            sliding_window,
             output_gate: config.attention_output_gate,
+            values_from_keys: sliding_window.is_none()
+                && config
+                    .full_attention
+                    .is_some_and(|full| full.values_are_keys),
+            value_norm: config.value_norm.then_some(config.rms_norm_eps),
+            shared_kv_layer: (source != layer).then_some(source),
         }
     }
 }
@@ -127,6 +164,12 @@ pub(crate) struct AttentionBlock {
     scale: f32,
     sliding_window: Option<usize>,
     output_gate: bool,
+    /// The projection is `[q | k]` and V starts as a copy of K.
+    values_from_keys: bool,
+    /// A weightless (all-ones) per-head RMSNorm of V.
+    value_norm: Option<RmsNorm>,
+    /// The projection is Q alone; K/V are read from this cache layer.
+    shared_kv_layer: Option<usize>,
 }
 
 impl AttentionBlock {
@@ -146,7 +189,14 @@ impl AttentionBlock {
             q_dim
         };
         // Phi-3 stores the three as one fused `attn_qkv` whose rows are already `[q | k | v]`.
-        let qkv = if tensors.contains("attn_qkv.weight") {
+        let qkv = if options.shared_kv_layer.is_some() {
+            tensors.stacked(&[("attn_q.weight", q_rows)], hidden)?
+        } else if options.values_from_keys {
+            tensors.stacked(
+                &[("attn_q.weight", q_rows), ("attn_k.weight", kv_dim)],
+                hidden,
+            )?
+        } else if tensors.contains("attn_qkv.weight") {
             tensors.stacked(&[("attn_qkv.weight", q_rows + 2 * kv_dim)], hidden)?
         } else {
             tensors.stacked(
@@ -167,12 +217,23 @@ impl AttentionBlock {
             None
         };
         let qk_norm = match options.qk_norm {
+            // A KV-shared layer norms only its queries; its K norm is never applied.
             Some(eps) => Some((
                 tensors.rms_norm("attn_q_norm.weight", shape.head_dim, eps)?,
-                tensors.rms_norm("attn_k_norm.weight", shape.head_dim, eps)?,
+                if options.shared_kv_layer.is_some() {
+                    RmsNorm::new(vec![1.0; shape.head_dim], eps)
+                } else {
+                    tensors.rms_norm("attn_k_norm.weight", shape.head_dim, eps)?
+                },
             )),
             None => None,
         };
+        if options.bias && (options.values_from_keys || options.shared_kv_layer.is_some()) {
+            return Err(ModelError::InvalidMetadata {
+                key: "attention_bias".into(),
+                message: "attention biases with values shared from keys or another layer".into(),
+            });
+        }
         Ok(AttentionBlock {
             shape,
             qkv,
@@ -182,14 +243,38 @@ impl AttentionBlock {
             scale: options.scale,
             sliding_window: options.sliding_window,
             output_gate: options.output_gate,
+            values_from_keys: options.values_from_keys,
+            value_norm: options
+                .value_norm
+                .map(|eps| RmsNorm::new(vec![1.0; shape.head_dim], eps)),
+            shared_kv_layer: options.shared_kv_layer,
         })
     }
 
-    /// Width of one token's fused QKV projection.
+    /// Width of one token's fused projection: `[q | k | v]` (`[q | k]` when V is K's, `[q]`
+    /// when the layer reads another's K/V).
     fn qkv_width(&self) -> usize {
-        let (q_dim, kv_dim) = (self.shape.q_dim(), self.shape.kv_dim());
-        let q_rows = if self.output_gate { 2 * q_dim } else { q_dim };
-        q_rows + 2 * kv_dim
+        self.q_rows() + self.projected_kv_dims()
+    }
+
+    /// Rows of the query projection (twice `q_dim` with an output gate).
+    fn q_rows(&self) -> usize {
+        let q_dim = self.shape.q_dim();
+        if self.output_gate {
+            2 * q_dim
+        } else {
+            q_dim
+        }
+    }
+
+    /// Rows of the K and V projections together.
+    fn projected_kv_dims(&self) -> usize {
+        let kv_dim = self.shape.kv_dim();
+        match (self.shared_kv_layer, self.values_from_keys) {
+            (Some(_), _) => 0,
+            (None, true) => kv_dim,
+            (None, false) => 2 * kv_dim,
+        }
     }
 
     pub fn storage_bytes(&self) -> usize {
@@ -210,7 +295,8 @@ impl AttentionBlock {
     ) -> Result<()> {
         let shape = self.shape;
         let (q_dim, kv_dim, head_dim) = (shape.q_dim(), shape.kv_dim(), shape.head_dim);
-        let q_rows = self.qkv_width() - 2 * kv_dim;
+        let q_rows = self.q_rows();
+        let projects_kv = self.shared_kv_layer.is_none();
         for ((((row, q), k), v), gate) in qkv
             .chunks_exact(self.qkv_width())
             .zip(q.chunks_exact_mut(q_dim))
@@ -219,7 +305,7 @@ impl AttentionBlock {
             .zip(gate.chunks_exact_mut(q_dim))
         {
             let (q_row, rest) = row.split_at(q_rows);
-            let (k_row, v_row) = rest.split_at(kv_dim);
+            let (k_row, v_row) = rest.split_at(rest.len().min(kv_dim));
             if self.output_gate {
                 for ((pair, q), gate) in q_row
                     .chunks_exact(2 * head_dim)
@@ -233,8 +319,15 @@ impl AttentionBlock {
             } else {
                 q.copy_from_slice(q_row);
             }
+            if !projects_kv {
+                continue;
+            }
             k.copy_from_slice(k_row);
-            v.copy_from_slice(v_row);
+            if self.values_from_keys {
+                v.copy_from_slice(k_row);
+            } else {
+                v.copy_from_slice(v_row);
+            }
         }
         if let Some(bias) = &self.qkv_bias {
             let (q_bias, rest) = bias.split_at(q_dim);
@@ -253,10 +346,17 @@ impl AttentionBlock {
             // Each head's row is normed on its own: the weight is one head wide. The bias (if
             // any) came first, as in the checkpoints' reference code.
             q_norm.forward_in_place(q, scratch)?;
-            k_norm.forward_in_place(k, scratch)?;
+            if projects_kv {
+                k_norm.forward_in_place(k, scratch)?;
+            }
+        }
+        if let (Some(v_norm), true) = (&self.value_norm, projects_kv) {
+            v_norm.forward_in_place(v, scratch)?;
         }
         rope.apply(q, shape.num_heads, shape.head_dim, positions)?;
-        rope.apply(k, shape.num_kv_heads, shape.head_dim, positions)?;
+        if projects_kv {
+            rope.apply(k, shape.num_kv_heads, shape.head_dim, positions)?;
+        }
         Ok(())
     }
 
@@ -335,9 +435,10 @@ impl AttentionBlock {
             return Err(err);
         }
         let block_size = kv.block_size();
-        let (group, key_cache, value_cache) = kv
-            .layer_mut(layer)
-            .ok_or_else(|| ModelError::InvalidBatch(format!("KV cache has no layer {layer}")))?;
+        let cache_layer = self.shared_kv_layer.unwrap_or(layer);
+        let (group, key_cache, value_cache) = kv.layer_mut(cache_layer).ok_or_else(|| {
+            ModelError::InvalidBatch(format!("KV cache has no layer {cache_layer}"))
+        })?;
         let (slot_mapping, block_tables) = batch.group_tables(group).ok_or_else(|| {
             ModelError::InvalidBatch(format!(
                 "the batch has no block tables of KV cache group {group}"
@@ -349,14 +450,16 @@ impl AttentionBlock {
                 slot_mapping.len()
             )));
         }
-        write_kv(
-            &b.k,
-            &b.v,
-            slot_mapping,
-            kv_dim,
-            key_cache.as_slice_mut(),
-            value_cache.as_slice_mut(),
-        )?;
+        if self.shared_kv_layer.is_none() {
+            write_kv(
+                &b.k[..n * kv_dim],
+                &b.v[..n * kv_dim],
+                slot_mapping,
+                kv_dim,
+                key_cache.as_slice_mut(),
+                value_cache.as_slice_mut(),
+            )?;
+        }
         let params = AttentionParams {
             num_heads: shape.num_heads,
             num_kv_heads: shape.num_kv_heads,
@@ -365,22 +468,25 @@ impl AttentionBlock {
             scale: self.scale,
             sliding_window: self.sliding_window,
         };
+        // The buffers fit the widest layer (Gemma 4's global heads); this layer uses the
+        // first `n` rows of its own width.
+        let attended = &mut b.out[..n * q_dim];
         paged_attention(
             pool,
             &params,
-            &b.q,
+            &b.q[..n * q_dim],
             key_cache.as_slice(),
             value_cache.as_slice(),
             &batch.seqs,
             block_tables,
-            &mut b.out,
+            attended,
         )?;
         if self.output_gate {
-            for (o, &g) in b.out[..n * q_dim].iter_mut().zip(&b.gate) {
+            for (o, &g) in attended.iter_mut().zip(&b.gate) {
                 *o *= sigmoid(g);
             }
         }
-        self.output.forward(pool, &b.out, n, out, scratch)?;
-        scratch.lora.apply(step, layer, LoraGroup::O, &b.out, out)
+        self.output.forward(pool, attended, n, out, scratch)?;
+        scratch.lora.apply(step, layer, LoraGroup::O, attended, out)
     }
 }

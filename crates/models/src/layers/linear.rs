@@ -70,6 +70,64 @@ pub(crate) fn embed(table: &Linear, tokens: &[u32], out: &mut [f32], width: usiz
     Ok(())
 }
 
+/// A table read one row at a time and never multiplied (Gemma 4's per-layer embeddings, too
+/// big to repack or dequantize whole): the file's bytes in its own type, each row turned to
+/// f32 when a token asks for it.
+#[derive(Debug)]
+pub(crate) struct RowTable {
+    dtype: tokenmill_kernels::DType,
+    bytes: Vec<u8>,
+    rows: usize,
+    columns: usize,
+}
+
+impl RowTable {
+    /// `bytes` holds `rows` rows of `columns` values of `dtype`, each a whole number of
+    /// the type's blocks.
+    pub fn new(
+        dtype: tokenmill_kernels::DType,
+        bytes: Vec<u8>,
+        rows: usize,
+        columns: usize,
+    ) -> crate::error::Result<RowTable> {
+        if rows == 0 || !bytes.len().is_multiple_of(rows) {
+            return Err(crate::error::ModelError::InvalidBatch(format!(
+                "a {rows}-row table of {} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(RowTable {
+            dtype,
+            bytes,
+            rows,
+            columns,
+        })
+    }
+
+    pub fn storage_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Row `row` as f32 into `out` (`columns` long).
+    pub fn row_to_f32(&self, row: usize, out: &mut [f32]) -> Result<()> {
+        if row >= self.rows || out.len() != self.columns {
+            return Err(crate::error::ModelError::InvalidBatch(format!(
+                "row {row} of a {}-row table into {} values (rows are {})",
+                self.rows,
+                out.len(),
+                self.columns
+            )));
+        }
+        let row_bytes = self.bytes.len() / self.rows;
+        tokenmill_kernels::dequantize(
+            self.dtype,
+            &self.bytes[row * row_bytes..(row + 1) * row_bytes],
+            out,
+        )?;
+        Ok(())
+    }
+}
+
 /// Several linear layers over the same input whose outputs are read side by side
 /// (`[q | k | v]`, `[gate | up]`). Parts of one type are fused into one matrix at load, so
 /// usually this is a single matmul.

@@ -79,22 +79,24 @@ impl GatedMlp {
         out: &mut [f32],
     ) -> Result<()> {
         let (pool, n, intermediate) = (step.pool, step.num_tokens(), self.intermediate);
-        self.gate_up
-            .forward(pool, x, n, &mut buffers.gate_up, scratch)?;
+        // The buffers fit the widest layer (Gemma 4's double-wide MLPs); this one uses the
+        // first `n` rows of its own width.
+        let (Some(gate_up), Some(activated)) = (
+            buffers.gate_up.get_mut(..n * 2 * intermediate),
+            buffers.activated.get_mut(..n * intermediate),
+        ) else {
+            return Err(crate::error::ModelError::InvalidBatch(format!(
+                "MLP buffers not prepared for {n} tokens of width {intermediate}"
+            )));
+        };
+        self.gate_up.forward(pool, x, n, gate_up, scratch)?;
         scratch
             .lora
-            .apply(step, layer, LoraGroup::GateUp, x, &mut buffers.gate_up)?;
-        gated_rows(
-            pool,
-            self.activation,
-            &mut buffers.gate_up,
-            &mut buffers.activated,
-            intermediate,
-        )?;
-        self.down
-            .forward(pool, &buffers.activated, n, out, scratch)?;
+            .apply(step, layer, LoraGroup::GateUp, x, gate_up)?;
+        gated_rows(pool, self.activation, gate_up, activated, intermediate)?;
+        self.down.forward(pool, activated, n, out, scratch)?;
         scratch
             .lora
-            .apply(step, layer, LoraGroup::Down, &buffers.activated, out)
+            .apply(step, layer, LoraGroup::Down, activated, out)
     }
 }

@@ -14,15 +14,17 @@ mod lora;
 mod mlp;
 mod moe;
 mod norm;
+mod per_layer;
 mod rope;
 
 pub(crate) use attention::{AttentionBlock, AttentionBuffers, AttentionOptions, AttentionShape};
 pub(crate) use gated_delta_net::{DeltaNetBuffers, GatedDeltaNet};
 pub(crate) use head::EmbeddingAndHead;
-pub(crate) use linear::{embed, Linear, LinearScratch, StackedLinear};
+pub(crate) use linear::{embed, Linear, LinearScratch, RowTable, StackedLinear};
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
 pub(crate) use moe::{FeedForward, MoeBuffers};
 pub(crate) use norm::{LayerNorm, RmsNorm};
+pub(crate) use per_layer::{PerLayerBuffers, PerLayerEmbeddings, PerLayerGate};
 pub(crate) use rope::Rope;
 
 use tokenmill_kernels::{add_rows, ThreadPool};
@@ -64,6 +66,8 @@ pub struct Workspace {
     pub(crate) moe: MoeBuffers,
     /// Gated DeltaNet layers' intermediates (hybrid models only).
     pub(crate) delta_net: DeltaNetBuffers,
+    /// Per-layer embeddings' intermediates (Gemma 4 only).
+    pub(crate) per_layer: PerLayerBuffers,
     pub(crate) linear: LinearScratch,
 }
 

@@ -31,12 +31,27 @@ impl Rope {
             .transpose()
     }
 
+    /// A table of `rotary_dim` dims at base `theta` whose pair `i` turns `factors[i]` times
+    /// slower (Gemma 4's proportional RoPE: 1 for the rotated pairs, infinite or huge for
+    /// the others), without scaling.
+    pub fn with_factors(
+        config: &ModelConfig,
+        rotary_dim: usize,
+        theta: f32,
+        factors: &[f32],
+    ) -> Result<Rope> {
+        let max_positions = config.max_position_embeddings.min(MAX_TABLE_POSITIONS);
+        let table =
+            RopeCache::with_frequency_factors(rotary_dim, theta, max_positions, factors, 1.0)?;
+        Ok(Rope {
+            table,
+            style: kernel_style(config.rope_style),
+        })
+    }
+
     fn new(config: &ModelConfig, theta: f32, scaling: RopeScaling) -> Result<Rope> {
         let max_positions = config.max_position_embeddings.min(MAX_TABLE_POSITIONS);
-        let style = match config.rope_style {
-            RopeStyle::Normal => tokenmill_kernels::RopeStyle::Normal,
-            RopeStyle::Neox => tokenmill_kernels::RopeStyle::Neox,
-        };
+        let style = kernel_style(config.rope_style);
         if let RopeScaling::LongRope { attn_factor, .. } = scaling {
             let factors = config
                 .rope_freq_factors
@@ -89,5 +104,12 @@ impl Rope {
             self.style,
         )?;
         Ok(())
+    }
+}
+
+fn kernel_style(style: RopeStyle) -> tokenmill_kernels::RopeStyle {
+    match style {
+        RopeStyle::Normal => tokenmill_kernels::RopeStyle::Normal,
+        RopeStyle::Neox => tokenmill_kernels::RopeStyle::Neox,
     }
 }

@@ -8,7 +8,7 @@ use tokenmill_kernels::{dequantize, DType, QMatrix};
 
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
-use crate::layers::{Linear, RmsNorm, StackedLinear};
+use crate::layers::{Linear, RmsNorm, RowTable, StackedLinear};
 use std::borrow::Cow;
 pub use store::safetensors_shards_from_index;
 use store::RawTensor;
@@ -37,6 +37,9 @@ impl TensorNaming {
                 "token_embd.weight" => "model.embed_tokens.weight",
                 "output_norm.weight" => "model.norm.weight",
                 "output.weight" => "lm_head.weight",
+                "per_layer_token_embd.weight" => "model.embed_tokens_per_layer.weight",
+                "per_layer_model_proj.weight" => "model.per_layer_model_projection.weight",
+                "per_layer_proj_norm.weight" => "model.per_layer_projection_norm.weight",
                 other => other,
             },
         }
@@ -190,6 +193,20 @@ impl<'a> WeightReader<'a> {
     }
 
     /// A `[length]` vector (a bias, a norm weight) by its full container name, as f32.
+    /// A `[rows, columns]` table kept in the file's type and read a row at a time
+    /// ([`RowTable`]), by GGUF name.
+    pub fn row_table(
+        &self,
+        gguf_name: &'static str,
+        rows: usize,
+        columns: usize,
+    ) -> Result<RowTable> {
+        let name = self.naming.global(gguf_name);
+        let tensor = self.store.get(name)?;
+        check_shape(name, tensor.shape, &[rows, columns])?;
+        RowTable::new(tensor.dtype, tensor.bytes.into_owned(), rows, columns)
+    }
+
     pub fn vector_named(&self, name: &str, length: usize) -> Result<Vec<f32>> {
         load_vector(self.store, name, length)
     }

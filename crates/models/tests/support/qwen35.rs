@@ -472,3 +472,48 @@ pub fn tensor_specs(config: &serde_json::Value) -> Vec<TensorSpec> {
     }
     specs
 }
+
+/// Teacher-forces every case along the reference's greedy path; checks its top logits within
+/// `max_difference` and the greedy picks where the reference's top two differ by more than
+/// `decisive_margin`; returns the largest difference.
+pub fn check_cases(
+    model: &dyn CausalLm,
+    cases: &[Case],
+    what: &str,
+    max_difference: f32,
+    decisive_margin: f32,
+) -> f32 {
+    let mut worst = 0.0f32;
+    for (index, case) in cases.iter().enumerate() {
+        let rows = teacher_forced(model, &case.prompt_ids, &case.greedy_ids);
+        for (step, (row, top)) in rows.iter().zip(&case.top_logits).enumerate() {
+            for &(token, expected) in top {
+                let difference = (row[token as usize] - expected).abs();
+                worst = worst.max(difference);
+                assert!(
+                    difference <= max_difference,
+                    "{what}: case {index} step {step} token {token}: {} vs {expected}",
+                    row[token as usize]
+                );
+            }
+            if top[0].1 - top[1].1 > decisive_margin {
+                assert_eq!(argmax(row), top[0].0, "{what}: case {index} step {step}");
+            }
+        }
+    }
+    worst
+}
+
+/// The largest difference from a reference's top logits over all cases.
+pub fn widest_difference(model: &dyn CausalLm, cases: &[Case]) -> f32 {
+    let mut worst = 0.0f32;
+    for case in cases {
+        let rows = teacher_forced(model, &case.prompt_ids, &case.greedy_ids);
+        for (row, top) in rows.iter().zip(&case.top_logits) {
+            for &(token, expected) in top {
+                worst = worst.max((row[token as usize] - expected).abs());
+            }
+        }
+    }
+    worst
+}

@@ -1,0 +1,222 @@
+//! Gemma 4 (text) parity on random-weight checkpoints of real shapes (`fixtures/gemma4_*.json`,
+//! `scripts/reference/make_gemma4_fixtures.py`): an E2B-like model (per-layer embeddings,
+//! KV-shared last layers with double-wide MLPs, 512-wide global heads with proportional RoPE)
+//! and a 31B-like one (global layers with V from K's projection and their own KV heads).
+//! tokenmill on the HF directory against transformers (F32), on the GGUF against llama.cpp on
+//! the GGUF its converter made, the two loads against each other, chunked against whole, and
+//! negative controls. The checkpoints are rebuilt from their formula weights: nothing is
+//! downloaded and nothing skipped.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod common;
+#[path = "support/gemma4.rs"]
+mod gemma4;
+#[path = "support/qwen35.rs"]
+mod qwen35;
+
+use qwen35::{
+    check_cases, hybrid_cache, load, load_fixture, pool, scratch_dir, step, teacher_forced,
+    widest_difference, Sequence, BLOCK_SIZE,
+};
+use tokenmill_models::{CausalLm, KvCacheDType, KvCacheGrouping, ModelSource, Workspace};
+
+const FIXTURES: [&str; 2] = ["gemma4_e2b_like", "gemma4_31b_like"];
+
+/// Largest difference allowed from a reference's logits (soft-capped at 30, O(10) here): six
+/// layers in F32 summed in other orders.
+const MAX_DIFFERENCE: f32 = 2e-3;
+
+/// Against llama.cpp: ggml's CPU GELU reads a table of f16 values (`GGML_GELU_FP16`), so
+/// llama.cpp and transformers themselves differ by up to 0.019 on these fixtures' top logits.
+const MAX_DIFFERENCE_LLAMA: f32 = 0.03;
+
+/// A greedy pick is compared only where the reference's top two differ by more than this.
+const DECISIVE_MARGIN: f32 = 0.02;
+
+/// The fixture's HF directory (in a directory of `test`'s own: tests run in parallel),
+/// loaded, with `edit` applied to its tensors first.
+fn hf_model(test: &str, name: &str, edit: impl Fn(&str, &mut Vec<f32>)) -> Box<dyn CausalLm> {
+    let fixture = load_fixture(name);
+    let dir = scratch_dir(&format!("gemma4_{test}_{name}"));
+    qwen35::write_hf_directory(&fixture, &dir, edit);
+    load(ModelSource::HfDirectory(dir))
+}
+
+fn gguf_model(test: &str, name: &str) -> Box<dyn CausalLm> {
+    let fixture = load_fixture(name);
+    let path = scratch_dir(&format!("gemma4_{test}")).join(format!("{name}.gguf"));
+    gemma4::write_gguf(&fixture, &path);
+    load(ModelSource::Gguf(path))
+}
+
+#[test]
+fn hf_directory_matches_transformers() {
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        let model = hf_model("transformers", name, |_, _| {});
+        assert_eq!(model.config().architecture, "gemma4");
+        let worst = check_cases(
+            model.as_ref(),
+            &fixture.transformers,
+            name,
+            MAX_DIFFERENCE,
+            DECISIVE_MARGIN,
+        );
+        eprintln!("{name}: largest difference from transformers {worst:e}");
+    }
+}
+
+#[test]
+fn gguf_matches_llama_cpp() {
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        assert!(!fixture.llama_cpp.is_empty(), "{name}: no llama.cpp runs");
+        let model = gguf_model("llama", name);
+        let worst = check_cases(
+            model.as_ref(),
+            &fixture.llama_cpp,
+            name,
+            MAX_DIFFERENCE_LLAMA,
+            DECISIVE_MARGIN,
+        );
+        eprintln!("{name}: largest difference from llama.cpp {worst:e}");
+    }
+}
+
+#[test]
+fn gguf_and_hf_directory_give_the_same_model() {
+    for name in FIXTURES {
+        let fixture = load_fixture(name);
+        let (gguf, hf) = (gguf_model("both", name), hf_model("both", name, |_, _| {}));
+        let (a, b) = (gguf.config(), hf.config());
+        assert_eq!(
+            (a.full_attention, a.kv_shared_layers, a.per_layer_input_size),
+            (b.full_attention, b.kv_shared_layers, b.per_layer_input_size),
+            "{name}"
+        );
+        assert_eq!(
+            a.layer_intermediate_sizes, b.layer_intermediate_sizes,
+            "{name}"
+        );
+        assert_eq!(gguf.kv_layout(), hf.kv_layout(), "{name}");
+        let case = &fixture.transformers[2];
+        let x = teacher_forced(gguf.as_ref(), &case.prompt_ids, &case.greedy_ids);
+        let y = teacher_forced(hf.as_ref(), &case.prompt_ids, &case.greedy_ids);
+        let worst = x
+            .iter()
+            .flatten()
+            .zip(y.iter().flatten())
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0f32, f32::max);
+        // The same weights and code; only the unrotated pairs' divisor differs (1e30 in the
+        // GGUF's `rope_freqs.weight`, infinite from the HF config).
+        assert!(worst < 1e-4, "{name}: GGUF and HF logits differ by {worst}");
+    }
+}
+
+/// The E2B-like cache: the two KV-shared layers keep nothing, the global layer's K/V are
+/// 512 wide with its one KV head, the sliding layers' 256; the 31B-like global layers keep
+/// 2 heads of 512 against the sliding layers' 4 of 256.
+#[test]
+fn the_cache_holds_only_the_layers_that_compute_kv() {
+    let e2b = hf_model("layout", "gemma4_e2b_like", |_, _| {});
+    let layout = e2b.kv_layout();
+    assert_eq!(layout.len(), 4);
+    let dims: Vec<(usize, usize, Option<usize>)> = layout
+        .iter()
+        .map(|l| (l.num_kv_heads, l.head_dim, l.sliding_window))
+        .collect();
+    assert_eq!(
+        dims,
+        [
+            (1, 256, Some(16)),
+            (1, 256, Some(16)),
+            (1, 256, Some(16)),
+            (1, 512, None)
+        ]
+    );
+    let config = e2b.config();
+    assert_eq!(config.kv_source_layer(4), 2);
+    assert_eq!(config.kv_source_layer(5), 3);
+    let k_eq_v = hf_model("layout", "gemma4_31b_like", |_, _| {});
+    let dims: Vec<(usize, usize)> = k_eq_v
+        .kv_layout()
+        .iter()
+        .map(|l| (l.num_kv_heads, l.head_dim))
+        .collect();
+    assert_eq!(dims, [(4, 256), (2, 512), (4, 256), (2, 512)]);
+    // Hybrid groups: the sliding and full layers share buffers as wide as the widest.
+    let grouping = KvCacheGrouping::hybrid(layout).unwrap();
+    assert_eq!(
+        grouping.bytes_per_block(BLOCK_SIZE, KvCacheDType::F32),
+        2 * BLOCK_SIZE * 512 * 4
+    );
+}
+
+/// A prompt prefilled in one step, in three chunks, and decoded token by token beside
+/// another sequence gives bitwise the same logits: KV-shared layers read what the earlier
+/// chunks wrote.
+#[test]
+fn chunked_and_batched_runs_equal_the_whole_prompt() {
+    let model = hf_model("chunked", "gemma4_e2b_like", |_, _| {});
+    let model = model.as_ref();
+    let prompt: Vec<u32> = (0..37).map(|i| (i * 29 + 3) % 512).collect();
+    let other: Vec<u32> = (0..21).map(|i| (i * 13 + 7) % 512).collect();
+    let pool = pool();
+    let run = |chunks: &[usize], with_other: bool| -> Vec<Vec<f32>> {
+        let mut kv = hybrid_cache(model, 16, BLOCK_SIZE, 1);
+        let mut workspace = Workspace::new();
+        let mut seq = Sequence {
+            tokens: prompt.clone(),
+            computed: 0,
+            blocks: vec![3, 5, 7],
+            slot: 0,
+        };
+        let mut second = Sequence {
+            tokens: other.clone(),
+            computed: 0,
+            blocks: vec![9, 11],
+            slot: 0,
+        };
+        let mut rows = Vec::new();
+        for &count in chunks {
+            let out = if with_other && second.computed + count <= other.len() {
+                let mut runs = [(&mut seq, count), (&mut second, count)];
+                step(model, &pool, &mut kv, &mut workspace, &mut runs)
+            } else {
+                let mut runs = [(&mut seq, count)];
+                step(model, &pool, &mut kv, &mut workspace, &mut runs)
+            };
+            rows.push(out[0].clone());
+        }
+        rows
+    };
+    let whole = run(&[37], false);
+    let chunked = run(&[10, 20, 7], false);
+    let batched = run(&[10, 20, 7], true);
+    assert_eq!(whole.last(), chunked.last());
+    assert_eq!(chunked, batched);
+}
+
+/// Negative controls: a moved weight in a KV-shared layer's query norm, or in one layer's
+/// per-layer embedding gate, must break parity, so the comparison can fail.
+#[test]
+fn perturbed_shared_layer_and_per_layer_gate_break_parity() {
+    let fixture = load_fixture("gemma4_e2b_like");
+    for tensor in [
+        "model.layers.5.self_attn.q_norm.weight",
+        "model.layers.1.per_layer_input_gate.weight",
+    ] {
+        let model = hf_model("negative", "gemma4_e2b_like", |name, values| {
+            if name == tensor {
+                values.iter_mut().take(64).for_each(|v| *v = -*v * 3.0);
+            }
+        });
+        let worst = widest_difference(model.as_ref(), &fixture.transformers);
+        assert!(
+            worst > 10.0 * MAX_DIFFERENCE,
+            "{tensor} perturbed still matches transformers within {worst}"
+        );
+    }
+}
