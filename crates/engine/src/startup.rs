@@ -123,6 +123,12 @@ impl Engine {
         let loaded = Arc::new(loaded);
         let model_config = loaded.config().clone();
         let lora = match &config.lora {
+            Some(_) if model_config.lora_unsupported_reason().is_some() => {
+                return Err(EngineError::Config(format!(
+                    "--enable-lora: {}; start without --enable-lora",
+                    model_config.lora_unsupported_reason().unwrap_or_default()
+                )));
+            }
             Some(lora_config) => {
                 let registry = LoraRegistry::new(model_config.clone(), lora_config.clone())?;
                 registry.load_modules()?;

@@ -220,3 +220,20 @@ fn perturbed_shared_layer_and_per_layer_gate_break_parity() {
         );
     }
 }
+
+/// LoRA adapters are refused by name on Gemma 4 (its global and KV-shared layers do not have
+/// the one Q/K/V geometry the adapter hooks assume), before any file is read.
+#[test]
+fn lora_adapters_are_refused_by_name() {
+    let model = hf_model("lora", "gemma4_e2b_like", |_, _| {});
+    let error = tokenmill_models::LoraAdapter::load(
+        std::path::Path::new("/nonexistent/adapter"),
+        model.config(),
+        16,
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("not supported on Gemma 4"),
+        "{error}"
+    );
+}

@@ -312,6 +312,19 @@ impl ModelConfig {
             .unwrap_or(layer)
     }
 
+    /// Why LoRA adapters cannot run on this model, if they cannot: the adapter hooks assume
+    /// one attention geometry and a K/V projection in every layer, which Gemma 4's global
+    /// and KV-shared layers break.
+    pub fn lora_unsupported_reason(&self) -> Option<String> {
+        (self.full_attention.is_some() || self.kv_shared_layers > 0).then(|| {
+            format!(
+                "LoRA adapters are not supported on {} yet (its global layers have their own \
+                 head geometry and its last layers share an earlier layer's K/V)",
+                self.family_name
+            )
+        })
+    }
+
     /// Layers that keep K/V in the cache (all but the KV-shared ones).
     pub fn num_kv_cache_layers(&self) -> usize {
         self.num_layers.saturating_sub(self.kv_shared_layers)

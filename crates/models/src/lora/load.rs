@@ -61,6 +61,9 @@ impl LoraAdapter {
         config: &ModelConfig,
         max_rank: usize,
     ) -> Result<LoraAdapter, LoraError> {
+        if let Some(reason) = config.lora_unsupported_reason() {
+            return Err(LoraError::UnsupportedBase(reason));
+        }
         let Ok(metadata) = std::fs::metadata(path) else {
             return Err(LoraError::MissingPath(path.to_path_buf()));
         };

@@ -95,6 +95,8 @@ impl LoraTarget {
 /// and the start-up error can show it as is.
 #[derive(Debug, thiserror::Error)]
 pub enum LoraError {
+    #[error("{0}")]
+    UnsupportedBase(String),
     #[error("LoRA adapter path {0} does not exist")]
     MissingPath(PathBuf),
     #[error("{path} is not a LoRA adapter: {message}")]

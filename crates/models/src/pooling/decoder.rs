@@ -153,8 +153,16 @@ impl PoolingModel for DecoderEmbedder {
         {
             // Drop the old cache before allocating the larger one.
             scratch.kv = None;
+            // KV-shared layers (Gemma 4's) read an earlier layer's K/V after later layers
+            // wrote theirs, so such a model keeps a buffer per layer.
+            let layout = self.model.kv_layout();
+            let grouping = if self.model.config().kv_shared_layers > 0 {
+                KvCacheGrouping::single(layout)
+            } else {
+                KvCacheGrouping::shared_scratch(layout)
+            };
             scratch.kv = Some(KvCacheStorage::grouped(
-                KvCacheGrouping::shared_scratch(self.model.kv_layout()),
+                grouping,
                 blocks,
                 SCRATCH_BLOCK,
                 KvCacheDType::F32,
