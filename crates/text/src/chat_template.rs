@@ -149,6 +149,10 @@ pub struct ChatTemplate {
     environment: Environment<'static>,
     source: String,
     content_format: ContentFormat,
+    /// With the detected [`ContentFormat::OpenAi`], string content stays a string: the
+    /// template tests `content is string` and reads strings itself (Gemma 4's reads its
+    /// system prompt as one), as transformers passes them.
+    keep_string_content: bool,
 }
 
 impl ChatTemplate {
@@ -170,10 +174,12 @@ impl ChatTemplate {
             .add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|error| TextError::TemplateSyntax(describe(&error)))?;
         let content_format = detect_content_format(&source);
+        let keep_string_content = tests_string_content(&source);
         Ok(ChatTemplate {
             environment,
             source,
             content_format,
+            keep_string_content,
         })
     }
 
@@ -234,6 +240,7 @@ impl ChatTemplate {
     /// Overrides the detected content format.
     pub fn set_content_format(&mut self, format: ContentFormat) {
         self.content_format = format;
+        self.keep_string_content = false;
     }
 
     /// Renders plain messages.
@@ -260,7 +267,9 @@ impl ChatTemplate {
         }
         let messages = messages
             .iter()
-            .map(|message| normalize_message(message, self.content_format))
+            .map(|message| {
+                normalize_message(message, self.content_format, self.keep_string_content)
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut context = options.chat_template_kwargs.clone();
         context.insert("messages".to_string(), Value::Array(messages.clone()));
@@ -378,6 +387,19 @@ fn detect_content_format(source: &str) -> ContentFormat {
     }
 }
 
+/// Whether the template tests a message's content for being a string (`message['content']
+/// is string`), so it reads string content as well as a list of parts.
+fn tests_string_content(source: &str) -> bool {
+    let compact: String = source.chars().filter(|c| !c.is_whitespace()).collect();
+    [
+        "['content']isstring",
+        "[\"content\"]isstring",
+        ".contentisstring",
+    ]
+    .iter()
+    .any(|test| compact.contains(test))
+}
+
 /// The text of a message's content: the string itself, or its text parts.
 fn content_text(content: &Value) -> Option<String> {
     match content {
@@ -400,7 +422,11 @@ fn content_text(content: &Value) -> Option<String> {
 
 /// Brings a message into the shape templates expect, as vLLM does: content per the content
 /// format, and tool-call `arguments` given as a JSON string parsed into an object.
-fn normalize_message(message: &Value, format: ContentFormat) -> Result<Value> {
+fn normalize_message(
+    message: &Value,
+    format: ContentFormat,
+    keep_string_content: bool,
+) -> Result<Value> {
     let Value::Object(fields) = message else {
         return Err(TextError::InvalidChat(
             "each message must be an object".to_string(),
@@ -414,6 +440,7 @@ fn normalize_message(message: &Value, format: ContentFormat) -> Result<Value> {
     }
     let content = fields.get("content").cloned().unwrap_or(Value::Null);
     let content = match (format, &content) {
+        (ContentFormat::OpenAi, Value::String(_)) if keep_string_content => content,
         (ContentFormat::OpenAi, Value::String(text)) => {
             serde_json::json!([{"type": "text", "text": text}])
         }

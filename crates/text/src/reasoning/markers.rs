@@ -65,6 +65,13 @@ impl MarkerReasoningParser {
         Self::new(&["<think>"], &["</think>"], false)
     }
 
+    /// `gemma4`: Gemma 4 thinks in a `<|channel>thought\n...<channel|>` block that opens its
+    /// turn (with thinking off its template writes an empty one into the prompt, so the
+    /// output is all content).
+    pub fn gemma4() -> Self {
+        Self::new(&["<|channel>thought\n"], &["<channel|>"], false)
+    }
+
     /// `granite`: Granite 3.2 with `thinking: true` in `chat_template_kwargs`.
     pub fn granite() -> Self {
         Self::new(
@@ -244,8 +251,29 @@ mod tests {
     }
 
     #[test]
+    fn gemma4_thinks_in_its_thought_channel() {
+        assert_eq!(
+            split_all_ways(
+                "gemma4",
+                "<|channel>thought\nThe user wants 2+2.<channel|>The answer is 4."
+            ),
+            (
+                Some("The user wants 2+2.".into()),
+                "The answer is 4.".into()
+            )
+        );
+        assert_eq!(
+            split_all_ways("gemma4", "The answer is 4."),
+            (None, "The answer is 4.".into())
+        );
+    }
+
+    #[test]
     fn random_texts_split_the_same_streamed_and_whole() {
         const PIECES: &[&str] = &[
+            "<|channel>thought\n",
+            "<channel|>",
+            "<|chan",
             "<think>",
             "</think>",
             "<thi",

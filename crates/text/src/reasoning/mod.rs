@@ -45,7 +45,7 @@ pub trait ReasoningParser: Send + std::fmt::Debug {
 }
 
 /// The `--reasoning-parser` names tokenmill implements.
-pub const REASONING_PARSER_NAMES: [&str; 3] = ["deepseek_r1", "qwen3", "granite"];
+pub const REASONING_PARSER_NAMES: [&str; 4] = ["deepseek_r1", "qwen3", "granite", "gemma4"];
 
 /// The markers a reasoning parser splits on, as a thinking budget needs them: the primary
 /// start and end strings (tokenized by the server, counted between and forced by the
@@ -64,6 +64,7 @@ pub fn reasoning_markers(name: &str) -> Option<ReasoningMarkers> {
             "deepseek_r1" => MarkerReasoningParser::deepseek_r1(),
             "qwen3" => MarkerReasoningParser::qwen3(),
             "granite" => MarkerReasoningParser::granite(),
+            "gemma4" => MarkerReasoningParser::gemma4(),
             _ => return None,
         }
         .markers(),
@@ -76,6 +77,7 @@ pub fn reasoning_parser(name: &str) -> Option<Box<dyn ReasoningParser>> {
         "deepseek_r1" => MarkerReasoningParser::deepseek_r1(),
         "qwen3" => MarkerReasoningParser::qwen3(),
         "granite" => MarkerReasoningParser::granite(),
+        "gemma4" => MarkerReasoningParser::gemma4(),
         _ => return None,
     }))
 }

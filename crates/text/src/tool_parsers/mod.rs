@@ -11,6 +11,7 @@
 //! the concatenated fragments are exactly the final arguments. Text that cannot be a call
 //! before that point stays content.
 
+mod gemma4;
 mod generic;
 mod hermes;
 mod llama3_json;
@@ -19,6 +20,7 @@ mod pythonic;
 mod qwen3_xml;
 mod scan;
 
+pub use gemma4::Gemma4Parser;
 pub use generic::GenericParser;
 pub use hermes::HermesParser;
 pub use llama3_json::Llama3JsonParser;
@@ -105,8 +107,9 @@ pub trait ToolParser: Send + std::fmt::Debug {
 }
 
 /// The `--tool-call-parser` names tokenmill implements.
-pub const TOOL_PARSER_NAMES: [&str; 6] = [
+pub const TOOL_PARSER_NAMES: [&str; 7] = [
     "hermes",
+    "gemma4",
     "llama3_json",
     "mistral",
     "pythonic",
@@ -120,6 +123,7 @@ pub fn tool_parser(name: &str, tools: &[serde_json::Value]) -> Option<Box<dyn To
     Some(match name {
         "qwen3_xml" => Box::new(Qwen3XmlParser::new(tools)),
         "hermes" => Box::new(HermesParser::default()),
+        "gemma4" => Box::new(Gemma4Parser::default()),
         "llama3_json" => Box::new(Llama3JsonParser::default()),
         "mistral" => Box::new(MistralParser::default()),
         "pythonic" => Box::new(PythonicParser::default()),
@@ -276,6 +280,11 @@ mod tests {
     #[test]
     fn streamed_and_complete_parses_agree_on_random_texts() {
         const PIECES: &[&str] = &[
+            "<|tool_call>",
+            "<tool_call|>",
+            "<|\"|>",
+            "call:f{",
+            "a:",
             "<tool_call>",
             "</tool_call>",
             "[TOOL_CALLS]",
@@ -321,8 +330,9 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (state >> 33) as usize % bound
         };
-        let makers: [fn() -> Box<dyn ToolParser>; 6] = [
+        let makers: [fn() -> Box<dyn ToolParser>; 7] = [
             || tool_parser("hermes", &[]).unwrap(),
+            || tool_parser("gemma4", &[]).unwrap(),
             || tool_parser("llama3_json", &[]).unwrap(),
             || tool_parser("mistral", &[]).unwrap(),
             || tool_parser("pythonic", &[]).unwrap(),
