@@ -1,8 +1,9 @@
 # shellcheck shell=bash
 # Shared set-up for the bench/ scripts; source it after defining `log` and `die`.
 
-# The llama-cpp-python release every head-to-head runs against.
-LLAMA_CPP_PYTHON_VERSION="0.3.16"
+# The llama-cpp-python release every head-to-head runs against (0.3.36 for the families
+# 0.3.16's llama.cpp lacks: Gemma 4, gpt-oss, Qwen3.5).
+LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.16}"
 
 # free_port: a TCP port on 127.0.0.1 that nothing listens on now.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }

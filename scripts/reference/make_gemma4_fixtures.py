@@ -149,7 +149,9 @@ def make_checkpoint(spec: dict, out_dir: str) -> list:
     return tensors
 
 
-def convert_to_gguf(llama_cpp_dir: str, model_dir: str, out_path: str, vocab: int) -> None:
+def convert_to_gguf(
+    llama_cpp_dir: str, model_dir: str, out_path: str, vocab: int, outtype: str = "f32"
+) -> None:
     sys.path.insert(0, llama_cpp_dir)
     sys.path.insert(0, os.path.join(llama_cpp_dir, "gguf-py"))
     import convert_hf_to_gguf
@@ -165,7 +167,7 @@ def convert_to_gguf(llama_cpp_dir: str, model_dir: str, out_path: str, vocab: in
 
     gemma.Gemma4Model.set_vocab = set_vocab
     argv = sys.argv
-    sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", "f32", "--outfile", out_path]
+    sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outtype", outtype, "--outfile", out_path]
     try:
         convert_hf_to_gguf.main()
     finally:

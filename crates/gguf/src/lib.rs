@@ -24,7 +24,7 @@ mod reader;
 mod types;
 mod writer;
 
-pub use reader::GgufFile;
+pub use reader::{GgufFile, TensorBytes};
 pub use types::{GgmlType, MetadataValue, TensorInfo};
 pub use writer::GgufWriter;
 

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
@@ -22,11 +23,12 @@ pub struct GgufFile {
     bytes: Bytes,
 }
 
-/// The file's bytes: a memory map for real files, an owned buffer for in-memory parsing.
-#[derive(Debug)]
+/// The file's bytes: a memory map for real files, an owned buffer for in-memory parsing;
+/// shared, so a tensor can be kept in place after the file is dropped ([`TensorBytes`]).
+#[derive(Debug, Clone)]
 enum Bytes {
-    Mapped(Mmap),
-    Owned(Vec<u8>),
+    Mapped(Arc<Mmap>),
+    Owned(Arc<Vec<u8>>),
 }
 
 impl Bytes {
@@ -35,6 +37,30 @@ impl Bytes {
             Bytes::Mapped(map) => map,
             Bytes::Owned(vec) => vec,
         }
+    }
+}
+
+/// One tensor's bytes, kept where the file holds them (the memory map stays open while one
+/// lives): for a table read a row at a time that should not be copied into memory whole.
+#[derive(Debug, Clone)]
+pub struct TensorBytes {
+    bytes: Bytes,
+    start: usize,
+    len: usize,
+}
+
+impl TensorBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        // In range: checked by `GgufFile::tensor_bytes` when this was made.
+        &self.bytes.as_slice()[self.start..self.start + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -57,12 +83,12 @@ impl GgufFile {
         };
         let file = File::open(path).map_err(io_err)?;
         let map = map_read_only(&file).map_err(io_err)?;
-        Self::parse(Bytes::Mapped(map))
+        Self::parse(Bytes::Mapped(Arc::new(map)))
     }
 
     /// Parses a GGUF image held in memory (tests, embedded models).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        Self::parse(Bytes::Owned(bytes))
+        Self::parse(Bytes::Owned(Arc::new(bytes)))
     }
 
     fn parse(bytes: Bytes) -> Result<GgufFile, GgufError> {
@@ -209,6 +235,22 @@ impl GgufFile {
 
     /// The raw bytes of one tensor (bounds were checked when the header was parsed).
     pub fn tensor_data(&self, info: &TensorInfo) -> Result<&[u8], GgufError> {
+        let (start, len) = self.tensor_range(info)?;
+        Ok(&self.bytes.as_slice()[start..start + len])
+    }
+
+    /// One tensor's bytes as a handle that keeps the memory map open ([`TensorBytes`]).
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<TensorBytes, GgufError> {
+        let (start, len) = self.tensor_range(info)?;
+        Ok(TensorBytes {
+            bytes: self.bytes.clone(),
+            start,
+            len,
+        })
+    }
+
+    /// Where one tensor's bytes are in the file, checked to lie inside it.
+    fn tensor_range(&self, info: &TensorInfo) -> Result<(usize, usize), GgufError> {
         let bad = |reason: &str| GgufError::BadTensor {
             name: info.name.clone(),
             reason: reason.to_string(),
@@ -218,10 +260,10 @@ impl GgufFile {
             .and_then(|o| o.checked_add(self.data_offset))
             .ok_or_else(|| bad("offset overflows"))?;
         let len = usize::try_from(info.size_bytes).map_err(|_| bad("size overflows"))?;
-        self.bytes
-            .as_slice()
-            .get(start..start.saturating_add(len))
-            .ok_or_else(|| bad("data runs past the end of the file"))
+        match start.checked_add(len) {
+            Some(end) if end <= self.bytes.as_slice().len() => Ok((start, len)),
+            _ => Err(bad("data runs past the end of the file")),
+        }
     }
 }
 

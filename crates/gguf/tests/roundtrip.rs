@@ -153,3 +153,26 @@ fn iq4_layouts_are_known() {
     assert_eq!((xs.ggml_type, xs.size_bytes), (GgmlType::IQ4XS, 136));
     assert_eq!(GgmlType::IQ4XS.name(), "IQ4_XS");
 }
+
+/// A tensor kept as `TensorBytes` reads the same bytes as `tensor_data`, and stays readable
+/// after the file it came from is dropped (the memory map lives as long as it does).
+#[test]
+fn tensor_bytes_outlive_their_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("table.gguf");
+    let values: Vec<f32> = (0..64).map(|i| i as f32 * 0.5).collect();
+    let mut writer = GgufWriter::new();
+    writer.add_f32_tensor("table", &[16, 4], &values);
+    writer.write_to(&path).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let info = file.tensor("table").unwrap().clone();
+    let kept = file.tensor_bytes(&info).unwrap();
+    assert_eq!(kept.as_slice(), file.tensor_data(&info).unwrap());
+    drop(file);
+    let read: Vec<f32> = kept
+        .as_slice()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(read, values);
+}

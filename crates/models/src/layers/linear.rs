@@ -71,14 +71,32 @@ pub(crate) fn embed(table: &Linear, tokens: &[u32], out: &mut [f32], width: usiz
 }
 
 /// A table read one row at a time and never multiplied (Gemma 4's per-layer embeddings, too
-/// big to repack or dequantize whole): the file's bytes in its own type, each row turned to
-/// f32 when a token asks for it.
+/// big to repack or dequantize whole): the file's bytes in its own type (left in a GGUF's
+/// memory map), each row turned to f32 when a token asks for it.
 #[derive(Debug)]
 pub(crate) struct RowTable {
     dtype: tokenmill_kernels::DType,
-    bytes: Vec<u8>,
+    bytes: RowBytes,
     rows: usize,
     columns: usize,
+}
+
+/// Where a [`RowTable`]'s bytes are.
+#[derive(Debug)]
+pub(crate) enum RowBytes {
+    /// In the GGUF file's memory map (read from disk as rows are touched).
+    Mapped(tokenmill_gguf::TensorBytes),
+    /// Read into memory (safetensors).
+    Owned(Vec<u8>),
+}
+
+impl RowBytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            RowBytes::Mapped(bytes) => bytes.as_slice(),
+            RowBytes::Owned(bytes) => bytes,
+        }
+    }
 }
 
 impl RowTable {
@@ -86,14 +104,14 @@ impl RowTable {
     /// the type's blocks.
     pub fn new(
         dtype: tokenmill_kernels::DType,
-        bytes: Vec<u8>,
+        bytes: RowBytes,
         rows: usize,
         columns: usize,
     ) -> crate::error::Result<RowTable> {
-        if rows == 0 || !bytes.len().is_multiple_of(rows) {
+        let len = bytes.as_slice().len();
+        if rows == 0 || !len.is_multiple_of(rows) {
             return Err(crate::error::ModelError::InvalidBatch(format!(
-                "a {rows}-row table of {} bytes",
-                bytes.len()
+                "a {rows}-row table of {len} bytes"
             )));
         }
         Ok(RowTable {
@@ -104,8 +122,9 @@ impl RowTable {
         })
     }
 
+    /// Bytes of the table (in the file's memory map for a GGUF: resident only as touched).
     pub fn storage_bytes(&self) -> usize {
-        self.bytes.len()
+        self.bytes.as_slice().len()
     }
 
     /// Row `row` as f32 into `out` (`columns` long).
@@ -118,10 +137,11 @@ impl RowTable {
                 self.columns
             )));
         }
-        let row_bytes = self.bytes.len() / self.rows;
+        let bytes = self.bytes.as_slice();
+        let row_bytes = bytes.len() / self.rows;
         tokenmill_kernels::dequantize(
             self.dtype,
-            &self.bytes[row * row_bytes..(row + 1) * row_bytes],
+            &bytes[row * row_bytes..(row + 1) * row_bytes],
             out,
         )?;
         Ok(())

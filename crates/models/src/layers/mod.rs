@@ -20,7 +20,7 @@ mod rope;
 pub(crate) use attention::{AttentionBlock, AttentionBuffers, AttentionOptions, AttentionShape};
 pub(crate) use gated_delta_net::{DeltaNetBuffers, GatedDeltaNet};
 pub(crate) use head::EmbeddingAndHead;
-pub(crate) use linear::{embed, Linear, LinearScratch, RowTable, StackedLinear};
+pub(crate) use linear::{embed, Linear, LinearScratch, RowBytes, RowTable, StackedLinear};
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
 pub(crate) use moe::{FeedForward, MoeBuffers};
 pub(crate) use norm::{LayerNorm, RmsNorm};

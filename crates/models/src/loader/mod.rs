@@ -8,7 +8,7 @@ use tokenmill_kernels::{dequantize, DType, QMatrix};
 
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
-use crate::layers::{Linear, RmsNorm, RowTable, StackedLinear};
+use crate::layers::{Linear, RmsNorm, RowBytes, RowTable, StackedLinear};
 use std::borrow::Cow;
 pub use store::safetensors_shards_from_index;
 use store::RawTensor;
@@ -204,7 +204,12 @@ impl<'a> WeightReader<'a> {
         let name = self.naming.global(gguf_name);
         let tensor = self.store.get(name)?;
         check_shape(name, tensor.shape, &[rows, columns])?;
-        RowTable::new(tensor.dtype, tensor.bytes.into_owned(), rows, columns)
+        // A GGUF table stays in the memory map; safetensors are read into memory.
+        let bytes = match self.store.mapped_bytes(name) {
+            Some(mapped) => RowBytes::Mapped(mapped),
+            None => RowBytes::Owned(tensor.bytes.into_owned()),
+        };
+        RowTable::new(tensor.dtype, bytes, rows, columns)
     }
 
     pub fn vector_named(&self, name: &str, length: usize) -> Result<Vec<f32>> {

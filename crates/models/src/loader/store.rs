@@ -64,6 +64,16 @@ impl<'f> TensorStore<'f> {
         TensorStore::Gguf { file, shapes }
     }
 
+    /// A GGUF tensor's bytes kept in the memory map (`None` for safetensors, which are read).
+    pub fn mapped_bytes(&self, name: &str) -> Option<tokenmill_gguf::TensorBytes> {
+        match self {
+            TensorStore::Gguf { file, .. } => file
+                .tensor(name)
+                .and_then(|info| file.tensor_bytes(info).ok()),
+            TensorStore::Safetensors(_) => None,
+        }
+    }
+
     /// Opens `model.safetensors`, or every shard named in `model.safetensors.index.json`.
     pub fn from_hf_directory(dir: &Path) -> Result<TensorStore<'f>> {
         let index_path = dir.join("model.safetensors.index.json");
