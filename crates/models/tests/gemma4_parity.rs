@@ -237,3 +237,34 @@ fn lora_adapters_are_refused_by_name() {
         "{error}"
     );
 }
+
+/// A `Gemma4ForConditionalGeneration` checkpoint (the text config under `text_config`, the
+/// text tensors under `model.language_model.`, vision and audio towers beside them) loads as
+/// its text model.
+#[test]
+fn a_conditional_generation_checkpoint_loads_its_text_model() {
+    let fixture = load_fixture("gemma4_e2b_like");
+    let config = serde_json::json!({
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": fixture.config,
+        "vision_config": {"model_type": "gemma4_vision"},
+        "audio_config": {"model_type": "gemma4_audio"},
+    });
+    let dir = scratch_dir("gemma4_conditional_generation");
+    let rename = |name: &str| match name.strip_prefix("model.") {
+        Some(rest) => format!("model.language_model.{rest}"),
+        None => name.to_string(),
+    };
+    qwen35::write_hf_checkpoint(&fixture, &config, &dir, rename, |_, _| {});
+    let model = load(ModelSource::HfDirectory(dir));
+    assert_eq!(model.config().architecture, "gemma4");
+    let worst = check_cases(
+        model.as_ref(),
+        &fixture.transformers,
+        "conditional generation",
+        MAX_DIFFERENCE,
+        DECISIVE_MARGIN,
+    );
+    eprintln!("conditional generation: largest difference from transformers {worst:e}");
+}
