@@ -25,23 +25,52 @@ pub struct ModelCost {
 impl ModelCost {
     pub fn from_config(config: &ModelConfig) -> ModelCost {
         let hidden = config.hidden_size as u64;
-        let (q_dim, kv_dim) = (config.q_dim() as u64, config.kv_dim() as u64);
-        // A mixture of experts runs the router and `experts_used` experts per token.
-        let ffn = match config.moe {
-            Some(moe) => {
-                moe.num_experts as u64 * hidden
-                    + 3 * hidden * moe.expert_intermediate_size as u64 * moe.experts_used as u64
-            }
-            None => 3 * hidden * config.intermediate_size as u64, // gate, up, down
-        };
-        let per_layer = hidden * q_dim // q
-            + 2 * hidden * kv_dim      // k, v
-            + q_dim * hidden           // o
-            + ffn;
+        let mut layer_params = 0u64;
+        for layer in 0..config.num_layers {
+            // Layers differ in Gemma 4: its global layers' heads, K without V, KV-shared
+            // layers projecting Q alone, double-wide MLPs, per-layer embedding gates.
+            let (kv_heads, head_dim) = config.layer_kv_geometry(layer);
+            let layer_q = (config.num_heads * head_dim) as u64;
+            let kv_dim = (kv_heads * head_dim) as u64;
+            let kv_projections = if config.kv_source_layer(layer) != layer {
+                0
+            } else if config.layer_sliding_window(layer).is_none()
+                && config
+                    .full_attention
+                    .is_some_and(|full| full.values_are_keys)
+            {
+                1
+            } else {
+                2
+            };
+            // A mixture of experts runs the router and `experts_used` experts per token.
+            let ffn = match config.moe {
+                Some(moe) => {
+                    moe.num_experts as u64 * hidden
+                        + 3 * hidden * moe.expert_intermediate_size as u64 * moe.experts_used as u64
+                }
+                None => 3 * hidden * config.layer_intermediate_size(layer) as u64, // gate, up, down
+            };
+            let per_layer_input = config
+                .per_layer_input_size
+                .map_or(0, |width| 2 * hidden * width as u64);
+            layer_params += hidden * layer_q // q
+                + kv_projections * hidden * kv_dim // k, v
+                + layer_q * hidden // o
+                + ffn
+                + per_layer_input;
+        }
+        // Gemma 4's per-layer embeddings project the embedding once per token.
+        let embedding_projection = config
+            .per_layer_input_size
+            .map_or(0, |width| hidden * (width * config.num_layers) as u64);
+        let attention_q: u64 = (0..config.num_layers)
+            .map(|layer| (config.num_heads * config.layer_kv_geometry(layer).1) as u64)
+            .sum();
         ModelCost {
-            layer_params: per_layer * config.num_layers as u64,
+            layer_params: layer_params + embedding_projection,
             lm_head_params: config.vocab_size as u64 * hidden,
-            attention_flops_per_pair: 4 * q_dim * config.num_layers as u64,
+            attention_flops_per_pair: 4 * attention_q,
         }
     }
 
