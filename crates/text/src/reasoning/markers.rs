@@ -24,7 +24,8 @@ pub struct MarkerReasoningParser {
     buffer: String,
 }
 
-fn push(out: &mut Vec<ReasoningDelta>, reasoning: bool, text: &str) {
+/// Appends reasoning or content, merging with a preceding delta of the same kind.
+pub(super) fn push(out: &mut Vec<ReasoningDelta>, reasoning: bool, text: &str) {
     if text.is_empty() {
         return;
     }
