@@ -11,9 +11,9 @@ pub struct ToolArgs {
     /// Let the model decide when to call tools (`tool_choice: "auto"`); needs --tool-call-parser.
     #[arg(long, help_heading = "Tools")]
     pub enable_auto_tool_choice: bool,
-    /// How tool calls are read from the output: hermes, gemma4, llama3_json, mistral, pythonic,
-    /// qwen3_xml, or
-    /// generic (tools described in a system prompt, the answer constrained to JSON: for
+    /// How tool calls are read from the output: hermes, gemma4 (Gemma 4's call notation),
+    /// llama3_json, mistral, openai (gpt-oss's harmony), pythonic, qwen3_xml, or generic
+    /// (tools described in a system prompt, the answer constrained to JSON: for
     /// models whose chat template has no tool support, such as the default model).
     #[arg(long, value_name = "NAME", help_heading = "Tools")]
     pub tool_call_parser: Option<String>,
@@ -23,7 +23,8 @@ pub struct ToolArgs {
     /// Do not pass `tools` to the chat template when `tool_choice` is "none".
     #[arg(long, help_heading = "Tools")]
     pub exclude_tools_when_tool_choice_none: bool,
-    /// Split reasoning into `message.reasoning`: deepseek_r1, qwen3, granite, gemma4.
+    /// Split reasoning into `message.reasoning`: deepseek_r1, qwen3, granite, gemma4,
+    /// openai_gptoss (gpt-oss's harmony `analysis` channel).
     #[arg(long, value_name = "NAME", help_heading = "Tools")]
     pub reasoning_parser: Option<String>,
 }

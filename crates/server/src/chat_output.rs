@@ -60,12 +60,20 @@ impl OutputReading {
         self.reasoning_parser.is_none() && self.tool_parser.is_none()
     }
 
-    /// Whether the tool parser's markers are special tokens (they must not be skipped).
+    /// Whether the reasoning or tool parser's markers are special tokens (they must not be
+    /// skipped when detokenizing; the parsers leave none in what they return).
     pub fn needs_special_tokens(&self) -> bool {
-        self.tool_parser
+        let reasoning = self
+            .reasoning_parser
+            .as_deref()
+            .and_then(reasoning_parser)
+            .is_some_and(|parser| parser.needs_special_tokens());
+        let tools = self
+            .tool_parser
             .as_deref()
             .and_then(|name| tool_parser(name, &self.tools))
-            .is_some_and(|parser| parser.needs_special_tokens())
+            .is_some_and(|parser| parser.needs_special_tokens());
+        reasoning || tools
     }
 
     /// A fresh reader for one choice.
@@ -373,6 +381,34 @@ mod tests {
         assert_eq!(message.tool_calls.len(), 2);
         assert!(message.tool_calls.iter().all(|c| c.id.starts_with("call_")));
         assert_ne!(message.tool_calls[0].id, message.tool_calls[1].id);
+    }
+
+    /// gpt-oss served as vLLM serves it (`--reasoning-parser openai_gptoss
+    /// --tool-call-parser openai`): the markers must reach the parsers (special tokens kept),
+    /// and what comes back holds none of them.
+    #[test]
+    fn harmony_channels_become_reasoning_content_and_calls() {
+        let both = reading(Some("openai_gptoss"), Some("openai"), true);
+        assert!(both.needs_special_tokens());
+        assert!(reading(Some("openai_gptoss"), None, true).needs_special_tokens());
+        assert!(reading(None, Some("openai"), true).needs_special_tokens());
+        assert!(!reading(Some("qwen3"), Some("hermes"), true).needs_special_tokens());
+        let text = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+        let message = stream_matches_complete(&both, text);
+        assert_eq!(message.reasoning.as_deref(), Some("Need the weather."));
+        assert_eq!(message.content, "Checking.");
+        assert_eq!(message.tool_calls.len(), 1);
+        assert_eq!(message.tool_calls[0].function.name, "get_weather");
+        assert_eq!(
+            message.tool_calls[0].function.arguments,
+            "{\"city\":\"Paris\"}"
+        );
+        let answer = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>";
+        let message = stream_matches_complete(&reading(Some("openai_gptoss"), None, true), answer);
+        assert_eq!(
+            (message.reasoning.as_deref(), message.content.as_str()),
+            (Some("Easy."), "4")
+        );
     }
 
     #[test]

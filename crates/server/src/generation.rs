@@ -92,13 +92,16 @@ fn thinking_budget(
     let markers = reasoning_parser
         .and_then(reasoning_markers)
         .ok_or_else(|| {
-            ApiError::invalid_param(
-                param,
-                format!(
-                "{param}: this server runs without a reasoning parser (--reasoning-parser), so \
-                 it cannot tell reasoning tokens from the answer; leave the budget out"
-            ),
-            )
+            let why = match reasoning_parser {
+                None => "this server runs without a reasoning parser (--reasoning-parser), so it \
+                         cannot tell reasoning tokens from the answer"
+                    .to_string(),
+                Some(name) => format!(
+                    "the reasoning parser {name} ends reasoning at a message boundary, not at \
+                     one marker the budget could force"
+                ),
+            };
+            ApiError::invalid_param(param, format!("{param}: {why}; leave the budget out"))
         })?;
     let encode = |marker: &str| {
         model

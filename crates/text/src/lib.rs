@@ -11,7 +11,8 @@
 //!   start of a stop string.
 //! - [`tool_parsers`] (vLLM's `--tool-call-parser` formats) and the reasoning parsers
 //!   ([`reasoning_parser`]) split generated text into content, tool calls and reasoning, each
-//!   as one incremental machine whose complete parse is the same machine fed everything.
+//!   as one incremental machine whose complete parse is the same machine fed everything;
+//!   gpt-oss's harmony channels are read by one scanner behind two of them ([`harmony`]).
 //!
 //! Usage, per request (the server renders and encodes; the engine's output processor streams):
 //! ```no_run
@@ -45,6 +46,7 @@ mod chat_template;
 mod detokenizer;
 mod error;
 mod gguf_vocab;
+pub mod harmony;
 mod pretokenize;
 mod reasoning;
 mod stop;

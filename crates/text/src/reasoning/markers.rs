@@ -20,11 +20,14 @@ pub struct MarkerReasoningParser {
     /// template opens `<think>` in the prompt); otherwise it is all content (Qwen3 with
     /// thinking off, Granite without `thinking`).
     reasoning_without_start: bool,
+    /// The markers are special tokens the detokenizer would skip (Gemma 4's).
+    special_markers: bool,
     state: State,
     buffer: String,
 }
 
-fn push(out: &mut Vec<ReasoningDelta>, reasoning: bool, text: &str) {
+/// Appends reasoning or content, merging with a preceding delta of the same kind.
+pub(super) fn push(out: &mut Vec<ReasoningDelta>, reasoning: bool, text: &str) {
     if text.is_empty() {
         return;
     }
@@ -49,6 +52,7 @@ impl MarkerReasoningParser {
             starts,
             ends,
             reasoning_without_start,
+            special_markers: false,
             state: State::Start,
             buffer: String::new(),
         }
@@ -69,7 +73,10 @@ impl MarkerReasoningParser {
     /// turn (with thinking off its template writes an empty one into the prompt, so the
     /// output is all content).
     pub fn gemma4() -> Self {
-        Self::new(&["<|channel>thought\n"], &["<channel|>"], false)
+        MarkerReasoningParser {
+            special_markers: true,
+            ..Self::new(&["<|channel>thought\n"], &["<channel|>"], false)
+        }
     }
 
     /// `granite`: Granite 3.2 with `thinking: true` in `chat_template_kwargs`.
@@ -157,6 +164,10 @@ impl ReasoningParser for MarkerReasoningParser {
 
     fn finish(&mut self, out: &mut Vec<ReasoningDelta>) {
         self.run(true, out);
+    }
+
+    fn needs_special_tokens(&self) -> bool {
+        self.special_markers
     }
 }
 
@@ -266,6 +277,9 @@ mod tests {
             split_all_ways("gemma4", "The answer is 4."),
             (None, "The answer is 4.".into())
         );
+        // Its markers are special tokens: the server keeps them for this parser.
+        assert!(reasoning_parser("gemma4").unwrap().needs_special_tokens());
+        assert!(!reasoning_parser("qwen3").unwrap().needs_special_tokens());
     }
 
     #[test]

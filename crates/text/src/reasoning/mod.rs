@@ -5,8 +5,10 @@
 //! feeds it the whole text, so streamed and non-streamed outputs agree. Marker text is held
 //! back only while it could still be a marker.
 
+mod harmony;
 mod markers;
 
+pub use harmony::HarmonyReasoningParser;
 pub use markers::MarkerReasoningParser;
 
 /// One step of parsed output.
@@ -23,6 +25,12 @@ pub trait ReasoningParser: Send + std::fmt::Debug {
 
     /// The output ended: releases anything held back.
     fn finish(&mut self, out: &mut Vec<ReasoningDelta>);
+
+    /// Whether the markers are special tokens that detokenizing with `skip_special_tokens`
+    /// would remove (the server keeps them for the request; the parser's output has none).
+    fn needs_special_tokens(&self) -> bool {
+        false
+    }
 
     /// Splits a complete output into (reasoning, content); the streaming machine fed
     /// everything at once. Reasoning is `None` when there was none.
@@ -45,7 +53,8 @@ pub trait ReasoningParser: Send + std::fmt::Debug {
 }
 
 /// The `--reasoning-parser` names tokenmill implements.
-pub const REASONING_PARSER_NAMES: [&str; 4] = ["deepseek_r1", "qwen3", "granite", "gemma4"];
+pub const REASONING_PARSER_NAMES: [&str; 5] =
+    ["deepseek_r1", "qwen3", "granite", "gemma4", "openai_gptoss"];
 
 /// The markers a reasoning parser splits on, as a thinking budget needs them: the primary
 /// start and end strings (tokenized by the server, counted between and forced by the
@@ -57,7 +66,8 @@ pub struct ReasoningMarkers {
     pub reasoning_without_start: bool,
 }
 
-/// The markers of the parser vLLM calls `name`.
+/// The markers of the parser vLLM calls `name`; `None` for `openai_gptoss` too, whose
+/// reasoning ends with a message boundary (`<|end|>`, then a new header), not one marker.
 pub fn reasoning_markers(name: &str) -> Option<ReasoningMarkers> {
     Some(
         match name {
@@ -73,6 +83,9 @@ pub fn reasoning_markers(name: &str) -> Option<ReasoningMarkers> {
 
 /// A fresh parser by vLLM's name.
 pub fn reasoning_parser(name: &str) -> Option<Box<dyn ReasoningParser>> {
+    if name == "openai_gptoss" {
+        return Some(Box::new(HarmonyReasoningParser::default()));
+    }
     Some(Box::new(match name {
         "deepseek_r1" => MarkerReasoningParser::deepseek_r1(),
         "qwen3" => MarkerReasoningParser::qwen3(),

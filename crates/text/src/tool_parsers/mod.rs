@@ -16,6 +16,7 @@ mod generic;
 mod hermes;
 mod llama3_json;
 mod mistral;
+mod openai;
 mod pythonic;
 mod qwen3_xml;
 mod scan;
@@ -25,6 +26,7 @@ pub use generic::GenericParser;
 pub use hermes::HermesParser;
 pub use llama3_json::Llama3JsonParser;
 pub use mistral::MistralParser;
+pub use openai::OpenAiParser;
 pub use pythonic::PythonicParser;
 pub use qwen3_xml::Qwen3XmlParser;
 pub use scan::JsonStringDecoder;
@@ -107,11 +109,12 @@ pub trait ToolParser: Send + std::fmt::Debug {
 }
 
 /// The `--tool-call-parser` names tokenmill implements.
-pub const TOOL_PARSER_NAMES: [&str; 7] = [
+pub const TOOL_PARSER_NAMES: [&str; 8] = [
     "hermes",
     "gemma4",
     "llama3_json",
     "mistral",
+    "openai",
     "pythonic",
     "qwen3_xml",
     "generic",
@@ -126,6 +129,7 @@ pub fn tool_parser(name: &str, tools: &[serde_json::Value]) -> Option<Box<dyn To
         "gemma4" => Box::new(Gemma4Parser::default()),
         "llama3_json" => Box::new(Llama3JsonParser::default()),
         "mistral" => Box::new(MistralParser::default()),
+        "openai" => Box::new(OpenAiParser::default()),
         "pythonic" => Box::new(PythonicParser::default()),
         "generic" => Box::new(GenericParser::default()),
         _ => return None,
@@ -291,6 +295,15 @@ mod tests {
             "[ARGS]",
             "<|python_tag|>",
             "<function=f>",
+            "<|channel|>",
+            "<|message|>",
+            "<|start|>assistant",
+            "<|end|>",
+            "<|call|>",
+            "<|constrain|>",
+            "analysis",
+            "final",
+            " to=functions.f",
             "<parameter=x>",
             "</parameter>",
             "</function>",
@@ -330,11 +343,12 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (state >> 33) as usize % bound
         };
-        let makers: [fn() -> Box<dyn ToolParser>; 7] = [
+        let makers: [fn() -> Box<dyn ToolParser>; 8] = [
             || tool_parser("hermes", &[]).unwrap(),
             || tool_parser("gemma4", &[]).unwrap(),
             || tool_parser("llama3_json", &[]).unwrap(),
             || tool_parser("mistral", &[]).unwrap(),
+            || tool_parser("openai", &[]).unwrap(),
             || tool_parser("pythonic", &[]).unwrap(),
             || tool_parser("qwen3_xml", &[]).unwrap(),
             || tool_parser("generic", &[]).unwrap(),
