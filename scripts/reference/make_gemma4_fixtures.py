@@ -6,7 +6,8 @@ Each spec is a `Gemma4ForCausalLM` config of a real shape with few layers and a 
 vocabulary: `gemma4_e2b_like` has E2B's heads (8 x 256 sliding, 512-wide global heads, one KV
 head), per-layer embeddings, KV-shared last layers and their double-wide MLPs;
 `gemma4_31b_like` has the 31B's kind of global layer (V from K's projection, fewer KV heads
-than the sliding layers) and no per-layer embeddings. Weights are formula weights (the twin
+than the sliding layers) and no per-layer embeddings; `gemma4_26b_a4b_like` adds the
+26B-A4B's routed experts (8 of 128, 2 per token) beside each layer's MLP. Weights are formula weights (the twin
 of `formula_weights` in crates/models/tests/common/family.rs), so the Rust tests rebuild the
 checkpoints without Python:
 
@@ -23,6 +24,7 @@ formula, vocabulary and llama.cpp runner.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -104,16 +106,42 @@ def k_eq_v_like() -> dict:
     return spec
 
 
-SPECS = {"gemma4_e2b_like": e2b_like, "gemma4_31b_like": k_eq_v_like}
+def moe_like() -> dict:
+    """The 26B-A4B's kind of layer: the 31B-like attention (V from K's projection on the
+    global layers) and, beside each layer's dense MLP (the shared expert, 256 wide), 8 routed
+    experts of 128, 2 per token; four layers, no per-layer embeddings."""
+    spec = k_eq_v_like()
+    spec.update(
+        {
+            "intermediate_size": 256,
+            "enable_moe_block": True,
+            "num_experts": 8,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 128,
+        }
+    )
+    return spec
+
+
+SPECS = {
+    "gemma4_e2b_like": e2b_like,
+    "gemma4_31b_like": k_eq_v_like,
+    "gemma4_26b_a4b_like": moe_like,
+}
 
 
 def scale_and_offset(name: str, shape) -> tuple:
-    """Plain norms near 1, the layer scalars near 1, matrices of unit output variance, a
-    small embedding."""
-    if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+    """Plain norms near 1, the layer scalars and the router's scales near 1, matrices of unit
+    output variance, a small embedding, router scores of O(1) spread."""
+    if re.search(r"norm(_\d)?\.weight$", name) or name.endswith("router.scale"):
         return 0.1, 1.0
-    if name.endswith("layer_scalar"):
+    if name.endswith("layer_scalar") or name.endswith("per_expert_scale"):
         return 0.2, 1.0
+    if name.endswith("router.proj.weight"):
+        # The router reads a normed input scaled by hidden^-0.5: at unit output variance its
+        # scores would be nearly equal and the top-k a matter of rounding; at about 2.3 they
+        # separate, so both references pick the same experts.
+        return 4.0, 0.0
     if name.endswith("embed_tokens.weight"):
         # The tied head's logits would saturate E2B's soft cap (30) at unit scale.
         return 0.25, 0.0

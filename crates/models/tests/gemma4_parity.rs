@@ -1,7 +1,8 @@
 //! Gemma 4 (text) parity on random-weight checkpoints of real shapes (`fixtures/gemma4_*.json`,
 //! `scripts/reference/make_gemma4_fixtures.py`): an E2B-like model (per-layer embeddings,
 //! KV-shared last layers with double-wide MLPs, 512-wide global heads with proportional RoPE)
-//! and a 31B-like one (global layers with V from K's projection and their own KV heads).
+//! a 31B-like one (global layers with V from K's projection and their own KV heads) and a
+//! 26B-A4B-like one (the 31B's attention, and routed experts beside every layer's MLP).
 //! tokenmill on the HF directory against transformers (F32), on the GGUF against llama.cpp on
 //! the GGUF its converter made, the two loads against each other, chunked against whole, and
 //! negative controls. The checkpoints are rebuilt from their formula weights: nothing is
@@ -19,9 +20,11 @@ use qwen35::{
     check_cases, hybrid_cache, load, load_fixture, pool, scratch_dir, step, teacher_forced,
     widest_difference, Sequence, BLOCK_SIZE,
 };
-use tokenmill_models::{CausalLm, KvCacheDType, KvCacheGrouping, ModelSource, Workspace};
+use tokenmill_models::{
+    CausalLm, KvCacheDType, KvCacheGrouping, ModelSource, MoeConfig, Workspace,
+};
 
-const FIXTURES: [&str; 2] = ["gemma4_e2b_like", "gemma4_31b_like"];
+const FIXTURES: [&str; 3] = ["gemma4_e2b_like", "gemma4_31b_like", "gemma4_26b_a4b_like"];
 
 /// Largest difference allowed from a reference's logits (soft-capped at 30, O(10) here): six
 /// layers in F32 summed in other orders.
@@ -96,7 +99,8 @@ fn gguf_and_hf_directory_give_the_same_model() {
             "{name}"
         );
         assert_eq!(
-            a.layer_intermediate_sizes, b.layer_intermediate_sizes,
+            (&a.layer_intermediate_sizes, a.moe),
+            (&b.layer_intermediate_sizes, b.moe),
             "{name}"
         );
         assert_eq!(gguf.kv_layout(), hf.kv_layout(), "{name}");
@@ -154,12 +158,38 @@ fn the_cache_holds_only_the_layers_that_compute_kv() {
     );
 }
 
+/// The 26B-A4B-like layers route each token to 2 of 8 experts of 128 beside their 256-wide
+/// MLP, in the HF directory and the GGUF alike.
+#[test]
+fn the_moe_fixture_has_experts_beside_its_mlp() {
+    let expected = MoeConfig {
+        num_experts: 8,
+        experts_used: 2,
+        expert_intermediate_size: 128,
+    };
+    for model in [
+        hf_model("moe_config", "gemma4_26b_a4b_like", |_, _| {}),
+        gguf_model("moe_config", "gemma4_26b_a4b_like"),
+    ] {
+        let config = model.config();
+        assert_eq!(config.moe, Some(expected));
+        assert_eq!(config.intermediate_size, 256);
+        assert!(model.decode_weight_bytes() < model.weight_bytes());
+    }
+}
+
 /// A prompt prefilled in one step, in three chunks, and decoded token by token beside
 /// another sequence gives bitwise the same logits: KV-shared layers read what the earlier
-/// chunks wrote.
+/// chunks wrote, and a token's experts do not depend on what shares its step.
 #[test]
 fn chunked_and_batched_runs_equal_the_whole_prompt() {
-    let model = hf_model("chunked", "gemma4_e2b_like", |_, _| {});
+    for name in ["gemma4_e2b_like", "gemma4_26b_a4b_like"] {
+        chunked_and_batched_runs_equal_the_whole_prompt_of(name);
+    }
+}
+
+fn chunked_and_batched_runs_equal_the_whole_prompt_of(name: &str) {
+    let model = hf_model("chunked", name, |_, _| {});
     let model = model.as_ref();
     let prompt: Vec<u32> = (0..37).map(|i| (i * 29 + 3) % 512).collect();
     let other: Vec<u32> = (0..21).map(|i| (i * 13 + 7) % 512).collect();
@@ -195,8 +225,8 @@ fn chunked_and_batched_runs_equal_the_whole_prompt() {
     let whole = run(&[37], false);
     let chunked = run(&[10, 20, 7], false);
     let batched = run(&[10, 20, 7], true);
-    assert_eq!(whole.last(), chunked.last());
-    assert_eq!(chunked, batched);
+    assert_eq!(whole.last(), chunked.last(), "{name}");
+    assert_eq!(chunked, batched, "{name}");
 }
 
 /// Negative controls: a moved weight in a KV-shared layer's query norm, or in one layer's
@@ -218,6 +248,38 @@ fn perturbed_shared_layer_and_per_layer_gate_break_parity() {
             worst > 10.0 * MAX_DIFFERENCE,
             "{tensor} perturbed still matches transformers within {worst}"
         );
+    }
+}
+
+/// A change to one tensor's values.
+type Edit = fn(&mut Vec<f32>);
+
+/// Negative controls of the mixture of experts: the per-expert scales given to the wrong
+/// experts (reversed), or part of the router's input scale moved, must break parity.
+#[test]
+fn moved_router_scales_break_parity() {
+    let name = "gemma4_26b_a4b_like";
+    let fixture = load_fixture(name);
+    let edits: [(&str, Edit); 2] = [
+        ("model.layers.1.router.per_expert_scale", |values| {
+            values.reverse()
+        }),
+        ("model.layers.2.router.scale", |values| {
+            values.iter_mut().take(64).for_each(|v| *v = -*v * 3.0)
+        }),
+    ];
+    for (tensor, edit) in edits {
+        let model = hf_model("moe_negative", name, |hf_name, values| {
+            if hf_name == tensor {
+                edit(values);
+            }
+        });
+        let worst = widest_difference(model.as_ref(), &fixture.transformers);
+        assert!(
+            worst > 10.0 * MAX_DIFFERENCE,
+            "{tensor} perturbed still matches transformers within {worst}"
+        );
+        eprintln!("{tensor} perturbed: largest difference {worst:e}");
     }
 }
 

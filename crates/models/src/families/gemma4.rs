@@ -3,10 +3,12 @@
 //! under `text_config`), on the Gemma block ([`GemmaModel`]) with its Gemma 4 parts: sliding
 //! layers and global layers of their own geometry (wider heads, fewer KV heads, V taken from
 //! K's projection, proportional RoPE on a share of the pairs), V normed, KV-shared last layers,
-//! per-layer embeddings and double-wide MLPs, a scalar per layer, no score scaling.
+//! per-layer embeddings and double-wide MLPs, a scalar per layer, no score scaling, and the
+//! 26B-A4B's routed experts beside every layer's MLP (`enable_moe_block`; GGUF
+//! `expert_count`).
 //!
-//! Not yet: the 26B-A4B mixture of experts (`enable_moe_block`, refused by name) and
-//! bidirectional attention over all tokens (`use_bidirectional_attention: "all"`, refused).
+//! Not yet: bidirectional attention over all tokens (`use_bidirectional_attention: "all"`,
+//! refused).
 
 use serde::Deserialize;
 
@@ -14,7 +16,7 @@ use super::blocks::GemmaModel;
 use super::family::{Family, WeightSource};
 use crate::config::{
     parse_config_json, Architecture, FullAttentionGeometry, GgufMetadata, HfCommon, ModelConfig,
-    RopeStyle,
+    MoeConfig, RopeStyle,
 };
 use crate::error::{ModelError, Result};
 use crate::model::{CausalLm, LoadOptions};
@@ -42,6 +44,11 @@ struct Gemma4TextConfig {
     num_kv_shared_layers: usize,
     #[serde(default)]
     enable_moe_block: bool,
+    /// The experts' shape (read here, not by [`HfCommon`], which knows Qwen3-MoE's
+    /// `num_experts_per_tok` where Gemma 4 says `top_k_experts`).
+    num_experts: Option<usize>,
+    top_k_experts: Option<usize>,
+    moe_intermediate_size: Option<usize>,
     #[serde(default)]
     use_double_wide_mlp: bool,
     global_head_dim: Option<usize>,
@@ -171,12 +178,6 @@ impl Family for Gemma4 {
         config.query_pre_attn_scalar = Some(1.0);
         config.qk_norm = true;
         config.value_norm = true;
-        if gguf.file().tensor("blk.0.ffn_gate_inp.weight").is_some() {
-            return Err(invalid(
-                "expert_count",
-                "Gemma 4's mixture of experts (26B-A4B) is not supported yet",
-            ));
-        }
         Ok(config)
     }
 
@@ -190,12 +191,7 @@ impl Family for Gemma4 {
                 path: "config.json".into(),
                 source,
             })?;
-        if raw.enable_moe_block {
-            return Err(invalid(
-                "enable_moe_block",
-                "Gemma 4's mixture of experts (26B-A4B) is not supported yet",
-            ));
-        }
+        let moe = raw.enable_moe_block.then(|| moe_config(&raw)).transpose()?;
         if raw.use_bidirectional_attention.as_deref() == Some("all") {
             return Err(invalid(
                 "use_bidirectional_attention",
@@ -328,6 +324,7 @@ impl Family for Gemma4 {
         config.query_pre_attn_scalar = Some(1.0);
         config.qk_norm = true;
         config.value_norm = true;
+        config.moe = moe;
         Ok(config)
     }
 
@@ -342,6 +339,20 @@ impl Family for Gemma4 {
             weights, config, kv_layout, options,
         )?))
     }
+}
+
+/// The routed experts of an `enable_moe_block` config (every layer has them, beside its MLP).
+fn moe_config(raw: &Gemma4TextConfig) -> Result<MoeConfig> {
+    let required = |value: Option<usize>, key: &str| {
+        value
+            .filter(|&v| v > 0)
+            .ok_or_else(|| ModelError::MissingMetadata(key.into()))
+    };
+    Ok(MoeConfig {
+        num_experts: required(raw.num_experts, "num_experts")?,
+        experts_used: required(raw.top_k_experts, "top_k_experts")?,
+        expert_intermediate_size: required(raw.moe_intermediate_size, "moe_intermediate_size")?,
+    })
 }
 
 /// A `rope_freqs.weight` divisor from which on a pair counts as unrotated (llama.cpp's

@@ -22,7 +22,7 @@ pub(crate) use gated_delta_net::{DeltaNetBuffers, GatedDeltaNet};
 pub(crate) use head::EmbeddingAndHead;
 pub(crate) use linear::{embed, Linear, LinearScratch, RowBytes, RowTable, StackedLinear};
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
-pub(crate) use moe::{FeedForward, MoeBuffers};
+pub(crate) use moe::{FeedForward, MoeBlock, MoeBuffers, Routing};
 pub(crate) use norm::{LayerNorm, RmsNorm};
 pub(crate) use per_layer::{PerLayerBuffers, PerLayerEmbeddings, PerLayerGate};
 pub(crate) use rope::Rope;
@@ -68,6 +68,9 @@ pub struct Workspace {
     pub(crate) delta_net: DeltaNetBuffers,
     /// Per-layer embeddings' intermediates (Gemma 4 only).
     pub(crate) per_layer: PerLayerBuffers,
+    /// The routed experts' output where a layer also has a dense MLP (Gemma 4's mixture of
+    /// experts), `[n][hidden]`; sized by such a model only.
+    pub(crate) routed: Vec<f32>,
     pub(crate) linear: LinearScratch,
 }
 
@@ -89,6 +92,11 @@ impl Workspace {
         for (buffer, len) in sizes {
             buffer.resize(len, 0.0);
         }
+    }
+
+    /// Sizes [`Workspace::routed`] for `n` tokens of width `hidden`; only grows capacity.
+    pub(crate) fn prepare_routed(&mut self, n: usize, hidden: usize) {
+        self.routed.resize(n * hidden, 0.0);
     }
 
     /// Adds the last block's output to the residual stream, rows split over `pool`.

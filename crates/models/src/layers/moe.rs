@@ -1,14 +1,17 @@
-//! The mixture-of-experts feed-forward block (Mixtral, Qwen3-MoE) and [`FeedForward`], the
-//! choice between it and the dense gated MLP that a layer makes from its config.
+//! The mixture-of-experts feed-forward block (Mixtral, Qwen3-MoE, Gemma 4) and
+//! [`FeedForward`], the choice between it and the dense gated MLP that a layer makes from its
+//! config.
 //!
 //! A router (`ffn_gate_inp`, `[experts, hidden]`) scores every expert per token; the softmax
 //! of the scores picks the `experts_used` most probable experts (ties to the lower index) and
 //! their probabilities, renormalized to sum to 1, weight the experts' outputs. That is
 //! llama.cpp's `build_moe_ffn` for both families (`norm_w` always on for qwen3moe and llama),
-//! and for Mixtral the same as HF's softmax over the top-k logits. Each expert is a SiLU-gated
-//! MLP whose `[gate | up]` and `down` are ordinary stacked linear layers cut from the 3-D
-//! `ffn_{gate,up,down}_exps` tensors, so every weight type and kernel of a dense layer serves
-//! the experts unchanged.
+//! and for Mixtral the same as HF's softmax over the top-k logits. Gemma 4's router
+//! ([`Routing::Scaled`]) scores a normed, scaled copy of its input instead and multiplies
+//! each pick's weight by a scale of its expert. Each expert is a gated MLP (SiLU, or Gemma's
+//! GELU-tanh) whose `[gate | up]` and `down` are ordinary stacked linear layers cut from the
+//! 3-D `ffn_{gate,up,down}_exps` (or fused `ffn_gate_up_exps`) tensors, so every weight type
+//! and kernel of a dense layer serves the experts unchanged.
 //!
 //! Tokens are grouped by expert: per step (per window of [`WINDOW`] tokens, which bounds the
 //! intermediates), the routed rows are gathered expert by expert into one buffer and every
@@ -22,10 +25,12 @@
 //! activations are quantized per row and block), and a row's weighted expert outputs are
 //! added to it in expert-index order, whatever other rows share its experts.
 
-use tokenmill_kernels::{silu_mul, softmax_inplace, QMatrix, Segments};
+use tokenmill_kernels::{gated_rows, softmax_inplace, QMatrix, Segments};
 
 use super::linear::matmul_segments;
-use super::{Activation, GatedMlp, Linear, LinearScratch, MlpBuffers, StackedLinear, Step};
+use super::{
+    Activation, GatedMlp, Linear, LinearScratch, MlpBuffers, RmsNorm, StackedLinear, Step,
+};
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::loader::LayerTensors;
@@ -52,6 +57,8 @@ const WINDOW: usize = 512;
 /// The MoE block's intermediates; grown to the largest step, never shrunk.
 #[derive(Debug, Default)]
 pub(crate) struct MoeBuffers {
+    /// The router's normed input (Gemma 4's [`Routing::Scaled`] only), `[n][hidden]`.
+    router_input: Vec<f32>,
     /// Router scores, then probabilities, `[n][experts]`.
     probs: Vec<f32>,
     /// Each row's chosen experts, `[n][experts_used]`.
@@ -160,53 +167,122 @@ impl ExpertLinears {
     }
 }
 
+/// How a family's router turns a token into expert weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Routing {
+    /// The scores are of the block's input; the picks' renormalized probabilities weight
+    /// them (Mixtral, Qwen3-MoE).
+    Softmax,
+    /// Gemma 4's: the scores are of `rms_norm(x) * scale / sqrt(hidden)` (a norm without
+    /// weight, then `ffn_gate_inp.scale`, HF `router.scale`), and each pick's renormalized
+    /// probability is multiplied by its expert's `ffn_down_exps.scale` (HF
+    /// `router.per_expert_scale`; llama.cpp scales the expert's output by it, the same
+    /// product).
+    Scaled,
+}
+
+/// The loaded router: its projection and, for [`Routing::Scaled`], its two scales.
+#[derive(Debug)]
+struct Router {
+    /// `[experts, hidden]`.
+    proj: Linear,
+    /// The norm of the router's input, its weight `scale / sqrt(hidden)` (folded at load).
+    input_norm: Option<RmsNorm>,
+    /// Each expert's weight multiplier, `[experts]`.
+    per_expert_scale: Option<Vec<f32>>,
+}
+
+impl Router {
+    fn load(
+        tensors: &LayerTensors<'_>,
+        config: &ModelConfig,
+        experts: usize,
+        routing: Routing,
+    ) -> Result<Router> {
+        let hidden = config.hidden_size;
+        let proj = tensors.matrix("ffn_gate_inp.weight", experts, hidden)?;
+        Ok(match routing {
+            Routing::Softmax => Router {
+                proj,
+                input_norm: None,
+                per_expert_scale: None,
+            },
+            Routing::Scaled => {
+                let root = (hidden as f32).powf(-0.5);
+                let mut weight = tensors.vector("ffn_gate_inp.scale", hidden)?;
+                weight.iter_mut().for_each(|w| *w *= root);
+                Router {
+                    proj,
+                    input_norm: Some(RmsNorm::new(weight, config.rms_norm_eps)),
+                    per_expert_scale: Some(tensors.vector("ffn_down_exps.scale", experts)?),
+                }
+            }
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct MoeBlock {
-    /// `[experts, hidden]`.
-    router: Linear,
+    router: Router,
     /// Each expert's `[gate | up]`, `[2 * width, hidden]`.
     gate_up: ExpertLinears,
     /// Each expert's `[hidden, width]`.
     down: ExpertLinears,
+    activation: Activation,
     moe: MoeConfig,
     hidden: usize,
 }
 
 impl MoeBlock {
-    /// Reads `ffn_gate_inp.weight` and the `ffn_{gate,up,down}_exps.weight` expert tensors.
-    pub fn load(tensors: &LayerTensors<'_>, hidden: usize, moe: MoeConfig) -> Result<MoeBlock> {
-        let (count, width) = (moe.num_experts, moe.expert_intermediate_size);
-        let router = tensors.matrix("ffn_gate_inp.weight", count, hidden)?;
-        let gate_up = tensors.expert_stacks(
+    /// Reads the router (`ffn_gate_inp.weight`, and `routing`'s scales) and the experts:
+    /// `ffn_gate_up_exps.weight` where the file fuses gate and up (Gemma 4), else
+    /// `ffn_{gate,up}_exps.weight`, and `ffn_down_exps.weight`; each expert's gate is
+    /// activated with `activation`.
+    pub fn load(
+        tensors: &LayerTensors<'_>,
+        config: &ModelConfig,
+        moe: MoeConfig,
+        routing: Routing,
+        activation: Activation,
+    ) -> Result<MoeBlock> {
+        let (count, width, hidden) = (
+            moe.num_experts,
+            moe.expert_intermediate_size,
+            config.hidden_size,
+        );
+        let gate_up_parts: &[(&str, usize)] = if tensors.contains(FUSED_GATE_UP_EXPERTS) {
+            &[(FUSED_GATE_UP_EXPERTS, 2 * width)]
+        } else {
             &[
                 ("ffn_gate_exps.weight", width),
                 ("ffn_up_exps.weight", width),
-            ],
-            hidden,
-            count,
-        )?;
+            ]
+        };
+        let gate_up = tensors.expert_stacks(gate_up_parts, hidden, count)?;
         let down = tensors.expert_stacks(&[("ffn_down_exps.weight", hidden)], width, count)?;
         Ok(MoeBlock {
-            router,
+            router: Router::load(tensors, config, count, routing)?,
             gate_up: ExpertLinears::new(gate_up),
             down: ExpertLinears::new(down),
+            activation,
             moe,
             hidden,
         })
     }
 
     pub fn storage_bytes(&self) -> usize {
-        self.router.storage_bytes() + self.gate_up.storage_bytes() + self.down.storage_bytes()
+        self.router.proj.storage_bytes() + self.gate_up.storage_bytes() + self.down.storage_bytes()
     }
 
     /// Bytes one token reads: the router and `experts_used` experts (of average size).
     pub fn decode_bytes(&self) -> usize {
-        let experts = self.storage_bytes() - self.router.storage_bytes();
-        self.router.storage_bytes() + experts / self.moe.num_experts * self.moe.experts_used
+        let router = self.router.proj.storage_bytes();
+        let experts = self.storage_bytes() - router;
+        router + experts / self.moe.num_experts * self.moe.experts_used
     }
 
-    /// `out[n][hidden]` for `x[n][hidden]`. No LoRA hook: adapters with MLP targets are
-    /// refused when loaded against a mixture-of-experts base (`LoraError::ExpertTarget`).
+    /// `out[n][hidden]` for `x[n][hidden]`, routed by `x` itself ([`MoeBlock::route`], then
+    /// [`MoeBlock::experts`]).
     pub fn forward(
         &self,
         step: &Step<'_>,
@@ -216,25 +292,71 @@ impl MoeBlock {
         scratch: &mut LinearScratch,
         out: &mut [f32],
     ) -> Result<()> {
+        self.route(step, layer, x, buffers, scratch)?;
+        self.experts(step, layer, x, buffers, scratch, out)
+    }
+
+    /// Picks every token's experts and their weights from `router_input` (`[n][hidden]`)
+    /// into `buffers`, for the next [`MoeBlock::experts`] of the step. Gemma 4 routes by the
+    /// residual stream but runs its experts on a normed copy of it.
+    pub fn route(
+        &self,
+        step: &Step<'_>,
+        layer: usize,
+        router_input: &[f32],
+        buffers: &mut MoeBuffers,
+        scratch: &mut LinearScratch,
+    ) -> Result<()> {
         let (n, hidden) = (step.num_tokens(), self.hidden);
         let (experts, used) = (self.moe.num_experts, self.moe.experts_used);
-        if x.len() != n * hidden
-            || out.len() != n * hidden
+        if router_input.len() != n * hidden
             || buffers.probs.len() < n * experts
-            || buffers.grouped.len() < n.min(WINDOW) * used
+            || buffers.routes.len() < n * used
         {
-            return Err(ModelError::InvalidBatch(format!(
-                "MoE block of layer {layer}: buffers not prepared for {n} tokens"
-            )));
+            return Err(not_prepared(layer, n));
         }
         let probs = &mut buffers.probs[..n * experts];
-        self.router.forward(step.pool, x, n, probs, scratch)?;
+        let x = match &self.router.input_norm {
+            Some(norm) => {
+                // Grown once to the largest step, like the buffers `prepare` sizes.
+                if buffers.router_input.len() < n * hidden {
+                    buffers.router_input.resize(n * hidden, 0.0);
+                }
+                let normed = &mut buffers.router_input[..n * hidden];
+                norm.forward_rows(step.pool, router_input, normed)?;
+                &*normed
+            }
+            None => router_input,
+        };
+        self.router.proj.forward(step.pool, x, n, probs, scratch)?;
         let routes = &mut buffers.routes[..n * used];
         for (row, chosen) in probs
             .chunks_exact_mut(experts)
             .zip(routes.chunks_exact_mut(used))
         {
-            route(row, chosen);
+            route(row, chosen, self.router.per_expert_scale.as_deref());
+        }
+        Ok(())
+    }
+
+    /// `out[n][hidden]`: each row of `x[n][hidden]` through the experts the last
+    /// [`MoeBlock::route`] picked for it, weighted. No LoRA hook: adapters with MLP targets
+    /// are refused when loaded against a mixture-of-experts base (`LoraError::ExpertTarget`).
+    pub fn experts(
+        &self,
+        step: &Step<'_>,
+        layer: usize,
+        x: &[f32],
+        buffers: &mut MoeBuffers,
+        scratch: &mut LinearScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (n, hidden) = (step.num_tokens(), self.hidden);
+        if x.len() != n * hidden
+            || out.len() != n * hidden
+            || buffers.grouped.len() < n.min(WINDOW) * self.moe.experts_used
+        {
+            return Err(not_prepared(layer, n));
         }
         out.fill(0.0);
         for first in (0..n).step_by(WINDOW) {
@@ -288,14 +410,7 @@ impl MoeBlock {
             scratch,
         )?;
         let activated = &mut buffers.activated[..routed * width];
-        for (pair, dst) in gate_up
-            .chunks_exact_mut(2 * width)
-            .zip(activated.chunks_exact_mut(width))
-        {
-            let (gate, up) = pair.split_at_mut(width);
-            silu_mul(gate, up)?;
-            dst.copy_from_slice(gate);
-        }
+        gated_rows(step.pool, self.activation, gate_up, activated, width)?;
         let expert_out = &mut buffers.expert_out[..routed * hidden];
         self.down.forward(
             step,
@@ -317,10 +432,21 @@ impl MoeBlock {
     }
 }
 
+/// The fused `[gate | up]` of every expert, `[experts, 2 * width, hidden]` (Gemma 4's
+/// converter writes it; HF `experts.gate_up_proj`).
+const FUSED_GATE_UP_EXPERTS: &str = "ffn_gate_up_exps.weight";
+
+fn not_prepared(layer: usize, n: usize) -> ModelError {
+    ModelError::InvalidBatch(format!(
+        "MoE block of layer {layer}: buffers not prepared for {n} tokens"
+    ))
+}
+
 /// Turns one row of router scores into probabilities in place and writes the
 /// `chosen.len()` most probable experts (ties to the lower index), their probabilities
-/// renormalized to sum to 1.
-fn route(probs: &mut [f32], chosen: &mut [Route]) {
+/// renormalized to sum to 1, then (Gemma 4) each multiplied by its expert's entry of
+/// `per_expert_scale`.
+fn route(probs: &mut [f32], chosen: &mut [Route], per_expert_scale: Option<&[f32]>) {
     softmax_inplace(probs);
     let mut sum = 0.0f32;
     for slot in 0..chosen.len() {
@@ -343,6 +469,9 @@ fn route(probs: &mut [f32], chosen: &mut [Route]) {
     }
     for r in chosen.iter_mut() {
         r.weight /= sum;
+        if let Some(scales) = per_expert_scale {
+            r.weight *= scales[r.expert as usize];
+        }
     }
 }
 
@@ -389,7 +518,13 @@ impl FeedForward {
     pub fn load(tensors: &LayerTensors<'_>, config: &ModelConfig) -> Result<FeedForward> {
         let hidden = config.hidden_size;
         Ok(match config.moe {
-            Some(moe) => FeedForward::Moe(MoeBlock::load(tensors, hidden, moe)?),
+            Some(moe) => FeedForward::Moe(MoeBlock::load(
+                tensors,
+                config,
+                moe,
+                Routing::Softmax,
+                Activation::Silu,
+            )?),
             None => FeedForward::Dense(GatedMlp::load(
                 tensors,
                 hidden,
@@ -446,10 +581,27 @@ mod tests {
     use super::*;
 
     fn routes(logits: &[f32], used: usize) -> Vec<(u32, f32)> {
+        scaled_routes(logits, used, None)
+    }
+
+    fn scaled_routes(logits: &[f32], used: usize, scales: Option<&[f32]>) -> Vec<(u32, f32)> {
         let mut probs = logits.to_vec();
         let mut chosen = vec![Route::default(); used];
-        route(&mut probs, &mut chosen);
+        route(&mut probs, &mut chosen, scales);
         chosen.iter().map(|r| (r.expert, r.weight)).collect()
+    }
+
+    /// Gemma 4's per-expert scales multiply the renormalized weights; they do not change
+    /// which experts are picked (HF's `top_k_weights * per_expert_scale[top_k_index]`).
+    #[test]
+    fn per_expert_scales_multiply_the_renormalized_weights() {
+        let logits = [0.5, 2.0, -1.0, 1.0];
+        let scales = [10.0, 0.5, 3.0, 2.0];
+        let plain = routes(&logits, 2);
+        let scaled = scaled_routes(&logits, 2, Some(&scales));
+        assert_eq!((scaled[0].0, scaled[1].0), (plain[0].0, plain[1].0));
+        assert_eq!(scaled[0].1, plain[0].1 * 0.5);
+        assert_eq!(scaled[1].1, plain[1].1 * 2.0);
     }
 
     #[test]

@@ -301,15 +301,19 @@ impl LayerTensors<'_> {
     /// One stacked matrix per expert from 3-D expert tensors `[experts, rows, columns]`
     /// (`ffn_gate_exps.weight`): expert `e`'s rows of every part, stacked as [`Self::stacked`]
     /// stacks 2-D ones. An expert's rows are contiguous whole blocks in every supported type,
-    /// so its matrix is a byte range of the tensor, repacked like any dense weight. HF
-    /// checkpoints hold one 2-D tensor per expert instead ([`Self::hf_expert_name`]).
+    /// so its matrix is a byte range of the tensor, repacked like any dense weight. Most HF
+    /// checkpoints hold one 2-D tensor per expert instead ([`Self::hf_expert_name`]); those
+    /// whose family renames the parts to 3-D tensors (Gemma 4's `experts.gate_up_proj`) are
+    /// read as GGUF's are.
     pub fn expert_stacks(
         &self,
         parts: &[(&str, usize)],
         columns: usize,
         experts: usize,
     ) -> Result<Vec<StackedLinear>> {
-        if self.reader.naming != TensorNaming::Gguf {
+        let per_expert_tensors = self.reader.naming != TensorNaming::Gguf
+            && !parts.iter().all(|&(short, _)| self.contains(short));
+        if per_expert_tensors {
             return (0..experts)
                 .map(|expert| {
                     let named = parts

@@ -2,8 +2,10 @@
 //! `scripts/reference/make_gemma4_fixtures.py`) as llama.cpp's `convert_hf_to_gguf.py
 //! --outtype f32` writes them: renames, the per-layer keys (`head_count_kv` and
 //! `feed_forward_length` as arrays where layers differ, the sliding layers' head size and
-//! RoPE under `*_swa`), and the `rope_freqs.weight` that marks the global layers' unrotated
-//! pairs (metadata and tensors checked once against the converter's output). The fixture's
+//! RoPE under `*_swa`, the experts' `expert_*` counts), the `rope_freqs.weight` that marks
+//! the global layers' unrotated pairs, and the mixture of experts' tensors: the router's
+//! scales as `.scale` tensors of `ffn_gate_inp` and `ffn_down_exps`, gate and up fused in
+//! `ffn_gate_up_exps` (metadata and tensors checked once against the converter's output). The fixture's
 //! HF directory and the runner helpers are the Qwen3.5 support's (`support/qwen35.rs`).
 #![allow(dead_code, clippy::unwrap_used)]
 
@@ -59,6 +61,14 @@ fn gguf_name(hf: &str) -> String {
         "per_layer_projection.weight" => "proj.weight",
         "post_per_layer_input_norm.weight" => "post_norm.weight",
         "layer_scalar" => "layer_output_scale.weight",
+        "router.proj.weight" => "ffn_gate_inp.weight",
+        "router.scale" => "ffn_gate_inp.scale",
+        "router.per_expert_scale" => "ffn_down_exps.scale",
+        "experts.gate_up_proj" => "ffn_gate_up_exps.weight",
+        "experts.down_proj" => "ffn_down_exps.weight",
+        "post_feedforward_layernorm_1.weight" => "post_ffw_norm_1.weight",
+        "pre_feedforward_layernorm_2.weight" => "pre_ffw_norm_2.weight",
+        "post_feedforward_layernorm_2.weight" => "post_ffw_norm_2.weight",
         other => panic!("no GGUF name for {other}"),
     };
     format!("blk.{layer}.{name}")
@@ -97,7 +107,18 @@ pub fn write_gguf(fixture: &Qwen35Fixture, path: &Path) {
         ("rope.dimension_count", full_head),
         ("rope.dimension_count_swa", swa_head),
     ];
-    for (key, value) in u32s {
+    let experts = match c["enable_moe_block"].as_bool().unwrap_or(false) {
+        true => vec![
+            ("expert_count", usize_of(c, "num_experts")),
+            ("expert_used_count", usize_of(c, "top_k_experts")),
+            (
+                "expert_feed_forward_length",
+                usize_of(c, "moe_intermediate_size"),
+            ),
+        ],
+        false => Vec::new(),
+    };
+    for (key, value) in u32s.into_iter().chain(experts) {
         writer.add_metadata(&format!("{arch}.{key}"), MetadataValue::U32(value as u32));
     }
     let rope = &c["rope_parameters"];

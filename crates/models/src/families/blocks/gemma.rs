@@ -9,7 +9,9 @@
 //! proportional RoPE), V normed, the last layers reading an earlier layer's KV
 //! (`kv_shared_layers`), per-layer embeddings (PLE: a per-token, per-layer vector from a
 //! table and a projection of the embedding, gated into each layer's output), per-layer MLP
-//! widths and a scalar per layer.
+//! widths, a scalar per layer and (26B-A4B, `moe`) routed experts beside every layer's MLP:
+//! `x += post_ffw(post_ffw_1(mlp(pre_ffw(x))) + post_ffw_2(experts(pre_ffw_2(x))))`, the
+//! router reading `x` itself ([`Routing::Scaled`]).
 //!
 //! Gemma 3's HF norm weights are the `w` of `x * (1 + w)`, with the 1 already added in GGUF
 //! files (llama.cpp's converter adds it), so its HF loader folds it in; Gemma 4's norms are
@@ -24,9 +26,9 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
 use crate::layers::{
     Activation, AttentionBlock, AttentionOptions, AttentionShape, EmbeddingAndHead, GatedMlp,
-    PerLayerEmbeddings, PerLayerGate, RmsNorm, Rope, Step, Workspace,
+    MoeBlock, PerLayerEmbeddings, PerLayerGate, RmsNorm, Rope, Routing, Step, Workspace,
 };
-use crate::loader::{TensorNaming, TensorStore, WeightReader};
+use crate::loader::{LayerTensors, TensorNaming, TensorStore, WeightReader};
 use crate::model::{validate_batch, CausalLm, LoadOptions};
 
 /// A loaded Gemma model: weights, its two RoPE tables and (Gemma 4) its per-layer
@@ -53,6 +55,8 @@ struct GemmaLayer {
     post_attention_norm: RmsNorm,
     ffn_norm: RmsNorm,
     mlp: GatedMlp,
+    /// Gemma 4's routed experts beside the MLP (which is then the shared expert).
+    experts: Option<RoutedExperts>,
     post_ffw_norm: RmsNorm,
     per_layer: Option<PerLayerGate>,
     /// Multiplies the layer's output (Gemma 4's `layer_scalar`).
@@ -147,6 +151,10 @@ impl GemmaModel {
             .max()
             .unwrap_or(config.intermediate_size);
         workspace.mlp.prepare(n, widest_mlp);
+        if let Some(moe) = config.moe {
+            workspace.moe.prepare(n, config.hidden_size, moe);
+            workspace.prepare_routed(n, config.hidden_size);
+        }
         if let Some(per_layer) = &self.per_layer {
             per_layer.prepare(&mut workspace.per_layer, n);
         }
@@ -175,6 +183,73 @@ impl GemmaModel {
             layer.forward(step, rope, (index, self.layers.len()), kv, workspace)?;
         }
         Ok(())
+    }
+}
+
+/// Gemma 4's mixture of experts: the routed experts with their own norms, and the norm of the
+/// dense MLP's output before the two are summed.
+#[derive(Debug)]
+struct RoutedExperts {
+    /// The MLP's output norm (`post_ffw_norm_1`, HF `post_feedforward_layernorm_1`).
+    post_mlp_norm: RmsNorm,
+    /// The experts' input norm (`pre_ffw_norm_2`).
+    pre_norm: RmsNorm,
+    block: MoeBlock,
+    /// The experts' output norm (`post_ffw_norm_2`).
+    post_norm: RmsNorm,
+}
+
+impl RoutedExperts {
+    fn load(tensors: &LayerTensors<'_>, config: &ModelConfig) -> Result<Option<RoutedExperts>> {
+        let Some(moe) = config.moe else {
+            return Ok(None);
+        };
+        let (hidden, eps) = (config.hidden_size, config.rms_norm_eps);
+        Ok(Some(RoutedExperts {
+            post_mlp_norm: tensors.rms_norm("post_ffw_norm_1.weight", hidden, eps)?,
+            pre_norm: tensors.rms_norm("pre_ffw_norm_2.weight", hidden, eps)?,
+            block: MoeBlock::load(tensors, config, moe, Routing::Scaled, Activation::GeluTanh)?,
+            post_norm: tensors.rms_norm("post_ffw_norm_2.weight", hidden, eps)?,
+        }))
+    }
+
+    /// With the MLP's output in `ws.projected` and the residual stream in `ws.hidden`:
+    /// `ws.projected = post_mlp(projected) + post(experts(pre(hidden)))`, routed by `hidden`.
+    fn forward(&self, step: &Step<'_>, layer: usize, ws: &mut Workspace) -> Result<()> {
+        let pool = step.pool;
+        self.post_mlp_norm
+            .forward_rows(pool, &ws.projected, &mut ws.normed)?;
+        self.pre_norm
+            .forward_rows(pool, &ws.hidden, &mut ws.projected)?;
+        self.block
+            .route(step, layer, &ws.hidden, &mut ws.moe, &mut ws.linear)?;
+        let n = step.num_tokens() * self.pre_norm.width();
+        let Some(routed) = ws.routed.get_mut(..n) else {
+            return Err(ModelError::InvalidBatch(format!(
+                "experts' output buffer not prepared for {} tokens",
+                step.num_tokens()
+            )));
+        };
+        self.block.experts(
+            step,
+            layer,
+            &ws.projected,
+            &mut ws.moe,
+            &mut ws.linear,
+            routed,
+        )?;
+        self.post_norm
+            .forward_rows(pool, routed, &mut ws.projected)?;
+        tokenmill_kernels::add_rows(pool, &mut ws.projected, &ws.normed, self.pre_norm.width())?;
+        Ok(())
+    }
+
+    fn storage_bytes(&self) -> usize {
+        self.block.storage_bytes()
+    }
+
+    fn decode_bytes(&self) -> usize {
+        self.block.decode_bytes()
     }
 }
 
@@ -227,6 +302,7 @@ impl GemmaLayer {
                 config.layer_intermediate_size(layer),
                 Activation::GeluTanh,
             )?,
+            experts: RoutedExperts::load(&tensors, config)?,
             post_ffw_norm: tensors.rms_norm("post_ffw_norm.weight", hidden, eps)?,
             per_layer: config
                 .per_layer_input_size
@@ -238,6 +314,19 @@ impl GemmaLayer {
     }
 
     fn storage_bytes(&self) -> usize {
+        self.dense_bytes()
+            + self
+                .experts
+                .as_ref()
+                .map_or(0, RoutedExperts::storage_bytes)
+    }
+
+    /// Bytes one decode token reads: the dense weights and the experts it is routed to.
+    fn decode_bytes(&self) -> usize {
+        self.dense_bytes() + self.experts.as_ref().map_or(0, RoutedExperts::decode_bytes)
+    }
+
+    fn dense_bytes(&self) -> usize {
         self.attention.storage_bytes()
             + self.mlp.storage_bytes()
             + self
@@ -280,6 +369,9 @@ impl GemmaLayer {
             &mut ws.linear,
             &mut ws.projected,
         )?;
+        if let Some(experts) = &self.experts {
+            experts.forward(step, index, ws)?;
+        }
         ws.add_normed_residual(step.pool, &self.post_ffw_norm)?;
         if let Some(per_layer) = &self.per_layer {
             per_layer.forward(step, index, layers, ws)?;
@@ -310,9 +402,10 @@ impl CausalLm for GemmaModel {
         layers + per_layer + self.ends.storage_bytes()
     }
 
-    /// The per-layer embedding table is read one row per token, its projection whole.
+    /// The per-layer embedding table is read one row per token, its projection whole; of
+    /// the experts only those a token is routed to.
     fn decode_weight_bytes(&self) -> usize {
-        let layers: usize = self.layers.iter().map(GemmaLayer::storage_bytes).sum();
+        let layers: usize = self.layers.iter().map(GemmaLayer::decode_bytes).sum();
         let per_layer = self
             .per_layer
             .as_ref()
@@ -353,9 +446,27 @@ impl CausalLm for GemmaModel {
 const GEMMA3_HF_RENAMES: &[(&str, &str)] =
     &[("ffn_norm.weight", "pre_feedforward_layernorm.weight")];
 
-/// Gemma 3's renames and Gemma 4's per-layer embedding gate and layer scalar.
+/// Gemma 3's renames, Gemma 4's per-layer embedding gate and layer scalar, and its router,
+/// 3-D expert tensors and the norms around them.
 const GEMMA4_HF_RENAMES: &[(&str, &str)] = &[
     ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+    ("ffn_gate_inp.weight", "router.proj.weight"),
+    ("ffn_gate_inp.scale", "router.scale"),
+    ("ffn_down_exps.scale", "router.per_expert_scale"),
+    ("ffn_gate_up_exps.weight", "experts.gate_up_proj"),
+    ("ffn_down_exps.weight", "experts.down_proj"),
+    (
+        "post_ffw_norm_1.weight",
+        "post_feedforward_layernorm_1.weight",
+    ),
+    (
+        "pre_ffw_norm_2.weight",
+        "pre_feedforward_layernorm_2.weight",
+    ),
+    (
+        "post_ffw_norm_2.weight",
+        "post_feedforward_layernorm_2.weight",
+    ),
     ("inp_gate.weight", "per_layer_input_gate.weight"),
     ("proj.weight", "per_layer_projection.weight"),
     ("post_norm.weight", "post_per_layer_input_norm.weight"),
