@@ -37,6 +37,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -106,7 +107,10 @@ class Cost:
         get = lambda suffix: meta(model, f"{arch}.{suffix}")  # noqa: E731
         self.layers = int(get("block_count"))
         self.hidden = int(get("embedding_length"))
-        self.intermediate = int(get("feed_forward_length"))
+        # Per-layer arrays (Gemma 4's `feed_forward_length`, `head_count_kv`) read as no value
+        # here: the MLP then counts as 0 and the KV heads as the query heads, so llama.cpp's
+        # GFLOP/s for such a file is a rough figure; its tok/s is what compares.
+        self.intermediate = int(get("feed_forward_length") or 0)
         heads = int(get("attention.head_count"))
         kv_heads = int(get("attention.head_count_kv") or heads)
         head_dim = int(get("attention.key_length") or self.hidden // heads)
@@ -277,13 +281,23 @@ def run_tool(argv: list[str]) -> str:
     return done.stdout
 
 
+def native_bench_flags(args) -> list[str]:
+    """llama-bench's flash-attention and mmap flags in its own version's spelling: 0.3.16's
+    llama.cpp takes `-fa 1 -mmp 1`, 0c1e570's (0.3.36) `-fa on -lm mmap`."""
+    help_text = subprocess.run([os.path.join(args.native_bin, "llama-bench"), "--help"],
+                               capture_output=True, text=True).stdout
+    if "--load-mode" in help_text:
+        return ["-fa", "on" if args.flash_attn else "off",
+                "-lm", "none" if args.no_mmap else "mmap"]
+    return ["-fa", "1" if args.flash_attn else "0", "-mmp", "0" if args.no_mmap else "1"]
+
+
 def native_bench(args, extra: list[str]) -> tuple[list[float], str]:
     """Seconds per llama-bench repetition of one test (its samples_ns), and its build commit."""
     out = run_tool([os.path.join(args.native_bin, "llama-bench"), "-m", args.model,
                     "-t", str(args.threads), "-r", str(args.repeats), "-o", "json",
                     "-b", str(args.n_batch), "-ub", str(args.n_ubatch),
-                    "-fa", "1" if args.flash_attn else "0", "-mmp", "0" if args.no_mmap else "1",
-                    *extra])
+                    *native_bench_flags(args), *extra])
     results = json.loads(out)
     if len(results) != 1:
         sys.exit(f"llama-bench returned {len(results)} results for {extra}")
