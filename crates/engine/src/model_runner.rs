@@ -84,12 +84,13 @@ impl LoadedModel {
             (None, None) => ChatTemplate::new(NO_CHAT_TEMPLATE)?,
         };
         tracing::info!(
-            "model family: {} (architecture {}), {} layers{}{}",
+            "model family: {} (architecture {}), {} layers{}{}{}",
             model.config().family(),
             model.config().architecture.name(),
             model.config().num_layers,
             model.config().describe_experts(),
             describe_windows(model.kv_layout()),
+            describe_shared_kv(model.config()),
         );
         tokenizer.register_chat_template_end_tokens(template.source());
         let grammar = GrammarCompiler::new(&grammar_vocabulary(&tokenizer))?;
@@ -171,16 +172,28 @@ const NO_CHAT_TEMPLATE: &str = "{{ raise_exception('As of transformers v4.44, de
     not define one (start the server with --chat-template, or pass chat_template in the \
     request).') }}";
 
-/// `, sliding window 512 on 15 of 18 layers` for the start-up line; empty without windows.
+/// `, sliding window 512 on 15 of 18 cached layers` for the start-up line; empty without windows.
 fn describe_windows(layout: &[tokenmill_models::LayerKvLayout]) -> String {
     let windows: Vec<usize> = layout.iter().filter_map(|l| l.sliding_window).collect();
     match windows.iter().max() {
         Some(window) => format!(
-            ", sliding window {window} on {} of {} layers",
+            ", sliding window {window} on {} of {} cached layers",
             windows.len(),
             layout.len()
         ),
         None => String::new(),
+    }
+}
+
+/// `, the last 20 layers read an earlier layer's KV (no cache of their own)` for a model with
+/// KV-shared layers (Gemma 4's), empty otherwise: why the cache has fewer layers than the
+/// model.
+fn describe_shared_kv(config: &tokenmill_models::ModelConfig) -> String {
+    match config.kv_shared_layers {
+        0 => String::new(),
+        shared => format!(
+            ", the last {shared} layers read an earlier layer's KV (no cache of their own)"
+        ),
     }
 }
 
