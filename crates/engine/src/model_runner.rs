@@ -191,9 +191,9 @@ fn describe_windows(layout: &[tokenmill_models::LayerKvLayout]) -> String {
 fn describe_shared_kv(config: &tokenmill_models::ModelConfig) -> String {
     match config.kv_shared_layers {
         0 => String::new(),
-        shared => format!(
-            ", the last {shared} layers read an earlier layer's KV (no cache of their own)"
-        ),
+        shared => {
+            format!(", the last {shared} layers read an earlier layer's KV (no cache of their own)")
+        }
     }
 }
 
