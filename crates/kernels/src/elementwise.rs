@@ -182,13 +182,39 @@ pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// `gate = min(g, limit) · σ(alpha · min(g, limit)) · (clamp(up, ±limit) + 1)`: gpt-oss's
+/// clamped SwiGLU (HF `GptOssExperts._apply_gate`, llama.cpp `swiglu_oai`), per element in
+/// f32 with the C library's `exp` (scalar only: no SIMD twin to keep equal).
+pub fn swiglu_oai_mul(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) -> Result<(), KernelError> {
+    if gate.len() != up.len() {
+        return Err(KernelError::LengthMismatch {
+            what: "swiglu_oai_mul up",
+            expected: gate.len(),
+            actual: up.len(),
+        });
+    }
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let y = u.clamp(-limit, limit);
+        *g = x / (1.0 + (-alpha * x).exp()) * (y + 1.0);
+    }
+    Ok(())
+}
+
 /// The gate activation of a gated MLP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GateActivation {
     /// [`silu_mul`].
     Silu,
     /// [`gelu_tanh_mul`] (GELU's tanh approximation, Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
+    /// [`swiglu_oai_mul`] (gpt-oss: `alpha` 1.702, `limit` 7).
+    SwigluOai {
+        /// The sigmoid's slope.
+        alpha: f32,
+        /// Gate values are clamped above at `limit`, up values to `±limit`.
+        limit: f32,
+    },
 }
 
 /// Rows below which [`gated_rows`] stays on the calling thread (a decode step's one row is
@@ -226,6 +252,9 @@ pub fn gated_rows(
             match activation {
                 GateActivation::Silu => silu_mul(gate, up)?,
                 GateActivation::GeluTanh => gelu_tanh_mul(gate, up)?,
+                GateActivation::SwigluOai { alpha, limit } => {
+                    swiglu_oai_mul(gate, up, alpha, limit)?
+                }
             }
             out.copy_from_slice(gate);
         }
@@ -378,7 +407,11 @@ mod tests {
     fn gated_rows_split_over_the_pool_equal_each_row_alone() {
         let mut rng = crate::test_util::Rng::new(41);
         let pool = crate::ThreadPool::new(2);
-        for activation in [GateActivation::Silu, GateActivation::GeluTanh] {
+        let oai = GateActivation::SwigluOai {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        for activation in [GateActivation::Silu, GateActivation::GeluTanh, oai] {
             for (rows, intermediate) in [(1usize, 8usize), (3, 19), (4, 16), (17, 40), (64, 33)] {
                 let gate_up = rng.vec(rows * 2 * intermediate, -6.0, 6.0);
                 let mut pooled = gate_up.clone();
@@ -391,6 +424,9 @@ mod tests {
                     match activation {
                         GateActivation::Silu => silu_mul(&mut gate, up).unwrap(),
                         GateActivation::GeluTanh => gelu_tanh_mul(&mut gate, up).unwrap(),
+                        GateActivation::SwigluOai { alpha, limit } => {
+                            swiglu_oai_mul(&mut gate, up, alpha, limit).unwrap()
+                        }
                     }
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     let what = format!("{activation:?} rows={rows} intermediate={intermediate}");
@@ -407,6 +443,29 @@ mod tests {
             matches!(err, Err(KernelError::LengthMismatch { .. })),
             "{err:?}"
         );
+    }
+
+    /// gpt-oss's clamp: the gate is capped above only, `up` on both sides, then shifted by 1.
+    #[test]
+    fn swiglu_oai_clamps_and_shifts() {
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        let gate = [-9.0f32, -1.0, 0.0, 0.5, 6.9, 7.0, 20.0];
+        let up = [0.0f32, 10.0, -10.0, 1.5, -0.5, 7.5, -8.0];
+        let mut out = gate;
+        swiglu_oai_mul(&mut out, &up, alpha, limit).unwrap();
+        for ((&g, &u), &o) in gate.iter().zip(&up).zip(&out) {
+            let x = f64::from(g.min(limit));
+            let y = f64::from(u.clamp(-limit, limit));
+            let want = x / (1.0 + (-f64::from(alpha) * x).exp()) * (y + 1.0);
+            assert!((f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()), "{g} {u}: {o} vs {want}");
+        }
+        // A gate past the limit acts as the limit; `up` past it as ±limit.
+        assert_eq!(out[6], {
+            let mut capped = [7.0f32];
+            swiglu_oai_mul(&mut capped, &[-7.0], alpha, limit).unwrap();
+            capped[0]
+        });
+        assert!(swiglu_oai_mul(&mut [0.0; 2], &[0.0; 3], alpha, limit).is_err());
     }
 
     #[test]

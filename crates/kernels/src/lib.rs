@@ -110,7 +110,8 @@ mod test_util;
 mod weight_buf;
 
 pub use attention::{
-    paged_attention, reference_attention, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
+    paged_attention, paged_attention_with_sinks, reference_attention,
+    reference_attention_with_sinks, write_kv, AttentionParams, AttentionSeq, PADDING_SLOT,
 };
 pub use cpu::{
     amx_enabled, runtime_summary, CpuFeatures, KernelPath, KernelsOverride, AMX_ENV, KERNELS_ENV,
@@ -118,7 +119,7 @@ pub use cpu::{
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{
     add_inplace, add_rms_norm_rows, add_rows, gated_rows, gelu_tanh_mul, rms_norm, rms_norm_rows,
-    silu_mul, softmax_inplace, GateActivation,
+    silu_mul, softmax_inplace, swiglu_oai_mul, GateActivation,
 };
 pub use encoder::{
     add_layer_norm, bidirectional_attention, gelu_erf_inplace, layer_norm, Bf16PanelMatrix,

@@ -24,6 +24,25 @@ pub enum RopeScaling {
         /// Context length the model was pre-trained with.
         original_max_position_embeddings: usize,
     },
+    /// YaRN (HF `_compute_yarn_parameters`, llama.cpp's `rope_yarn`): pair `i` turns at
+    /// `θᵢ / factor · (1 − rᵢ) + θᵢ · rᵢ`, where the ramp `rᵢ` is 1 for pairs that turn more
+    /// than `beta_fast` times over the original context, 0 for those that turn fewer than
+    /// `beta_slow` times, linear between; cos and sin are multiplied by `attention_factor`.
+    Yarn {
+        /// Context extension factor.
+        factor: f32,
+        /// Context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+        /// Rotations over the original context above which a pair keeps its frequency.
+        beta_fast: f32,
+        /// Rotations below which a pair is fully interpolated.
+        beta_slow: f32,
+        /// cos and sin are multiplied by it (`0.1 ln(factor) + 1` unless the model says).
+        attention_factor: f32,
+        /// The ramp's ends are rounded outwards to whole pairs (HF's default and llama.cpp's
+        /// only behaviour); gpt-oss is trained without (`truncate: false`).
+        truncate: bool,
+    },
 }
 
 /// Which dimensions form a rotation pair.
@@ -67,6 +86,32 @@ impl RopeCache {
             return Err(KernelError::InvalidShape("rope theta must be positive"));
         }
         let half = rotary_dim / 2;
+        if let RopeScaling::Yarn {
+            factor,
+            attention_factor,
+            ..
+        } = scaling
+        {
+            if !(factor.is_finite() && factor > 0.0 && attention_factor.is_finite()) {
+                return Err(KernelError::InvalidShape(
+                    "yarn factor must be positive and the attention factor finite",
+                ));
+            }
+            let ramp = yarn_ramp(theta, rotary_dim, scaling);
+            let inv_freq = (0..half)
+                .map(|i| {
+                    let extrapolated = base_frequency(theta, i, rotary_dim);
+                    let interpolated = extrapolated / f64::from(factor);
+                    interpolated * (1.0 - ramp[i]) + extrapolated * ramp[i]
+                })
+                .collect();
+            return Ok(RopeCache::from_frequencies(
+                rotary_dim,
+                max_positions,
+                inv_freq,
+                f64::from(attention_factor),
+            ));
+        }
         let inv_freq: Vec<f64> = (0..half)
             .map(|i| scale_frequency(base_frequency(theta, i, rotary_dim), scaling))
             .collect();
@@ -183,9 +228,44 @@ fn base_frequency(theta: f32, pair: usize, rotary_dim: usize) -> f64 {
     1.0 / f64::from(theta).powf((2 * pair) as f64 / rotary_dim as f64)
 }
 
+/// YaRN's per-pair extrapolation weight `rᵢ` ([`RopeScaling::Yarn`]): 1 − the clamped linear
+/// ramp between the pairs that turn `beta_fast` and `beta_slow` times over the original
+/// context. Other scalings: all ones.
+fn yarn_ramp(theta: f32, rotary_dim: usize, scaling: RopeScaling) -> Vec<f64> {
+    let half = rotary_dim / 2;
+    let RopeScaling::Yarn {
+        original_max_position_embeddings,
+        beta_fast,
+        beta_slow,
+        truncate,
+        ..
+    } = scaling
+    else {
+        return vec![1.0; half];
+    };
+    let dim = rotary_dim as f64;
+    let original = original_max_position_embeddings as f64;
+    // The pair index at which a frequency turns `rotations` times over the original context.
+    let pair_of = |rotations: f32| {
+        dim * (original / (f64::from(rotations) * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * f64::from(theta).ln())
+    };
+    let (mut low, mut high) = (pair_of(beta_fast), pair_of(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    (0..half)
+        .map(|i| 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0))
+        .collect()
+}
+
 fn scale_frequency(inv_freq: f64, scaling: RopeScaling) -> f64 {
     match scaling {
-        RopeScaling::None => inv_freq,
+        RopeScaling::None | RopeScaling::Yarn { .. } => inv_freq,
         RopeScaling::Linear { factor } => inv_freq / f64::from(factor),
         RopeScaling::Llama3 {
             factor,
@@ -307,6 +387,49 @@ mod tests {
         assert!((y[2] - 1.0f32.sin()).abs() < 1e-6);
         assert!((y[1] - 0.01f32.cos()).abs() < 1e-6);
         assert!((y[3] - 0.01f32.sin()).abs() < 1e-6);
+    }
+
+    /// gpt-oss's YaRN (64 dims, base 150,000, factor 32 over 4,096 positions, betas 32 and
+    /// 1): the ramp runs from pair 8.09 to 17.41 (8 to 18 truncated); fast pairs keep their
+    /// frequency, slow ones are divided by the factor, and cos/sin carry the attention factor.
+    #[test]
+    fn yarn_blends_extrapolated_and_interpolated_frequencies() {
+        let yarn = |truncate| RopeScaling::Yarn {
+            factor: 32.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0 + 0.1 * 32f32.ln(),
+            truncate,
+        };
+        let base = |i: usize| 1.0 / 150_000f64.powf(2.0 * i as f64 / 64.0);
+        let cache = RopeCache::new(64, 150_000.0, 4, yarn(false)).unwrap();
+        let freq = cache.inv_freq();
+        for i in 0..=8 {
+            assert_eq!(freq[i], base(i), "pair {i} extrapolates");
+        }
+        for i in 18..32 {
+            assert!((freq[i] - base(i) / 32.0).abs() < 1e-15, "pair {i} interpolates");
+        }
+        assert!(freq[12] < base(12) && freq[12] > base(12) / 32.0);
+        // Truncated: the ramp's ends are whole pairs, so pair 13 is the exact midpoint.
+        let truncated = RopeCache::new(64, 150_000.0, 4, yarn(true)).unwrap();
+        let mid = base(13) / 32.0 * 0.5 + base(13) * 0.5;
+        assert!((truncated.inv_freq()[13] - mid).abs() < 1e-15);
+        assert_ne!(truncated.inv_freq()[12], freq[12]);
+        // Position 0 is cos = attention factor, sin = 0.
+        let mut x = vec![1.0f32; 64];
+        apply_rope(&mut x, 1, 1, 64, &[0], &cache, RopeStyle::Neox).unwrap();
+        assert!(x.iter().all(|&v| (v - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-6));
+        let bad = RopeScaling::Yarn {
+            factor: 0.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0,
+            truncate: false,
+        };
+        assert!(RopeCache::new(64, 150_000.0, 4, bad).is_err());
     }
 
     #[test]

@@ -309,10 +309,41 @@ pub fn paged_attention(
     block_tables: &[u32],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
+    paged_attention_with_sinks(pool, p, None, q, k_cache, v_cache, seqs, block_tables, out)
+}
+
+/// [`paged_attention`] with learned **attention sinks** (gpt-oss): `sinks[h]` is one more
+/// logit in query head `h`'s softmax that attends to nothing, so each output is
+/// `Σ e^(s_i) v_i / (Σ e^(s_i) + e^(sinks[h]))` (HF's `cat([scores, sinks])` softmax with the
+/// sink column dropped). It is folded in as a last segment of one key with weight sum 1 and
+/// a zero value, after every real segment, so a row's result still depends only on its own
+/// query, position and cached K/V. `None` is plain attention.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_with_sinks(
+    pool: &ThreadPool,
+    p: &AttentionParams,
+    sinks: Option<&[f32]>,
+    q: &[f32],
+    k_cache: KvCacheSlice<'_>,
+    v_cache: KvCacheSlice<'_>,
+    seqs: &[AttentionSeq],
+    block_tables: &[u32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    if let Some(sinks) = sinks {
+        if sinks.len() != p.num_heads {
+            return Err(KernelError::LengthMismatch {
+                what: "attention sinks",
+                expected: p.num_heads,
+                actual: sinks.len(),
+            });
+        }
+    }
     attention_with(
         VectorOps::detect(),
         pool,
         p,
+        sinks,
         q,
         k_cache,
         v_cache,
@@ -328,6 +359,7 @@ fn attention_with(
     kernels: VectorOps,
     pool: &ThreadPool,
     p: &AttentionParams,
+    sinks: Option<&[f32]>,
     q: &[f32],
     k_cache: KvCacheSlice<'_>,
     v_cache: KvCacheSlice<'_>,
@@ -378,6 +410,7 @@ fn attention_with(
         source(&TaskInputs {
             kernels,
             p,
+            sinks,
             q,
             seq,
             table,
@@ -435,11 +468,13 @@ fn attention_with(
                 merge_segment(kernels, &mut state, &mut running, segment, acc);
             }
             let row = seq.query_start + pair / p.num_heads;
-            let at = row * q_dim + (pair % p.num_heads) * d;
+            let head = pair % p.num_heads;
+            let at = row * q_dim + head * d;
             // SAFETY: the parallel region has ended; `at..at + d` lies inside `out` (validated
             // against q's shape).
             let target = unsafe { output.slice_mut(at, d) };
-            finish_pair(&state, &running, target);
+            let sink = sinks.map(|sinks| sinks[head]);
+            finish_pair(kernels, &mut state, &mut running, sink, target);
         }
     }
     Ok(())
@@ -474,10 +509,29 @@ fn merge_segment(
     }
 }
 
-/// A pair's attention output from its final state: the accumulator over the softmax sum.
-fn finish_pair(state: &OnlineSoftmax, acc: &[f32], target: &mut [f32]) {
+/// A pair's attention output from its final state: the accumulator over the softmax sum,
+/// after the head's attention sink (if any) is merged in as one more segment of a single key
+/// whose value is zero ([`paged_attention_with_sinks`]).
+fn finish_pair(
+    kernels: VectorOps,
+    state: &mut OnlineSoftmax,
+    acc: &mut [f32],
+    sink: Option<f32>,
+    target: &mut [f32],
+) {
+    if let Some(logit) = sink {
+        if state.sum != 0.0 {
+            let max = state.max.max(logit);
+            let (keep, add) = kernels.scalar_exp_pair(state.max - max, logit - max);
+            state.sum = state.sum * keep + add;
+            state.max = max;
+            for a in acc.iter_mut() {
+                *a *= keep;
+            }
+        }
+    }
     let inverse = 1.0 / state.sum;
-    for (o, &a) in target.iter_mut().zip(acc) {
+    for (o, &a) in target.iter_mut().zip(acc.iter()) {
         *o = a * inverse;
     }
 }
@@ -628,6 +682,8 @@ enum Sink<'a> {
 struct TaskInputs<'a> {
     kernels: VectorOps,
     p: &'a AttentionParams,
+    /// Per query head, the attention sink's logit.
+    sinks: Option<&'a [f32]>,
     q: &'a [f32],
     seq: &'a AttentionSeq,
     table: &'a [u32],
@@ -841,6 +897,7 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     let TaskInputs {
         kernels,
         p,
+        sinks,
         q,
         seq,
         table,
@@ -1039,16 +1096,17 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
     finish_segment(segment, &mut states, accumulators);
     if let Sink::Output(output) = sink {
         for (pair, (state, acc)) in running[..n_pairs]
-            .iter()
-            .zip(running_accs.chunks_exact(d))
+            .iter_mut()
+            .zip(running_accs.chunks_exact_mut(d))
             .enumerate()
         {
-            let start = row_of(pair) * q_dim + head_of(pair) * d;
+            let head = head_of(pair);
+            let start = row_of(pair) * q_dim + head * d;
             // SAFETY: each (row, head) pair belongs to exactly one task, rows of different
             // sequences are disjoint (validated), and the range lies inside `out` (validated
             // against q's shape).
             let target = unsafe { output.slice_mut(start, d) };
-            finish_pair(state, acc, target);
+            finish_pair(kernels, state, acc, sinks.map(|sinks| sinks[head]), target);
         }
     }
     ACC_SCRATCH.with(|cell| cell.replace(buffers));
@@ -1058,6 +1116,22 @@ fn attend_task<S: TileSource>(job: &TaskInputs<'_>, source: &mut S) {
 /// an f64 softmax. For tests.
 pub fn reference_attention(
     p: &AttentionParams,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    seqs: &[AttentionSeq],
+    block_tables: &[u32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    reference_attention_with_sinks(p, None, q, k_cache, v_cache, seqs, block_tables, out)
+}
+
+/// [`reference_attention`] with attention sinks ([`paged_attention_with_sinks`]): the sink's
+/// logit joins the f64 score row's softmax and contributes no value.
+#[allow(clippy::too_many_arguments)]
+pub fn reference_attention_with_sinks(
+    p: &AttentionParams,
+    sinks: Option<&[f32]>,
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -1100,9 +1174,15 @@ pub fn reference_attention(
                         dot * f64::from(p.scale)
                     })
                     .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sink = sinks.map(|sinks| f64::from(sinks[head]));
+                let max = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
+                let total: f64 =
+                    weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for c in 0..d {
                     let value: f64 = weights
                         .iter()

@@ -15,6 +15,8 @@ struct Batch {
     v_cache: Vec<f32>,
     seqs: Vec<AttentionSeq>,
     block_tables: Vec<u32>,
+    /// Per query head, an attention sink's logit.
+    sinks: Option<Vec<f32>>,
 }
 
 /// Random sequences with shuffled (non-contiguous) block tables; each entry of
@@ -60,6 +62,7 @@ fn random_batch(rng: &mut Rng, params: AttentionParams, shapes: &[(usize, usize)
         v_cache,
         seqs,
         block_tables,
+        sinks: None,
     }
 }
 
@@ -75,6 +78,7 @@ fn run_with(kernels: VectorOps, pool: &ThreadPool, batch: &Batch) -> Vec<f32> {
         kernels,
         pool,
         &batch.params,
+        batch.sinks.as_deref(),
         &batch.q,
         k_cache.as_slice(),
         v_cache.as_slice(),
@@ -89,8 +93,9 @@ fn run_with(kernels: VectorOps, pool: &ThreadPool, batch: &Batch) -> Vec<f32> {
 /// The naive reference over the values the batch's cache type stores.
 fn reference(batch: &Batch) -> Vec<f32> {
     let mut expected = vec![f32::NAN; batch.q.len()];
-    reference_attention(
+    reference_attention_with_sinks(
         &batch.params,
+        batch.sinks.as_deref(),
         &batch.q,
         &KvCacheBuffer::from_f32(batch.dtype, &batch.k_cache).to_f32(),
         &KvCacheBuffer::from_f32(batch.dtype, &batch.v_cache).to_f32(),
@@ -223,20 +228,21 @@ fn rows_alone(batch: &Batch, seq: &AttentionSeq, rows: std::ops::Range<usize>) -
             ..*seq
         }],
         block_tables: batch.block_tables.clone(),
+        sinks: batch.sinks.clone(),
     }
 }
 
 #[test]
 fn rows_are_bitwise_independent_of_batch_chunking_and_threads() {
-    check_batch_invariance(KvCacheDType::F32, None);
+    check_batch_invariance(KvCacheDType::F32, None, false);
 }
 
 #[test]
 fn sliding_window_rows_are_bitwise_independent_of_batching() {
     for window in [1, 5, 16, 23] {
-        check_batch_invariance(KvCacheDType::F32, Some(window));
+        check_batch_invariance(KvCacheDType::F32, Some(window), false);
     }
-    check_batch_invariance(KvCacheDType::F16, Some(9));
+    check_batch_invariance(KvCacheDType::F16, Some(9), false);
 }
 
 /// Windows of one key, inside one tile, across tiles and blocks, and longer than every
@@ -312,13 +318,55 @@ fn rows_are_bitwise_independent_of_batching_for_every_cache_type() {
         KvCacheDType::Fp8E4m3,
         KvCacheDType::Fp8E5m2,
     ] {
-        check_batch_invariance(dtype, None);
+        check_batch_invariance(dtype, None, false);
+    }
+}
+
+/// gpt-oss's attention sinks: close to the f64 reference (whose softmax has the sink's
+/// logit in it), bitwise the scalar twin on every path the host has, and batch invariant
+/// (the sink is merged after every segment, also when a long context is split over tasks).
+#[test]
+fn attention_sinks_match_reference_scalar_twin_and_batching() {
+    let mut rng = Rng::new(17);
+    let pool = ThreadPool::new(2);
+    for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
+        let params = params(num_heads, num_kv_heads, head_dim, block_size);
+        let shapes = [(37, 37), (1, 50), (20, 45), (1, 1), (1, 300), (5, 270)];
+        let mut batch = random_batch(&mut rng, params, &shapes);
+        // Sinks below, near and above the scores' range.
+        batch.sinks = Some(rng.vec(num_heads, -3.0, 4.0));
+        let plain = run_with(VectorOps::Scalar, &pool, &Batch { sinks: None, ..batch.clone() });
+        let expected = reference(&batch);
+        let scalar = run_with(VectorOps::Scalar, &pool, &batch);
+        assert!(close(&scalar, &expected), "{params:?} scalar");
+        assert_ne!(bits(&plain), bits(&scalar), "{params:?}: the sinks changed nothing");
+        for kernels in VectorOps::available() {
+            let out = run_with(kernels, &pool, &batch);
+            assert!(close(&out, &expected), "{params:?} {kernels:?}");
+            assert_eq!(bits(&out), bits(&scalar), "{params:?} {kernels:?}");
+        }
+    }
+    check_batch_invariance(KvCacheDType::F32, None, true);
+    check_batch_invariance(KvCacheDType::F16, Some(20), true);
+}
+
+/// A sink far above every score takes almost all the weight: the output goes to zero.
+#[test]
+fn a_dominant_sink_silences_the_head() {
+    let mut rng = Rng::new(18);
+    let params = params(4, 2, 16, 16);
+    let mut batch = random_batch(&mut rng, params, &[(3, 20)]);
+    batch.sinks = Some(vec![60.0, 0.0, 60.0, 0.0]);
+    let out = run(&ThreadPool::new(1), &batch);
+    for row in out.chunks(4 * 16) {
+        assert!(row[..16].iter().all(|v| v.abs() < 1e-20), "{:?}", &row[..16]);
+        assert!(row[16..32].iter().any(|v| v.abs() > 1e-3));
     }
 }
 
 /// Each sequence alone (any thread count), each row as a decode step, and uneven prefill
 /// chunks give bitwise what the whole mixed batch gives, over a `dtype` cache.
-fn check_batch_invariance(dtype: KvCacheDType, sliding_window: Option<usize>) {
+fn check_batch_invariance(dtype: KvCacheDType, sliding_window: Option<usize>, sinks: bool) {
     let mut rng = Rng::new(9);
     let pools: Vec<ThreadPool> = [1, 2, 3, 8].into_iter().map(ThreadPool::new).collect();
     for (num_heads, num_kv_heads, head_dim, block_size) in CONFIGS {
@@ -340,6 +388,9 @@ fn check_batch_invariance(dtype: KvCacheDType, sliding_window: Option<usize>) {
         ];
         let mut batch = random_batch(&mut rng, params, &shapes);
         batch.dtype = dtype;
+        if sinks {
+            batch.sinks = Some(rng.vec(num_heads, -3.0, 4.0));
+        }
         let together = run(&pools[1], &batch);
         assert!(close(&together, &reference(&batch)), "{params:?} {dtype}");
         for (index, seq) in batch.seqs.iter().enumerate() {
