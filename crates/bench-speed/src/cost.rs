@@ -129,6 +129,10 @@ mod tests {
             per_layer_input_size: None,
             layer_intermediate_sizes: None,
             value_norm: false,
+            attention_sinks: false,
+            attention_output_bias: false,
+            expert_bias: false,
+            clamped_swiglu: None,
         }
     }
 

@@ -63,6 +63,10 @@ pub enum ModelError {
     /// not fit the model; the message names it.
     #[error("{0}")]
     PoolingOption(String),
+    /// A checkpoint of a known family in a form not read yet; the message says which and
+    /// what to do instead.
+    #[error("unsupported checkpoint: {0}")]
+    Unsupported(String),
 }
 
 /// Shorthand for results in this crate.

@@ -82,7 +82,7 @@ mod state_cache;
 pub use batch::{BatchInput, GroupTables};
 pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
 pub use config::{
-    Architecture, FullAttentionGeometry, LinearAttentionConfig, ModelConfig, MoeConfig,
+    Architecture, ClampedSwiglu, FullAttentionGeometry, LinearAttentionConfig, ModelConfig, MoeConfig,
     RopeScaling, RopeStyle,
 };
 pub use error::{ModelError, Result};

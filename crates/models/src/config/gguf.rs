@@ -129,6 +129,7 @@ impl<'a> GgufMetadata<'a> {
                     .optional_f32("rope.scaling.factor")
                     .ok_or_else(|| ModelError::MissingMetadata(self.key("rope.scaling.factor")))?,
             },
+            Some("yarn") => self.yarn()?,
             Some(other) => {
                 return Err(ModelError::InvalidMetadata {
                     key: self.key("rope.scaling.type"),
@@ -206,6 +207,44 @@ impl<'a> GgufMetadata<'a> {
             per_layer_input_size: None,
             layer_intermediate_sizes: None,
             value_norm: false,
+            attention_sinks: false,
+            attention_output_bias: false,
+            expert_bias: false,
+            clamped_swiglu: None,
+        })
+    }
+
+    /// YaRN from a GGUF as llama.cpp reads it: `rope.scaling.factor`,
+    /// `rope.scaling.original_context_length`, `rope.scaling.yarn_beta_{fast,slow}` (32 and 1
+    /// when absent), and the attention factor `0.1 ln(factor) + 1` times
+    /// `rope.scaling.attn_factor` (llama.cpp recomputes it so and ignores
+    /// `rope.scaling.yarn_attn_factor`). The ramp is truncated, as llama.cpp always does; a
+    /// family trained otherwise (gpt-oss) clears `truncate`. DeepSeek's `yarn_log_mul` and a
+    /// partial `yarn_ext_factor` are refused by name.
+    fn yarn(&self) -> Result<RopeScaling> {
+        let file = self.file;
+        let factor = self
+            .optional_f32("rope.scaling.factor")
+            .ok_or_else(|| ModelError::MissingMetadata(self.key("rope.scaling.factor")))?;
+        let original = self.required_usize("rope.scaling.original_context_length")?;
+        for (suffix, neutral) in [("rope.scaling.yarn_log_multiplier", 0.0), ("rope.scaling.yarn_ext_factor", 1.0)] {
+            if let Some(value) = file.get_f64(&self.key(suffix)) {
+                if value != neutral {
+                    return Err(ModelError::InvalidMetadata {
+                        key: self.key(suffix),
+                        message: format!("YaRN with {suffix} = {value} is not supported"),
+                    });
+                }
+            }
+        }
+        let attn_factor = self.optional_f32("rope.scaling.attn_factor").unwrap_or(1.0);
+        Ok(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: self.optional_f32("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+            beta_slow: self.optional_f32("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+            attention_factor: RopeScaling::yarn_attention_factor(factor) * attn_factor,
+            truncate: true,
         })
     }
 

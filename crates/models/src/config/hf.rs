@@ -31,6 +31,8 @@ pub(crate) struct HfCommon {
     pub head_dim: Option<usize>,
     pub rms_norm_eps: Option<f64>,
     pub rope_theta: Option<f64>,
+    /// transformers 5 calls it `rope_parameters` (and keeps `rope_theta` in it).
+    #[serde(alias = "rope_parameters")]
     rope_scaling: Option<HfRopeScaling>,
     pub max_position_embeddings: Option<usize>,
     pub tie_word_embeddings: Option<bool>,
@@ -72,6 +74,9 @@ impl HfCommon {
             )?,
         };
         let max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
+        let rope_theta = self
+            .rope_theta
+            .or_else(|| self.rope_scaling.as_ref().and_then(|s| s.rope_theta));
         let rotary_dim = match self.partial_rotary_factor {
             Some(factor) => (head_dim as f64 * factor).round() as usize,
             None => head_dim,
@@ -103,7 +108,7 @@ impl HfCommon {
             head_dim,
             rotary_dim,
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6) as f32,
-            rope_theta: self.rope_theta.unwrap_or(10_000.0) as f32,
+            rope_theta: rope_theta.unwrap_or(10_000.0) as f32,
             rope_scaling,
             rope_freq_factors,
             rope_style: RopeStyle::Neox,
@@ -125,6 +130,10 @@ impl HfCommon {
             per_layer_input_size: None,
             layer_intermediate_sizes: None,
             value_norm: false,
+            attention_sinks: false,
+            attention_output_bias: false,
+            expert_bias: false,
+            clamped_swiglu: None,
         })
     }
 }
@@ -171,6 +180,16 @@ struct HfRopeScaling {
     /// LongRoPE (`type: longrope`, older `su`): per-pair divisors for long and short contexts.
     long_factor: Option<Vec<f32>>,
     short_factor: Option<Vec<f32>>,
+    /// transformers 5's `rope_parameters` carry the base.
+    rope_theta: Option<f64>,
+    /// YaRN's fields (`beta_*` default to 32 and 1, `truncate` to true; `mscale` and
+    /// `mscale_all_dim`, DeepSeek's, are refused).
+    beta_fast: Option<f64>,
+    beta_slow: Option<f64>,
+    attention_factor: Option<f64>,
+    truncate: Option<bool>,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
 }
 
 impl HfRopeScaling {
@@ -218,7 +237,37 @@ impl HfRopeScaling {
             };
             return Ok((scaling, Some(factors)));
         }
+        if kind == "yarn" {
+            return Ok((self.into_yarn(original.unwrap_or(max_position_embeddings))?, None));
+        }
         Ok((self.into_plain(&kind)?, None))
+    }
+
+    /// HF's `_compute_yarn_parameters`: the original context from the scaling (else the
+    /// top-level `original_max_position_embeddings`, else `max_position_embeddings`).
+    fn into_yarn(self, original: usize) -> Result<RopeScaling> {
+        if self.mscale.is_some() || self.mscale_all_dim.is_some() {
+            return Err(ModelError::InvalidMetadata {
+                key: "rope_scaling.mscale".into(),
+                message: "YaRN with mscale / mscale_all_dim (DeepSeek) is not supported".into(),
+            });
+        }
+        let factor = self
+            .factor
+            .ok_or_else(|| ModelError::MissingMetadata("rope_scaling.factor".into()))?
+            as f32;
+        Ok(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: self
+                .original_max_position_embeddings
+                .unwrap_or(original),
+            beta_fast: self.beta_fast.unwrap_or(32.0) as f32,
+            beta_slow: self.beta_slow.unwrap_or(1.0) as f32,
+            attention_factor: self
+                .attention_factor
+                .map_or_else(|| RopeScaling::yarn_attention_factor(factor), |f| f as f32),
+            truncate: self.truncate.unwrap_or(true),
+        })
     }
 
     fn into_plain(self, kind: &str) -> Result<RopeScaling> {

@@ -70,6 +70,30 @@ pub enum RopeScaling {
         original_max_position_embeddings: usize,
         attn_factor: f32,
     },
+    /// YaRN (gpt-oss; `tokenmill_kernels::RopeScaling::Yarn` has the formula).
+    Yarn {
+        factor: f32,
+        original_max_position_embeddings: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        /// cos and sin are multiplied by it (`0.1 ln(factor) + 1` unless the file says).
+        attention_factor: f32,
+        /// The ramp's ends are rounded to whole pairs (HF's default and llama.cpp's only
+        /// behaviour); gpt-oss was trained without.
+        truncate: bool,
+    },
+}
+
+impl RopeScaling {
+    /// YaRN's default attention factor for `factor` (HF's `get_mscale`, llama.cpp's): 1 up
+    /// to a factor of 1, `0.1 ln(factor) + 1` above.
+    pub fn yarn_attention_factor(factor: f32) -> f32 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * factor.ln() + 1.0
+        }
+    }
 }
 
 /// Which pairs of a head's dimensions RoPE rotates together.
@@ -153,6 +177,23 @@ pub struct ModelConfig {
     pub layer_intermediate_sizes: Option<Vec<usize>>,
     /// V is RMS-normed per head (no weight) before it is cached (Gemma 4).
     pub value_norm: bool,
+    /// Every attention layer has a learned sink logit per query head (`attn_sinks`, HF
+    /// `self_attn.sinks`: gpt-oss).
+    pub attention_sinks: bool,
+    /// The attention output projection carries a bias (gpt-oss).
+    pub attention_output_bias: bool,
+    /// The router and every expert projection carry a bias (gpt-oss).
+    pub expert_bias: bool,
+    /// The experts' gate is gpt-oss's clamped SwiGLU instead of SiLU.
+    pub clamped_swiglu: Option<ClampedSwiglu>,
+}
+
+/// gpt-oss's expert activation: `min(g, limit) · σ(alpha · min(g, limit)) · (clamp(u, ±limit) + 1)`
+/// (HF `swiglu_alpha`, `swiglu_limit`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClampedSwiglu {
+    pub alpha: f32,
+    pub limit: f32,
 }
 
 /// The full-attention layers' attention where it differs from the sliding layers' (Gemma 4).
@@ -588,7 +629,7 @@ mod tests {
         assert!(message.contains("`falcon`"), "{message}");
         assert!(
             message
-                .contains("llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35"),
+                .contains("llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35, gpt-oss"),
             "{message}"
         );
     }
@@ -597,9 +638,52 @@ mod tests {
     fn unsupported_rope_scaling_is_named() {
         let text = r#"{"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
             "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "rope_scaling": {"type": "yarn", "factor": 4.0}}"#;
+            "rope_scaling": {"type": "dynamic", "factor": 4.0}}"#;
         let error = ModelConfig::from_hf_config_json(text).unwrap_err();
-        assert!(error.to_string().contains("`yarn`"), "{error}");
+        assert!(error.to_string().contains("`dynamic`"), "{error}");
+    }
+
+    /// YaRN (Qwen2.5's long-context configs, gpt-oss): HF's defaults for the betas, the
+    /// attention factor and `truncate`; transformers 5's `rope_parameters` spelling too.
+    #[test]
+    fn yarn_rope_scaling_is_read_with_hf_defaults() {
+        let text = r#"{"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "max_position_embeddings": 131072, "rope_theta": 1000000.0,
+            "rope_scaling": {"type": "yarn", "factor": 4.0,
+                             "original_max_position_embeddings": 32768}}"#;
+        let config = ModelConfig::from_hf_config_json(text).unwrap();
+        assert_eq!(
+            config.rope_scaling,
+            RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 32768,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: 0.1 * 4f32.ln() + 1.0,
+                truncate: true,
+            }
+        );
+        let v5 = r#"{"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5000.0,
+                "beta_fast": 16, "beta_slow": 2, "truncate": false, "attention_factor": 1.5}}"#;
+        let config = ModelConfig::from_hf_config_json(v5).unwrap();
+        assert_eq!(config.rope_theta, 5000.0);
+        assert_eq!(
+            config.rope_scaling,
+            RopeScaling::Yarn {
+                factor: 2.0,
+                original_max_position_embeddings: 4096,
+                beta_fast: 16.0,
+                beta_slow: 2.0,
+                attention_factor: 1.5,
+                truncate: false,
+            }
+        );
+        let deepseek = v5.replace(r#""attention_factor": 1.5"#, r#""mscale_all_dim": 1.0"#);
+        let error = ModelConfig::from_hf_config_json(&deepseek).unwrap_err();
+        assert!(error.to_string().contains("mscale"), "{error}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod blocks;
 mod family;
 mod gemma3;
 mod gemma4;
+mod gpt_oss;
 mod llama;
 mod mistral;
 mod phi3;

@@ -10,7 +10,7 @@ use tokenmill_gguf::GgufFile;
 
 use super::blocks::{GemmaModel, LlamaModel};
 use super::family::{Family, WeightSource};
-use super::{gemma3, gemma4, llama, mistral, phi3, qwen2, qwen3, qwen35};
+use super::{gemma3, gemma4, gpt_oss, llama, mistral, phi3, qwen2, qwen3, qwen35};
 use crate::config::{gguf_architecture, hf_model_type, Architecture, GgufMetadata, ModelConfig};
 use crate::error::{io_error, ModelError, Result};
 use crate::kv_cache::LayerKvLayout;
@@ -29,6 +29,7 @@ static REGISTRY: &[&dyn Family] = &[
     &qwen3::Qwen3Moe,
     &phi3::Phi3,
     &qwen35::Qwen35,
+    &gpt_oss::GptOss,
 ];
 
 /// The family that answers to `name` (a GGUF architecture or an HF `model_type`).

@@ -2,7 +2,9 @@
 //! paged KV write, paged attention over each sequence's cached context (optionally within a
 //! sliding window), and the output projection.
 
-use tokenmill_kernels::{add_inplace, paged_attention, sigmoid, write_kv, AttentionParams};
+use tokenmill_kernels::{
+    add_inplace, paged_attention_with_sinks, sigmoid, write_kv, AttentionParams,
+};
 
 use super::{Linear, LinearScratch, RmsNorm, Rope, StackedLinear, Step};
 use crate::error::{ModelError, Result};
@@ -96,6 +98,10 @@ pub(crate) struct AttentionOptions {
     /// `Some(l)`: the layer computes no K/V and attends over cache layer `l`'s (Gemma 4's
     /// KV-shared layers); `None`: it writes and reads the cache layer its caller names.
     pub shared_kv_layer: Option<usize>,
+    /// A learned sink logit per query head joins each softmax (`attn_sinks.weight`: gpt-oss).
+    pub sinks: bool,
+    /// The output projection carries a bias (`attn_output.bias`: gpt-oss).
+    pub output_bias: bool,
 }
 
 impl AttentionOptions {
@@ -115,6 +121,8 @@ impl AttentionOptions {
                     .is_some_and(|full| full.values_are_keys),
             value_norm: config.value_norm.then_some(config.rms_norm_eps),
             shared_kv_layer: (source != layer).then_some(source),
+            sinks: config.attention_sinks,
+            output_bias: config.attention_output_bias,
         }
     }
 }
@@ -170,6 +178,10 @@ pub(crate) struct AttentionBlock {
     value_norm: Option<RmsNorm>,
     /// The projection is Q alone; K/V are read from this cache layer.
     shared_kv_layer: Option<usize>,
+    /// Per query head, the attention sink's logit.
+    sinks: Option<Vec<f32>>,
+    /// `[hidden]`, added after the output projection.
+    output_bias: Option<Vec<f32>>,
 }
 
 impl AttentionBlock {
@@ -248,6 +260,14 @@ impl AttentionBlock {
                 .value_norm
                 .map(|eps| RmsNorm::new(vec![1.0; shape.head_dim], eps)),
             shared_kv_layer: options.shared_kv_layer,
+            sinks: options
+                .sinks
+                .then(|| tensors.vector("attn_sinks.weight", shape.num_heads))
+                .transpose()?,
+            output_bias: options
+                .output_bias
+                .then(|| tensors.vector("attn_output.bias", hidden))
+                .transpose()?,
         })
     }
 
@@ -471,9 +491,10 @@ impl AttentionBlock {
         // The buffers fit the widest layer (Gemma 4's global heads); this layer uses the
         // first `n` rows of its own width.
         let attended = &mut b.out[..n * q_dim];
-        paged_attention(
+        paged_attention_with_sinks(
             pool,
             &params,
+            self.sinks.as_deref(),
             &b.q[..n * q_dim],
             key_cache.as_slice(),
             value_cache.as_slice(),
@@ -487,6 +508,14 @@ impl AttentionBlock {
             }
         }
         self.output.forward(pool, attended, n, out, scratch)?;
+        if let Some(bias) = &self.output_bias {
+            let rows = out.get_mut(..n * bias.len()).ok_or_else(|| {
+                ModelError::InvalidBatch(format!("attention output not sized for {n} tokens"))
+            })?;
+            for row in rows.chunks_exact_mut(bias.len()) {
+                add_inplace(row, bias)?;
+            }
+        }
         scratch.lora.apply(step, layer, LoraGroup::O, attended, out)
     }
 }

@@ -25,7 +25,7 @@
 //! activations are quantized per row and block), and a row's weighted expert outputs are
 //! added to it in expert-index order, whatever other rows share its experts.
 
-use tokenmill_kernels::{gated_rows, softmax_inplace, QMatrix, Segments};
+use tokenmill_kernels::{add_inplace, gated_rows, softmax_inplace, QMatrix, Segments};
 
 use super::linear::matmul_segments;
 use super::{
@@ -186,6 +186,8 @@ pub(crate) enum Routing {
 struct Router {
     /// `[experts, hidden]`.
     proj: Linear,
+    /// `[experts]`, added to the scores (gpt-oss).
+    bias: Option<Vec<f32>>,
     /// The norm of the router's input, its weight `scale / sqrt(hidden)` (folded at load).
     input_norm: Option<RmsNorm>,
     /// Each expert's weight multiplier, `[experts]`.
@@ -201,9 +203,14 @@ impl Router {
     ) -> Result<Router> {
         let hidden = config.hidden_size;
         let proj = tensors.matrix("ffn_gate_inp.weight", experts, hidden)?;
+        let bias = config
+            .expert_bias
+            .then(|| tensors.vector("ffn_gate_inp.bias", experts))
+            .transpose()?;
         Ok(match routing {
             Routing::Softmax => Router {
                 proj,
+                bias,
                 input_norm: None,
                 per_expert_scale: None,
             },
@@ -213,6 +220,7 @@ impl Router {
                 weight.iter_mut().for_each(|w| *w *= root);
                 Router {
                     proj,
+                    bias,
                     input_norm: Some(RmsNorm::new(weight, config.rms_norm_eps)),
                     per_expert_scale: Some(tensors.vector("ffn_down_exps.scale", experts)?),
                 }
@@ -228,6 +236,9 @@ pub(crate) struct MoeBlock {
     gate_up: ExpertLinears,
     /// Each expert's `[hidden, width]`.
     down: ExpertLinears,
+    /// gpt-oss's expert biases: `[experts][2 * width]` (`[gate | up]`) and
+    /// `[experts][hidden]`.
+    biases: Option<(Vec<f32>, Vec<f32>)>,
     activation: Activation,
     moe: MoeConfig,
     hidden: usize,
@@ -260,10 +271,23 @@ impl MoeBlock {
         };
         let gate_up = tensors.expert_stacks(gate_up_parts, hidden, count)?;
         let down = tensors.expert_stacks(&[("ffn_down_exps.weight", hidden)], width, count)?;
+        let biases = if config.expert_bias {
+            let gate = tensors.values("ffn_gate_exps.bias", &[count, width])?;
+            let up = tensors.values("ffn_up_exps.bias", &[count, width])?;
+            let gate_up = gate
+                .chunks_exact(width)
+                .zip(up.chunks_exact(width))
+                .flat_map(|(gate, up)| gate.iter().chain(up).copied())
+                .collect();
+            Some((gate_up, tensors.values("ffn_down_exps.bias", &[count, hidden])?))
+        } else {
+            None
+        };
         Ok(MoeBlock {
             router: Router::load(tensors, config, count, routing)?,
             gate_up: ExpertLinears::new(gate_up),
             down: ExpertLinears::new(down),
+            biases,
             activation,
             moe,
             hidden,
@@ -329,6 +353,11 @@ impl MoeBlock {
             None => router_input,
         };
         self.router.proj.forward(step.pool, x, n, probs, scratch)?;
+        if let Some(bias) = &self.router.bias {
+            for row in probs.chunks_exact_mut(experts) {
+                add_inplace(row, bias)?;
+            }
+        }
         let routes = &mut buffers.routes[..n * used];
         for (row, chosen) in probs
             .chunks_exact_mut(experts)
@@ -409,6 +438,9 @@ impl MoeBlock {
             gate_up,
             scratch,
         )?;
+        if let Some((gate_up_bias, _)) = &self.biases {
+            add_expert_bias(starts, gate_up_bias, gate_up)?;
+        }
         let activated = &mut buffers.activated[..routed * width];
         gated_rows(step.pool, self.activation, gate_up, activated, width)?;
         let expert_out = &mut buffers.expert_out[..routed * hidden];
@@ -420,6 +452,9 @@ impl MoeBlock {
             expert_out,
             scratch,
         )?;
+        if let Some((_, down_bias)) = &self.biases {
+            add_expert_bias(starts, down_bias, expert_out)?;
+        }
         // `grouped` is in expert order, so each row gets its experts' outputs added in
         // expert-index order.
         for (member, y) in grouped.iter().zip(expert_out.chunks_exact(hidden)) {
@@ -435,6 +470,20 @@ impl MoeBlock {
 /// The fused `[gate | up]` of every expert, `[experts, 2 * width, hidden]` (Gemma 4's
 /// converter writes it; HF `experts.gate_up_proj`).
 const FUSED_GATE_UP_EXPERTS: &str = "ffn_gate_up_exps.weight";
+
+/// Adds expert `e`'s row of `bias` (`[experts][width]`) to each of its rows
+/// `starts[e]..starts[e + 1]` of `rows` (`[routed][width]`).
+fn add_expert_bias(starts: &[usize], bias: &[f32], rows: &mut [f32]) -> Result<()> {
+    let experts = starts.len() - 1;
+    let width = bias.len() / experts.max(1);
+    for (expert, bounds) in starts.windows(2).enumerate() {
+        let expert_bias = &bias[expert * width..(expert + 1) * width];
+        for row in rows[bounds[0] * width..bounds[1] * width].chunks_exact_mut(width) {
+            add_inplace(row, expert_bias)?;
+        }
+    }
+    Ok(())
+}
 
 fn not_prepared(layer: usize, n: usize) -> ModelError {
     ModelError::InvalidBatch(format!(
@@ -514,16 +563,24 @@ pub(crate) enum FeedForward {
 }
 
 impl FeedForward {
-    /// Reads layer `tensors`' SiLU-gated FFN: experts when `config.moe` says so.
+    /// Reads layer `tensors`' SiLU-gated FFN: experts when `config.moe` says so (gpt-oss's
+    /// with biases and the clamped SwiGLU when the config says so).
     pub fn load(tensors: &LayerTensors<'_>, config: &ModelConfig) -> Result<FeedForward> {
         let hidden = config.hidden_size;
+        let expert_activation = match config.clamped_swiglu {
+            Some(clamp) => Activation::SwigluOai {
+                alpha: clamp.alpha,
+                limit: clamp.limit,
+            },
+            None => Activation::Silu,
+        };
         Ok(match config.moe {
             Some(moe) => FeedForward::Moe(MoeBlock::load(
                 tensors,
                 config,
                 moe,
                 Routing::Softmax,
-                Activation::Silu,
+                expert_activation,
             )?),
             None => FeedForward::Dense(GatedMlp::load(
                 tensors,

@@ -80,6 +80,21 @@ impl Rope {
                 high_freq_factor,
                 original_max_position_embeddings,
             },
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => tokenmill_kernels::RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            },
             RopeScaling::LongRope { .. } => tokenmill_kernels::RopeScaling::None,
         };
         let table = RopeCache::new(config.rotary_dim, theta, max_positions, scaling)?;

@@ -1,7 +1,9 @@
 //! The Llama family: Llama 2/3, SmolLM2, TinyLlama, Mistral (with its sliding window), Qwen2
 //! (Llama with a QKV bias), Qwen3 (Llama with QK-norm and its own head_dim), and their
 //! mixture-of-experts forms, Mixtral (Llama with experts) and Qwen3-MoE, and Phi-3 /
-//! Phi-4-mini (fused QKV and gate/up tensors, partial rotary, LongRoPE). Pre-norm blocks:
+//! Phi-4-mini (fused QKV and gate/up tensors, partial rotary, LongRoPE), and gpt-oss (QKV and
+//! output biases, attention sinks, alternating sliding layers, YaRN, biased experts with the
+//! clamped SwiGLU). Pre-norm blocks:
 //! `x += attn(rms(x)); x += ffn(rms(x))`, the FFN a SiLU-gated MLP or a routed mixture of
 //! SiLU-gated experts ([`FeedForward`]), one RoPE table. The variants differ only in
 //! [`ModelConfig`] fields the shared blocks read ([`AttentionOptions`], `ModelConfig::moe`),
@@ -152,7 +154,12 @@ impl LlamaLayer {
                 hidden,
                 AttentionOptions::for_layer(config, layer),
             )?,
-            ffn_norm: tensors.rms_norm("ffn_norm.weight", hidden, eps)?,
+            // gpt-oss's GGUF keeps HF's name for the pre-FFN norm.
+            ffn_norm: if tensors.contains("ffn_norm.weight") {
+                tensors.rms_norm("ffn_norm.weight", hidden, eps)?
+            } else {
+                tensors.rms_norm("post_attention_norm.weight", hidden, eps)?
+            },
             ffn: FeedForward::load(&tensors, config)?,
         })
     }
