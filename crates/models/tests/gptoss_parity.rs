@@ -1,0 +1,204 @@
+//! gpt-oss parity on a random-weight checkpoint of gpt-oss-20b's attention and routing
+//! (`fixtures/gptoss_20b_like.json`, `scripts/reference/make_gptoss_fixtures.py`): 64 heads of
+//! 64 with 8 KV heads, Q/K/V/O biases, a learned sink per head, sliding and full layers
+//! alternating, YaRN 32x untruncated, 32 experts (4 per token) with router and expert biases
+//! and the clamped SwiGLU, the experts in MXFP4. tokenmill on the GGUF against transformers
+//! (F32, on exactly the values the MXFP4 blocks hold) and against llama.cpp on the GGUF its
+//! converter made; the same GGUF with F32 experts; chunked and batched against whole; negative
+//! controls. The checkpoint is rebuilt from its formulas: nothing is downloaded or skipped.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod common;
+#[path = "support/gpt_oss.rs"]
+mod gpt_oss;
+#[path = "support/qwen35.rs"]
+mod qwen35;
+
+use gpt_oss::Experts;
+use qwen35::{
+    check_cases, hybrid_cache, load, load_fixture, pool, scratch_dir, step, widest_difference,
+    Sequence, BLOCK_SIZE,
+};
+use tokenmill_models::{CausalLm, ModelSource, RopeScaling, Workspace};
+
+const NAME: &str = "gptoss_20b_like";
+
+/// Largest difference from transformers with F32 experts (logits O(3)): four layers in F32
+/// summed in other orders.
+const MAX_DIFFERENCE: f32 = 2e-3;
+
+/// With MXFP4 experts the activations entering them are quantized to int8 per 32 (as
+/// llama.cpp does), so the logits move by up to ~1e-2 from transformers' F32 products.
+const MAX_DIFFERENCE_MXFP4: f32 = 0.05;
+
+/// Against llama.cpp (which also quantizes the activations, and truncates YaRN's ramp).
+const MAX_DIFFERENCE_LLAMA: f32 = 0.05;
+
+/// A greedy pick is compared only where the reference's top two differ by more than this.
+const DECISIVE_MARGIN: f32 = 0.06;
+
+fn gguf_model(test: &str, experts: Experts, edit: impl Fn(&str, &mut Vec<f32>)) -> Box<dyn CausalLm> {
+    let fixture = load_fixture(NAME);
+    let path = scratch_dir(&format!("gptoss_{test}")).join(format!("{NAME}.gguf"));
+    gpt_oss::write_gguf(NAME, &fixture, &path, experts, edit);
+    load(ModelSource::Gguf(path))
+}
+
+#[test]
+fn f32_experts_match_transformers() {
+    let fixture = load_fixture(NAME);
+    let model = gguf_model("f32", Experts::F32, |_, _| {});
+    assert_eq!(model.config().architecture, "gpt-oss");
+    let worst = check_cases(
+        model.as_ref(),
+        &fixture.transformers,
+        "F32 experts",
+        MAX_DIFFERENCE,
+        DECISIVE_MARGIN,
+    );
+    eprintln!("F32 experts: largest difference from transformers {worst:e}");
+}
+
+#[test]
+fn mxfp4_experts_match_transformers_and_llama_cpp() {
+    let fixture = load_fixture(NAME);
+    assert!(!fixture.llama_cpp.is_empty(), "no llama.cpp runs");
+    let model = gguf_model("mxfp4", Experts::Mxfp4, |_, _| {});
+    let worst = check_cases(
+        model.as_ref(),
+        &fixture.transformers,
+        "MXFP4 vs transformers",
+        MAX_DIFFERENCE_MXFP4,
+        DECISIVE_MARGIN,
+    );
+    eprintln!("MXFP4 experts: largest difference from transformers {worst:e}");
+    let worst = check_cases(
+        model.as_ref(),
+        &fixture.llama_cpp,
+        "MXFP4 vs llama.cpp",
+        MAX_DIFFERENCE_LLAMA,
+        DECISIVE_MARGIN,
+    );
+    eprintln!("MXFP4 experts: largest difference from llama.cpp {worst:e}");
+    // The MXFP4 experts are a quarter of the F32 ones' bytes and then some (17 bytes per 32).
+    let f32_model = gguf_model("mxfp4_bytes", Experts::F32, |_, _| {});
+    assert!(model.weight_bytes() < f32_model.weight_bytes());
+}
+
+/// What the GGUF says: YaRN untruncated (gpt-oss's training; llama.cpp's converter does not
+/// record it), even layers sliding, sinks and biases on.
+#[test]
+fn the_gguf_config_is_gpt_oss() {
+    let model = gguf_model("config", Experts::F32, |_, _| {});
+    let config = model.config();
+    assert!(matches!(
+        config.rope_scaling,
+        RopeScaling::Yarn {
+            truncate: false,
+            original_max_position_embeddings: 4096,
+            ..
+        }
+    ));
+    let windows: Vec<_> = (0..4).map(|l| config.layer_sliding_window(l)).collect();
+    assert_eq!(windows, [Some(16), None, Some(16), None]);
+    assert!(config.attention_sinks && config.attention_bias && config.attention_output_bias);
+    assert!(config.expert_bias && config.clamped_swiglu.is_some());
+    assert!(model.decode_weight_bytes() < model.weight_bytes());
+}
+
+/// A prompt past the sliding window, prefilled whole, in chunks, and beside another
+/// sequence, gives bitwise the same logits: sinks, windows and experts depend on nothing but
+/// the row's own context.
+#[test]
+fn chunked_and_batched_runs_equal_the_whole_prompt() {
+    let model = gguf_model("chunked", Experts::Mxfp4, |_, _| {});
+    let model = model.as_ref();
+    let prompt: Vec<u32> = (0..41).map(|i| (i * 29 + 3) % 512).collect();
+    let other: Vec<u32> = (0..21).map(|i| (i * 13 + 7) % 512).collect();
+    let pool = pool();
+    let run = |chunks: &[usize], with_other: bool| -> Vec<Vec<f32>> {
+        let mut kv = hybrid_cache(model, 16, BLOCK_SIZE, 1);
+        let mut workspace = Workspace::new();
+        let mut seq = Sequence {
+            tokens: prompt.clone(),
+            computed: 0,
+            blocks: vec![3, 5, 7],
+            slot: 0,
+        };
+        let mut second = Sequence {
+            tokens: other.clone(),
+            computed: 0,
+            blocks: vec![9, 11],
+            slot: 0,
+        };
+        let mut rows = Vec::new();
+        for &count in chunks {
+            let out = if with_other && second.computed + count <= other.len() {
+                let mut runs = [(&mut seq, count), (&mut second, count)];
+                step(model, &pool, &mut kv, &mut workspace, &mut runs)
+            } else {
+                let mut runs = [(&mut seq, count)];
+                step(model, &pool, &mut kv, &mut workspace, &mut runs)
+            };
+            rows.push(out[0].clone());
+        }
+        rows
+    };
+    let whole = run(&[41], false);
+    let chunked = run(&[10, 20, 11], false);
+    let batched = run(&[10, 20, 11], true);
+    assert_eq!(whole.last(), chunked.last());
+    assert_eq!(chunked, batched);
+    let decoded = run(&[30, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], true);
+    assert_eq!(whole.last(), decoded.last());
+}
+
+/// Negative controls: sinks given to the wrong heads (reversed), one expert's gate bias
+/// moved, or the router's bias negated must break parity, so the comparison can fail.
+#[test]
+fn moved_sinks_and_biases_break_parity() {
+    let fixture = load_fixture(NAME);
+    type Edit = fn(&mut Vec<f32>);
+    let edits: [(&str, Edit); 3] = [
+        ("blk.1.attn_sinks.weight", |v| v.reverse()),
+        ("blk.2.ffn_gate_exps.bias", |v| {
+            v.iter_mut().take(256 * 4).for_each(|x| *x = -*x * 20.0)
+        }),
+        ("blk.0.ffn_gate_inp.bias", |v| {
+            v.iter_mut().for_each(|x| *x = -*x * 30.0)
+        }),
+    ];
+    for (tensor, edit) in edits {
+        let model = gguf_model("negative", Experts::F32, |name, values| {
+            if name == tensor {
+                edit(values);
+            }
+        });
+        let worst = widest_difference(model.as_ref(), &fixture.transformers);
+        assert!(
+            worst > 10.0 * MAX_DIFFERENCE,
+            "{tensor} perturbed still matches transformers within {worst}"
+        );
+        eprintln!("{tensor} perturbed: largest difference {worst:e}");
+    }
+}
+
+/// gpt-oss from an HF directory is refused by name (its released experts are MXFP4 blocks
+/// with gate and up interleaved), with the way out in the message.
+#[test]
+fn an_hf_directory_is_refused_by_name() {
+    let fixture = load_fixture(NAME);
+    let dir = scratch_dir("gptoss_hf");
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string(&fixture.config).unwrap(),
+    )
+    .unwrap();
+    let error = tokenmill_models::load_model(
+        &ModelSource::HfDirectory(dir),
+        &tokenmill_models::LoadOptions::default(),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("convert_hf_to_gguf"), "{error}");
+}
