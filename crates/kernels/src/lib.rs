@@ -14,9 +14,9 @@
 //! - [`dequantize`]`(dtype, bytes, &mut [f32])`: scalar reference decoder, bit-exact with GGML.
 //!   [`quantize_row_q8_0`], [`quantize_row_q4_0`], [`quantize_row_q4_1`],
 //!   [`quantize_row_q5_0`], [`quantize_row_q5_1`], [`quantize_row_mxfp4`] (GGML's reference
-//!   quantizers) and [`encode_float_row`] build test data; [`KVALUES_IQ4NL`] and
-//!   [`KVALUES_MXFP4`] are GGML's IQ4 and MXFP4 level tables, [`e8m0_to_f32_half`] MXFP4's
-//!   scale decoding.
+//!   quantizers), [`pack_mxfp4_block`] (MXFP4 bytes from chosen codes) and
+//!   [`encode_float_row`] build test data; [`KVALUES_IQ4NL`] and [`KVALUES_MXFP4`] are GGML's
+//!   IQ4 and MXFP4 level tables, [`e8m0_to_f32_half`] MXFP4's scale decoding.
 //! - [`ThreadPool`]: persistent workers (spin ~300 µs, then park); `parallel_for(n_tasks,
 //!   &|task| ...)` runs on the caller and the workers and returns when all tasks are done. A
 //!   task panic is caught and re-raised on the caller after all tasks stop; nested calls run
@@ -140,9 +140,9 @@ pub use matmul::{reference_matmul, MatmulScratch, QMatrix, Segments};
 pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use pool::ThreadPool;
 pub use quant::{
-    dequantize, encode_float_row, quantize_row_mxfp4, quantize_row_q4_0, quantize_row_q4_1,
-    quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, KVALUES_IQ4NL, KVALUES_MXFP4, QK,
-    QK_K,
+    dequantize, encode_float_row, pack_mxfp4_block, quantize_row_mxfp4, quantize_row_q4_0,
+    quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, KVALUES_IQ4NL,
+    KVALUES_MXFP4, QK, QK_K,
 };
 pub use rope::{apply_rope, RopeCache, RopeScaling, RopeStyle};
 pub use weight_buf::HUGE_PAGES_ENV;

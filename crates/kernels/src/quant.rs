@@ -421,6 +421,19 @@ fn nearest_mxfp4_level(x: f32, d: f32) -> u8 {
     best
 }
 
+/// One MXFP4 block's 17 bytes, as GGUF stores it, from its E8M0 scale byte `e` and the 32
+/// elements' codes (indices into [`KVALUES_MXFP4`]; only their low four bits are used):
+/// element `j`'s code in the low nibble of `qs[j]` for `j < 16`, in the high nibble of
+/// `qs[j - 16]` above. For tests and fixtures that write MXFP4 tensors from chosen codes.
+pub fn pack_mxfp4_block(e: u8, codes: &[u8; QK]) -> [u8; 17] {
+    let mut block = [0u8; 17];
+    block[0] = e;
+    for j in 0..QK / 2 {
+        block[1 + j] = (codes[j] & 0x0f) | ((codes[j + QK / 2] & 0x0f) << 4);
+    }
+    block
+}
+
 /// Quantizes `src` to MXFP4 blocks as GGML's `quantize_row_mxfp4_ref` does: the scale byte
 /// `e = floor(log2(amax)) - 2 + 127` (0 for an all-zero block), which puts `amax` in
 /// `[8d, 16d)` for the scale `d = 2^(e - 128)` (up to `log2`'s rounding; the top level is 12,
@@ -441,12 +454,8 @@ pub fn quantize_row_mxfp4(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError
             0
         };
         let d = e8m0_to_f32_half(e);
-        block[0] = e;
-        for j in 0..QK / 2 {
-            let low = nearest_mxfp4_level(x[j], d);
-            let high = nearest_mxfp4_level(x[j + QK / 2], d);
-            block[1 + j] = low | (high << 4);
-        }
+        let codes: [u8; QK] = std::array::from_fn(|j| nearest_mxfp4_level(x[j], d));
+        block.copy_from_slice(&pack_mxfp4_block(e, &codes));
     }
     Ok(())
 }
@@ -683,6 +692,25 @@ mod tests {
         let mut block = vec![e];
         block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
         block
+    }
+
+    #[test]
+    fn mxfp4_blocks_pack_from_codes() {
+        let codes: [u8; 32] = std::array::from_fn(|j| (j % 16) as u8);
+        let block = pack_mxfp4_block(129, &codes);
+        assert_eq!(block[0], 129);
+        assert_eq!(block[1], 0x00);
+        assert_eq!(block[16], 0xff);
+        let mut out = vec![0.0; 32];
+        dequantize(DType::MXFP4, &block, &mut out).unwrap();
+        for (j, &value) in out.iter().enumerate() {
+            assert_eq!(value, 2.0 * f32::from(KVALUES_MXFP4[j % 16]), "element {j}");
+        }
+        // Codes keep their low four bits only.
+        assert_eq!(
+            pack_mxfp4_block(0, &[0x1f; 32]),
+            pack_mxfp4_block(0, &[0x0f; 32])
+        );
     }
 
     #[test]
