@@ -30,7 +30,10 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
-    /// Any id this reader has no layout for (the other IQ* types, TQ*, MXFP4, ...).
+    /// OCP microscaling FP4: blocks of 32 as `{ u8 e; u8 qs[16] }` (an E8M0 scale, 4-bit E2M1
+    /// values), gpt-oss's expert weights.
+    MXFP4,
+    /// Any id this reader has no layout for (the other IQ* types, TQ*, ...).
     Other(u32),
 }
 
@@ -59,6 +62,7 @@ impl GgmlType {
             27 => GgmlType::I64,
             28 => GgmlType::F64,
             30 => GgmlType::BF16,
+            39 => GgmlType::MXFP4,
             other => GgmlType::Other(other),
         }
     }
@@ -87,6 +91,7 @@ impl GgmlType {
             GgmlType::I64 => 27,
             GgmlType::F64 => 28,
             GgmlType::BF16 => 30,
+            GgmlType::MXFP4 => 39,
             GgmlType::Other(id) => id,
         }
     }
@@ -116,6 +121,7 @@ impl GgmlType {
             GgmlType::I64 => "I64".into(),
             GgmlType::F64 => "F64".into(),
             GgmlType::BF16 => "BF16".into(),
+            GgmlType::MXFP4 => "MXFP4".into(),
             GgmlType::Other(id) => match id {
                 16 => "IQ2_XXS".into(),
                 17 => "IQ2_XS".into(),
@@ -126,7 +132,6 @@ impl GgmlType {
                 29 => "IQ1_M".into(),
                 34 => "TQ1_0".into(),
                 35 => "TQ2_0".into(),
-                39 => "MXFP4".into(),
                 _ => format!("ggml type {id}"),
             },
         }
@@ -152,6 +157,7 @@ impl GgmlType {
             GgmlType::Q8K => (QK_K, 292),
             GgmlType::IQ4NL => (32, 18),
             GgmlType::IQ4XS => (QK_K, 136),
+            GgmlType::MXFP4 => (32, 17),
             GgmlType::I8 => (1, 1),
             GgmlType::I16 => (1, 2),
             GgmlType::I32 => (1, 4),

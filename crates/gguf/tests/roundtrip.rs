@@ -154,6 +154,24 @@ fn iq4_layouts_are_known() {
     assert_eq!(GgmlType::IQ4XS.name(), "IQ4_XS");
 }
 
+#[test]
+fn mxfp4_layout_is_known() {
+    // MXFP4 (gpt-oss's experts): 17 bytes per 32, a 3-D expert tensor's size from its blocks.
+    let mut writer = GgufWriter::new();
+    writer.add_tensor(
+        "exps",
+        &[64, 3, 4],
+        GgmlType::from_id(39),
+        vec![7; 4 * 3 * 2 * 17],
+    );
+    let file = GgufFile::from_bytes(writer.to_bytes()).unwrap();
+    let exps = file.tensor("exps").unwrap();
+    assert_eq!((exps.ggml_type, exps.size_bytes), (GgmlType::MXFP4, 408));
+    assert_eq!(file.tensor_data(exps).unwrap(), &[7; 408][..]);
+    assert_eq!(GgmlType::MXFP4.name(), "MXFP4");
+    assert_eq!(GgmlType::MXFP4.id(), 39);
+}
+
 /// A tensor kept as `TensorBytes` reads the same bytes as `tensor_data`, and stays readable
 /// after the file it came from is dropped (the memory map lives as long as it does).
 #[test]

@@ -17,10 +17,10 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tokenmill_kernels::{
-    encode_float_row, f32_to_f16, paged_attention, quantize_row_q4_0, quantize_row_q4_1,
-    quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, AttentionParams, AttentionSeq,
-    CpuFeatures, DType, KernelPath, KvCacheBuffer, KvCacheDType, MatmulScratch, QMatrix,
-    ThreadPool,
+    encode_float_row, f32_to_f16, paged_attention, quantize_row_mxfp4, quantize_row_q4_0,
+    quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, AttentionParams,
+    AttentionSeq, CpuFeatures, DType, KernelPath, KvCacheBuffer, KvCacheDType, MatmulScratch,
+    QMatrix, ThreadPool,
 };
 
 struct Rng(u64);
@@ -49,6 +49,7 @@ fn weight_bytes(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8
             DType::Q4_1 => quantize_row_q4_1(&values, row),
             DType::Q5_0 => quantize_row_q5_0(&values, row),
             DType::Q5_1 => quantize_row_q5_1(&values, row),
+            DType::MXFP4 => quantize_row_mxfp4(&values, row),
             DType::F32 | DType::F16 | DType::BF16 => encode_float_row(dtype, &values, row),
             // K-quants and IQ4: random bytes with a small f16 scale (and K-quant min).
             _ => {
@@ -87,6 +88,7 @@ fn bench_matmul(c: &mut Criterion) {
         DType::Q5_1,
         DType::IQ4_NL,
         DType::IQ4_XS,
+        DType::MXFP4,
         DType::Q4_K,
         DType::Q6_K,
         DType::Q5_K,

@@ -11,9 +11,9 @@
 use std::time::Instant;
 
 use tokenmill_kernels::{
-    amx_enabled, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0,
-    quantize_row_q5_1, quantize_row_q8_0, CpuFeatures, DType, KernelPath, MatmulScratch, QMatrix,
-    ThreadPool,
+    amx_enabled, encode_float_row, quantize_row_mxfp4, quantize_row_q4_0, quantize_row_q4_1,
+    quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, CpuFeatures, DType, KernelPath,
+    MatmulScratch, QMatrix, ThreadPool,
 };
 
 mod common;
@@ -39,6 +39,7 @@ fn build(
             DType::Q4_1 => quantize_row_q4_1(src, dst)?,
             DType::Q5_0 => quantize_row_q5_0(src, dst)?,
             DType::Q5_1 => quantize_row_q5_1(src, dst)?,
+            DType::MXFP4 => quantize_row_mxfp4(src, dst)?,
             DType::F32 | DType::F16 | DType::BF16 => encode_float_row(dtype, src, dst)?,
             _ => {
                 // K-quants and IQ4: random bytes with a small finite f16 scale at the right
@@ -187,6 +188,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         DType::Q8_0,
         DType::IQ4_NL,
         DType::IQ4_XS,
+        DType::MXFP4,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,

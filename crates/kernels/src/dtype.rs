@@ -42,11 +42,16 @@ pub enum DType {
     Q5_K,
     /// Super-blocks of 256: `{ u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }`.
     Q6_K,
+    /// OCP microscaling FP4 (gpt-oss's experts), blocks of 32: `{ u8 e; u8 qs[16] }`, nibbles
+    /// as Q4_0 indexing [`crate::quant::KVALUES_MXFP4`] (twice the E2M1 values), value
+    /// `table[q] · 2^(e - 128)` ([`e8m0_to_f32_half`]: the E8M0 scale, halved for the doubled
+    /// table).
+    MXFP4,
 }
 
 impl DType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 14] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
@@ -60,6 +65,7 @@ impl DType {
         DType::IQ4_NL,
         DType::IQ4_XS,
         DType::BF16,
+        DType::MXFP4,
     ];
 
     /// The `ggml_type` enum value used in GGUF tensor infos.
@@ -78,6 +84,7 @@ impl DType {
             DType::IQ4_NL => 20,
             DType::IQ4_XS => 23,
             DType::BF16 => 30,
+            DType::MXFP4 => 39,
         }
     }
 
@@ -102,17 +109,22 @@ impl DType {
             DType::Q4_K => "q4_K",
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
+            DType::MXFP4 => "mxfp4",
         }
     }
 
-    /// Elements per block: 1 for float types, 32 for `Q*_0`/`Q*_1`/IQ4_NL, 256 for K-quants
-    /// and IQ4_XS.
+    /// Elements per block: 1 for float types, 32 for `Q*_0`/`Q*_1`/IQ4_NL/MXFP4, 256 for
+    /// K-quants and IQ4_XS.
     pub fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => {
-                32
-            }
+            DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::IQ4_NL
+            | DType::MXFP4 => 32,
             DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => 256,
         }
     }
@@ -132,6 +144,7 @@ impl DType {
             DType::Q4_K => 2 + 2 + 12 + 128,
             DType::Q5_K => 2 + 2 + 12 + 32 + 128,
             DType::Q6_K => 128 + 64 + 16 + 2,
+            DType::MXFP4 => 1 + 16,
         }
     }
 
@@ -219,6 +232,22 @@ pub fn f32_to_f16(value: f32) -> u16 {
     sign | half as u16
 }
 
+/// Decodes an E8M0 scale byte (a bare biased exponent, MXFP4's block scale) as GGML's
+/// `ggml_e8m0_to_fp32_half` does: `2^(e - 128)`, half the scale `2^(e - 127)` because MXFP4's
+/// level table holds twice the E2M1 values. Exact: a power of two from `2^-128` to `2^127`,
+/// the f32 subnormals `2^-128` and `2^-127` for `e` 0 and 1. (E8M0 reserves 255 for NaN;
+/// GGML reads it as `2^127`, and so does this.)
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        // Subnormal: the significand's bit 21 or 22, i.e. 2^(21 + e) · 2^-149.
+        0x0020_0000u32 << e
+    } else {
+        // Normal: biased exponent e - 1, i.e. 2^(e - 1 - 127).
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
 /// Converts bfloat16 bits to f32 (exact).
 pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
@@ -265,6 +294,11 @@ mod tests {
             [DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::IQ4_XS].map(DType::ggml_id),
             [6, 7, 20, 23]
         );
+        assert_eq!(DType::MXFP4.block_bytes(), 17);
+        assert_eq!(DType::MXFP4.block_size(), 32);
+        assert_eq!(DType::MXFP4.ggml_id(), 39);
+        assert_eq!(DType::from_ggml_id(39), Some(DType::MXFP4));
+        assert_eq!(DType::MXFP4.row_bytes(2880), Ok(90 * 17));
         assert_eq!(DType::Q4_1.row_bytes(576), Ok(18 * 20));
         assert_eq!(DType::F16.row_bytes(7), Ok(14));
         assert!(matches!(
@@ -300,6 +334,23 @@ mod tests {
                 assert_eq!(f32_to_f16(value), bits, "bits {bits:#06x}");
             }
         }
+    }
+
+    #[test]
+    fn e8m0_half_is_an_exact_power_of_two_for_every_byte() {
+        for e in 0..=u8::MAX {
+            let want = 2f64.powi(i32::from(e) - 128);
+            let got = e8m0_to_f32_half(e);
+            assert_eq!(f64::from(got), want, "e = {e}");
+        }
+        assert_eq!(e8m0_to_f32_half(0).to_bits(), 0x0020_0000);
+        assert_eq!(e8m0_to_f32_half(1).to_bits(), 0x0040_0000);
+        assert!(e8m0_to_f32_half(1).is_subnormal());
+        assert_eq!(e8m0_to_f32_half(2), f32::MIN_POSITIVE);
+        assert_eq!(e8m0_to_f32_half(127), 0.5);
+        assert_eq!(e8m0_to_f32_half(128), 1.0);
+        assert_eq!(e8m0_to_f32_half(254), 2f32.powi(126));
+        assert_eq!(e8m0_to_f32_half(255).to_bits(), 254 << 23);
     }
 
     #[test]

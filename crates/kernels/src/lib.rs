@@ -9,11 +9,14 @@
 //! # Key types and functions
 //!
 //! - [`DType`]: GGML element types (`F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`,
-//!   `Q5_1`, `IQ4_NL`, `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_XS`) with `ggml_id`/`from_ggml_id`/`name`/`block_size`/`block_bytes`/`row_bytes`.
+//!   `Q5_1`, `IQ4_NL`, `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_XS`, `MXFP4`) with
+//!   `ggml_id`/`from_ggml_id`/`name`/`block_size`/`block_bytes`/`row_bytes`.
 //! - [`dequantize`]`(dtype, bytes, &mut [f32])`: scalar reference decoder, bit-exact with GGML.
 //!   [`quantize_row_q8_0`], [`quantize_row_q4_0`], [`quantize_row_q4_1`],
-//!   [`quantize_row_q5_0`], [`quantize_row_q5_1`] (GGML's reference quantizers) and
-//!   [`encode_float_row`] build test data; [`KVALUES_IQ4NL`] is GGML's IQ4 level table.
+//!   [`quantize_row_q5_0`], [`quantize_row_q5_1`], [`quantize_row_mxfp4`] (GGML's reference
+//!   quantizers), [`pack_mxfp4_block`] (MXFP4 bytes from chosen codes) and
+//!   [`encode_float_row`] build test data; [`KVALUES_IQ4NL`] and [`KVALUES_MXFP4`] are GGML's
+//!   IQ4 and MXFP4 level tables, [`e8m0_to_f32_half`] MXFP4's scale decoding.
 //! - [`ThreadPool`]: persistent workers (spin ~300 µs, then park); `parallel_for(n_tasks,
 //!   &|task| ...)` runs on the caller and the workers and returns when all tasks are done. A
 //!   task panic is caught and re-raised on the caller after all tasks stop; nested calls run
@@ -116,7 +119,7 @@ pub use attention::{
 pub use cpu::{
     amx_enabled, runtime_summary, CpuFeatures, KernelPath, KernelsOverride, AMX_ENV, KERNELS_ENV,
 };
-pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
+pub use dtype::{bf16_to_f32, e8m0_to_f32_half, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use elementwise::{
     add_inplace, add_rms_norm_rows, add_rows, gated_rows, gelu_tanh_mul, rms_norm, rms_norm_rows,
     silu_mul, softmax_inplace, swiglu_oai_mul, GateActivation,
@@ -138,8 +141,9 @@ pub use matmul::{reference_matmul, MatmulScratch, QMatrix, Segments};
 pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use pool::ThreadPool;
 pub use quant::{
-    dequantize, encode_float_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0,
-    quantize_row_q5_1, quantize_row_q8_0, KVALUES_IQ4NL, QK, QK_K,
+    dequantize, encode_float_row, pack_mxfp4_block, quantize_row_mxfp4, quantize_row_q4_0,
+    quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, KVALUES_IQ4NL,
+    KVALUES_MXFP4, QK, QK_K,
 };
 pub use rope::{apply_rope, RopeCache, RopeScaling, RopeStyle};
 pub use weight_buf::HUGE_PAGES_ENV;

@@ -5,7 +5,7 @@
 //! f32 values llama.cpp would produce. They are the ground truth the SIMD matmul kernels are
 //! tested against.
 
-use crate::dtype::{bf16_to_f32, f16_to_f32, f32_to_f16, DType};
+use crate::dtype::{bf16_to_f32, e8m0_to_f32_half, f16_to_f32, f32_to_f16, DType};
 use crate::KernelError;
 
 /// Elements in a `Q*_0` / `Q*_1` block.
@@ -18,6 +18,11 @@ pub const QK_K: usize = 256;
 pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
+
+/// GGML's `kvalues_mxfp4`: the 16 int8 levels an MXFP4 nibble indexes, the E2M1 values
+/// `±{0, 0.5, 1, 1.5, 2, 3, 4, 6}` doubled (bit 3 is the sign), which is why the E8M0 scale is
+/// halved ([`e8m0_to_f32_half`]).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 pub(crate) fn read_f16(bytes: &[u8], offset: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([bytes[offset], bytes[offset + 1]]))
@@ -64,6 +69,7 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
                 DType::IQ4_XS => dequantize_block_iq4_xs,
                 DType::Q4_K => dequantize_block_q4_k,
                 DType::Q5_K => dequantize_block_q5_k,
+                DType::MXFP4 => dequantize_block_mxfp4,
                 _ => dequantize_block_q6_k,
             };
             for (block, out) in src
@@ -133,16 +139,25 @@ fn dequantize_block_q5_1(block: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Decodes the 32 nibbles `qs[16]` (low nibbles first) through [`KVALUES_IQ4NL`] times `d`.
-fn dequantize_iq4_nibbles(d: f32, qs: &[u8], out: &mut [f32]) {
+/// Decodes the 32 nibbles `qs[16]` (low nibbles first) through `table` times `d`.
+fn dequantize_table_nibbles(table: &[i8; 16], d: f32, qs: &[u8], out: &mut [f32]) {
     for (j, &byte) in qs.iter().enumerate() {
-        out[j] = d * f32::from(KVALUES_IQ4NL[usize::from(byte & 0x0f)]);
-        out[j + QK / 2] = d * f32::from(KVALUES_IQ4NL[usize::from(byte >> 4)]);
+        out[j] = d * f32::from(table[usize::from(byte & 0x0f)]);
+        out[j + QK / 2] = d * f32::from(table[usize::from(byte >> 4)]);
     }
+}
+
+fn dequantize_iq4_nibbles(d: f32, qs: &[u8], out: &mut [f32]) {
+    dequantize_table_nibbles(&KVALUES_IQ4NL, d, qs, out);
 }
 
 fn dequantize_block_iq4_nl(block: &[u8], out: &mut [f32]) {
     dequantize_iq4_nibbles(read_f16(block, 0), &block[2..2 + QK / 2], out);
+}
+
+fn dequantize_block_mxfp4(block: &[u8], out: &mut [f32]) {
+    let d = e8m0_to_f32_half(block[0]);
+    dequantize_table_nibbles(&KVALUES_MXFP4, d, &block[1..1 + QK / 2], out);
 }
 
 /// The 6-bit scale of sub-block `ib` (0..8) of an IQ4_XS super-block, as GGML stores it:
@@ -391,6 +406,60 @@ pub fn quantize_row_q5_1(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError>
     Ok(())
 }
 
+/// The index of the MXFP4 level nearest `x` at scale `d` (GGML's `best_index_mxfp4`: the
+/// first of equal errors wins, so `+0` before `-0`).
+fn nearest_mxfp4_level(x: f32, d: f32) -> u8 {
+    let mut best = 0u8;
+    let mut best_error = (f32::from(KVALUES_MXFP4[0]) * d - x).abs();
+    for (index, &level) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+        let error = (f32::from(level) * d - x).abs();
+        if error < best_error {
+            best = index as u8;
+            best_error = error;
+        }
+    }
+    best
+}
+
+/// One MXFP4 block's 17 bytes, as GGUF stores it, from its E8M0 scale byte `e` and the 32
+/// elements' codes (indices into [`KVALUES_MXFP4`]; only their low four bits are used):
+/// element `j`'s code in the low nibble of `qs[j]` for `j < 16`, in the high nibble of
+/// `qs[j - 16]` above. For tests and fixtures that write MXFP4 tensors from chosen codes.
+pub fn pack_mxfp4_block(e: u8, codes: &[u8; QK]) -> [u8; 17] {
+    let mut block = [0u8; 17];
+    block[0] = e;
+    for j in 0..QK / 2 {
+        block[1 + j] = (codes[j] & 0x0f) | ((codes[j + QK / 2] & 0x0f) << 4);
+    }
+    block
+}
+
+/// Quantizes `src` to MXFP4 blocks as GGML's `quantize_row_mxfp4_ref` does: the scale byte
+/// `e = floor(log2(amax)) - 2 + 127` (0 for an all-zero block), which puts `amax` in
+/// `[8d, 16d)` for the scale `d = 2^(e - 128)` (up to `log2`'s rounding; the top level is 12,
+/// so the largest elements may clip), then each element the nearest level `table[q] · d`. `log2` is the platform's `log2f`, as in
+/// GGML. Blocks with `amax < 2^-125`, where GGML's float-to-byte conversion leaves the byte
+/// range, get `e = 0`.
+pub fn quantize_row_mxfp4(src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
+    check_quantize_lengths(DType::MXFP4, src, dst)?;
+    for (x, block) in src
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(DType::MXFP4.block_bytes()))
+    {
+        let amax = x.iter().fold(0.0f32, |acc, v| acc.max(v.abs()));
+        let e = if amax > 0.0 {
+            // Saturating: an infinite amax gives the largest scale.
+            (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+        } else {
+            0
+        };
+        let d = e8m0_to_f32_half(e);
+        let codes: [u8; QK] = std::array::from_fn(|j| nearest_mxfp4_level(x[j], d));
+        block.copy_from_slice(&pack_mxfp4_block(e, &codes));
+    }
+    Ok(())
+}
+
 /// Encodes `src` as little-endian f16 or bf16 or f32 bytes (`dtype` must be a float type).
 pub fn encode_float_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
     check_quantize_lengths(dtype, src, dst)?;
@@ -614,6 +683,192 @@ mod tests {
         for j in 0..16 {
             assert_eq!(out[j], 0.5 * f32::from(KVALUES_IQ4NL[j]));
             assert_eq!(out[j + 16], 0.5 * f32::from(KVALUES_IQ4NL[15 - j]));
+        }
+    }
+
+    /// An MXFP4 block with scale byte `e` whose element `j` (and `j + 16`) is nibble `j % 16`
+    /// (`15 - j % 16`): every level of the table, in both halves.
+    fn mxfp4_block(e: u8) -> Vec<u8> {
+        let mut block = vec![e];
+        block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        block
+    }
+
+    #[test]
+    fn mxfp4_blocks_pack_from_codes() {
+        let codes: [u8; 32] = std::array::from_fn(|j| (j % 16) as u8);
+        let block = pack_mxfp4_block(129, &codes);
+        assert_eq!(block[0], 129);
+        assert_eq!(block[1], 0x00);
+        assert_eq!(block[16], 0xff);
+        let mut out = vec![0.0; 32];
+        dequantize(DType::MXFP4, &block, &mut out).unwrap();
+        for (j, &value) in out.iter().enumerate() {
+            assert_eq!(value, 2.0 * f32::from(KVALUES_MXFP4[j % 16]), "element {j}");
+        }
+        // Codes keep their low four bits only.
+        assert_eq!(
+            pack_mxfp4_block(0, &[0x1f; 32]),
+            pack_mxfp4_block(0, &[0x0f; 32])
+        );
+    }
+
+    #[test]
+    fn mxfp4_known_values() {
+        // Levels 0, 1, 2, 3, 4, 6, 8, 12 and their negatives (nibbles 8..16) times 2^(e - 128).
+        let levels = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0];
+        let mut out = vec![0.0; 32];
+        dequantize(DType::MXFP4, &mxfp4_block(128), &mut out).unwrap();
+        for j in 0..8 {
+            assert_eq!(out[j], levels[j]);
+            assert_eq!(out[8 + j], -levels[j]);
+            assert_eq!(out[16 + j], -levels[7 - j]);
+            assert_eq!(out[24 + j], levels[7 - j]);
+        }
+        assert_eq!(
+            out[8].to_bits(),
+            0,
+            "nibble 8 (E2M1's -0) is +0, as in GGML's int8 table"
+        );
+        // The scale bytes at the ends of the range: subnormal scales (0, 1), the smallest
+        // normal (2), 1/2 (127) and the largest two (254, 255), where 12 · 2^127 overflows as
+        // GGML's `x0 * d` does.
+        for (e, scale) in [
+            (0u8, f32::from_bits(0x0020_0000)),
+            (1, f32::from_bits(0x0040_0000)),
+            (2, f32::MIN_POSITIVE),
+            (127, 0.5),
+            (254, 2f32.powi(126)),
+            (255, 2f32.powi(127)),
+        ] {
+            assert_eq!(f64::from(scale), 2f64.powi(i32::from(e) - 128), "e = {e}");
+            dequantize(DType::MXFP4, &mxfp4_block(e), &mut out).unwrap();
+            for (j, &got) in out.iter().enumerate() {
+                let nibble = if j < 16 { j } else { 15 - (j - 16) };
+                let want = f32::from(KVALUES_MXFP4[nibble]) * scale;
+                assert_eq!(got.to_bits(), want.to_bits(), "e = {e} element {j}");
+            }
+            assert_eq!(out[1], scale, "e = {e}: level 1 is the scale itself");
+            assert_eq!(out[9], -scale, "e = {e}: level -1");
+        }
+        dequantize(DType::MXFP4, &mxfp4_block(0), &mut out).unwrap();
+        assert_eq!(
+            f64::from(out[7]),
+            12.0 * 2f64.powi(-128),
+            "subnormal products are exact"
+        );
+        dequantize(DType::MXFP4, &mxfp4_block(255), &mut out).unwrap();
+        assert_eq!(out[2], f32::INFINITY, "2 · 2^127 overflows");
+        assert_eq!(out[10], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn mxfp4_random_blocks_match_a_straightforward_decoder() {
+        // Every scale byte at least once among 300 random blocks, decoded in f64 from the
+        // format's definition (E2M1 value · 2^(e - 127)) and rounded once to f32; E2M1's -0
+        // (nibble 8) is GGML's +0.
+        let mut state = 0x9e37_79b9u32;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        let n_blocks = 300;
+        let mut bytes = vec![0u8; n_blocks * 17];
+        for (b, block) in bytes.chunks_exact_mut(17).enumerate() {
+            for byte in block.iter_mut() {
+                *byte = next() as u8;
+            }
+            if b < 256 {
+                block[0] = b as u8;
+            }
+        }
+        let mut out = vec![0.0f32; n_blocks * 32];
+        dequantize(DType::MXFP4, &bytes, &mut out).unwrap();
+        let e2m1 = |nibble: u8| {
+            let magnitude = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][usize::from(nibble & 7)];
+            if nibble & 8 != 0 {
+                -magnitude
+            } else {
+                magnitude
+            }
+        };
+        for (b, block) in bytes.chunks_exact(17).enumerate() {
+            let scale = 2f64.powi(i32::from(block[0]) - 127);
+            for j in 0..32 {
+                let byte = block[1 + j % 16];
+                let nibble = if j < 16 { byte & 0x0f } else { byte >> 4 };
+                let want = (e2m1(nibble) * scale) as f32 + 0.0;
+                let got = out[b * 32 + j];
+                assert!(
+                    got.to_bits() == want.to_bits(),
+                    "block {b} (e = {}) element {j}: {got} vs {want}",
+                    block[0]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn mxfp4_quantize_known_values() {
+        // amax = 6: e = floor(log2 6) - 2 + 127 = 127, d = 1/2; levels are 0, ±0.5, ..., ±6.
+        let mut x = vec![0.0f32; 32];
+        x[0] = 6.0;
+        x[1] = -0.5;
+        x[2] = 1.2; // nearest 1.0 (nibble 2)
+        x[3] = 1.3; // nearest 1.5 (nibble 3)
+        x[16] = -5.1; // nearest -6 (nibble 15): |-6 + 5.1| = 0.9 < |-4 + 5.1| = 1.1
+        x[17] = 2.5; // halfway between 2 and 3: the first, 2 (nibble 4)
+        x[18] = -0.0; // +0 (nibble 0) wins ties
+        let mut block = vec![0u8; 17];
+        quantize_row_mxfp4(&x, &mut block).unwrap();
+        assert_eq!(block[0], 127);
+        assert_eq!(block[1], 7 | (15 << 4));
+        assert_eq!(block[2], 9 | (4 << 4));
+        assert_eq!(block[3], 2);
+        assert_eq!(block[4], 3);
+        let mut out = vec![0.0; 32];
+        dequantize(DType::MXFP4, &block, &mut out).unwrap();
+        assert_eq!(out[..4], [6.0, -0.5, 1.0, 1.5]);
+        assert_eq!(out[16..18], [-6.0, 2.0]);
+        // An all-zero block gets e = 0 and all-zero nibbles.
+        quantize_row_mxfp4(&[0.0; 32], &mut block).unwrap();
+        assert!(block.iter().all(|&b| b == 0));
+        // Values on the grid of their block's scale survive exactly.
+        let levels: Vec<f32> = (0..64)
+            .map(|i| f32::from(KVALUES_MXFP4[i % 16]) * 2f32.powi(-(i as i32 / 32) * 3 - 4))
+            .collect();
+        let mut bytes = vec![0u8; 34];
+        quantize_row_mxfp4(&levels, &mut bytes).unwrap();
+        let mut out = vec![0.0; 64];
+        dequantize(DType::MXFP4, &bytes, &mut out).unwrap();
+        assert_eq!(out, levels);
+    }
+
+    #[test]
+    fn mxfp4_round_trip_error_is_within_half_the_block_max() {
+        // amax lies in [8d, 16d) for d = 2^(e - 128); the levels' widest gap (8d to 12d) and
+        // the clip above 12d are both under 4d, so an element is off by at most 4d <= amax / 2.
+        let mut state = 0x0246_8aceu32;
+        let x: Vec<f32> = (0..320)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                let magnitude = 2f32.powi(i / 32 - 5);
+                (state as f32 / u32::MAX as f32 * 2.0 - 1.0) * magnitude
+            })
+            .collect();
+        let mut bytes = vec![0u8; 10 * 17];
+        quantize_row_mxfp4(&x, &mut bytes).unwrap();
+        let mut out = vec![0.0; x.len()];
+        dequantize(DType::MXFP4, &bytes, &mut out).unwrap();
+        for (xb, ob) in x.chunks(32).zip(out.chunks(32)) {
+            let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            for (a, b) in xb.iter().zip(ob) {
+                assert!((a - b).abs() <= amax / 2.0, "{a} vs {b} (amax {amax})");
+            }
         }
     }
 

@@ -38,7 +38,8 @@ impl Rng {
 
 /// Random weight bytes of `dtype` for a `[rows, cols]` matrix. Float and 32-block types are
 /// quantized from uniform values; K-quant and IQ4 blocks are random bytes with small random
-/// scales.
+/// scales; MXFP4 blocks random bytes with E8M0 scales around 2^-4 and, one block in eight,
+/// the smallest ones (`e` 0, 1, 2: subnormal and smallest-normal scales).
 pub(crate) fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let row_bytes = dtype.row_bytes(cols).expect("cols fit the block size");
     let mut bytes = vec![0u8; rows * row_bytes];
@@ -68,6 +69,19 @@ pub(crate) fn random_weights(rng: &mut Rng, dtype: DType, rows: usize, cols: usi
                     let d = if dtype == DType::IQ4_XS { 0.0005 } else { 0.01 };
                     let d = f32_to_f16(rng.uniform(d, 2.0 * d)).to_le_bytes();
                     block[0..2].copy_from_slice(&d);
+                }
+            }
+            DType::MXFP4 => {
+                for block in row.chunks_exact_mut(dtype.block_bytes()) {
+                    for b in block.iter_mut() {
+                        *b = rng.next_u64() as u8;
+                    }
+                    // Levels reach 12: 12 · 2^(e - 128) is 0.2-1.5 for e in 122..=125.
+                    block[0] = if rng.below(8) == 0 {
+                        rng.below(3) as u8
+                    } else {
+                        122 + rng.below(4) as u8
+                    };
                 }
             }
             DType::Q4_K | DType::Q5_K | DType::Q6_K => {

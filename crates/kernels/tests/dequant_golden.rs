@@ -47,3 +47,4 @@ golden!(q5_0_matches_gguf_py, DType::Q5_0, "q5_0");
 golden!(q5_1_matches_gguf_py, DType::Q5_1, "q5_1");
 golden!(iq4_nl_matches_gguf_py, DType::IQ4_NL, "iq4_nl");
 golden!(iq4_xs_matches_gguf_py, DType::IQ4_XS, "iq4_xs");
+golden!(mxfp4_matches_gguf_py, DType::MXFP4, "mxfp4");

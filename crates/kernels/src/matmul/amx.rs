@@ -1,6 +1,6 @@
 //! AMX int8 tile kernels for the eight-row group layouts — `interleaved.rs` (Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q8_0, IQ4_NL, IQ4_XS) and `kquant.rs` (Q4_K, Q5_K, Q6_K) — at prefill and batches of
-//! [`min_rows`] rows or more.
+//! Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4) and `kquant.rs` (Q4_K, Q5_K, Q6_K) — at prefill and
+//! batches of [`min_rows`] rows or more.
 //!
 //! One tile multiply (`tdpbssd`) yields the exact integer block dots of 16 activation rows
 //! against 16 weight rows for one 32-element block: A is 16 rows × 32 int8 activations, 512
@@ -56,7 +56,8 @@ use crate::simd::first_lanes_mask;
 /// multiply-add per block for the min) from 9-10 (at 6-8 rows on 576-wide inputs the sweeps
 /// win: Q5_1 at 6 rows 39-44 against 55-56 µs); Q5_K and Q6_K about even at 12-14, Q4_K
 /// behind up to 24 rows on 8192-wide inputs (1.1-1.2x at 32 in the ninth session). The row
-/// sweeps' per-row weight streaming wins for decode and small batches.
+/// sweeps' per-row weight streaming wins for decode and small batches. MXFP4 (unmeasured)
+/// takes IQ4_NL's threshold: the same unpacking (a table lookup) and epilogue.
 pub(crate) fn min_rows(dtype: DType) -> usize {
     match dtype {
         DType::Q4_K => 32,

@@ -1,5 +1,5 @@
 //! AVX2 + FMA dot kernels (Zen 3 and any x86-64-v3 CPU): the f32 row dot and the interleaved
-//! Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/IQ4_XS group kernels.
+//! Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL/IQ4_XS/MXFP4 group kernels.
 //!
 //! Quantized groups multiply weight bytes against the int8 activations with `maddubs`
 //! (u8 × i8 → i16 pairs) and `madd` (→ i32), exact in integers; the per-block scale product is
@@ -9,11 +9,11 @@
 use std::arch::x86_64::*;
 
 use super::activation::QuantizedRow;
-use super::interleaved::{GroupKind, GROUP, NIBBLE_BYTES};
+use super::interleaved::{GroupKind, GROUP, NIBBLE_BYTES, TABLE_IQ4_XS, TABLE_MXFP4};
 use super::prefetch;
 use super::Tile;
 use crate::dtype::{bf16_to_f32, f16_to_f32};
-use crate::quant::{KVALUES_IQ4NL, QK};
+use crate::quant::QK;
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -277,27 +277,46 @@ pub(crate) unsafe fn q4_group_tile<const R: usize, const FIVE: bool, const MIN: 
     }
 }
 
-/// Eight interleaved IQ4_NL (`XS = false`) or IQ4_XS (`XS = true`) weight rows against `R`
-/// quantized activation rows. Nibbles become int8 levels through one `pshufb` of GGML's table;
-/// the signed levels use the sign transfer `|w| · (x · sign(w))`, whose pairs reach
-/// 2 · 127 · 127, so each `maddubs` is widened to i32 right away. IQ4_XS's per-32 scale
-/// `d · (ls - 32)` is built in f32 lanes from the 6-bit `ls` (exact, as in the scalar twin).
+/// Eight E8M0 scale bytes, zero-extended to i32 lanes, as f32 `2^(e - 128)`, bit for bit
+/// [`crate::e8m0_to_f32_half`]: the normal `(e - 1) << 23` for `e >= 2`, else the subnormal
+/// `0x0020_0000 << e`.
+///
+/// # Safety
+/// AVX2: carries no `target_feature` of its own and is inlined into callers that enable it
+/// (the AVX2 kernels, and `vnni::Ymm`).
+#[inline(always)]
+pub(crate) unsafe fn e8m0_half_x8(e: __m256i) -> __m256 {
+    // SAFETY: AVX2 integer operations on registers only (the caller's features).
+    unsafe {
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+        // Shift counts above 31 give 0; those lanes take `normal`.
+        let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+        _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small))
+    }
+}
+
+/// Eight interleaved rows of a nibble-table kind against `R` quantized activation rows:
+/// IQ4_NL (`TABLE_IQ4_NL`), IQ4_XS (`TABLE_IQ4_XS`) or MXFP4 (`TABLE_MXFP4`). Nibbles become
+/// int8 levels through one `pshufb` of GGML's table; the signed levels use the sign transfer
+/// `|w| · (x · sign(w))`. IQ4 pairs reach 2 · 127 · 127, so each `maddubs` is widened to i32
+/// right away; MXFP4's levels are at most 12 in magnitude, so a block's eight pair sums stay
+/// in i16 (8 · 2 · 12 · 127 = 24 384) and are widened once. IQ4_XS's per-32 scale
+/// `d · (ls - 32)` is built in f32 lanes from the 6-bit `ls`, MXFP4's `2^(e - 128)` from the
+/// E8M0 bytes ([`e8m0_half_x8`]); both exact, as in the scalar twin.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C. `group` must hold `n_blocks` group-blocks (IQ4_XS:
 /// super-blocks) and every activation row the matching number of quantized blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
+pub(crate) unsafe fn table_group_tile<const R: usize, const TABLE: u8>(
     group: &[u8],
     n_blocks: usize,
     xs: &[QuantizedRow<'_>; R],
     out: &mut [[f32; GROUP]; R],
 ) {
-    let kind = if XS {
-        GroupKind::Iq4Xs
-    } else {
-        GroupKind::Iq4Nl
-    };
+    let kind = GroupKind::of_table(TABLE);
+    let (sub_scales, e8m0) = (TABLE == TABLE_IQ4_XS, TABLE == TABLE_MXFP4);
     let stride = kind.block_stride();
     let subs = kind.block_elems() / QK;
     debug_assert!(group.len() >= n_blocks * stride);
@@ -306,7 +325,7 @@ pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
     let ones = _mm256_set1_epi16(1);
     // SAFETY: the table is 16 bytes.
     let table = _mm256_broadcastsi128_si256(unsafe {
-        _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i)
+        _mm_loadu_si128(kind.levels().as_ptr() as *const __m128i)
     });
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..n_blocks {
@@ -315,8 +334,14 @@ pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
         unsafe {
             let base = group.as_ptr().add(b * stride);
             prefetch::stream(base, stride, prefetch::AVX2_AHEAD_BYTES);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
-            let (scales_h, scales_l) = if XS {
+            let d = if e8m0 {
+                e8m0_half_x8(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    base as *const __m128i,
+                )))
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i))
+            };
+            let (scales_h, scales_l) = if sub_scales {
                 (
                     _mm256_cvtepu16_epi32(_mm_loadu_si128(base.add(16) as *const __m128i)),
                     _mm256_loadu_si256(base.add(kind.high_bits_offset()) as *const __m256i),
@@ -325,7 +350,7 @@ pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
                 (_mm256_setzero_si256(), _mm256_setzero_si256())
             };
             for sub in 0..subs {
-                let scale = if XS {
+                let scale = if sub_scales {
                     let low = _mm256_srl_epi32(scales_l, _mm_cvtsi32_si128(4 * sub as i32));
                     let high = _mm256_srl_epi32(scales_h, _mm_cvtsi32_si128(2 * sub as i32));
                     let ls = _mm256_or_si256(
@@ -340,6 +365,7 @@ pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
                 let quants = base.add(kind.quant_offset() + sub * NIBBLE_BYTES);
                 let xb = b * subs + sub;
                 let mut dots = [_mm256_setzero_si256(); R];
+                let mut pairs = [_mm256_setzero_si256(); R];
                 for kk in 0..4 {
                     let packed = _mm256_loadu_si256(quants.add(kk * 32) as *const __m256i);
                     let low = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, mask));
@@ -357,11 +383,18 @@ pub(crate) unsafe fn iq4_group_tile<const R: usize, const XS: bool>(
                             _mm256_set1_epi32((x.add(16 + 4 * kk) as *const i32).read_unaligned());
                         let p_low = _mm256_maddubs_epi16(abs_low, _mm256_sign_epi8(x_low, low));
                         let p_high = _mm256_maddubs_epi16(abs_high, _mm256_sign_epi8(x_high, high));
-                        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(p_low, ones));
-                        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(p_high, ones));
+                        if e8m0 {
+                            pairs[r] = _mm256_add_epi16(pairs[r], _mm256_add_epi16(p_low, p_high));
+                        } else {
+                            dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(p_low, ones));
+                            dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(p_high, ones));
+                        }
                     }
                 }
                 for r in 0..R {
+                    if e8m0 {
+                        dots[r] = _mm256_madd_epi16(pairs[r], ones);
+                    }
                     let d = _mm256_mul_ps(scale, _mm256_set1_ps(*xs[r].scales.get_unchecked(xb)));
                     acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dots[r]), acc[r]);
                 }

@@ -1,4 +1,4 @@
-//! Legacy-quant and IQ4 weights repacked eight rows at a time for integer GEMM/GEMV.
+//! Legacy-quant, IQ4 and MXFP4 weights repacked eight rows at a time for integer GEMM/GEMV.
 //!
 //! Layout: rows are taken in groups of [`GROUP`] (the last group padded with zero rows). For each
 //! group and each block `b` (32 elements; a 256-element super-block for IQ4_XS), in order:
@@ -9,6 +9,7 @@
 //! Q5_0:         [8 × f16 d]             [8 × u32 qh] [4 × (8 rows × 4 packed bytes)]
 //! Q5_1:         [8 × f16 d] [8 × f16 m] [8 × u32 qh] [4 × (8 rows × 4 packed bytes)]
 //! Q8_0:         [8 × f16 d]                          [8 × (8 rows × 4 quants)]
+//! MXFP4:        [8 × u8 e]                           [4 × (8 rows × 4 packed bytes)]
 //! IQ4_XS:       [8 × f16 d] [8 × u16 scales_h] [8 × u32 scales_l]
 //!                                       8 sub-blocks × [4 × (8 rows × 4 packed bytes)]
 //! ```
@@ -20,26 +21,27 @@
 //! activation bytes thus yields partial dot products for eight weight rows at once, one row per
 //! 32-bit lane. Q5's fifth bits are reordered at load so each step finds its bits by one shift:
 //! byte `i` of a row's `qh` holds in bit `kk` the fifth bit of element `4kk + i` and in bit
-//! `4 + kk` that of element `16 + 4kk + i`. IQ4 nibbles index GGML's int8 level table
-//! ([`KVALUES_IQ4NL`], one `pshufb`). Bytes per row and block equal GGUF's (18 for Q4_0/IQ4_NL,
-//! 20 for Q4_1, 22 for Q5_0, 24 for Q5_1, 34 for Q8_0, 136 per 256 for IQ4_XS), so decode streams
-//! no more memory than the file holds.
+//! `4 + kk` that of element `16 + 4kk + i`. IQ4 and MXFP4 nibbles index GGML's int8 level
+//! tables ([`KVALUES_IQ4NL`], [`KVALUES_MXFP4`]; one `pshufb`). Bytes per row and block equal
+//! GGUF's (18 for Q4_0/IQ4_NL, 20 for Q4_1, 22 for Q5_0, 24 for Q5_1, 34 for Q8_0, 17 for MXFP4,
+//! 136 per 256 for IQ4_XS), so decode streams no more memory than the file holds: MXFP4 keeps
+//! its one-byte E8M0 scales, decoded exactly to f32 in the kernels ([`e8m0_to_f32_half`]).
 //!
 //! Arithmetic per (weight row, activation row), shared by the scalar and AVX2 kernels so both
 //! give bitwise-equal results: for every 32-element block in order, the exact integer dot `s` of
 //! the weight levels with the int8 activations (Q4_0/Q5_0: unsigned quants minus `8 · Σx` /
-//! `16 · Σx`; IQ4: table values), then `acc = fma(d_w · d_x, s, acc)` with `d_w` the block's
-//! scale (IQ4_XS: `d · (ls - 32)`, exact in f32), then for Q4_1/Q5_1 `acc = fma(m_w, d_x · Σx,
-//! acc)`.
+//! `16 · Σx`; IQ4, MXFP4: table values), then `acc = fma(d_w · d_x, s, acc)` with `d_w` the
+//! block's scale (IQ4_XS: `d · (ls - 32)`, exact in f32; MXFP4: `2^(e - 128)`, exact), then for
+//! Q4_1/Q5_1 `acc = fma(m_w, d_x · Σx, acc)`.
 
 use super::activation::{QuantizedActivations, QuantizedRow};
 use super::grouped::{matmul_grouped, GroupPair, GroupedLayout, PairOut};
 use super::Isa;
 use crate::dtype::DType;
 use crate::pool::ThreadPool;
-use crate::quant::{iq4_xs_scale, KVALUES_IQ4NL, QK, QK_K};
+use crate::quant::{iq4_xs_scale, KVALUES_IQ4NL, KVALUES_MXFP4, QK, QK_K};
 use crate::weight_buf::WeightBuf;
-use crate::{f16_to_f32, KernelError};
+use crate::{e8m0_to_f32_half, f16_to_f32, KernelError};
 
 pub(crate) use super::grouped::GROUP;
 
@@ -63,7 +65,17 @@ pub(crate) enum GroupKind {
     Iq4Nl,
     /// IQ4_XS: `w = d · (ls - 32) · table[q]`, a 6-bit `ls` per 32 of a 256-element block.
     Iq4Xs,
+    /// MXFP4: `w = 2^(e - 128) · table[q]`, a one-byte E8M0 `e` per block.
+    Mxfp4,
 }
+
+/// The nibble-table kinds as the SIMD kernels' const parameter (`TABLE`), so each kind's
+/// scale decoding and table are constants there ([`GroupKind::of_table`] maps back).
+pub(crate) const TABLE_IQ4_NL: u8 = 0;
+/// See [`TABLE_IQ4_NL`].
+pub(crate) const TABLE_IQ4_XS: u8 = 1;
+/// See [`TABLE_IQ4_NL`].
+pub(crate) const TABLE_MXFP4: u8 = 2;
 
 impl GroupKind {
     fn of(dtype: DType) -> Option<GroupKind> {
@@ -75,8 +87,35 @@ impl GroupKind {
             DType::Q8_0 => GroupKind::Q8Zero,
             DType::IQ4_NL => GroupKind::Iq4Nl,
             DType::IQ4_XS => GroupKind::Iq4Xs,
+            DType::MXFP4 => GroupKind::Mxfp4,
             _ => return None,
         })
+    }
+
+    /// The kind a `TABLE_*` constant names.
+    pub(crate) const fn of_table(table: u8) -> GroupKind {
+        match table {
+            TABLE_IQ4_NL => GroupKind::Iq4Nl,
+            TABLE_IQ4_XS => GroupKind::Iq4Xs,
+            _ => GroupKind::Mxfp4,
+        }
+    }
+
+    /// The 16 int8 levels the nibbles of a table kind (IQ4_NL, IQ4_XS, MXFP4) index.
+    pub(crate) const fn levels(self) -> &'static [i8; 16] {
+        match self {
+            GroupKind::Mxfp4 => &KVALUES_MXFP4,
+            _ => &KVALUES_IQ4NL,
+        }
+    }
+
+    /// Bytes of one row's block scale at the start of a group-block: 1 for MXFP4's E8M0
+    /// byte, 2 for the others' f16 `d`.
+    pub(crate) const fn scale_bytes(self) -> usize {
+        match self {
+            GroupKind::Mxfp4 => 1,
+            _ => 2,
+        }
     }
 
     /// Elements per stored block: 32, or 256 for IQ4_XS's super-blocks.
@@ -95,6 +134,7 @@ impl GroupKind {
     /// Offset of the quant bytes inside a group-block.
     pub(crate) const fn quant_offset(self) -> usize {
         match self {
+            GroupKind::Mxfp4 => 8,
             GroupKind::Q4Zero | GroupKind::Q8Zero | GroupKind::Iq4Nl => 16,
             GroupKind::Q4One => 32,
             GroupKind::Q5Zero => 48,
@@ -138,6 +178,7 @@ impl GroupKind {
     const fn source_offsets(self) -> (usize, usize, usize) {
         match self {
             GroupKind::Q4Zero | GroupKind::Q8Zero | GroupKind::Iq4Nl => (0, 0, 2),
+            GroupKind::Mxfp4 => (0, 0, 1),
             GroupKind::Q4One => (2, 0, 4),
             GroupKind::Q5Zero => (0, 2, 6),
             GroupKind::Q5One => (2, 4, 8),
@@ -200,7 +241,8 @@ impl Groups {
             for b in 0..n_blocks {
                 let src = &ggml[(row * n_blocks + b) * src_block..][..src_block];
                 let dst = &mut bytes[(group * n_blocks + b) * stride..][..stride];
-                dst[2 * lane..2 * lane + 2].copy_from_slice(&src[0..2]);
+                let scale = kind.scale_bytes();
+                dst[scale * lane..scale * (lane + 1)].copy_from_slice(&src[0..scale]);
                 if kind.has_min() || kind == GroupKind::Iq4Xs {
                     dst[16 + 2 * lane..16 + 2 * lane + 2].copy_from_slice(&src[second..second + 2]);
                 }
@@ -257,7 +299,7 @@ impl Groups {
             let (levels, scale, min) = lane_block(self.kind, data, lane, b);
             for (value, &level) in out.iter_mut().zip(&levels) {
                 // `level * d (+ m)`: GGML's order (IQ4 computes `d * table[q]`, the same
-                // product).
+                // product; MXFP4's `x0 * d` is this one).
                 *value = if self.kind.has_min() {
                     level as f32 * scale + min
                 } else {
@@ -316,8 +358,15 @@ impl GroupedLayout for Groups {
                     GroupKind::Q5One => {
                         avx2::q4_group_tile::<R, true, true>(data, n_blocks, xs, out)
                     }
-                    GroupKind::Iq4Nl => avx2::iq4_group_tile::<R, false>(data, n_blocks, xs, out),
-                    GroupKind::Iq4Xs => avx2::iq4_group_tile::<R, true>(data, n_blocks, xs, out),
+                    GroupKind::Iq4Nl => {
+                        avx2::table_group_tile::<R, TABLE_IQ4_NL>(data, n_blocks, xs, out)
+                    }
+                    GroupKind::Iq4Xs => {
+                        avx2::table_group_tile::<R, TABLE_IQ4_XS>(data, n_blocks, xs, out)
+                    }
+                    GroupKind::Mxfp4 => {
+                        avx2::table_group_tile::<R, TABLE_MXFP4>(data, n_blocks, xs, out)
+                    }
                 }
             },
             #[cfg(target_arch = "x86_64")]
@@ -359,7 +408,6 @@ fn lane_block(kind: GroupKind, group: &[u8], lane: usize, b: usize) -> ([i32; QK
     let block = &group[(b / subs) * kind.block_stride()..][..kind.block_stride()];
     let sub = b % subs;
     let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([block[at], block[at + 1]]));
-    let d = f16(2 * lane);
     let min = if kind.has_min() {
         f16(16 + 2 * lane)
     } else {
@@ -369,9 +417,10 @@ fn lane_block(kind: GroupKind, group: &[u8], lane: usize, b: usize) -> ([i32; QK
     let scale = match kind {
         GroupKind::Iq4Xs => {
             let scales_h = u16::from_le_bytes([block[16 + 2 * lane], block[17 + 2 * lane]]);
-            d * (iq4_xs_scale(scales_h, high_bits(), sub) - 32) as f32
+            f16(2 * lane) * (iq4_xs_scale(scales_h, high_bits(), sub) - 32) as f32
         }
-        _ => d,
+        GroupKind::Mxfp4 => e8m0_to_f32_half(block[lane]),
+        _ => f16(2 * lane),
     };
     let quants = &block[kind.quant_offset() + sub * NIBBLE_BYTES..];
     // Byte `j` of the row's GGML quants for this block (`j < 16`, or `< 32` for Q8_0).
@@ -385,8 +434,9 @@ fn lane_block(kind: GroupKind, group: &[u8], lane: usize, b: usize) -> ([i32; QK
     };
     let levels = match kind {
         GroupKind::Q8Zero => std::array::from_fn(|j| i32::from(byte(j) as i8)),
-        GroupKind::Iq4Nl | GroupKind::Iq4Xs => {
-            std::array::from_fn(|j| i32::from(KVALUES_IQ4NL[usize::from(nibble(j))]))
+        GroupKind::Iq4Nl | GroupKind::Iq4Xs | GroupKind::Mxfp4 => {
+            let table = kind.levels();
+            std::array::from_fn(|j| i32::from(table[usize::from(nibble(j))]))
         }
         GroupKind::Q4Zero | GroupKind::Q4One => {
             std::array::from_fn(|j| i32::from(nibble(j)) - kind.offset())

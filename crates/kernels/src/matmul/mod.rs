@@ -1,7 +1,7 @@
 //! Linear layers: `out[n, out_features] = x[n, in_features] · Wᵀ` for weights in any [`DType`].
 //!
 //! Weights are repacked once at load ([`QMatrix::from_bytes`]): float types become f32 rows,
-//! Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/IQ4_XS are interleaved eight rows at a time so one integer
+//! Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/IQ4_XS/MXFP4 are interleaved eight rows at a time so one integer
 //! instruction advances eight output columns (`interleaved.rs`, same bytes per weight as the
 //! GGUF file), and so are Q4_K/Q5_K/Q6_K, per 256-element super-block (`kquant.rs`, at most 4
 //! bytes per row and super-block more than the file). Both eight-row layouts share one driver
@@ -79,7 +79,7 @@ pub(crate) enum Storage {
     /// F16 or BF16 weights kept as their 16-bit patterns, `[out][in]`: half the bytes of
     /// widened f32, widened exactly inside the dot kernel, so results equal the f32 path's.
     Half { bits: WeightBuf<u16>, dtype: DType },
-    /// Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / IQ4_XS: eight rows interleaved per block
+    /// Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / IQ4_XS / MXFP4: eight rows interleaved per block
     /// (see `interleaved.rs`).
     Interleaved(interleaved::Groups),
     /// Q4_K / Q5_K / Q6_K: eight rows interleaved per super-block (see `kquant.rs`).
@@ -237,7 +237,8 @@ impl QMatrix {
             | DType::Q5_0
             | DType::Q5_1
             | DType::IQ4_NL
-            | DType::IQ4_XS => Storage::Interleaved(interleaved::Groups::pack(
+            | DType::IQ4_XS
+            | DType::MXFP4 => Storage::Interleaved(interleaved::Groups::pack(
                 dtype,
                 out_features,
                 in_features,

@@ -30,7 +30,7 @@ fn tolerance(dtype: DType, weights: &[f32], x: &[f32]) -> f64 {
 }
 
 /// The types held in the interleaved layout, whose scalar twin is bitwise equal to SIMD.
-const INTERLEAVED: [DType; 7] = [
+const INTERLEAVED: [DType; 8] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -38,6 +38,7 @@ const INTERLEAVED: [DType; 7] = [
     DType::Q8_0,
     DType::IQ4_NL,
     DType::IQ4_XS,
+    DType::MXFP4,
 ];
 
 /// Every kernel path this process may run, scalar first; prints the ones skipped because the
@@ -61,8 +62,8 @@ fn simd_isas() -> Vec<Isa> {
         .collect()
 }
 
-/// All ten quantized weight types.
-pub(super) const QUANTIZED: [DType; 10] = [
+/// All eleven quantized weight types.
+pub(super) const QUANTIZED: [DType; 11] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -73,6 +74,7 @@ pub(super) const QUANTIZED: [DType; 10] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::MXFP4,
 ];
 
 /// `matrix · x` on `isa` as bit patterns (the output prefilled with NaN, so an element a
@@ -139,6 +141,7 @@ pub(super) fn assert_tile_rows_batch_invariant(
         DType::Q5_0,
         DType::Q4_K,
         DType::Q6_K,
+        DType::MXFP4,
     ] {
         let bytes = random_weights(&mut rng, dtype, rows, cols);
         let matrix = QMatrix::from_bytes(dtype, rows, cols, &bytes).unwrap();
@@ -183,14 +186,16 @@ pub(super) fn assert_same_bits(got: &[u32], want: &[u32], context: &str) {
     }
 }
 
-/// Random weights of `dtype` with every level at its extreme (each block's f16 scale and
-/// min kept, K-quant scales at their maximum): the largest integer dots the type can give.
+/// Random weights of `dtype` with every level at its extreme (each block's f16 or E8M0 scale
+/// and min kept, K-quant scales at their maximum): the largest integer dots the type can give.
 pub(super) fn extreme_weights(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let mut bytes = random_weights(rng, dtype, rows, cols);
     let (keep, fill) = match dtype {
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (0..4, 0xff),
         DType::Q8_0 => (0..2, 0x80),
         DType::Q6_K => (208..210, 0x00),
+        // Level 12 in both nibbles (biased to 140, the largest VNNI weight byte).
+        DType::MXFP4 => (0..1, 0x77),
         _ => (0..2, 0x00),
     };
     for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
@@ -508,6 +513,7 @@ fn shape_errors() {
     assert!(QMatrix::from_bytes(DType::Q4_1, 2, 32, &[0u8; 39]).is_err());
     assert!(QMatrix::from_bytes(DType::Q4_K, 1, 32, &[0u8; 144]).is_err());
     assert!(QMatrix::from_bytes(DType::IQ4_XS, 1, 32, &[0u8; 136]).is_err());
+    assert!(QMatrix::from_bytes(DType::MXFP4, 1, 32, &[0u8; 18]).is_err());
 }
 
 #[test]
@@ -595,6 +601,94 @@ fn extreme_5bit_and_iq4_products_do_not_saturate() {
                     .unwrap();
                 let want = expected_weight * 127.0 * sign * cols as f32;
                 assert!(out.iter().all(|&v| v == want), "{dtype} {isa:?}: {out:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_mxfp4_products_do_not_saturate() {
+    // Levels ±12 (nibbles 7 and 15) at scale 1 (e = 128) against ±127: the largest pair sums
+    // the AVX2 kernel keeps in i16 over a whole block (8 × 2 · 12 · 127 = 24 384).
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (9usize, 256usize);
+    for (quants, expected_weight) in [(0x77u8, 12.0f32), (0xff, -12.0)] {
+        let mut block = vec![128u8];
+        block.resize(DType::MXFP4.block_bytes(), quants);
+        let bytes = block.repeat(rows * cols / QK);
+        let matrix = QMatrix::from_bytes(DType::MXFP4, rows, cols, &bytes).unwrap();
+        let mut weights = vec![0.0f32; cols];
+        matrix.row_to_f32(rows - 1, &mut weights).unwrap();
+        assert!(weights.iter().all(|&w| w == expected_weight), "{weights:?}");
+        for sign in [1.0f32, -1.0] {
+            let x = vec![127.0 * sign; 5 * cols];
+            for isa in isas() {
+                let mut out = vec![0.0f32; 5 * rows];
+                matrix
+                    .matmul_with_isa(isa, &pool, &x, 5, &mut out, &mut MatmulScratch::new())
+                    .unwrap();
+                let want = expected_weight * 127.0 * sign * cols as f32;
+                assert!(out.iter().all(|&v| v == want), "{isa:?}: {out:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_scales_at_the_ends_of_the_range_agree_on_every_path() {
+    // Rows whose blocks take the smallest scale bytes (0 and 1: subnormal scales; 2: the
+    // smallest normal; 3), so `d_w · d_x` is an f32 subnormal, rounded in every path alike;
+    // and rows of the largest ones (127 and 128 beside 253, 254 and 255, where 12 · 2^127
+    // overflows as a dequantized weight but not in the kernel's `d_w · d_x · dot` for
+    // activations near 2^-20). Every path (and, through `matmul`, the AVX-512 row sweeps and
+    // AMX where the host has them) must give the scalar twin's bits; the small scales also
+    // stay within the reference's bound.
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(29);
+    for (scales, x_max) in [
+        (&[0u8, 1, 2, 3][..], 2.0f32),
+        (&[127, 128, 253, 254, 255], 1e-6),
+    ] {
+        let (rows, cols) = (19usize, 2 * scales.len() * QK);
+        let mut bytes = Vec::with_capacity(rows * DType::MXFP4.row_bytes(cols).unwrap());
+        for _ in 0..rows {
+            for &e in scales.iter().chain(scales) {
+                bytes.push(e);
+                bytes.extend((0..QK / 2).map(|_| rng.next_u64() as u8));
+            }
+        }
+        let matrix = QMatrix::from_bytes(DType::MXFP4, rows, cols, &bytes).unwrap();
+        let mut weights = vec![0.0f32; rows * cols];
+        dequantize(DType::MXFP4, &bytes, &mut weights).unwrap();
+        for n in [1usize, 6, 17] {
+            let x = rng.vec(n * cols, -x_max, x_max);
+            let context = format!("scales {scales:?} n={n}");
+            let scalar = isa_bits(Isa::Scalar, &matrix, &x, n, &pool);
+            assert!(
+                scalar.iter().all(|&b| f32::from_bits(b).is_finite()),
+                "{context}: finite"
+            );
+            for isa in simd_isas() {
+                let got = isa_bits(isa, &matrix, &x, n, &pool);
+                assert_same_bits(&got, &scalar, &format!("{context} {isa:?}"));
+            }
+            let public = public_bits(&matrix, &x, n, &pool);
+            assert_same_bits(&public, &scalar, &format!("{context} matmul"));
+            if scales[0] == 0 {
+                let reference = reference_matmul(DType::MXFP4, rows, cols, &bytes, &x, n).unwrap();
+                for (index, (&got, &want)) in scalar.iter().zip(&reference).enumerate() {
+                    let (i, j) = (index / rows, index % rows);
+                    let got = f32::from_bits(got);
+                    let bound = tolerance(
+                        DType::MXFP4,
+                        &weights[j * cols..(j + 1) * cols],
+                        &x[i * cols..(i + 1) * cols],
+                    );
+                    assert!(
+                        (f64::from(got) - f64::from(want)).abs() <= bound,
+                        "{context} [{i},{j}]: {got} vs {want}"
+                    );
+                }
             }
         }
     }

@@ -6,9 +6,10 @@
 //! [`Weights::unpack`] writes the weight levels as int8 in the tile layout `[8 k-quads][16
 //! columns][4 bytes]` (the layouts' own steps, two groups side by side, so unpacking is a
 //! mask/shift plus the Q4_0/Q5_0/Q6_K offset, the fifth bits, the top bit pairs of Q6_K's
-//! fourth block or the IQ4 table per 64 bytes), and [`Weights::params`] the block's column
-//! parameters as f32 lanes. [`BlockVectors::update`] then folds one activation row's block
-//! dots into its accumulator in the scalar twins' order: for every block
+//! fourth block or the IQ4 / MXFP4 table per 64 bytes), and [`Weights::params_into`] the
+//! block's column parameters as f32 lanes (MXFP4's E8M0 scales decoded exactly).
+//! [`BlockVectors::update`] then folds one activation row's block dots into its accumulator in
+//! the scalar twins' order: for every block
 //! `acc = fma(d_w · d_x, dot, acc)`, then for Q4_1/Q5_1 `acc = fma(m_w, d_x · Σx, acc)`;
 //! K-quants multiply the dot by the sub-block's integer scale first (Q6_K: two dots, one per
 //! 16-element half with its own scale) and Q4_K/Q5_K end each super-block with the min term
@@ -20,7 +21,7 @@ use super::grouped::{GroupedLayout, GROUP};
 use super::interleaved::{GroupKind, Groups, NIBBLE_BYTES};
 use super::kquant::{self, KGroups, KKind};
 use crate::pool::{SharedMut, ThreadPool};
-use crate::quant::{KVALUES_IQ4NL, QK, QK_K};
+use crate::quant::{QK, QK_K};
 
 /// Weight rows per B tile: two interleaved groups.
 pub(crate) const TILE_COLS: usize = 2 * GROUP;
@@ -97,7 +98,7 @@ pub(crate) const Q6: u8 = 3;
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
 pub(crate) struct BlockParams {
-    /// `d_w` (IQ4_XS `d · (ls - 32)`; K-quants the super-block's `d`).
+    /// `d_w` (IQ4_XS `d · (ls - 32)`; MXFP4 `2^(e - 128)`; K-quants the super-block's `d`).
     scale: [f32; TILE_COLS],
     /// Q4_1/Q5_1 `m`; Q4_K/Q5_K the sub-block's 6-bit min.
     min: [f32; TILE_COLS],
@@ -284,9 +285,9 @@ impl Weights<'_> {
     }
 
     /// Writes block `b`'s column parameters for groups `first` (columns 0..8) and `second`
-    /// (8..16) into `params`: the values the scalar twins use (f16 widening and the small
-    /// integer products are exact, so vector and scalar decoding agree bit for bit). Fields
-    /// this type does not use keep their values.
+    /// (8..16) into `params`: the values the scalar twins use (f16 widening, E8M0 decoding and
+    /// the small integer products are exact, so vector and scalar decoding agree bit for bit).
+    /// Fields this type does not use keep their values.
     ///
     /// # Safety
     /// AVX-512 F/BW; block `b` lies inside both groups.
@@ -306,8 +307,11 @@ impl Weights<'_> {
                     let kind = groups.kind();
                     let subs = kind.block_elems() / QK;
                     let base = (b / subs) * kind.block_stride();
-                    let d = _mm512_cvtph_ps(pair16(first, second, base));
-                    let scale = if kind == GroupKind::Iq4Xs {
+                    let scale = if kind == GroupKind::Mxfp4 {
+                        let e = _mm512_cvtepu8_epi32(pair8(first, second, base));
+                        super::vnni::e8m0_half_x16(e)
+                    } else if kind == GroupKind::Iq4Xs {
+                        let d = _mm512_cvtph_ps(pair16(first, second, base));
                         let sub = (b % subs) as i32;
                         let high = _mm512_cvtepu16_epi32(pair16(first, second, base + 16));
                         let low = pair(first, second, base + kind.high_bits_offset());
@@ -320,7 +324,7 @@ impl Weights<'_> {
                         let ls = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
                         _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls))
                     } else {
-                        d
+                        _mm512_cvtph_ps(pair16(first, second, base))
                     };
                     _mm512_store_ps(params.scale.as_mut_ptr(), scale);
                     if kind.has_min() {
@@ -433,6 +437,7 @@ impl Weights<'_> {
                 GroupKind::Q8Zero => each!(unpack_legacy, GroupKind::Q8Zero),
                 GroupKind::Iq4Nl => each!(unpack_legacy, GroupKind::Iq4Nl),
                 GroupKind::Iq4Xs => each!(unpack_legacy, GroupKind::Iq4Xs),
+                GroupKind::Mxfp4 => each!(unpack_legacy, GroupKind::Mxfp4),
             },
             Weights::KQuant(groups) => match groups.kind() {
                 KKind::Q4 => each!(unpack_kquant, KKind::Q4),
@@ -555,8 +560,8 @@ unsafe fn unpack_legacy(kind: GroupKind, first: &[u8], second: &[u8], b: usize, 
         };
         let fifth = _mm512_set1_epi8(0x10);
         let offset = _mm512_set1_epi8(kind.offset() as i8);
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
-        let iq4 = matches!(kind, GroupKind::Iq4Nl | GroupKind::Iq4Xs);
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(kind.levels().as_ptr().cast()));
+        let tabled = matches!(kind, GroupKind::Iq4Nl | GroupKind::Iq4Xs | GroupKind::Mxfp4);
         for kk in 0..4 {
             let packed = pair(first, second, quants + 32 * kk);
             let mut low = _mm512_and_si512(packed, mask);
@@ -567,7 +572,7 @@ unsafe fn unpack_legacy(kind: GroupKind, first: &[u8], second: &[u8], b: usize, 
                 high_of_low = _mm512_srli_epi16::<1>(high_of_low);
                 high_of_high = _mm512_srli_epi16::<1>(high_of_high);
             }
-            if iq4 {
+            if tabled {
                 low = _mm512_shuffle_epi8(table, low);
                 high = _mm512_shuffle_epi8(table, high);
             } else if kind.offset() != 0 {

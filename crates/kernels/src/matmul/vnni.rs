@@ -55,6 +55,9 @@ pub(crate) trait Lanes {
     unsafe fn i8x8(at: Bases) -> Self::I;
     /// Eight u16 at each base, zero-extended to i32 lanes.
     unsafe fn u16x8(at: Bases) -> Self::I;
+    /// Eight E8M0 bytes at each base as f32 `2^(e - 128)` lanes, bit for bit
+    /// [`crate::e8m0_to_f32_half`] (MXFP4's scales).
+    unsafe fn e8m0x8(at: Bases) -> Self::F;
     /// Four activation bytes at `at`, broadcast to every 32-bit lane.
     unsafe fn broadcast4(at: *const i8) -> Self::I;
     /// A 16-byte table repeated in every 128-bit lane (for [`Lanes::lookup`]).
@@ -145,6 +148,11 @@ impl Lanes for Ymm {
     unsafe fn u16x8(at: Bases) -> __m256i {
         // SAFETY: see the impl note.
         unsafe { _mm256_cvtepu16_epi32(_mm_loadu_si128(at.0 as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn e8m0x8(at: Bases) -> __m256 {
+        // SAFETY: see the impl note.
+        unsafe { super::avx2::e8m0_half_x8(Self::u8x8(at)) }
     }
     #[inline(always)]
     unsafe fn broadcast4(at: *const i8) -> __m256i {
@@ -328,6 +336,11 @@ impl Lanes for Zmm {
         }
     }
     #[inline(always)]
+    unsafe fn e8m0x8(at: Bases) -> __m512 {
+        // SAFETY: see the impl note.
+        unsafe { e8m0_half_x16(Self::u8x8(at)) }
+    }
+    #[inline(always)]
     unsafe fn broadcast4(at: *const i8) -> __m512i {
         // SAFETY: see the impl note.
         unsafe { _mm512_set1_epi32((at as *const i32).read_unaligned()) }
@@ -468,6 +481,25 @@ impl Lanes for Zmm {
     unsafe fn fnmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
         // SAFETY: see the impl note.
         unsafe { _mm512_fnmadd_ps(a, b, c) }
+    }
+}
+
+/// Sixteen E8M0 scale bytes, zero-extended to i32 lanes, as f32 `2^(e - 128)`, bit for bit
+/// [`crate::e8m0_to_f32_half`]: the normal `(e - 1) << 23` for `e >= 2`, else the subnormal
+/// `0x0020_0000 << e` (the 16-lane twin of `avx2::e8m0_half_x8`).
+///
+/// # Safety
+/// AVX-512 F: carries no `target_feature` of its own and is inlined into callers that enable
+/// it ([`Zmm`], the AMX and row-sweep unpacking).
+#[inline(always)]
+pub(crate) unsafe fn e8m0_half_x16(e: __m512i) -> __m512 {
+    // SAFETY: AVX-512 F operations on registers only (the caller's features).
+    unsafe {
+        let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+        // Shift counts above 31 give 0; those lanes take `normal`.
+        let subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+        let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+        _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal))
     }
 }
 

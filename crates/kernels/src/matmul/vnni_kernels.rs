@@ -1,13 +1,13 @@
 //! VNNI group kernels for every eight-row interleaved layout (`interleaved.rs`: Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS; `kquant.rs`: Q4_K, Q5_K, Q6_K), written once over
+//! Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4; `kquant.rs`: Q4_K, Q5_K, Q6_K), written once over
 //! [`Lanes`] and instantiated for AVX-VNNI (256-bit, one group per call) and AVX-512 VNNI
 //! (512-bit, two groups per call).
 //!
 //! `vpdpbusd` multiplies unsigned weight bytes by signed activation bytes and adds each lane's
 //! four products into its i32 accumulator without saturating, so it replaces AVX2's
 //! `maddubs` + `madd` pair and its i16 flush schedule. Signed weights avoid the sign transfer
-//! by a bias: Q8_0 bytes are read as `w + 128` (`w ^ 0x80`) and IQ4 levels looked up as
-//! `level + 128`, and `128 · Σx` (the activation block's exact integer sum) is subtracted from
+//! by a bias: Q8_0 bytes are read as `w + 128` (`w ^ 0x80`) and IQ4 and MXFP4 levels looked up
+//! as `level + 128`, and `128 · Σx` (the activation block's exact integer sum) is subtracted from
 //! the block dot, as Q4_0/Q5_0 subtract `8 · Σx` / `16 · Σx`; Q6_K, whose scales change every
 //! 16 elements, subtracts `32 · Σx` per 16-element half (`QuantizedRow::half_sums`).
 //!
@@ -19,25 +19,30 @@
 
 use super::activation::QuantizedRow;
 use super::grouped::{GroupPair, PairOut, GROUP};
-use super::interleaved::{GroupKind, NIBBLE_BYTES};
+use super::interleaved::{GroupKind, NIBBLE_BYTES, TABLE_IQ4_NL, TABLE_IQ4_XS, TABLE_MXFP4};
 use super::kquant::{
     q6_run, KKind, D, DMIN, Q5_HIGH, Q6_SCALES, STEP, UNPACKED_MINS, UNPACKED_SCALES,
 };
 use super::kquant_avx2::unpack_scales_mins;
 use super::prefetch;
 use super::vnni::{Bases, Lanes, Ymm, Zmm};
-use crate::quant::{KVALUES_IQ4NL, QK};
+use crate::quant::{KVALUES_IQ4NL, KVALUES_MXFP4, QK};
 
-/// GGML's IQ4 levels plus 128, as unsigned bytes.
-const IQ4_BIASED: [u8; 16] = {
+/// A table of int8 levels plus 128, as unsigned bytes.
+const fn biased(levels: &[i8; 16]) -> [u8; 16] {
     let mut table = [0u8; 16];
     let mut i = 0;
     while i < 16 {
-        table[i] = (KVALUES_IQ4NL[i] as i16 + 128) as u8;
+        table[i] = (levels[i] as i16 + 128) as u8;
         i += 1;
     }
     table
-};
+}
+
+/// GGML's IQ4 levels plus 128.
+const IQ4_BIASED: [u8; 16] = biased(&KVALUES_IQ4NL);
+/// GGML's MXFP4 levels plus 128.
+const MXFP4_BIASED: [u8; 16] = biased(&KVALUES_MXFP4);
 
 impl GroupPair<'_> {
     /// Bases of group-block `b` of both groups.
@@ -201,31 +206,34 @@ unsafe fn q8_tile<S: Lanes, const R: usize>(
     }
 }
 
-/// IQ4_NL (`XS = false`) or IQ4_XS: levels looked up biased by 128, `128 · Σx` subtracted per
-/// 32-element block; IQ4_XS's per-32 scale `d · (ls - 32)` built in f32 lanes (exact).
+/// The nibble-table kinds, IQ4_NL (`TABLE_IQ4_NL`), IQ4_XS (`TABLE_IQ4_XS`) or MXFP4
+/// (`TABLE_MXFP4`): levels looked up biased by 128, `128 · Σx` subtracted per 32-element
+/// block; IQ4_XS's per-32 scale `d · (ls - 32)` built in f32 lanes, MXFP4's `2^(e - 128)`
+/// from its E8M0 bytes (both exact).
 #[inline(always)]
-unsafe fn iq4_tile<S: Lanes, const R: usize, const XS: bool>(
+unsafe fn table_tile<S: Lanes, const R: usize, const TABLE: u8>(
     groups: GroupPair<'_>,
     xs: &[QuantizedRow<'_>; R],
     out: &mut PairOut<R>,
 ) {
-    let kind = if XS {
-        GroupKind::Iq4Xs
-    } else {
-        GroupKind::Iq4Nl
-    };
+    let kind = GroupKind::of_table(TABLE);
+    let (sub_scales, e8m0) = (TABLE == TABLE_IQ4_XS, TABLE == TABLE_MXFP4);
     let stride = kind.block_stride();
     let subs = kind.block_elems() / QK;
     // SAFETY: (whole body) as in `q4_tile`.
     unsafe {
         let mask = S::splat8(0x0f);
-        let table = S::table16(&IQ4_BIASED);
+        let table = S::table16(if e8m0 { &MXFP4_BIASED } else { &IQ4_BIASED });
         let mut acc = [S::zero_f(); R];
         for b in 0..groups.blocks {
             let base = groups.block(b, stride);
             prefetch_ahead(base, stride, groups.blocks * stride);
-            let d = S::f16x8(base);
-            let (scales_h, scales_l) = if XS {
+            let d = if e8m0 {
+                S::e8m0x8(base)
+            } else {
+                S::f16x8(base)
+            };
+            let (scales_h, scales_l) = if sub_scales {
                 (
                     S::u16x8(base.add(16)),
                     S::bytes32(base.add(kind.high_bits_offset())),
@@ -234,7 +242,7 @@ unsafe fn iq4_tile<S: Lanes, const R: usize, const XS: bool>(
                 (S::zero(), S::zero())
             };
             for sub in 0..subs {
-                let scale = if XS {
+                let scale = if sub_scales {
                     let low = S::and(S::shr_32(scales_l, 4 * sub as i32), S::splat32(0x0f));
                     let high = S::and(S::shr_32(scales_h, 2 * sub as i32), S::splat32(3));
                     let ls = S::sub32(S::or(low, S::shl4_32(high)), S::splat32(32));
@@ -501,8 +509,9 @@ macro_rules! interleaved_dispatch {
             GroupKind::Q4One => q4_tile::<$lanes, R, false, true>($groups, $xs, $out),
             GroupKind::Q5Zero => q4_tile::<$lanes, R, true, false>($groups, $xs, $out),
             GroupKind::Q5One => q4_tile::<$lanes, R, true, true>($groups, $xs, $out),
-            GroupKind::Iq4Nl => iq4_tile::<$lanes, R, false>($groups, $xs, $out),
-            GroupKind::Iq4Xs => iq4_tile::<$lanes, R, true>($groups, $xs, $out),
+            GroupKind::Iq4Nl => table_tile::<$lanes, R, TABLE_IQ4_NL>($groups, $xs, $out),
+            GroupKind::Iq4Xs => table_tile::<$lanes, R, TABLE_IQ4_XS>($groups, $xs, $out),
+            GroupKind::Mxfp4 => table_tile::<$lanes, R, TABLE_MXFP4>($groups, $xs, $out),
         }
     };
 }

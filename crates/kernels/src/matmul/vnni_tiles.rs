@@ -9,11 +9,11 @@
 //! the block's column parameters), and then sweeps the activation rows up to eight at a time:
 //! per block one 64-byte load per k-quad shared by every row, then eight `vpdpbusd` per row,
 //! the weights as the unsigned operand and the row's four activation bytes broadcast as the
-//! signed one. Signed levels (Q4_0, Q5_0, Q8_0, IQ4, Q6_K) are read as `w + 128` (`w ^ 0x80`)
-//! and each dot starts at `-128 · Σx`; the other kinds' levels are non-negative and go in as
-//! they are. So every block dot is the exact integer the scalar twins compute, and the f32
-//! epilogue is the AMX path's ([`unpack::BlockVectors`]): results are bitwise the scalar
-//! twins', whatever the rows' grouping.
+//! signed one. Signed levels (Q4_0, Q5_0, Q8_0, IQ4, MXFP4, Q6_K) are read as `w + 128`
+//! (`w ^ 0x80`) and each dot starts at `-128 · Σx`; the other kinds' levels are non-negative
+//! and go in as they are. So every block dot is the exact integer the scalar twins compute, and
+//! the f32 epilogue is the AMX path's ([`unpack::BlockVectors`]): results are bitwise the
+//! scalar twins', whatever the rows' grouping.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;

@@ -512,3 +512,94 @@ fn llama3_scaled(inv_freq: f64, factor: f32, original: usize) -> f64 {
         (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenmill_gguf::{GgmlType, GgufFile, GgufWriter};
+    use tokenmill_kernels::quantize_row_mxfp4;
+
+    /// `rows` rows of `columns` values in `[-2, 2)` from `seed`, quantized to MXFP4.
+    fn mxfp4_rows(rows: usize, columns: usize, seed: u32) -> Vec<u8> {
+        let mut state = seed.max(1);
+        let values: Vec<f32> = (0..rows * columns)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state as f32 / u32::MAX as f32) * 4.0 - 2.0
+            })
+            .collect();
+        let mut bytes = vec![0u8; rows * DType::MXFP4.row_bytes(columns).unwrap()];
+        quantize_row_mxfp4(&values, &mut bytes).unwrap();
+        bytes
+    }
+
+    fn rows_of(matrix: &QMatrix) -> Vec<Vec<f32>> {
+        (0..matrix.out_features())
+            .map(|row| {
+                let mut values = vec![0.0; matrix.in_features()];
+                matrix.row_to_f32(row, &mut values).unwrap();
+                values
+            })
+            .collect()
+    }
+
+    fn dequantized_rows(bytes: &[u8], columns: usize) -> Vec<Vec<f32>> {
+        bytes
+            .chunks_exact(DType::MXFP4.row_bytes(columns).unwrap())
+            .map(|row| {
+                let mut values = vec![0.0; columns];
+                dequantize(DType::MXFP4, row, &mut values).unwrap();
+                values
+            })
+            .collect()
+    }
+
+    /// A GGUF's MXFP4 tensors (gpt-oss stores its experts so) load into MXFP4 matrices with
+    /// the file's bytes: a 2-D weight, and 3-D `[experts, rows, columns]` expert tensors cut
+    /// per expert and stacked by [`LayerTensors::expert_stacks`].
+    #[test]
+    fn mxfp4_tensors_load_as_matrices_and_per_expert_stacks() {
+        let (experts, rows, columns) = (3usize, 16usize, 64usize);
+        let attn = mxfp4_rows(8, columns, 1);
+        let gate = mxfp4_rows(experts * rows, columns, 2);
+        let up = mxfp4_rows(experts * rows, columns, 3);
+        let mut writer = GgufWriter::new();
+        let mxfp4 = GgmlType::from_id(39);
+        writer.add_tensor("blk.0.attn_q.weight", &[64, 8], mxfp4, attn.clone());
+        let dims = [columns as u64, rows as u64, experts as u64];
+        writer.add_tensor("blk.0.ffn_gate_exps.weight", &dims, mxfp4, gate.clone());
+        writer.add_tensor("blk.0.ffn_up_exps.weight", &dims, mxfp4, up.clone());
+        let file = GgufFile::from_bytes(writer.to_bytes()).unwrap();
+        let store = TensorStore::from_gguf(&file);
+        let reader = WeightReader::new(&store, TensorNaming::Gguf, false);
+        let layer = reader.layer(0);
+
+        let q = layer
+            .stacked(&[("attn_q.weight", 8)], columns)
+            .unwrap()
+            .into_single()
+            .unwrap();
+        assert_eq!(q.dtype(), DType::MXFP4);
+        assert_eq!(q.storage_bytes(), attn.len(), "kept at the file's bytes");
+        assert_eq!(rows_of(&q), dequantized_rows(&attn, columns));
+
+        let parts = [("ffn_gate_exps.weight", rows), ("ffn_up_exps.weight", rows)];
+        let stacks = layer.expert_stacks(&parts, columns, experts).unwrap();
+        assert_eq!(stacks.len(), experts);
+        let expert_bytes = rows * DType::MXFP4.row_bytes(columns).unwrap();
+        for (expert, stack) in stacks.into_iter().enumerate() {
+            let matrix = stack.into_single().unwrap();
+            assert_eq!(matrix.dtype(), DType::MXFP4);
+            assert_eq!(
+                (matrix.out_features(), matrix.in_features()),
+                (2 * rows, columns)
+            );
+            let range = expert * expert_bytes..(expert + 1) * expert_bytes;
+            let mut want = dequantized_rows(&gate[range.clone()], columns);
+            want.extend(dequantized_rows(&up[range], columns));
+            assert_eq!(rows_of(&matrix), want, "expert {expert}");
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 use tokenmill_gguf::{GgmlType, GgufWriter, MetadataValue};
-use tokenmill_kernels::{quantize_row_q8_0, DType};
+use tokenmill_kernels::{quantize_row_mxfp4, quantize_row_q8_0, DType};
 
 /// The HF name of a GGUF tensor name, per HF's Qwen3 / Gemma 3 / Qwen3-MoE / Mixtral
 /// modeling code (`arch` is the fixture's: Mixtral's is `llama`). Expert tensors are split
@@ -280,8 +280,8 @@ pub fn write_gguf(fixture: &Fixture, path: &Path) {
     write_gguf_typed(fixture, path, &HashMap::new());
 }
 
-/// [`write_gguf`] with the tensors `types` names as `Q8_0` quantized (GGML's reference
-/// quantizer); the others F32.
+/// [`write_gguf`] with the tensors `types` names as `Q8_0` or `MXFP4` quantized (GGML's
+/// reference quantizers); the others F32.
 pub fn write_gguf_typed(fixture: &Fixture, path: &Path, types: &HashMap<String, String>) {
     let mut writer = GgufWriter::new();
     writer.add_metadata(
@@ -305,17 +305,27 @@ pub fn write_gguf_typed(fixture: &Fixture, path: &Path, types: &HashMap<String, 
             None | Some("F32") => {
                 writer.add_f32_tensor(&tensor.name, &dims, &values);
             }
-            Some("Q8_0") => {
+            Some(name @ ("Q8_0" | "MXFP4")) => {
+                let dtype = if name == "Q8_0" {
+                    DType::Q8_0
+                } else {
+                    DType::MXFP4
+                };
                 let row = dims[0] as usize;
-                let row_bytes = DType::Q8_0.row_bytes(row).unwrap();
+                let row_bytes = dtype.row_bytes(row).unwrap();
                 let mut bytes = vec![0u8; count / row * row_bytes];
                 for (src, dst) in values
                     .chunks_exact(row)
                     .zip(bytes.chunks_exact_mut(row_bytes))
                 {
-                    quantize_row_q8_0(src, dst).unwrap();
+                    match dtype {
+                        DType::Q8_0 => quantize_row_q8_0(src, dst),
+                        _ => quantize_row_mxfp4(src, dst),
+                    }
+                    .unwrap();
                 }
-                writer.add_tensor(&tensor.name, &dims, GgmlType::Q8_0, bytes);
+                let ggml_type = GgmlType::from_id(dtype.ggml_id());
+                writer.add_tensor(&tensor.name, &dims, ggml_type, bytes);
             }
             Some(other) => panic!("{}: type {other}", tensor.name),
         }
