@@ -25,6 +25,11 @@ echo "== model: $TOKENMILL_TEST_MODEL"
 export TOKENMILL_GEMMA3_MODEL="${TOKENMILL_GEMMA3_MODEL:-$(scripts/fetch-gemma3.sh)}"
 echo "== gemma3 model: $TOKENMILL_GEMMA3_MODEL"
 
+# Gemma 4's real tokenizer (llama.cpp's 16 MB vocabulary-only GGUF, from the llama-cpp-python
+# sdist on PyPI) for the gemma4 tokenizer's parity test.
+export TOKENMILL_GEMMA4_VOCAB="${TOKENMILL_GEMMA4_VOCAB:-$(scripts/fetch-gemma4-vocab.sh)}"
+echo "== gemma4 vocabulary: $TOKENMILL_GEMMA4_VOCAB"
+
 # all-MiniLM-L6-v2 (BERT encoder, HF directory) for the pooling runner's parity and HTTP tests.
 export TOKENMILL_MINILM_MODEL="${TOKENMILL_MINILM_MODEL:-$(scripts/fetch-minilm.sh)}"
 echo "== minilm model: $TOKENMILL_MINILM_MODEL"

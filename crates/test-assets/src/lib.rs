@@ -12,8 +12,8 @@
 //! default models (regenerated, the Q5_0 file does not reproduce its fixture; see
 //! `scripts/make-test-assets.sh`).
 //!
-//! Key items: the [`Asset`] constants ([`DEFAULT_MODEL`], [`GEMMA3_270M`], [`MINILM`],
-//! [`MINILM_GGUF`]) and [`requantized_default_model`]; [`default_model`] is the one
+//! Key items: the [`Asset`] constants ([`DEFAULT_MODEL`], [`GEMMA3_270M`], [`GEMMA4_VOCAB`],
+//! [`MINILM`], [`MINILM_GGUF`]) and [`requantized_default_model`]; [`default_model`] is the one
 //! `model_path()` every crate's tests call.
 //!
 //! ```no_run
@@ -64,6 +64,16 @@ pub const GEMMA3_270M: Asset = Asset {
     env_names_dir: false,
     file_name: Cow::Borrowed("gemma-3-270m-q4_k_m.gguf"),
     made_by: "scripts/fetch-gemma3.sh",
+    made_by_test_script: true,
+};
+
+/// Gemma 4's tokenizer as llama.cpp's vocabulary-only GGUF (`scripts/fetch-gemma4-vocab.sh`).
+pub const GEMMA4_VOCAB: Asset = Asset {
+    what: "Gemma 4's vocabulary-only GGUF (llama.cpp's models/ggml-vocab-gemma-4.gguf)",
+    env: "TOKENMILL_GEMMA4_VOCAB",
+    env_names_dir: false,
+    file_name: Cow::Borrowed("ggml-vocab-gemma-4.gguf"),
+    made_by: "scripts/fetch-gemma4-vocab.sh",
     made_by_test_script: true,
 };
 

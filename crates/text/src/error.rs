@@ -21,7 +21,7 @@ pub enum TextError {
     Gguf(#[from] tokenmill_gguf::GgufError),
     #[error("GGUF metadata key {key} is missing or has the wrong type")]
     MissingMetadata { key: String },
-    #[error("unsupported tokenizer model {model:?} (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)")]
+    #[error("unsupported tokenizer model {model:?} (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece, \"gemma4\" SPM-style BPE, \"bert\" WordPiece)")]
     UnsupportedTokenizerModel { model: String },
     #[error("unsupported pre-tokenizer {pre:?} for a BPE vocabulary")]
     UnsupportedPreTokenizer { pre: String },

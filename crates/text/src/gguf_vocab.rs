@@ -8,6 +8,12 @@
 //! - `llama`: SentencePiece BPE. Merges are derived from the scores (a pair merges when the
 //!   concatenation is a token; higher score first), unknown characters fall back to `<0xXX>`
 //!   byte tokens, spaces become `▁` and a `▁` is prepended when `add_space_prefix` (default on).
+//! - `gemma4` (and `gpt2` files whose `tokenizer.ggml.pre` is `gemma4`): BPE over raw UTF-8
+//!   with `▁` for spaces and `<0xXX>` byte fallback. llama.cpp encodes it with its own BPE,
+//!   which [`crate::spm_bpe`] reproduces; the pipeline built here (the same vocabulary and
+//!   merges, byte fallback, a `▁` decoder) decodes, and is what an exported `tokenizer.json`
+//!   carries. Its special tokens and end-of-generation set are llama.cpp's after its fix-ups
+//!   by token text ([`crate::llama_attributes`]), and BOS is always added, as llama.cpp does.
 //! - `bert`: WordPiece. llama.cpp's converter stores word-initial pieces as `▁piece` and
 //!   continuations bare; they are turned back into BERT's `piece` / `##piece`, with BERT's
 //!   normalizer (lowercasing, accents stripped, CJK split) and pre-tokenizer, and a
@@ -16,7 +22,7 @@
 //! Control (3), unknown (2) and user-defined (4) tokens are registered as added tokens, so
 //! "<|im_start|>" in text becomes one token, as llama.cpp does with `parse_special = true`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel;
@@ -34,7 +40,9 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 use tokenmill_gguf::{GgufFile, MetadataValue};
 
 use crate::error::{Result, TextError};
+use crate::llama_attributes::{llama_cpp_attributes, NamedIds};
 use crate::pretokenize::PreTokenizerSpec;
+use crate::spm_bpe::SpmBpe;
 
 /// GGUF token types (llama.cpp `llama_token_type`).
 pub mod token_type {
@@ -49,7 +57,8 @@ pub mod token_type {
 /// The tokenizer half of a GGUF file's metadata, as plain data.
 #[derive(Debug, Clone, Default)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`: "gpt2" or "llama" (others are rejected by [`Self::build`]).
+    /// `tokenizer.ggml.model`: "gpt2", "llama", "gemma4" or "bert" (others are rejected by
+    /// [`Self::build`]).
     pub model: String,
     /// `tokenizer.ggml.pre`, absent for older files.
     pub pre: Option<String>,
@@ -65,6 +74,10 @@ pub struct GgufVocab {
     pub eot_token_id: Option<u32>,
     pub eom_token_id: Option<u32>,
     pub unknown_token_id: Option<u32>,
+    /// Fill-in-the-middle ids (`tokenizer.ggml.fim_*_token_id`; the older `prefix`, `suffix`
+    /// and `middle` keys win, as in llama.cpp): prefix, suffix, middle, pad, repository, file
+    /// separator. Read for the SPM-style BPE path, where they decide special tokens.
+    pub fim_token_ids: [Option<u32>; 6],
     /// `None`: not stated; llama.cpp then adds BOS for "llama" vocabularies only.
     pub add_bos_token: Option<bool>,
     pub add_eos_token: Option<bool>,
@@ -142,6 +155,19 @@ impl GgufVocab {
             eot_token_id: id(file, "tokenizer.ggml.eot_token_id"),
             eom_token_id: id(file, "tokenizer.ggml.eom_token_id"),
             unknown_token_id: id(file, "tokenizer.ggml.unknown_token_id"),
+            fim_token_ids: [
+                ("fim_pre", Some("prefix")),
+                ("fim_suf", Some("suffix")),
+                ("fim_mid", Some("middle")),
+                ("fim_pad", None),
+                ("fim_rep", None),
+                ("fim_sep", None),
+            ]
+            .map(|(key, deprecated)| {
+                deprecated
+                    .and_then(|old| id(file, &format!("tokenizer.ggml.{old}_token_id")))
+                    .or_else(|| id(file, &format!("tokenizer.ggml.{key}_token_id")))
+            }),
             add_bos_token: file
                 .get("tokenizer.ggml.add_bos_token")
                 .and_then(MetadataValue::as_bool),
@@ -163,9 +189,20 @@ impl GgufVocab {
     }
 
     /// Whether encoding with special tokens prepends BOS (llama.cpp's default: SentencePiece yes,
-    /// BPE no, unless the file says otherwise).
+    /// BPE no, unless the file says otherwise; SPM-style BPE always, whatever the file says).
     pub fn adds_bos(&self) -> bool {
-        self.add_bos_token.unwrap_or(self.model == "llama")
+        self.is_spm_bpe() || self.add_bos_token.unwrap_or(self.model == "llama")
+    }
+
+    /// Whether llama.cpp encodes this vocabulary as SPM-style BPE (its pre-tokenizer type
+    /// `GEMMA4`): the `gemma4` model, or `gpt2` with a `gemma4` pre-tokenizer.
+    pub fn is_spm_bpe(&self) -> bool {
+        self.model == "gemma4"
+            || (self.model == "gpt2"
+                && matches!(
+                    self.pre.as_deref(),
+                    Some("gemma4" | "granite-embed-multi-311m")
+                ))
     }
 
     /// First id of every token string; later duplicates (some SentencePiece vocabularies have
@@ -179,12 +216,17 @@ impl GgufVocab {
         vocab
     }
 
-    /// The Hugging Face tokenizer pipeline equivalent to llama.cpp's for this vocabulary.
+    /// The Hugging Face tokenizer pipeline equivalent to llama.cpp's for this vocabulary (for
+    /// SPM-style BPE, llama.cpp's decoding and an approximation of its encoding, which
+    /// [`crate::Tokenizer`] replaces with llama.cpp's own encoder).
     pub fn build(&self) -> Result<tokenizers::Tokenizer> {
         if self.tokens.is_empty() {
             return Err(TextError::InvalidVocabulary(
                 "tokenizer.ggml.tokens is empty".to_string(),
             ));
+        }
+        if self.is_spm_bpe() {
+            return Ok(self.build_spm_bpe()?.pipeline);
         }
         let mut tokenizer = match self.model.as_str() {
             "gpt2" => self.build_byte_level_bpe()?,
@@ -212,6 +254,137 @@ impl GgufVocab {
         tokenizer.add_special_tokens(&special);
         tokenizer.add_tokens(&user_defined);
         Ok(tokenizer)
+    }
+
+    /// An SPM-style BPE vocabulary (Gemma 4): llama.cpp's encoder, the pipeline that decodes
+    /// (and approximates the encoder for an exported `tokenizer.json`: `tokenizers` matches
+    /// added tokens leftmost-longest and always merges, where llama.cpp cuts the longest
+    /// special token out first and takes a token made only of newlines whole) and
+    /// llama.cpp's end-of-generation ids. Fails on what llama.cpp cannot load or encode with:
+    /// no merges, duplicate token texts, no BOS, special ids outside the vocabulary.
+    pub(crate) fn build_spm_bpe(&self) -> Result<SpmBpeVocab> {
+        if self.tokens.is_empty() {
+            return Err(TextError::InvalidVocabulary(
+                "tokenizer.ggml.tokens is empty".to_string(),
+            ));
+        }
+        if self.merges.is_empty() {
+            return Err(TextError::MissingMetadata {
+                key: "tokenizer.ggml.merges".to_string(),
+            });
+        }
+        // llama.cpp names empty texts after their id, so every token has a text.
+        let tokens: Vec<String> = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(id, token)| {
+                if token.is_empty() {
+                    format!("[EMPTY_{id}]")
+                } else {
+                    token.clone()
+                }
+            })
+            .collect();
+        let mut seen = HashSet::with_capacity(tokens.len());
+        if let Some(duplicate) = tokens.iter().find(|token| !seen.insert(token.as_str())) {
+            return Err(TextError::InvalidVocabulary(format!(
+                "token {duplicate:?} appears twice"
+            )));
+        }
+        let in_range = |id: Option<u32>, key: &str| match id {
+            Some(id) if id as usize >= tokens.len() => Err(TextError::InvalidVocabulary(format!(
+                "tokenizer.ggml.{key} = {id} is outside the vocabulary ({} tokens)",
+                tokens.len()
+            ))),
+            _ => Ok(id),
+        };
+        if in_range(self.bos_token_id, "bos_token_id")?.is_none() {
+            // BOS is always added: llama.cpp cannot encode such a file either.
+            return Err(TextError::MissingMetadata {
+                key: "tokenizer.ggml.bos_token_id".to_string(),
+            });
+        }
+        in_range(self.unknown_token_id, "unknown_token_id")?;
+        let mut named = NamedIds {
+            eos: in_range(self.eos_token_id, "eos_token_id")?,
+            eot: in_range(self.eot_token_id, "eot_token_id")?,
+            eom: in_range(self.eom_token_id, "eom_token_id")?,
+            fim: self.fim_token_ids,
+        };
+        for fim in &mut named.fim {
+            *fim = in_range(*fim, "fim_*_token_id")?;
+        }
+        let attributes = llama_cpp_attributes(&tokens, &self.token_types, &named);
+
+        let special_ids: Vec<u32> = (0..tokens.len())
+            .filter(|&id| attributes.is_matched_whole(id))
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        let encoder = SpmBpe::new(&tokens, &self.merges, &special_ids);
+
+        let mut vocab = HashMap::with_capacity(tokens.len());
+        for (id, token) in tokens.iter().enumerate() {
+            vocab.insert(token.clone(), u32::try_from(id).unwrap_or(u32::MAX));
+        }
+        // `tokenizers` refuses a merge whose halves or result are not tokens; llama.cpp keeps
+        // them (they matter to its encoder, not to decoding), so the pipeline goes without.
+        let merges: Vec<(String, String)> = self
+            .merges
+            .iter()
+            .filter_map(|merge| {
+                let split = merge.as_bytes().iter().skip(1).position(|&b| b == b' ')? + 1;
+                let (left, right) = (&merge[..split], &merge[split + 1..]);
+                let known = vocab.contains_key(left)
+                    && vocab.contains_key(right)
+                    && vocab.contains_key(&format!("{left}{right}"));
+                known.then(|| (left.to_string(), right.to_string()))
+            })
+            .collect();
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges)
+            .byte_fallback(true);
+        if let Some(unknown) = self.unknown_token_id.and_then(|id| tokens.get(id as usize)) {
+            builder = builder.unk_token(unknown.clone());
+        }
+        let model = builder.build().map_err(TextError::tokenizer)?;
+        let newlines = Split::new(
+            SplitPattern::Regex(r"\n+".to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(TextError::tokenizer)?;
+        let decoders: Vec<DecoderWrapper> = vec![
+            Replace::new("\u{2581}", " ")
+                .map_err(TextError::tokenizer)?
+                .into(),
+            ByteFallback::new().into(),
+            Fuse::new().into(),
+        ];
+        let mut pipeline = tokenizers::Tokenizer::new(model);
+        pipeline
+            .with_normalizer(Some(
+                Replace::new(" ", "\u{2581}").map_err(TextError::tokenizer)?,
+            ))
+            .with_pre_tokenizer(Some(newlines))
+            .with_decoder(Some(DecoderSequence::new(decoders)));
+        let mut special = Vec::new();
+        let mut user_defined = Vec::new();
+        for &id in &special_ids {
+            let token = &tokens[id as usize];
+            if attributes.is_hidden_without_special(id as usize) {
+                special.push(AddedToken::from(token.clone(), true));
+            } else {
+                user_defined.push(AddedToken::from(token.clone(), false).normalized(false));
+            }
+        }
+        pipeline.add_special_tokens(&special);
+        pipeline.add_tokens(&user_defined);
+        Ok(SpmBpeVocab {
+            pipeline,
+            encoder,
+            end_of_generation: attributes.end_of_generation,
+        })
     }
 
     fn build_byte_level_bpe(&self) -> Result<tokenizers::Tokenizer> {
@@ -353,6 +526,16 @@ impl GgufVocab {
     }
 }
 
+/// What an SPM-style BPE vocabulary builds into (see [`GgufVocab::build_spm_bpe`]).
+pub(crate) struct SpmBpeVocab {
+    /// Decodes; encodes only approximately (an exported `tokenizer.json`).
+    pub pipeline: tokenizers::Tokenizer,
+    /// Encodes as llama.cpp does.
+    pub encoder: SpmBpe,
+    /// llama.cpp's end-of-generation ids (EOS among them).
+    pub end_of_generation: BTreeSet<u32>,
+}
+
 /// SentencePiece BPE as ranked merges: every split of a normal token into two tokens is a merge,
 /// ranked by the merged token's score (higher first), ties by id. This is what Hugging Face's
 /// Llama converter does, and it reproduces SentencePiece's greedy highest-score-pair merging.
@@ -448,5 +631,62 @@ mod tests {
         };
         let error = vocab.build().unwrap_err();
         assert!(error.to_string().contains("\"t5\""), "{error}");
+    }
+
+    fn gemma4_vocab() -> GgufVocab {
+        GgufVocab {
+            model: "gemma4".into(),
+            tokens: ["<pad>", "<eos>", "<bos>", "a", "b", "ab", "<0x63>"]
+                .map(String::from)
+                .to_vec(),
+            token_types: vec![3, 3, 3, 1, 1, 1, 6],
+            merges: vec!["a b".into()],
+            bos_token_id: Some(2),
+            eos_token_id: Some(1),
+            add_bos_token: Some(false),
+            ..GgufVocab::default()
+        }
+    }
+
+    #[test]
+    fn gemma4_adds_bos_whatever_the_file_says() {
+        let vocab = gemma4_vocab();
+        assert!(vocab.is_spm_bpe() && vocab.adds_bos());
+        let built = vocab.build_spm_bpe().unwrap();
+        assert_eq!(built.encoder.encode("abc<eos>"), vec![5, 6, 1]);
+        assert_eq!(built.end_of_generation, BTreeSet::from([1]));
+        // A gpt2 file with Gemma 4's pre-tokenizer is the same tokenizer.
+        let vocab = GgufVocab {
+            model: "gpt2".into(),
+            pre: Some("gemma4".into()),
+            ..gemma4_vocab()
+        };
+        assert!(vocab.is_spm_bpe());
+    }
+
+    #[test]
+    fn gemma4_vocabularies_llama_cpp_cannot_use_are_refused() {
+        let duplicate = GgufVocab {
+            tokens: ["<pad>", "<eos>", "<bos>", "a", "a", "ab", "<0x63>"]
+                .map(String::from)
+                .to_vec(),
+            ..gemma4_vocab()
+        };
+        let outside = GgufVocab {
+            eos_token_id: Some(7),
+            ..gemma4_vocab()
+        };
+        let no_bos = GgufVocab {
+            bos_token_id: None,
+            ..gemma4_vocab()
+        };
+        for (vocab, expected) in [
+            (duplicate, "\"a\" appears twice"),
+            (outside, "eos_token_id = 7 is outside"),
+            (no_bos, "bos_token_id"),
+        ] {
+            let error = vocab.build().unwrap_err();
+            assert!(error.to_string().contains(expected), "{error}");
+        }
     }
 }

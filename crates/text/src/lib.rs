@@ -3,7 +3,9 @@
 //! The engine works on token ids; users send and receive text. This crate is the bridge:
 //! - [`Tokenizer`] encodes and decodes for one model, loaded from a Hugging Face
 //!   `tokenizer.json` or built from a GGUF file's `tokenizer.ggml.*` metadata so that ids match
-//!   llama.cpp's ([`GgufVocab`]). It knows BOS/EOS and the set of ids that end generation.
+//!   llama.cpp's ([`GgufVocab`]: `tokenizers` pipelines, and for Gemma 4's `gemma4` model
+//!   llama.cpp's own BPE, `spm_bpe.rs`). It knows BOS/EOS and the set of ids that end
+//!   generation.
 //! - [`ChatTemplate`] renders a conversation into a prompt with the model's Jinja template
 //!   (minijinja, configured like Hugging Face's `apply_chat_template`).
 //! - [`IncrementalDetokenizer`] turns a stream of generated ids into text pieces that never split
@@ -47,8 +49,10 @@ mod detokenizer;
 mod error;
 mod gguf_vocab;
 pub mod harmony;
+mod llama_attributes;
 mod pretokenize;
 mod reasoning;
+mod spm_bpe;
 mod stop;
 mod template_functions;
 mod tokenizer;

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 use tokenizers::decoders::DecoderWrapper;
@@ -10,6 +10,7 @@ use tokenmill_gguf::GgufFile;
 
 use crate::error::{Result, TextError};
 use crate::gguf_vocab::GgufVocab;
+use crate::spm_bpe::SpmBpe;
 
 mod hf_export;
 
@@ -95,6 +96,9 @@ enum Source {
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// llama.cpp's own encoder, used in place of `inner` to encode (SPM-style BPE GGUF
+    /// vocabularies: Gemma 4); `inner` still decodes.
+    encoder: Option<Arc<SpmBpe>>,
     source: Source,
     byte_level: bool,
     bos_token_id: Option<u32>,
@@ -183,6 +187,9 @@ impl Tokenizer {
 
     /// Builds the tokenizer from GGUF vocabulary data already read (see [`GgufVocab`]).
     pub fn from_gguf_vocab(vocab: &GgufVocab) -> Result<Self> {
+        if vocab.is_spm_bpe() {
+            return Tokenizer::from_spm_bpe_vocab(vocab);
+        }
         let inner = vocab.build()?;
         let mut tokenizer = Tokenizer::assemble(
             inner,
@@ -201,6 +208,24 @@ impl Tokenizer {
                 tokenizer.eos_token_ids.insert(id);
             }
         }
+        Ok(tokenizer)
+    }
+
+    /// Gemma 4's kind of GGUF vocabulary: llama.cpp's encoder, BOS always added, and
+    /// llama.cpp's end-of-generation set (`<eos>`, `<turn|>`, `<|tool_response>` for Gemma 4).
+    fn from_spm_bpe_vocab(vocab: &GgufVocab) -> Result<Self> {
+        let built = vocab.build_spm_bpe()?;
+        let mut tokenizer = Tokenizer::assemble(
+            built.pipeline,
+            Source::Gguf,
+            vocab.bos_token_id,
+            vocab.eos_token_id,
+            vocab.chat_template.clone(),
+        );
+        tokenizer.encoder = Some(Arc::new(built.encoder));
+        tokenizer.add_bos = vocab.adds_bos();
+        tokenizer.add_eos = vocab.add_eos_token.unwrap_or(false);
+        tokenizer.eos_token_ids.extend(built.end_of_generation);
         Ok(tokenizer)
     }
 
@@ -226,6 +251,7 @@ impl Tokenizer {
             .map_or(0, |&id| id as usize + 1);
         let mut tokenizer = Tokenizer {
             inner,
+            encoder: None,
             source,
             byte_level,
             bos_token_id,
@@ -275,11 +301,20 @@ impl Tokenizer {
                 Ok(encoding.get_ids().to_vec())
             }
             Source::Gguf => {
-                let encoding = self
-                    .inner
-                    .encode_fast(text, false)
-                    .map_err(TextError::tokenizer)?;
-                let ids = encoding.get_ids();
+                let (encoded, encoding);
+                let ids = match &self.encoder {
+                    Some(encoder) => {
+                        encoded = encoder.encode(text);
+                        encoded.as_slice()
+                    }
+                    None => {
+                        encoding = self
+                            .inner
+                            .encode_fast(text, false)
+                            .map_err(TextError::tokenizer)?;
+                        encoding.get_ids()
+                    }
+                };
                 let mut out = Vec::with_capacity(ids.len() + 2);
                 if add_special_tokens && self.add_bos {
                     out.extend(self.bos_token_id);
@@ -291,6 +326,26 @@ impl Tokenizer {
                 Ok(out)
             }
         }
+    }
+
+    /// `text` without BOS/EOS as an `Encoding` (for truncation and pairs): from llama.cpp's
+    /// encoder where there is one (its tokens carry no offsets), else from the pipeline.
+    fn encode_plain(&self, text: &str) -> Result<tokenizers::Encoding> {
+        let Some(encoder) = &self.encoder else {
+            return self
+                .inner
+                .encode_fast(text, false)
+                .map_err(TextError::tokenizer);
+        };
+        let tokens = encoder
+            .encode(text)
+            .into_iter()
+            .map(|id| {
+                let value = self.inner.id_to_token(id).unwrap_or_default();
+                tokenizers::Token::new(id, value, (0, 0))
+            })
+            .collect();
+        Ok(tokenizers::Encoding::from_tokens(tokens, 0))
     }
 
     /// Token ids and token-type ids for a pooling model: one text, or a text pair joined as
@@ -310,13 +365,8 @@ impl Tokenizer {
             truncate_encodings, TruncationDirection, TruncationParams, TruncationStrategy,
         };
         use tokenizers::PostProcessor;
-        let encode = |text: &str| {
-            self.inner
-                .encode_fast(text, false)
-                .map_err(TextError::tokenizer)
-        };
-        let mut encoding = encode(first)?;
-        let mut pair = second.map(encode).transpose()?;
+        let mut encoding = self.encode_plain(first)?;
+        let mut pair = second.map(|text| self.encode_plain(text)).transpose()?;
         // A GGUF decoder's vocabulary has no post-processor: BOS/EOS are added by hand, as
         // `encode` does (Qwen3-Embedding's GGUF sets `add_eos_token`).
         let (bos, eos) = match (
