@@ -28,15 +28,8 @@ const NAME: &str = "gptoss_20b_like";
 /// summed in other orders.
 const MAX_DIFFERENCE: f32 = 2e-3;
 
-/// With MXFP4 experts the activations entering them are quantized to int8 per 32 (as
-/// llama.cpp does), so the logits move by up to ~1e-2 from transformers' F32 products.
-const MAX_DIFFERENCE_MXFP4: f32 = 0.05;
-
-/// Against llama.cpp (which also quantizes the activations, and truncates YaRN's ramp).
-const MAX_DIFFERENCE_LLAMA: f32 = 0.05;
-
 /// A greedy pick is compared only where the reference's top two differ by more than this.
-const DECISIVE_MARGIN: f32 = 0.06;
+const DECISIVE_MARGIN: f32 = 0.02;
 
 fn gguf_model(test: &str, experts: Experts, edit: impl Fn(&str, &mut Vec<f32>)) -> Box<dyn CausalLm> {
     let fixture = load_fixture(NAME);
@@ -60,30 +53,64 @@ fn f32_experts_match_transformers() {
     eprintln!("F32 experts: largest difference from transformers {worst:e}");
 }
 
+/// Each teacher-forced step's largest difference from a reference's top logits.
+fn step_differences(model: &dyn CausalLm, cases: &[common::family::Case]) -> Vec<f32> {
+    let mut out = Vec::new();
+    for case in cases {
+        let rows = qwen35::teacher_forced(model, &case.prompt_ids, &case.greedy_ids);
+        for (row, top) in rows.iter().zip(&case.top_logits) {
+            let worst = top
+                .iter()
+                .map(|&(token, expected)| (row[token as usize] - expected).abs())
+                .fold(0.0f32, f32::max);
+            out.push(worst);
+        }
+    }
+    out.sort_by(f32::total_cmp);
+    out
+}
+
+/// With MXFP4 experts the rows entering them are quantized to int8 per 32 (llama.cpp's
+/// Q8_0, as for every quantized weight), which moves these random-weight logits (O(3)) by
+/// ~0.05 a step, and by up to ~0.6 where a token's top-4 experts flip. llama.cpp itself,
+/// on the same GGUF, is as far from transformers (0.04-0.78 per step, measured when the
+/// fixture was made). So the check is on the distribution: the median step within
+/// [`MEDIAN_MXFP4`], every step within [`WORST_MXFP4`] (a wrong nibble order or scale
+/// breaks both by far: the negative control).
+const MEDIAN_MXFP4: f32 = 0.12;
+const WORST_MXFP4: f32 = 1.0;
+
 #[test]
 fn mxfp4_experts_match_transformers_and_llama_cpp() {
     let fixture = load_fixture(NAME);
     assert!(!fixture.llama_cpp.is_empty(), "no llama.cpp runs");
     let model = gguf_model("mxfp4", Experts::Mxfp4, |_, _| {});
-    let worst = check_cases(
-        model.as_ref(),
-        &fixture.transformers,
-        "MXFP4 vs transformers",
-        MAX_DIFFERENCE_MXFP4,
-        DECISIVE_MARGIN,
-    );
-    eprintln!("MXFP4 experts: largest difference from transformers {worst:e}");
-    let worst = check_cases(
-        model.as_ref(),
-        &fixture.llama_cpp,
-        "MXFP4 vs llama.cpp",
-        MAX_DIFFERENCE_LLAMA,
-        DECISIVE_MARGIN,
-    );
-    eprintln!("MXFP4 experts: largest difference from llama.cpp {worst:e}");
-    // The MXFP4 experts are a quarter of the F32 ones' bytes and then some (17 bytes per 32).
+    for (reference, cases) in [
+        ("transformers", &fixture.transformers),
+        ("llama.cpp", &fixture.llama_cpp),
+    ] {
+        let steps = step_differences(model.as_ref(), cases);
+        let (median, worst) = (steps[steps.len() / 2], steps[steps.len() - 1]);
+        eprintln!("MXFP4 experts vs {reference}: median step {median:e}, worst {worst:e}");
+        assert!(median <= MEDIAN_MXFP4 && worst <= WORST_MXFP4, "{reference}: {steps:?}");
+    }
+    // The MXFP4 experts take 17 bytes per 32 weights, against the F32 file's 128.
     let f32_model = gguf_model("mxfp4_bytes", Experts::F32, |_, _| {});
-    assert!(model.weight_bytes() < f32_model.weight_bytes());
+    assert!(4 * model.weight_bytes() < f32_model.weight_bytes() * 2);
+}
+
+/// Negative control of the MXFP4 check: the same codes with every block's scale one step
+/// up (each expert weight doubled) must fall outside it.
+#[test]
+fn doubled_mxfp4_scales_break_parity() {
+    let fixture = load_fixture(NAME);
+    let path = scratch_dir("gptoss_mxfp4_negative").join(format!("{NAME}.gguf"));
+    gpt_oss::write_gguf_scaled(NAME, &fixture, &path, 1);
+    let model = load(ModelSource::Gguf(path));
+    let steps = step_differences(model.as_ref(), &fixture.transformers);
+    let median = steps[steps.len() / 2];
+    eprintln!("doubled scales: median step {median:e}");
+    assert!(median > 3.0 * MEDIAN_MXFP4, "{steps:?}");
 }
 
 /// What the GGUF says: YaRN untruncated (gpt-oss's training; llama.cpp's converter does not
@@ -202,3 +229,4 @@ fn an_hf_directory_is_refused_by_name() {
     .unwrap_err();
     assert!(error.to_string().contains("convert_hf_to_gguf"), "{error}");
 }
+

@@ -175,6 +175,23 @@ pub fn write_gguf(
     experts: Experts,
     edit: impl Fn(&str, &mut Vec<f32>),
 ) {
+    write_gguf_with(name, fixture, path, experts, edit, 0);
+}
+
+/// [`write_gguf`] with MXFP4 experts whose every scale byte is `shift` higher (a negative
+/// control: each weight `2^shift` times its value).
+pub fn write_gguf_scaled(name: &str, fixture: &Qwen35Fixture, path: &Path, shift: u8) {
+    write_gguf_with(name, fixture, path, Experts::Mxfp4, |_, _| {}, shift);
+}
+
+fn write_gguf_with(
+    name: &str,
+    fixture: &Qwen35Fixture,
+    path: &Path,
+    experts: Experts,
+    edit: impl Fn(&str, &mut Vec<f32>),
+    shift: u8,
+) {
     let c = &fixture.config;
     let arch = "gpt-oss";
     let usize_of = |key: &str| c[key].as_u64().unwrap() as u32;
@@ -249,12 +266,16 @@ pub fn write_gguf(
     }
     for expert in expert_specs(name) {
         match experts {
-            Experts::Mxfp4 => writer.add_tensor(
-                &expert.name,
-                &expert.dims(),
-                GgmlType::from_id(MXFP4_ID),
-                expert.bytes(),
-            ),
+            Experts::Mxfp4 => {
+                let mut bytes = expert.bytes();
+                bytes.iter_mut().step_by(17).for_each(|e| *e += shift);
+                writer.add_tensor(
+                    &expert.name,
+                    &expert.dims(),
+                    GgmlType::from_id(MXFP4_ID),
+                    bytes,
+                )
+            }
             Experts::F32 => writer.add_f32_tensor(&expert.name, &expert.dims(), &expert.values()),
         };
     }
