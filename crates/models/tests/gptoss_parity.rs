@@ -211,22 +211,27 @@ fn moved_sinks_and_biases_break_parity() {
     }
 }
 
-/// gpt-oss from an HF directory is refused by name (its released experts are MXFP4 blocks
-/// with gate and up interleaved), with the way out in the message.
+/// Both HF forms (`save_pretrained`'s unquantized experts, the released MXFP4 blocks) load
+/// as the GGUF of the same values does: the same config and cache, and logits equal to the
+/// GGUF's of the same expert type (bitwise: the same bytes reach the same kernels).
 #[test]
-fn an_hf_directory_is_refused_by_name() {
+fn hf_directories_load_like_the_gguf() {
     let fixture = load_fixture(NAME);
-    let dir = scratch_dir("gptoss_hf");
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_string(&fixture.config).unwrap(),
-    )
-    .unwrap();
-    let error = tokenmill_models::load_model(
-        &ModelSource::HfDirectory(dir),
-        &tokenmill_models::LoadOptions::default(),
-    )
-    .unwrap_err();
-    assert!(error.to_string().contains("convert_hf_to_gguf"), "{error}");
+    for (form, hf_experts, experts) in [
+        ("unquantized", gpt_oss::HfExperts::Unquantized, Experts::F32),
+        ("mxfp4", gpt_oss::HfExperts::Mxfp4, Experts::Mxfp4),
+    ] {
+        let dir = scratch_dir(&format!("gptoss_hf_{form}"));
+        gpt_oss::write_hf_directory(NAME, &fixture, &dir, hf_experts);
+        let hf = load(ModelSource::HfDirectory(dir));
+        let gguf = gguf_model(&format!("hf_{form}"), experts, |_, _| {});
+        assert_eq!(hf.config().moe, gguf.config().moe, "{form}");
+        assert_eq!(hf.config().rope_scaling, gguf.config().rope_scaling, "{form}");
+        assert_eq!(hf.kv_layout(), gguf.kv_layout(), "{form}");
+        assert_eq!(hf.weight_bytes(), gguf.weight_bytes(), "{form}");
+        let case = &fixture.transformers[1];
+        let a = qwen35::teacher_forced(hf.as_ref(), &case.prompt_ids, &case.greedy_ids);
+        let b = qwen35::teacher_forced(gguf.as_ref(), &case.prompt_ids, &case.greedy_ids);
+        assert_eq!(a, b, "{form}");
+    }
 }
-

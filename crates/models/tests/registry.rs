@@ -11,6 +11,8 @@
 mod common;
 #[path = "support/gemma4.rs"]
 mod gemma4;
+#[path = "support/gpt_oss.rs"]
+mod gpt_oss;
 #[path = "support/qwen35.rs"]
 mod qwen35;
 
@@ -59,6 +61,13 @@ fn tiny_model_of(architecture: &str, dir: &Path) -> Option<(PathBuf, PathBuf)> {
             let fixture = qwen35::load_fixture("qwen35_grouped_values");
             qwen35::write_gguf(&fixture, &gguf);
             qwen35::write_hf_directory(&fixture, &hf, |_, _| {});
+        }
+        "gpt-oss" => {
+            let fixture = qwen35::load_fixture("gptoss_20b_like");
+            let experts = gpt_oss::Experts::Mxfp4;
+            gpt_oss::write_gguf("gptoss_20b_like", &fixture, &gguf, experts, |_, _| {});
+            let form = gpt_oss::HfExperts::Mxfp4;
+            gpt_oss::write_hf_directory("gptoss_20b_like", &fixture, &hf, form);
         }
         _ => return None,
     }

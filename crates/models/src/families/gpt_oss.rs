@@ -6,10 +6,12 @@
 //! clamped SwiGLU (`alpha` 1.702, `limit` 7). The experts are MXFP4 in the released files,
 //! which is a weight type like any other (`tokenmill_kernels::DType::MXFP4`).
 //!
-//! Not yet: HF directories (the released safetensors keep the experts as MXFP4
-//! `*_blocks` / `*_scales` with gate and up interleaved): refused by name at load, convert to
-//! GGUF with llama.cpp's `convert_hf_to_gguf.py`; the config is still read (for capacity
-//! planning and `read_model_config`).
+//! HF directories come in two forms: the released one, whose experts are MXFP4
+//! `*_blocks` / `*_scales` (rows = outputs, gate and up rows interleaved, two consecutive
+//! elements per byte), and `save_pretrained`'s unquantized one (`[experts, in, out]`, gate
+//! and up columns interleaved). Either is re-laid out at load into GGUF's per-expert
+//! `[experts, out, in]` tensors (MXFP4 blocks in GGML's nibble order, kept at their bytes), as
+//! llama.cpp's converter does, and then read like the GGUF.
 
 use serde::Deserialize;
 
@@ -20,7 +22,10 @@ use crate::config::{
 };
 use crate::error::{ModelError, Result};
 use crate::families::blocks::LlamaModel;
+use crate::loader::{DerivedTensor, TensorNaming, TensorStore};
 use crate::model::{CausalLm, LoadOptions};
+use safetensors::Dtype as SafetensorsDtype;
+use tokenmill_kernels::DType;
 
 pub(super) struct GptOss;
 
@@ -178,19 +183,203 @@ impl Family for GptOss {
         config: ModelConfig,
         options: &LoadOptions,
     ) -> Result<Box<dyn CausalLm>> {
-        if let WeightSource::HfDirectory(dir) = weights {
-            return Err(ModelError::Unsupported(format!(
-                "gpt-oss from an HF directory ({}): its experts are MXFP4 blocks with gate and \
-                 up interleaved, not read yet; convert it with llama.cpp's \
-                 convert_hf_to_gguf.py and serve the GGUF",
-                dir.display()
-            )));
-        }
         let kv_layout = self.kv_layout(&config);
-        Ok(Box::new(LlamaModel::build(
-            weights, config, kv_layout, options,
-        )?))
+        match weights {
+            WeightSource::Gguf(_) => Ok(Box::new(LlamaModel::build(
+                weights, config, kv_layout, options,
+            )?)),
+            WeightSource::HfDirectory(dir) => {
+                let mut store = TensorStore::from_hf_directory(dir)?;
+                for layer in 0..config.num_layers {
+                    derive_experts(&mut store, &config, layer)?;
+                }
+                Ok(Box::new(LlamaModel::from_store(
+                    config,
+                    kv_layout,
+                    &store,
+                    TensorNaming::HuggingFace(HF_RENAMES),
+                    options,
+                )?))
+            }
+        }
     }
+}
+
+/// gpt-oss's HF names for GGUF's short names (beside the shared table); the experts' are
+/// the tensors [`derive_experts`] adds.
+const HF_RENAMES: &[(&str, &str)] = &[
+    ("attn_sinks.weight", "self_attn.sinks"),
+    ("attn_output.bias", "self_attn.o_proj.bias"),
+    ("ffn_gate_inp.weight", "mlp.router.weight"),
+    ("ffn_gate_inp.bias", "mlp.router.bias"),
+    ("ffn_gate_exps.weight", "mlp.experts.gate_exps"),
+    ("ffn_up_exps.weight", "mlp.experts.up_exps"),
+    ("ffn_down_exps.weight", "mlp.experts.down_exps"),
+    ("ffn_gate_exps.bias", "mlp.experts.gate_exps_bias"),
+    ("ffn_up_exps.bias", "mlp.experts.up_exps_bias"),
+    ("ffn_down_exps.bias", "mlp.experts.down_proj_bias"),
+];
+
+fn stored(store: &TensorStore<'_>, name: &str) -> Result<crate::loader::StoredTensor> {
+    store
+        .read_stored(name)
+        .unwrap_or_else(|| Err(ModelError::MissingTensor(name.into())))
+}
+
+fn bad_shape(name: &str, expected: Vec<usize>, actual: &[usize]) -> ModelError {
+    ModelError::TensorShape {
+        tensor: name.into(),
+        expected,
+        actual: actual.to_vec(),
+    }
+}
+
+/// Adds layer `layer`'s experts in GGUF's layout: `gate_exps` / `up_exps` `[experts, width,
+/// hidden]`, `down_exps` `[experts, hidden, width]` (MXFP4 from `*_blocks` / `*_scales`, else
+/// the stored float type), and the gate and up biases split out of `gate_up_proj_bias`.
+fn derive_experts(store: &mut TensorStore<'_>, config: &ModelConfig, layer: usize) -> Result<()> {
+    let moe = config
+        .moe
+        .ok_or_else(|| ModelError::MissingMetadata("gpt-oss expert count".into()))?;
+    let (experts, width, hidden) = (moe.num_experts, moe.expert_intermediate_size, config.hidden_size);
+    let prefix = format!("model.layers.{layer}.mlp.experts.");
+    let name = |suffix: &str| format!("{prefix}{suffix}");
+    let (gate, up, down) = if store.contains(&name("gate_up_proj_blocks")) {
+        let gate_up = mxfp4_rows(store, &name("gate_up_proj"), [experts, 2 * width, hidden])?;
+        let (gate, up) = split_rows(&gate_up, experts, width, hidden / 32 * 17);
+        let down = mxfp4_rows(store, &name("down_proj"), [experts, hidden, width])?;
+        let typed = |bytes, shape: [usize; 3]| DerivedTensor {
+            dtype: DType::MXFP4,
+            shape: shape.to_vec(),
+            bytes,
+        };
+        (
+            typed(gate, [experts, width, hidden]),
+            typed(up, [experts, width, hidden]),
+            typed(down, [experts, hidden, width]),
+        )
+    } else {
+        let gate_up = stored(store, &name("gate_up_proj"))?;
+        if gate_up.shape != [experts, hidden, 2 * width] {
+            return Err(bad_shape(&name("gate_up_proj"), vec![experts, hidden, 2 * width], &gate_up.shape));
+        }
+        let down = stored(store, &name("down_proj"))?;
+        if down.shape != [experts, width, hidden] {
+            return Err(bad_shape(&name("down_proj"), vec![experts, width, hidden], &down.shape));
+        }
+        let dtype = float_dtype(&name("gate_up_proj"), gate_up.dtype)?;
+        let size = dtype.block_bytes();
+        // `[experts, hidden, 2 * width]` (x @ W, gate and up columns interleaved) →
+        // `[experts, width, hidden]` each; `[experts, width, hidden]` → `[experts, hidden, width]`.
+        let mut parts = [vec![0u8; experts * width * hidden * size], vec![0u8; experts * width * hidden * size]];
+        for e in 0..experts {
+            for h in 0..hidden {
+                for r in 0..width {
+                    for (part, out) in parts.iter_mut().enumerate() {
+                        let from = ((e * hidden + h) * 2 * width + 2 * r + part) * size;
+                        let to = ((e * width + r) * hidden + h) * size;
+                        out[to..to + size].copy_from_slice(&gate_up.bytes[from..from + size]);
+                    }
+                }
+            }
+        }
+        let mut transposed = vec![0u8; down.bytes.len()];
+        for e in 0..experts {
+            for r in 0..width {
+                for h in 0..hidden {
+                    let from = ((e * width + r) * hidden + h) * size;
+                    let to = ((e * hidden + h) * width + r) * size;
+                    transposed[to..to + size].copy_from_slice(&down.bytes[from..from + size]);
+                }
+            }
+        }
+        let [gate, up] = parts;
+        let typed = |bytes, shape: [usize; 3]| DerivedTensor {
+            dtype,
+            shape: shape.to_vec(),
+            bytes,
+        };
+        (
+            typed(gate, [experts, width, hidden]),
+            typed(up, [experts, width, hidden]),
+            typed(transposed, [experts, hidden, width]),
+        )
+    };
+    let bias_name = name("gate_up_proj_bias");
+    let bias = store.get(&bias_name)?;
+    if bias.shape != [experts, 2 * width] {
+        return Err(bad_shape(&bias_name, vec![experts, 2 * width], bias.shape));
+    }
+    let mut values = vec![0.0f32; experts * 2 * width];
+    tokenmill_kernels::dequantize(bias.dtype, &bias.bytes, &mut values)?;
+    let split = |offset: usize| DerivedTensor {
+        dtype: DType::F32,
+        shape: vec![experts, width],
+        bytes: values
+            .iter()
+            .skip(offset)
+            .step_by(2)
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    };
+    let (gate_bias, up_bias) = (split(0), split(1));
+    store.insert_derived(name("gate_exps"), gate);
+    store.insert_derived(name("up_exps"), up);
+    store.insert_derived(name("down_exps"), down);
+    store.insert_derived(name("gate_exps_bias"), gate_bias);
+    store.insert_derived(name("up_exps_bias"), up_bias);
+    Ok(())
+}
+
+fn float_dtype(name: &str, dtype: SafetensorsDtype) -> Result<DType> {
+    match dtype {
+        SafetensorsDtype::F32 => Ok(DType::F32),
+        SafetensorsDtype::F16 => Ok(DType::F16),
+        SafetensorsDtype::BF16 => Ok(DType::BF16),
+        other => Err(ModelError::UnsupportedTensorType {
+            tensor: name.into(),
+            dtype: format!("{other:?}"),
+        }),
+    }
+}
+
+/// `{base}_blocks` (`[experts, rows, columns / 32, 16]`, two consecutive elements per byte,
+/// the first in the low nibble) and `{base}_scales` (`[experts, rows, columns / 32]`, E8M0)
+/// as GGML MXFP4 rows: per block the scale byte, then element `j` low and `j + 16` high.
+fn mxfp4_rows(store: &TensorStore<'_>, base: &str, [experts, rows, columns]: [usize; 3]) -> Result<Vec<u8>> {
+    let blocks_name = format!("{base}_blocks");
+    let scales_name = format!("{base}_scales");
+    let blocks = stored(store, &blocks_name)?;
+    let scales = stored(store, &scales_name)?;
+    let per_row = columns / 32;
+    if columns % 32 != 0 || blocks.shape != [experts, rows, per_row, 16] {
+        return Err(bad_shape(&blocks_name, vec![experts, rows, per_row, 16], &blocks.shape));
+    }
+    if scales.shape != [experts, rows, per_row] {
+        return Err(bad_shape(&scales_name, vec![experts, rows, per_row], &scales.shape));
+    }
+    let mut out = Vec::with_capacity(experts * rows * per_row * 17);
+    for (block, &scale) in blocks.bytes.chunks_exact(16).zip(&scales.bytes) {
+        let mut codes = [0u8; 32];
+        for (k, &byte) in block.iter().enumerate() {
+            codes[2 * k] = byte & 0x0F;
+            codes[2 * k + 1] = byte >> 4;
+        }
+        out.push(scale);
+        out.extend((0..16).map(|j| codes[j] | (codes[j + 16] << 4)));
+    }
+    Ok(out)
+}
+
+/// Rows `[experts, 2 * width, row_bytes]` with gate and up rows interleaved, split into the
+/// gate rows and the up rows.
+fn split_rows(bytes: &[u8], experts: usize, width: usize, row_bytes: usize) -> (Vec<u8>, Vec<u8>) {
+    let (mut gate, mut up) = (Vec::with_capacity(bytes.len() / 2), Vec::with_capacity(bytes.len() / 2));
+    for (index, row) in bytes.chunks_exact(row_bytes).enumerate() {
+        if index % 2 == 0 { gate.extend_from_slice(row) } else { up.extend_from_slice(row) }
+    }
+    debug_assert_eq!(gate.len(), experts * width * row_bytes);
+    (gate, up)
 }
 
 #[cfg(test)]

@@ -246,7 +246,7 @@ mod tests {
             error.as_deref(),
             Some(
                 "unsupported model architecture `falcon` (supported: llama, mistral, qwen2, \
-                 qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35)"
+                 qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35, gpt-oss)"
             )
         );
     }

@@ -12,7 +12,7 @@ use crate::layers::{Linear, RmsNorm, RowBytes, RowTable, StackedLinear};
 use std::borrow::Cow;
 pub use store::safetensors_shards_from_index;
 use store::RawTensor;
-pub(crate) use store::TensorStore;
+pub(crate) use store::{DerivedTensor, StoredTensor, TensorStore};
 
 /// How one container names tensors. Names are written in GGUF's convention
 /// (`token_embd.weight`, `blk.N.attn_q.weight`) and mapped to HF's here, so a family file

@@ -40,6 +40,23 @@ pub(crate) struct SafetensorsStore {
     /// compute layer's layout at load anyway, and reading keeps this crate free of `unsafe`.
     files: Vec<(PathBuf, File)>,
     tensors: HashMap<String, SafetensorsEntry>,
+    /// Tensors a family derived from the file's at load (gpt-oss's experts, re-laid out),
+    /// looked up before the file's.
+    derived: HashMap<String, DerivedTensor>,
+}
+
+/// A tensor built in memory: its type, logical shape and GGML-layout bytes.
+pub(crate) struct DerivedTensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// A safetensors tensor of any element type, as stored: its dtype name, shape and bytes.
+pub(crate) struct StoredTensor {
+    pub dtype: SafetensorsDtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
 }
 
 struct SafetensorsEntry {
@@ -148,7 +165,28 @@ impl<'f> TensorStore<'f> {
     pub fn contains(&self, name: &str) -> bool {
         match self {
             TensorStore::Gguf { shapes, .. } => shapes.contains_key(name),
-            TensorStore::Safetensors(store) => store.tensors.contains_key(name),
+            TensorStore::Safetensors(store) => {
+                store.tensors.contains_key(name) || store.derived.contains_key(name)
+            }
+        }
+    }
+
+    /// A safetensors tensor as stored, of any element type (`None` for a GGUF store or a
+    /// missing name).
+    pub fn read_stored(&self, name: &str) -> Option<Result<StoredTensor>> {
+        match self {
+            TensorStore::Safetensors(store) if store.tensors.contains_key(name) => {
+                Some(store.read(name))
+            }
+            _ => None,
+        }
+    }
+
+    /// Adds a tensor a family derived at load, found by [`Self::get`] before the file's
+    /// (ignored by a GGUF store, whose tensors are already in GGML's layout).
+    pub fn insert_derived(&mut self, name: String, tensor: DerivedTensor) {
+        if let TensorStore::Safetensors(store) = self {
+            store.derived.insert(name, tensor);
         }
     }
 
@@ -232,15 +270,27 @@ impl SafetensorsStore {
                 })
                 .collect();
         }
-        Ok(SafetensorsStore { files, tensors })
+        Ok(SafetensorsStore {
+            files,
+            tensors,
+            derived: HashMap::new(),
+        })
     }
 
     fn get(&self, name: &str) -> Result<RawTensor<'_>> {
+        if let Some(derived) = self.derived.get(name) {
+            return Ok(RawTensor {
+                dtype: derived.dtype,
+                bytes: Cow::Borrowed(&derived.bytes),
+                shape: &derived.shape,
+            });
+        }
+        let stored = self.read(name)?;
         let entry = self
             .tensors
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
-        let dtype = match entry.dtype {
+        let dtype = match stored.dtype {
             SafetensorsDtype::F32 => DType::F32,
             SafetensorsDtype::F16 => DType::F16,
             SafetensorsDtype::BF16 => DType::BF16,
@@ -251,6 +301,19 @@ impl SafetensorsStore {
                 })
             }
         };
+        Ok(RawTensor {
+            dtype,
+            bytes: Cow::Owned(stored.bytes),
+            shape: &entry.shape,
+        })
+    }
+
+    /// Reads tensor `name` as stored, whatever its element type.
+    fn read(&self, name: &str) -> Result<StoredTensor> {
+        let entry = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
         let (path, file) = self
             .files
             .get(entry.file_index)
@@ -264,10 +327,10 @@ impl SafetensorsStore {
                 path: path.clone(),
                 message: format!("reading tensor `{name}`: {error}"),
             })?;
-        Ok(RawTensor {
-            dtype,
-            bytes: Cow::Owned(bytes),
-            shape: &entry.shape,
+        Ok(StoredTensor {
+            dtype: entry.dtype,
+            shape: entry.shape.clone(),
+            bytes,
         })
     }
 }

@@ -281,3 +281,128 @@ fn write_gguf_with(
     }
     writer.write_to(path).unwrap();
 }
+
+/// One safetensors tensor: dtype name, shape, bytes.
+type RawEntry = (String, &'static str, Vec<usize>, Vec<u8>);
+
+fn write_raw_safetensors(path: &Path, tensors: &[RawEntry]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let start = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut header_bytes = serde_json::Value::Object(header).to_string().into_bytes();
+    while !header_bytes.len().is_multiple_of(8) {
+        header_bytes.push(b' ');
+    }
+    let mut file = (header_bytes.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&header_bytes);
+    file.extend_from_slice(&data);
+    std::fs::write(path, file).unwrap();
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// How the HF directory holds the experts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum HfExperts {
+    /// `save_pretrained`'s F32 `[experts, in, out]`, gate and up columns interleaved.
+    Unquantized,
+    /// The released checkpoints' `*_blocks` / `*_scales` (rows = outputs, gate and up rows
+    /// interleaved, two consecutive elements per byte), with `quantization_config`.
+    Mxfp4,
+}
+
+/// The fixture as an HF directory of either kind.
+pub fn write_hf_directory(name: &str, fixture: &Qwen35Fixture, dir: &Path, experts: HfExperts) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut config = fixture.config.clone();
+    if experts == HfExperts::Mxfp4 {
+        config["quantization_config"] = serde_json::json!({"quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                       "model.embed_tokens", "lm_head"]});
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut tensors: Vec<RawEntry> = fixture
+        .tensors
+        .iter()
+        .filter(|t| !t.name.starts_with("blk."))
+        .map(|spec| (spec.name.clone(), "F32", spec.shape.clone(), f32_bytes(&spec.values())))
+        .collect();
+    let specs = expert_specs(name);
+    let layers = fixture.config["num_hidden_layers"].as_u64().unwrap() as usize;
+    for layer in 0..layers {
+        let find = |part: &str| {
+            specs
+                .iter()
+                .find(|s| s.name == format!("blk.{layer}.ffn_{part}_exps.weight"))
+                .unwrap()
+        };
+        let (gate, up, down) = (find("gate"), find("up"), find("down"));
+        let [e, i, h] = gate.shape;
+        let prefix = format!("model.layers.{layer}.mlp.experts.");
+        match experts {
+            HfExperts::Unquantized => {
+                let (g, u, d) = (gate.values(), up.values(), down.values());
+                let mut gate_up = vec![0.0f32; e * h * 2 * i];
+                for x in 0..e {
+                    for r in 0..i {
+                        for c in 0..h {
+                            gate_up[(x * h + c) * 2 * i + 2 * r] = g[(x * i + r) * h + c];
+                            gate_up[(x * h + c) * 2 * i + 2 * r + 1] = u[(x * i + r) * h + c];
+                        }
+                    }
+                }
+                let mut down_t = vec![0.0f32; e * i * h];
+                for x in 0..e {
+                    for c in 0..h {
+                        for r in 0..i {
+                            down_t[(x * i + r) * h + c] = d[(x * h + c) * i + r];
+                        }
+                    }
+                }
+                tensors.push((format!("{prefix}gate_up_proj"), "F32", vec![e, h, 2 * i], f32_bytes(&gate_up)));
+                tensors.push((format!("{prefix}down_proj"), "F32", vec![e, i, h], f32_bytes(&down_t)));
+            }
+            HfExperts::Mxfp4 => {
+                // HF packs elements 2k and 2k + 1 into byte k (low, high).
+                let hf_blocks = |spec: &Mxfp4Spec| -> (Vec<Vec<u8>>, Vec<u8>) {
+                    let (codes, scales) = spec.codes();
+                    let rows = codes
+                        .chunks_exact(32)
+                        .map(|b| (0..16).map(|k| b[2 * k] | (b[2 * k + 1] << 4)).collect())
+                        .collect();
+                    (rows, scales)
+                };
+                let (gb, gs) = hf_blocks(gate);
+                let (ub, us) = hf_blocks(up);
+                let per_row = h / 32;
+                let (mut blocks, mut scales) = (Vec::new(), Vec::new());
+                for x in 0..e {
+                    for r in 0..i {
+                        for (b, s) in [(&gb, &gs), (&ub, &us)] {
+                            let first = (x * i + r) * per_row;
+                            for k in first..first + per_row {
+                                blocks.extend_from_slice(&b[k]);
+                                scales.push(s[k]);
+                            }
+                        }
+                    }
+                }
+                tensors.push((format!("{prefix}gate_up_proj_blocks"), "U8", vec![e, 2 * i, per_row, 16], blocks));
+                tensors.push((format!("{prefix}gate_up_proj_scales"), "U8", vec![e, 2 * i, per_row], scales));
+                let (db, ds) = hf_blocks(down);
+                tensors.push((format!("{prefix}down_proj_blocks"), "U8", vec![e, h, i / 32, 16], db.concat()));
+                tensors.push((format!("{prefix}down_proj_scales"), "U8", vec![e, h, i / 32], ds));
+            }
+        }
+    }
+    write_raw_safetensors(&dir.join("model.safetensors"), &tensors);
+}

@@ -87,7 +87,7 @@ impl LlamaModel {
     }
 
     /// Reads every weight the forward pass needs, checking shapes against `config`.
-    fn from_store(
+    pub(crate) fn from_store(
         config: ModelConfig,
         kv_layout: Vec<LayerKvLayout>,
         store: &TensorStore<'_>,
