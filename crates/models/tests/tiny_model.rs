@@ -308,7 +308,7 @@ fn unsupported_architecture_is_named() {
     assert!(error.to_string().contains("`falcon`"), "{error}");
     assert!(
         error.to_string().contains(
-            "(supported: llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35)"
+            "(supported: llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35, gpt-oss)"
         ),
         "{error}"
     );

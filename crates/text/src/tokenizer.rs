@@ -208,6 +208,19 @@ impl Tokenizer {
                 tokenizer.eos_token_ids.insert(id);
             }
         }
+        // gpt-oss's harmony: `<|call|>` and `<|return|>` end the generation, and `<|end|>`
+        // only closes a message (an analysis message is followed by the final one), as
+        // llama.cpp decides when all three are tokens.
+        let harmony = ["<|call|>", "<|return|>"].map(|text| tokenizer.token_to_id(text));
+        if let [Some(call), Some(end_of_answer)] = harmony {
+            if let Some(end) = tokenizer.token_to_id("<|end|>") {
+                if vocab.eos_token_id != Some(end) {
+                    tokenizer.eos_token_ids.remove(&end);
+                }
+                tokenizer.eos_token_ids.insert(call);
+                tokenizer.eos_token_ids.insert(end_of_answer);
+            }
+        }
         Ok(tokenizer)
     }
 
@@ -648,6 +661,33 @@ fn byte_level_decode_table() -> &'static std::collections::HashMap<char, u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// gpt-oss's harmony vocabulary: `<|call|>` and `<|return|>` end the generation,
+    /// `<|end|>` (a message's end, then the next message's `<|start|>`) does not, as in
+    /// llama.cpp.
+    #[test]
+    fn harmony_tokens_end_generation_but_end_of_message_does_not() {
+        let tokens: Vec<String> = ["a", "b", "<|start|>", "<|end|>", "<|call|>", "<|return|>"]
+            .map(String::from)
+            .to_vec();
+        let vocab = GgufVocab {
+            model: "gpt2".into(),
+            pre: Some("gpt-4o".into()),
+            token_types: vec![1, 1, 3, 3, 3, 3],
+            tokens,
+            eos_token_id: Some(5),
+            ..GgufVocab::default()
+        };
+        let tokenizer = Tokenizer::from_gguf_vocab(&vocab).unwrap();
+        assert_eq!(tokenizer.eos_token_ids(), [4, 5]);
+        let plain = GgufVocab {
+            tokens: ["a", "b", "<|end|>"].map(String::from).to_vec(),
+            token_types: vec![1, 1, 3],
+            eos_token_id: None,
+            ..vocab
+        };
+        assert_eq!(Tokenizer::from_gguf_vocab(&plain).unwrap().eos_token_ids(), [2]);
+    }
 
     #[test]
     fn shareable_across_threads() {
