@@ -185,7 +185,12 @@ pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) -> Result<(), KernelError> {
 /// `gate = min(g, limit) · σ(alpha · min(g, limit)) · (clamp(up, ±limit) + 1)`: gpt-oss's
 /// clamped SwiGLU (HF `GptOssExperts._apply_gate`, llama.cpp `swiglu_oai`), per element in
 /// f32 with the C library's `exp` (scalar only: no SIMD twin to keep equal).
-pub fn swiglu_oai_mul(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) -> Result<(), KernelError> {
+pub fn swiglu_oai_mul(
+    gate: &mut [f32],
+    up: &[f32],
+    alpha: f32,
+    limit: f32,
+) -> Result<(), KernelError> {
     if gate.len() != up.len() {
         return Err(KernelError::LengthMismatch {
             what: "swiglu_oai_mul up",
@@ -457,7 +462,10 @@ mod tests {
             let x = f64::from(g.min(limit));
             let y = f64::from(u.clamp(-limit, limit));
             let want = x / (1.0 + (-f64::from(alpha) * x).exp()) * (y + 1.0);
-            assert!((f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()), "{g} {u}: {o} vs {want}");
+            assert!(
+                (f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "{g} {u}: {o} vs {want}"
+            );
         }
         // A gate past the limit acts as the limit; `up` past it as ±limit.
         assert_eq!(out[6], {

@@ -405,11 +405,11 @@ mod tests {
         let base = |i: usize| 1.0 / 150_000f64.powf(2.0 * i as f64 / 64.0);
         let cache = RopeCache::new(64, 150_000.0, 4, yarn(false)).unwrap();
         let freq = cache.inv_freq();
-        for i in 0..=8 {
-            assert_eq!(freq[i], base(i), "pair {i} extrapolates");
+        for (i, &f) in freq.iter().enumerate().take(9) {
+            assert_eq!(f, base(i), "pair {i} extrapolates");
         }
-        for i in 18..32 {
-            assert!((freq[i] - base(i) / 32.0).abs() < 1e-15, "pair {i} interpolates");
+        for (i, &f) in freq.iter().enumerate().skip(18) {
+            assert!((f - base(i) / 32.0).abs() < 1e-15, "pair {i} interpolates");
         }
         assert!(freq[12] < base(12) && freq[12] > base(12) / 32.0);
         // Truncated: the ramp's ends are whole pairs, so pair 13 is the exact midpoint.
@@ -420,7 +420,9 @@ mod tests {
         // Position 0 is cos = attention factor, sin = 0.
         let mut x = vec![1.0f32; 64];
         apply_rope(&mut x, 1, 1, 64, &[0], &cache, RopeStyle::Neox).unwrap();
-        assert!(x.iter().all(|&v| (v - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-6));
+        assert!(x
+            .iter()
+            .all(|&v| (v - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-6));
         let bad = RopeScaling::Yarn {
             factor: 0.0,
             original_max_position_embeddings: 4096,

@@ -82,8 +82,8 @@ mod state_cache;
 pub use batch::{BatchInput, GroupTables};
 pub use cache_dtype::{CacheDtype, CacheDtypeError, ModelDtype};
 pub use config::{
-    Architecture, ClampedSwiglu, FullAttentionGeometry, LinearAttentionConfig, ModelConfig, MoeConfig,
-    RopeScaling, RopeStyle,
+    Architecture, ClampedSwiglu, FullAttentionGeometry, LinearAttentionConfig, ModelConfig,
+    MoeConfig, RopeScaling, RopeStyle,
 };
 pub use error::{ModelError, Result};
 pub use families::{

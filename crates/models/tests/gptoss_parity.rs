@@ -31,7 +31,11 @@ const MAX_DIFFERENCE: f32 = 2e-3;
 /// A greedy pick is compared only where the reference's top two differ by more than this.
 const DECISIVE_MARGIN: f32 = 0.02;
 
-fn gguf_model(test: &str, experts: Experts, edit: impl Fn(&str, &mut Vec<f32>)) -> Box<dyn CausalLm> {
+fn gguf_model(
+    test: &str,
+    experts: Experts,
+    edit: impl Fn(&str, &mut Vec<f32>),
+) -> Box<dyn CausalLm> {
     let fixture = load_fixture(NAME);
     let path = scratch_dir(&format!("gptoss_{test}")).join(format!("{NAME}.gguf"));
     gpt_oss::write_gguf(NAME, &fixture, &path, experts, edit);
@@ -92,7 +96,10 @@ fn mxfp4_experts_match_transformers_and_llama_cpp() {
         let steps = step_differences(model.as_ref(), cases);
         let (median, worst) = (steps[steps.len() / 2], steps[steps.len() - 1]);
         eprintln!("MXFP4 experts vs {reference}: median step {median:e}, worst {worst:e}");
-        assert!(median <= MEDIAN_MXFP4 && worst <= WORST_MXFP4, "{reference}: {steps:?}");
+        assert!(
+            median <= MEDIAN_MXFP4 && worst <= WORST_MXFP4,
+            "{reference}: {steps:?}"
+        );
     }
     // The MXFP4 experts take 17 bytes per 32 weights, against the F32 file's 128.
     let f32_model = gguf_model("mxfp4_bytes", Experts::F32, |_, _| {});
@@ -226,7 +233,11 @@ fn hf_directories_load_like_the_gguf() {
         let hf = load(ModelSource::HfDirectory(dir));
         let gguf = gguf_model(&format!("hf_{form}"), experts, |_, _| {});
         assert_eq!(hf.config().moe, gguf.config().moe, "{form}");
-        assert_eq!(hf.config().rope_scaling, gguf.config().rope_scaling, "{form}");
+        assert_eq!(
+            hf.config().rope_scaling,
+            gguf.config().rope_scaling,
+            "{form}"
+        );
         assert_eq!(hf.kv_layout(), gguf.kv_layout(), "{form}");
         assert_eq!(hf.weight_bytes(), gguf.weight_bytes(), "{form}");
         let case = &fixture.transformers[1];

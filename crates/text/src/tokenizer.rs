@@ -686,7 +686,10 @@ mod tests {
             eos_token_id: None,
             ..vocab
         };
-        assert_eq!(Tokenizer::from_gguf_vocab(&plain).unwrap().eos_token_ids(), [2]);
+        assert_eq!(
+            Tokenizer::from_gguf_vocab(&plain).unwrap().eos_token_ids(),
+            [2]
+        );
     }
 
     #[test]

@@ -335,11 +335,22 @@ fn attention_sinks_match_reference_scalar_twin_and_batching() {
         let mut batch = random_batch(&mut rng, params, &shapes);
         // Sinks below, near and above the scores' range.
         batch.sinks = Some(rng.vec(num_heads, -3.0, 4.0));
-        let plain = run_with(VectorOps::Scalar, &pool, &Batch { sinks: None, ..batch.clone() });
+        let plain = run_with(
+            VectorOps::Scalar,
+            &pool,
+            &Batch {
+                sinks: None,
+                ..batch.clone()
+            },
+        );
         let expected = reference(&batch);
         let scalar = run_with(VectorOps::Scalar, &pool, &batch);
         assert!(close(&scalar, &expected), "{params:?} scalar");
-        assert_ne!(bits(&plain), bits(&scalar), "{params:?}: the sinks changed nothing");
+        assert_ne!(
+            bits(&plain),
+            bits(&scalar),
+            "{params:?}: the sinks changed nothing"
+        );
         for kernels in VectorOps::available() {
             let out = run_with(kernels, &pool, &batch);
             assert!(close(&out, &expected), "{params:?} {kernels:?}");
@@ -359,7 +370,11 @@ fn a_dominant_sink_silences_the_head() {
     batch.sinks = Some(vec![60.0, 0.0, 60.0, 0.0]);
     let out = run(&ThreadPool::new(1), &batch);
     for row in out.chunks(4 * 16) {
-        assert!(row[..16].iter().all(|v| v.abs() < 1e-20), "{:?}", &row[..16]);
+        assert!(
+            row[..16].iter().all(|v| v.abs() < 1e-20),
+            "{:?}",
+            &row[..16]
+        );
         assert!(row[16..32].iter().any(|v| v.abs() > 1e-3));
     }
 }

@@ -227,7 +227,10 @@ impl<'a> GgufMetadata<'a> {
             .optional_f32("rope.scaling.factor")
             .ok_or_else(|| ModelError::MissingMetadata(self.key("rope.scaling.factor")))?;
         let original = self.required_usize("rope.scaling.original_context_length")?;
-        for (suffix, neutral) in [("rope.scaling.yarn_log_multiplier", 0.0), ("rope.scaling.yarn_ext_factor", 1.0)] {
+        for (suffix, neutral) in [
+            ("rope.scaling.yarn_log_multiplier", 0.0),
+            ("rope.scaling.yarn_ext_factor", 1.0),
+        ] {
             if let Some(value) = file.get_f64(&self.key(suffix)) {
                 if value != neutral {
                     return Err(ModelError::InvalidMetadata {
@@ -241,8 +244,12 @@ impl<'a> GgufMetadata<'a> {
         Ok(RopeScaling::Yarn {
             factor,
             original_max_position_embeddings: original,
-            beta_fast: self.optional_f32("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
-            beta_slow: self.optional_f32("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+            beta_fast: self
+                .optional_f32("rope.scaling.yarn_beta_fast")
+                .unwrap_or(32.0),
+            beta_slow: self
+                .optional_f32("rope.scaling.yarn_beta_slow")
+                .unwrap_or(1.0),
             attention_factor: RopeScaling::yarn_attention_factor(factor) * attn_factor,
             truncate: true,
         })

@@ -238,7 +238,10 @@ impl HfRopeScaling {
             return Ok((scaling, Some(factors)));
         }
         if kind == "yarn" {
-            return Ok((self.into_yarn(original.unwrap_or(max_position_embeddings))?, None));
+            return Ok((
+                self.into_yarn(original.unwrap_or(max_position_embeddings))?,
+                None,
+            ));
         }
         Ok((self.into_plain(&kind)?, None))
     }

@@ -628,8 +628,9 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains("`falcon`"), "{message}");
         assert!(
-            message
-                .contains("llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35, gpt-oss"),
+            message.contains(
+                "llama, mistral, qwen2, qwen3, gemma3, gemma4, qwen3moe, phi3, qwen35, gpt-oss"
+            ),
             "{message}"
         );
     }

@@ -241,7 +241,11 @@ fn derive_experts(store: &mut TensorStore<'_>, config: &ModelConfig, layer: usiz
     let moe = config
         .moe
         .ok_or_else(|| ModelError::MissingMetadata("gpt-oss expert count".into()))?;
-    let (experts, width, hidden) = (moe.num_experts, moe.expert_intermediate_size, config.hidden_size);
+    let (experts, width, hidden) = (
+        moe.num_experts,
+        moe.expert_intermediate_size,
+        config.hidden_size,
+    );
     let prefix = format!("model.layers.{layer}.mlp.experts.");
     let name = |suffix: &str| format!("{prefix}{suffix}");
     let (gate, up, down) = if store.contains(&name("gate_up_proj_blocks")) {
@@ -261,17 +265,28 @@ fn derive_experts(store: &mut TensorStore<'_>, config: &ModelConfig, layer: usiz
     } else {
         let gate_up = stored(store, &name("gate_up_proj"))?;
         if gate_up.shape != [experts, hidden, 2 * width] {
-            return Err(bad_shape(&name("gate_up_proj"), vec![experts, hidden, 2 * width], &gate_up.shape));
+            return Err(bad_shape(
+                &name("gate_up_proj"),
+                vec![experts, hidden, 2 * width],
+                &gate_up.shape,
+            ));
         }
         let down = stored(store, &name("down_proj"))?;
         if down.shape != [experts, width, hidden] {
-            return Err(bad_shape(&name("down_proj"), vec![experts, width, hidden], &down.shape));
+            return Err(bad_shape(
+                &name("down_proj"),
+                vec![experts, width, hidden],
+                &down.shape,
+            ));
         }
         let dtype = float_dtype(&name("gate_up_proj"), gate_up.dtype)?;
         let size = dtype.block_bytes();
         // `[experts, hidden, 2 * width]` (x @ W, gate and up columns interleaved) →
         // `[experts, width, hidden]` each; `[experts, width, hidden]` → `[experts, hidden, width]`.
-        let mut parts = [vec![0u8; experts * width * hidden * size], vec![0u8; experts * width * hidden * size]];
+        let mut parts = [
+            vec![0u8; experts * width * hidden * size],
+            vec![0u8; experts * width * hidden * size],
+        ];
         for e in 0..experts {
             for h in 0..hidden {
                 for r in 0..width {
@@ -346,17 +361,29 @@ fn float_dtype(name: &str, dtype: SafetensorsDtype) -> Result<DType> {
 /// `{base}_blocks` (`[experts, rows, columns / 32, 16]`, two consecutive elements per byte,
 /// the first in the low nibble) and `{base}_scales` (`[experts, rows, columns / 32]`, E8M0)
 /// as GGML MXFP4 rows: per block the scale byte, then element `j` low and `j + 16` high.
-fn mxfp4_rows(store: &TensorStore<'_>, base: &str, [experts, rows, columns]: [usize; 3]) -> Result<Vec<u8>> {
+fn mxfp4_rows(
+    store: &TensorStore<'_>,
+    base: &str,
+    [experts, rows, columns]: [usize; 3],
+) -> Result<Vec<u8>> {
     let blocks_name = format!("{base}_blocks");
     let scales_name = format!("{base}_scales");
     let blocks = stored(store, &blocks_name)?;
     let scales = stored(store, &scales_name)?;
     let per_row = columns / 32;
     if columns % 32 != 0 || blocks.shape != [experts, rows, per_row, 16] {
-        return Err(bad_shape(&blocks_name, vec![experts, rows, per_row, 16], &blocks.shape));
+        return Err(bad_shape(
+            &blocks_name,
+            vec![experts, rows, per_row, 16],
+            &blocks.shape,
+        ));
     }
     if scales.shape != [experts, rows, per_row] {
-        return Err(bad_shape(&scales_name, vec![experts, rows, per_row], &scales.shape));
+        return Err(bad_shape(
+            &scales_name,
+            vec![experts, rows, per_row],
+            &scales.shape,
+        ));
     }
     let mut out = Vec::with_capacity(experts * rows * per_row * 17);
     for (block, &scale) in blocks.bytes.chunks_exact(16).zip(&scales.bytes) {
@@ -374,9 +401,16 @@ fn mxfp4_rows(store: &TensorStore<'_>, base: &str, [experts, rows, columns]: [us
 /// Rows `[experts, 2 * width, row_bytes]` with gate and up rows interleaved, split into the
 /// gate rows and the up rows.
 fn split_rows(bytes: &[u8], experts: usize, width: usize, row_bytes: usize) -> (Vec<u8>, Vec<u8>) {
-    let (mut gate, mut up) = (Vec::with_capacity(bytes.len() / 2), Vec::with_capacity(bytes.len() / 2));
+    let (mut gate, mut up) = (
+        Vec::with_capacity(bytes.len() / 2),
+        Vec::with_capacity(bytes.len() / 2),
+    );
     for (index, row) in bytes.chunks_exact(row_bytes).enumerate() {
-        if index % 2 == 0 { gate.extend_from_slice(row) } else { up.extend_from_slice(row) }
+        if index % 2 == 0 {
+            gate.extend_from_slice(row)
+        } else {
+            up.extend_from_slice(row)
+        }
     }
     debug_assert_eq!(gate.len(), experts * width * row_bytes);
     (gate, up)
@@ -402,7 +436,10 @@ mod tests {
     fn reads_gpt_oss_20b_config() {
         let config = ModelConfig::from_hf_config_json(GPT_OSS_20B).unwrap();
         assert_eq!(config.architecture, "gpt-oss");
-        assert_eq!((config.num_heads, config.num_kv_heads, config.head_dim), (64, 8, 64));
+        assert_eq!(
+            (config.num_heads, config.num_kv_heads, config.head_dim),
+            (64, 8, 64)
+        );
         assert_eq!(config.rope_theta, 150_000.0);
         assert_eq!(
             config.rope_scaling,
@@ -418,10 +455,20 @@ mod tests {
         let windows: Vec<_> = (0..4).map(|l| config.layer_sliding_window(l)).collect();
         assert_eq!(windows, [Some(128), None, Some(128), None]);
         let moe = config.moe.unwrap();
-        assert_eq!((moe.num_experts, moe.experts_used, moe.expert_intermediate_size), (32, 4, 2880));
+        assert_eq!(
+            (
+                moe.num_experts,
+                moe.experts_used,
+                moe.expert_intermediate_size
+            ),
+            (32, 4, 2880)
+        );
         assert!(config.attention_bias && config.attention_output_bias);
         assert!(config.attention_sinks && config.expert_bias);
-        assert_eq!(config.clamped_swiglu.map(|c| (c.alpha, c.limit)), Some((1.702, 7.0)));
+        assert_eq!(
+            config.clamped_swiglu.map(|c| (c.alpha, c.limit)),
+            Some((1.702, 7.0))
+        );
         assert!(!config.tie_word_embeddings);
     }
 
@@ -433,7 +480,13 @@ mod tests {
             "num_experts_per_tok": 2}"#;
         let config = ModelConfig::from_hf_config_json(bare).unwrap();
         assert_eq!((config.rope_theta, config.rms_norm_eps), (150_000.0, 1e-5));
-        assert!(matches!(config.rope_scaling, RopeScaling::Yarn { truncate: false, .. }));
+        assert!(matches!(
+            config.rope_scaling,
+            RopeScaling::Yarn {
+                truncate: false,
+                ..
+            }
+        ));
         let windows: Vec<_> = (0..3).map(|l| config.layer_sliding_window(l)).collect();
         assert_eq!(windows, [Some(128), None, Some(128)]);
         let odd = bare.replace(

@@ -279,7 +279,10 @@ impl MoeBlock {
                 .zip(up.chunks_exact(width))
                 .flat_map(|(gate, up)| gate.iter().chain(up).copied())
                 .collect();
-            Some((gate_up, tensors.values("ffn_down_exps.bias", &[count, hidden])?))
+            Some((
+                gate_up,
+                tensors.values("ffn_down_exps.bias", &[count, hidden])?,
+            ))
         } else {
             None
         };

@@ -222,8 +222,14 @@ fn write_gguf_with(
     let f32s = [
         ("rope.freq_base", rope["rope_theta"].as_f64().unwrap()),
         ("rope.scaling.factor", rope["factor"].as_f64().unwrap()),
-        ("rope.scaling.yarn_beta_fast", rope["beta_fast"].as_f64().unwrap()),
-        ("rope.scaling.yarn_beta_slow", rope["beta_slow"].as_f64().unwrap()),
+        (
+            "rope.scaling.yarn_beta_fast",
+            rope["beta_fast"].as_f64().unwrap(),
+        ),
+        (
+            "rope.scaling.yarn_beta_slow",
+            rope["beta_slow"].as_f64().unwrap(),
+        ),
         (
             "attention.layer_norm_rms_epsilon",
             c["rms_norm_eps"].as_f64().unwrap(),
@@ -251,8 +257,7 @@ fn write_gguf_with(
                 .trim_end_matches('.');
             let (count, width) = (spec.shape[0], spec.shape[1] / 2);
             for (part, offset) in [("gate", 0), ("up", 1)] {
-                let mut split: Vec<f32> =
-                    values.iter().skip(offset).step_by(2).copied().collect();
+                let mut split: Vec<f32> = values.iter().skip(offset).step_by(2).copied().collect();
                 let name = format!("blk.{layer}.ffn_{part}_exps.bias");
                 edit(&name, &mut split);
                 writer.add_f32_tensor(&name, &[width as u64, count as u64], &split);
@@ -334,7 +339,14 @@ pub fn write_hf_directory(name: &str, fixture: &Qwen35Fixture, dir: &Path, exper
         .tensors
         .iter()
         .filter(|t| !t.name.starts_with("blk."))
-        .map(|spec| (spec.name.clone(), "F32", spec.shape.clone(), f32_bytes(&spec.values())))
+        .map(|spec| {
+            (
+                spec.name.clone(),
+                "F32",
+                spec.shape.clone(),
+                f32_bytes(&spec.values()),
+            )
+        })
         .collect();
     let specs = expert_specs(name);
     let layers = fixture.config["num_hidden_layers"].as_u64().unwrap() as usize;
@@ -368,8 +380,18 @@ pub fn write_hf_directory(name: &str, fixture: &Qwen35Fixture, dir: &Path, exper
                         }
                     }
                 }
-                tensors.push((format!("{prefix}gate_up_proj"), "F32", vec![e, h, 2 * i], f32_bytes(&gate_up)));
-                tensors.push((format!("{prefix}down_proj"), "F32", vec![e, i, h], f32_bytes(&down_t)));
+                tensors.push((
+                    format!("{prefix}gate_up_proj"),
+                    "F32",
+                    vec![e, h, 2 * i],
+                    f32_bytes(&gate_up),
+                ));
+                tensors.push((
+                    format!("{prefix}down_proj"),
+                    "F32",
+                    vec![e, i, h],
+                    f32_bytes(&down_t),
+                ));
             }
             HfExperts::Mxfp4 => {
                 // HF packs elements 2k and 2k + 1 into byte k (low, high).
@@ -396,11 +418,31 @@ pub fn write_hf_directory(name: &str, fixture: &Qwen35Fixture, dir: &Path, exper
                         }
                     }
                 }
-                tensors.push((format!("{prefix}gate_up_proj_blocks"), "U8", vec![e, 2 * i, per_row, 16], blocks));
-                tensors.push((format!("{prefix}gate_up_proj_scales"), "U8", vec![e, 2 * i, per_row], scales));
+                tensors.push((
+                    format!("{prefix}gate_up_proj_blocks"),
+                    "U8",
+                    vec![e, 2 * i, per_row, 16],
+                    blocks,
+                ));
+                tensors.push((
+                    format!("{prefix}gate_up_proj_scales"),
+                    "U8",
+                    vec![e, 2 * i, per_row],
+                    scales,
+                ));
                 let (db, ds) = hf_blocks(down);
-                tensors.push((format!("{prefix}down_proj_blocks"), "U8", vec![e, h, i / 32, 16], db.concat()));
-                tensors.push((format!("{prefix}down_proj_scales"), "U8", vec![e, h, i / 32], ds));
+                tensors.push((
+                    format!("{prefix}down_proj_blocks"),
+                    "U8",
+                    vec![e, h, i / 32, 16],
+                    db.concat(),
+                ));
+                tensors.push((
+                    format!("{prefix}down_proj_scales"),
+                    "U8",
+                    vec![e, h, i / 32],
+                    ds,
+                ));
             }
         }
     }
