@@ -30,7 +30,7 @@
 //!   equal to one `matmul` per segment. [`reference_matmul`] is the f64 reference.
 //!   Quantized layers quantize activations per 32 values to int8 and use exact integer block
 //!   dots (AVX2 `maddubs`/`madd`), four activation rows per weight-row pass, split over the pool
-//!   by output rows; from 16 activation rows (32 for Q4_K) the quantized group layouts run on AMX int8 tiles
+//!   by output rows; from 8 activation rows (more for some types: `matmul/amx.rs` `min_rows`) the quantized group layouts run on AMX int8 tiles
 //!   where the process may use them ([`amx_enabled`]: AMX present, the Linux tile-data
 //!   permission granted — requested once, by [`ThreadPool::new`] — and [`AMX_ENV`] not `0`),
 //!   bitwise equal to the AVX2 and scalar paths. F16/BF16 weights stay 16-bit and are widened in
