@@ -88,7 +88,10 @@ def test_forced_tool_call_and_round_trip(gptoss_server, stream):
         model=MODEL_NAME,
         messages=ASK
         + [
-            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            # Its analysis goes back as `reasoning`, which the harmony template renders as
+            # the analysis channel (`thinking`).
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()],
+             "reasoning": "The user wants the weather: call get_weather."},
             {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 18})},
         ],
         tools=TOOLS,

@@ -80,6 +80,13 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// An earlier assistant turn's reasoning (vLLM's `reasoning`; `reasoning_content`, its
+    /// older name, when `reasoning` is absent), handed to the chat template
+    /// ([`ConversationMessage::reasoning_content`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -91,28 +98,52 @@ impl ChatMessage {
             name: None,
             tool_call_id: None,
             tool_calls: None,
+            reasoning: None,
+            reasoning_content: None,
         }
     }
 }
 
 /// A checked message, content flattened to text, ready for a chat template. Serializes to the
 /// `{"role", "content", ...}` object templates read.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ConversationMessage {
     pub role: Role,
     /// `None` only for an assistant message that carries `tool_calls` instead.
     pub content: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
-    /// An earlier assistant turn's reasoning, for templates that render it (Qwen3's, ...);
-    /// set only where the front end keeps earlier thinking (the Messages API's
-    /// `clear_thinking` edit with `keep`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// An earlier assistant turn's reasoning, for templates that render it: a chat
+    /// message's `reasoning` / `reasoning_content`, the Messages API's kept thinking
+    /// (`clear_thinking` with `keep`). Templates read it under three names, so it is
+    /// serialized under all of them: `reasoning_content` (Qwen3's), `reasoning` (vLLM's
+    /// newer name) and `thinking` (gpt-oss's harmony template: the analysis channel).
     pub reasoning_content: Option<String>,
+}
+
+impl Serialize for ConversationMessage {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("role", &self.role)?;
+        map.serialize_entry("content", &self.content)?;
+        if let Some(name) = &self.name {
+            map.serialize_entry("name", name)?;
+        }
+        if let Some(id) = &self.tool_call_id {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(calls) = &self.tool_calls {
+            map.serialize_entry("tool_calls", calls)?;
+        }
+        if let Some(reasoning) = &self.reasoning_content {
+            for key in ["reasoning_content", "reasoning", "thinking"] {
+                map.serialize_entry(key, reasoning)?;
+            }
+        }
+        map.end()
+    }
 }
 
 /// Checks `messages` and flattens list-form content: text parts are joined with `"\n"`, as
@@ -181,7 +212,10 @@ pub fn conversation(messages: &[ChatMessage]) -> Result<Vec<ConversationMessage>
                 ));
             }
             Ok(ConversationMessage {
-                reasoning_content: None,
+                reasoning_content: message
+                    .reasoning
+                    .clone()
+                    .or_else(|| message.reasoning_content.clone()),
                 role: message.role,
                 content,
                 name: message.name.clone(),
@@ -703,6 +737,29 @@ impl ChatCompletionChunk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An assistant turn's `reasoning` (or `reasoning_content`) reaches the template under
+    /// the three names templates read: gpt-oss's `thinking`, vLLM's `reasoning`, Qwen3's
+    /// `reasoning_content`; `reasoning` wins over the older name.
+    #[test]
+    fn earlier_reasoning_reaches_the_template_under_every_name() {
+        let messages: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "reasoning_content": "old name",
+             "tool_calls": [{"id": "call_1", "type": "function",
+                             "function": {"name": "w", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+            {"role": "assistant", "content": "Mild.", "reasoning": "new", "reasoning_content": "old"},
+        ]))
+        .unwrap();
+        let rendered = serde_json::to_value(conversation(&messages).unwrap()).unwrap();
+        for key in ["thinking", "reasoning", "reasoning_content"] {
+            assert_eq!(rendered[1][key], "old name", "{key}");
+            assert_eq!(rendered[3][key], "new", "{key}");
+            assert!(rendered[0].get(key).is_none(), "{key}");
+        }
+        assert!(rendered[1]["content"].is_null());
+    }
     use serde_json::json;
 
     #[test]

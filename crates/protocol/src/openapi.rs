@@ -518,6 +518,11 @@ fn components() -> Value {
                 "tool_calls",
                 nullable(json!({"type": "array", "items": {"type": "object"}})),
             ),
+            (
+                "reasoning",
+                string("An earlier assistant turn's reasoning, for the chat template."),
+            ),
+            ("reasoning_content", string("`reasoning`'s older name.")),
         ],
         &["role"],
     );

@@ -55,8 +55,8 @@ fn options(kwargs: Value) -> RenderOptions {
 
 /// The conversation after the instructions. Tool-call arguments arrive as JSON text, as on
 /// the wire; `ChatTemplate` hands them to the template as an object (vLLM does the same).
-/// `thinking` is the template's name for an earlier turn's analysis; the chat front end does
-/// not fill it from a request yet, so here it is written in.
+/// `thinking` is the template's name for an earlier turn's analysis; the chat front end fills
+/// it from a request message's `reasoning` / `reasoning_content` (`ConversationMessage`).
 fn turns() -> Vec<Value> {
     vec![
         json!({"role": "user", "content": "What is the weather in Paris?"}),
