@@ -285,12 +285,11 @@ impl SafetensorsStore {
                 shape: &derived.shape,
             });
         }
-        let stored = self.read(name)?;
         let entry = self
             .tensors
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
-        let dtype = match stored.dtype {
+        let dtype = match entry.dtype {
             SafetensorsDtype::F32 => DType::F32,
             SafetensorsDtype::F16 => DType::F16,
             SafetensorsDtype::BF16 => DType::BF16,
@@ -303,7 +302,7 @@ impl SafetensorsStore {
         };
         Ok(RawTensor {
             dtype,
-            bytes: Cow::Owned(stored.bytes),
+            bytes: Cow::Owned(self.read(name)?.bytes),
             shape: &entry.shape,
         })
     }
