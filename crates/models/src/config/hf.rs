@@ -18,6 +18,22 @@ pub(crate) fn parse_config_json<T: DeserializeOwned>(text: &str) -> Result<T> {
     })
 }
 
+/// Per layer, whether an HF `layer_types` entry is `sliding_attention` (true) or
+/// `full_attention` (false); any other kind is refused by name (Gemma 4, gpt-oss).
+pub(crate) fn sliding_layers_from_types(types: &[String]) -> Result<Vec<bool>> {
+    types
+        .iter()
+        .map(|kind| match kind.as_str() {
+            "sliding_attention" => Ok(true),
+            "full_attention" => Ok(false),
+            other => Err(ModelError::InvalidMetadata {
+                key: "layer_types".into(),
+                message: format!("unknown layer type `{other}`"),
+            }),
+        })
+        .collect()
+}
+
 /// The `config.json` fields every decoder family reads alike. Families put it in their own
 /// struct with `#[serde(flatten)]`, so each field is read once whatever the family.
 #[derive(Debug, Deserialize)]

@@ -17,7 +17,7 @@ use tokenmill_gguf::GgufFile;
 use crate::error::{ModelError, Result};
 
 pub(crate) use gguf::GgufMetadata;
-pub(crate) use hf::{parse_config_json, HfCommon};
+pub(crate) use hf::{parse_config_json, sliding_layers_from_types, HfCommon};
 
 /// The architecture a checkpoint declares, as GGUF spells it (`llama`, `qwen3moe`, `gemma3`):
 /// also the prefix of its GGUF metadata keys. Each family declares its own as a constant;

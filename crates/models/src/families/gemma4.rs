@@ -208,17 +208,7 @@ impl Family for Gemma4 {
         }
         let layers = raw.common.num_hidden_layers;
         let mut sliding: Vec<bool> = match &raw.layer_types {
-            Some(types) => types
-                .iter()
-                .map(|kind| match kind.as_str() {
-                    "sliding_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(invalid(
-                        "layer_types",
-                        format!("unknown layer type `{other}`"),
-                    )),
-                })
-                .collect::<Result<_>>()?,
+            Some(types) => crate::config::sliding_layers_from_types(types)?,
             None => (0..layers).map(|layer| (layer + 1) % 6 != 0).collect(),
         };
         // transformers forces the last layer global.

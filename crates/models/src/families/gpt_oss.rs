@@ -17,8 +17,8 @@ use serde::Deserialize;
 
 use super::family::{Family, WeightSource};
 use crate::config::{
-    parse_config_json, Architecture, ClampedSwiglu, GgufMetadata, HfCommon, ModelConfig,
-    RopeScaling, RopeStyle,
+    parse_config_json, sliding_layers_from_types, Architecture, ClampedSwiglu, GgufMetadata,
+    HfCommon, ModelConfig, RopeScaling, RopeStyle,
 };
 use crate::error::{ModelError, Result};
 use crate::families::blocks::LlamaModel;
@@ -159,17 +159,7 @@ impl Family for GptOss {
                         ),
                     });
                 }
-                types
-                    .iter()
-                    .map(|kind| match kind.as_str() {
-                        "sliding_attention" => Ok(true),
-                        "full_attention" => Ok(false),
-                        other => Err(ModelError::InvalidMetadata {
-                            key: "layer_types".into(),
-                            message: format!("unknown layer type `{other}`"),
-                        }),
-                    })
-                    .collect::<Result<Vec<bool>>>()?
+                sliding_layers_from_types(&types)?
             }
             None => (0..config.num_layers).map(|l| l % 2 == 0).collect(),
         });
