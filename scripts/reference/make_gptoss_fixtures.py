@@ -35,6 +35,7 @@ os.environ["USE_HUB_KERNELS"] = "0"
 sys.path.insert(0, os.path.dirname(__file__))
 from make_qwen35_fixtures import (  # noqa: E402
     fnv1a,
+    formula_hash,
     formula_weights,
     random_prompts,
     synthetic_vocab,
@@ -83,19 +84,6 @@ def gptoss_20b_like() -> dict:
 
 
 SPECS = {"gptoss_20b_like": gptoss_20b_like}
-
-
-def formula_hash(seed: int, count: int) -> np.ndarray:
-    """The integer hash under `formula_weights` (the twin of the Rust test's)."""
-    mask = np.uint64(0xFFFFFFFF)
-    x = np.arange(count, dtype=np.uint64) * np.uint64(0x9E3779B1)
-    x = (x + np.uint64((seed * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF)) & mask
-    x ^= x >> np.uint64(15)
-    x = (x * np.uint64(0x2C1B3C6D)) & mask
-    x ^= x >> np.uint64(12)
-    x = (x * np.uint64(0x297A2D39)) & mask
-    x ^= x >> np.uint64(15)
-    return x
 
 
 def mxfp4_codes(gguf_name: str, shape, e_base: int):

@@ -48,6 +48,13 @@ def fnv1a(name: str) -> int:
 
 def formula_weights(seed: int, count: int, scale: float, offset: float) -> np.ndarray:
     """The twin of `formula_weights` in crates/models/tests/common/family.rs."""
+    x = formula_hash(seed, count)
+    u = ((x % np.uint64(20001)).astype(np.float32) - np.float32(10000.0)) / np.float32(10000.0)
+    return u * np.float32(scale) + np.float32(offset)
+
+
+def formula_hash(seed: int, count: int) -> np.ndarray:
+    """The integer hash under `formula_weights` (the twin of the Rust tests' `formula_hash`)."""
     mask = np.uint64(0xFFFFFFFF)
     x = np.arange(count, dtype=np.uint64) * np.uint64(0x9E3779B1)
     x = (x + np.uint64((seed * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF)) & mask
@@ -56,8 +63,7 @@ def formula_weights(seed: int, count: int, scale: float, offset: float) -> np.nd
     x ^= x >> np.uint64(12)
     x = (x * np.uint64(0x297A2D39)) & mask
     x ^= x >> np.uint64(15)
-    u = ((x % np.uint64(20001)).astype(np.float32) - np.float32(10000.0)) / np.float32(10000.0)
-    return u * np.float32(scale) + np.float32(offset)
+    return x
 
 
 def qwen35_08b_like() -> dict:

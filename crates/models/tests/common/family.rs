@@ -251,6 +251,18 @@ pub struct Case {
 /// `formula_weights` in make_family_fixtures.py (same wrapping u64 arithmetic, same f32
 /// operations in the same order, so the same bits).
 pub fn formula_weights(seed: u64, count: usize, scale: f32, offset: f32) -> Vec<f32> {
+    formula_hash(seed, count)
+        .into_iter()
+        .map(|x| {
+            let u = ((x % 20001) as f32 - 10000.0) / 10000.0;
+            u * scale + offset
+        })
+        .collect()
+}
+
+/// The integer hash of (seed, index) under [`formula_weights`], 32 bits per element (the
+/// twin of `formula_hash` in make_gptoss_fixtures.py; the MXFP4 fixtures draw codes from it).
+pub fn formula_hash(seed: u64, count: usize) -> Vec<u64> {
     const MASK: u64 = 0xFFFF_FFFF;
     let add = (seed.wrapping_mul(0x85EB_CA77).wrapping_add(0x1656_67B1)) & MASK;
     (0..count as u64)
@@ -261,8 +273,7 @@ pub fn formula_weights(seed: u64, count: usize, scale: f32, offset: f32) -> Vec<
             x ^= x >> 12;
             x = x.wrapping_mul(0x297A_2D39) & MASK;
             x ^= x >> 15;
-            let u = ((x % 20001) as f32 - 10000.0) / 10000.0;
-            u * scale + offset
+            x
         })
         .collect()
 }

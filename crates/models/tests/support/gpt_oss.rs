@@ -12,7 +12,7 @@ use std::path::Path;
 
 use tokenmill_gguf::{GgmlType, GgufWriter, MetadataValue};
 
-use super::common::family::fnv1a;
+use super::common::family::{fnv1a, formula_hash};
 use super::qwen35::{Qwen35Fixture, TensorSpec};
 
 /// GGML's type id of MXFP4 blocks.
@@ -22,23 +22,6 @@ const MXFP4_ID: u32 = 39;
 const KVALUES: [f32; 16] = [
     0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
 ];
-
-/// The integer hash under `formula_weights` (the twin of the script's `formula_hash`).
-fn formula_hash(seed: u64, count: usize) -> Vec<u64> {
-    const MASK: u64 = 0xFFFF_FFFF;
-    let add = (seed.wrapping_mul(0x85EB_CA77).wrapping_add(0x1656_67B1)) & MASK;
-    (0..count as u64)
-        .map(|i| {
-            let mut x = (i.wrapping_mul(0x9E37_79B1).wrapping_add(add)) & MASK;
-            x ^= x >> 15;
-            x = x.wrapping_mul(0x2C1B_3C6D) & MASK;
-            x ^= x >> 12;
-            x = x.wrapping_mul(0x297A_2D39) & MASK;
-            x ^= x >> 15;
-            x
-        })
-        .collect()
-}
 
 /// An expert tensor of the fixture: its GGUF-layout shape `[experts, rows, columns]` and the
 /// base of its blocks' E8M0 scales.
