@@ -16,11 +16,8 @@ mod gpt_oss;
 mod qwen35;
 
 use gpt_oss::Experts;
-use qwen35::{
-    check_cases, hybrid_cache, load, load_fixture, pool, scratch_dir, step, widest_difference,
-    Sequence, BLOCK_SIZE,
-};
-use tokenmill_models::{CausalLm, ModelSource, RopeScaling, Workspace};
+use qwen35::{check_cases, load, load_fixture, prompt_in_chunks, scratch_dir, widest_difference};
+use tokenmill_models::{CausalLm, ModelSource, RopeScaling};
 
 const NAME: &str = "gptoss_20b_like";
 
@@ -150,34 +147,8 @@ fn chunked_and_batched_runs_equal_the_whole_prompt() {
     let model = model.as_ref();
     let prompt: Vec<u32> = (0..41).map(|i| (i * 29 + 3) % 512).collect();
     let other: Vec<u32> = (0..21).map(|i| (i * 13 + 7) % 512).collect();
-    let pool = pool();
-    let run = |chunks: &[usize], with_other: bool| -> Vec<Vec<f32>> {
-        let mut kv = hybrid_cache(model, 16, BLOCK_SIZE, 1);
-        let mut workspace = Workspace::new();
-        let mut seq = Sequence {
-            tokens: prompt.clone(),
-            computed: 0,
-            blocks: vec![3, 5, 7],
-            slot: 0,
-        };
-        let mut second = Sequence {
-            tokens: other.clone(),
-            computed: 0,
-            blocks: vec![9, 11],
-            slot: 0,
-        };
-        let mut rows = Vec::new();
-        for &count in chunks {
-            let out = if with_other && second.computed + count <= other.len() {
-                let mut runs = [(&mut seq, count), (&mut second, count)];
-                step(model, &pool, &mut kv, &mut workspace, &mut runs)
-            } else {
-                let mut runs = [(&mut seq, count)];
-                step(model, &pool, &mut kv, &mut workspace, &mut runs)
-            };
-            rows.push(out[0].clone());
-        }
-        rows
+    let run = |chunks: &[usize], with_other: bool| {
+        prompt_in_chunks(model, &prompt, with_other.then_some(&other[..]), chunks)
     };
     let whole = run(&[41], false);
     let chunked = run(&[10, 20, 11], false);

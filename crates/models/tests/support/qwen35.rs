@@ -348,6 +348,44 @@ pub fn step(
     logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
 }
 
+/// Feeds `prompt` in steps of `chunks` tokens (blocks 3, 5, 7 of a 16-block cache), beside
+/// `other` (blocks 9, 11) while `other` has tokens left for the same chunk; returns the
+/// prompt's logits row of each step.
+pub fn prompt_in_chunks(
+    model: &dyn CausalLm,
+    prompt: &[u32],
+    other: Option<&[u32]>,
+    chunks: &[usize],
+) -> Vec<Vec<f32>> {
+    let pool = pool();
+    let mut kv = hybrid_cache(model, 16, BLOCK_SIZE, 1);
+    let mut workspace = Workspace::new();
+    let mut seq = Sequence {
+        tokens: prompt.to_vec(),
+        computed: 0,
+        blocks: vec![3, 5, 7],
+        slot: 0,
+    };
+    let mut second = Sequence {
+        tokens: other.unwrap_or_default().to_vec(),
+        computed: 0,
+        blocks: vec![9, 11],
+        slot: 0,
+    };
+    let mut rows = Vec::new();
+    for &count in chunks {
+        let out = if other.is_some() && second.computed + count <= second.tokens.len() {
+            let mut runs = [(&mut seq, count), (&mut second, count)];
+            step(model, &pool, &mut kv, &mut workspace, &mut runs)
+        } else {
+            let mut runs = [(&mut seq, count)];
+            step(model, &pool, &mut kv, &mut workspace, &mut runs)
+        };
+        rows.push(out[0].clone());
+    }
+    rows
+}
+
 /// The logits after every token of `prompt + forced[..len - 1]` from position `first` on
 /// (`prompt.len() - 1`: the rows that predict `forced`), the whole run in one step.
 pub fn teacher_forced(model: &dyn CausalLm, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
