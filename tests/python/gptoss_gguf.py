@@ -7,14 +7,12 @@ the o200k pre-tokenizer (`gpt-4o`) and gpt-oss's real chat template
 (crates/text/tests/fixtures/chat_template_gpt_oss.jinja). Its output is noise; the tests that
 serve it assert on the protocol.
 
-The GGUF is written by hand (format v3: header, metadata, tensor infos, 32-byte aligned data),
-so the test venv needs no `gguf` package.
+The GGUF is written by hand (gguf_file.py), so the test venv needs no `gguf` package.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 import sys
 from pathlib import Path
 
@@ -25,6 +23,9 @@ sys.path.insert(0, str(REPO / "scripts/reference"))
 
 from make_gptoss_fixtures import expert_tensors, mxfp4_bytes, mxfp4_codes  # noqa: E402
 from make_qwen35_fixtures import fnv1a, formula_weights, synthetic_vocab  # noqa: E402
+
+from gguf_file import GGML_F32, GGML_MXFP4, T_ARRAY, T_BOOL, T_F32, T_I32, T_STRING, T_U32  # noqa: E402
+from gguf_file import write as write_gguf  # noqa: E402
 
 FIXTURE = REPO / "crates/models/tests/fixtures/gptoss_20b_like.json"
 TEMPLATE = REPO / "crates/text/tests/fixtures/chat_template_gpt_oss.jinja"
@@ -41,29 +42,6 @@ SPECIALS = [
     "<|message|>",
     "<|call|>",
 ]
-
-GGML_F32, GGML_MXFP4 = 0, 39
-T_U32, T_F32, T_BOOL, T_STRING, T_ARRAY, T_I32 = 4, 6, 7, 8, 9, 5
-
-
-def _string(text: str) -> bytes:
-    data = text.encode()
-    return struct.pack("<Q", len(data)) + data
-
-
-def _value(kind: int, value) -> bytes:
-    if kind == T_U32:
-        return struct.pack("<I", value)
-    if kind == T_I32:
-        return struct.pack("<i", value)
-    if kind == T_F32:
-        return struct.pack("<f", value)
-    if kind == T_BOOL:
-        return struct.pack("<?", value)
-    if kind == T_STRING:
-        return _string(value)
-    raise ValueError(kind)
-
 
 def _gguf_name(hf: str) -> str:
     fixed = {
@@ -151,30 +129,4 @@ def write(path: str | Path) -> Path:
         codes, scales, _ = mxfp4_codes(name, shape, e_base)
         tensors.append((name, shape, GGML_MXFP4, mxfp4_bytes(codes, scales, shape).tobytes()))
 
-    out = bytearray(b"GGUF")
-    out += struct.pack("<IQQ", 3, len(tensors), len(metadata))
-    for key, kind, value in metadata:
-        out += _string(key)
-        if isinstance(kind, tuple):
-            _, inner = kind
-            out += struct.pack("<IIQ", T_ARRAY, inner, len(value))
-            for item in value:
-                out += _value(inner, item)
-        else:
-            out += struct.pack("<I", kind) + _value(kind, value)
-    offset = 0
-    data = bytearray()
-    for name, shape, kind, blob in tensors:
-        out += _string(name) + struct.pack("<I", len(shape))
-        for dim in reversed(shape):
-            out += struct.pack("<Q", dim)
-        out += struct.pack("<IQ", kind, offset)
-        data += blob
-        while len(data) % 32:
-            data += b"\0"
-        offset = len(data)
-    while len(out) % 32:
-        out += b"\0"
-    path = Path(path)
-    path.write_bytes(bytes(out + data))
-    return path
+    return write_gguf(path, metadata, tensors)
