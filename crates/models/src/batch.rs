@@ -213,6 +213,88 @@ impl BatchInput {
     }
 }
 
+impl BatchInput {
+    /// The part of the batch the output rows still depend on once no later layer writes the
+    /// cache (Gemma 4's KV-shared layers): each sequence's tokens from its first logits row
+    /// to its end (a suffix, so each stays a contiguous run that attends to the cache as a
+    /// later chunk would), and no token of a sequence without logits rows. Returns that batch
+    /// and, per kept row, its row in `self`; `None` when every row is kept.
+    pub fn logits_suffix(&self) -> Option<(BatchInput, Vec<usize>)> {
+        let mut first = vec![usize::MAX; self.seqs.len()];
+        for &row in &self.logits_indices {
+            let row = row as usize;
+            // The sequence holding `row`: the last one starting at or before it.
+            let seq = self.seqs.partition_point(|s| s.query_start <= row);
+            let index = seq.checked_sub(1)?;
+            let holder = &self.seqs[index];
+            if row >= holder.query_start + holder.query_len {
+                return None;
+            }
+            first[index] = first[index].min(row);
+        }
+        let kept_count: usize = self
+            .seqs
+            .iter()
+            .zip(&first)
+            .filter(|(_, &from)| from != usize::MAX)
+            .map(|(s, &from)| s.query_start + s.query_len - from)
+            .sum();
+        if kept_count == self.num_tokens() {
+            return None;
+        }
+        let mut out = BatchInput {
+            block_tables: self.block_tables.clone(),
+            other_groups: self
+                .other_groups
+                .iter()
+                .map(|group| GroupTables {
+                    slot_mapping: Vec::with_capacity(kept_count),
+                    block_tables: group.block_tables.clone(),
+                })
+                .collect(),
+            lora: LoraBatch {
+                adapters: self.lora.adapters.clone(),
+                slots: Vec::with_capacity(kept_count),
+            },
+            ..BatchInput::default()
+        };
+        let mut rows = Vec::with_capacity(kept_count);
+        for (index, (seq, &from)) in self.seqs.iter().zip(&first).enumerate() {
+            if from == usize::MAX {
+                continue;
+            }
+            let end = seq.query_start + seq.query_len;
+            let query_start = rows.len();
+            rows.extend(from..end);
+            out.seqs.push(AttentionSeq {
+                query_start,
+                query_len: end - from,
+                ..*seq
+            });
+            if let Some(&slot) = self.state_slots.get(index) {
+                out.state_slots.push(slot);
+            }
+        }
+        for &row in &rows {
+            out.token_ids.push(self.token_ids[row]);
+            out.positions.push(self.positions[row]);
+            out.slot_mapping.push(self.slot_mapping[row]);
+            for (to, from) in out.other_groups.iter_mut().zip(&self.other_groups) {
+                to.slot_mapping.push(from.slot_mapping[row]);
+            }
+            out.lora
+                .slots
+                .push(self.lora.slots.get(row).copied().unwrap_or(0));
+        }
+        // Each logits row maps to its place among the kept rows (which ascend).
+        for &row in &self.logits_indices {
+            let kept = rows.binary_search(&(row as usize)).ok()?;
+            out.logits_indices.push(u32::try_from(kept).ok()?);
+        }
+        Some((out, rows))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +317,66 @@ mod tests {
         assert_eq!(batch.seqs[1].query_start, 5);
         assert_eq!(batch.seqs[1].block_table_start, 2);
         assert_eq!(batch.seqs[1].num_blocks, 2);
+    }
+
+    #[test]
+    fn logits_suffix_keeps_each_sequence_from_its_first_logits_row() {
+        let mut batch = BatchInput::default();
+        // A prefill chunk with no logits, a prompt whose last token samples, a decode token.
+        batch.add_sequence(&[1, 2, 3], 0, &[4], 4, false).unwrap();
+        batch
+            .add_sequence(&[5, 6, 7, 8], 2, &[1, 2], 4, true)
+            .unwrap();
+        batch.add_sequence(&[9], 6, &[3, 8], 4, true).unwrap();
+        batch.other_groups.push(GroupTables {
+            slot_mapping: vec![100, 101, 102, 103, 104, 105, 106, 107],
+            block_tables: vec![0; 5],
+        });
+        batch.lora.slots = vec![0, 0, 0, 1, 1, 1, 1, 0];
+        let (suffix, rows) = batch.logits_suffix().unwrap();
+        assert_eq!(rows, vec![6, 7]);
+        assert_eq!(suffix.token_ids, vec![8, 9]);
+        assert_eq!(suffix.positions, vec![5, 6]);
+        assert_eq!(
+            suffix.slot_mapping,
+            vec![batch.slot_mapping[6], batch.slot_mapping[7]]
+        );
+        assert_eq!(suffix.other_groups[0].slot_mapping, vec![106, 107]);
+        assert_eq!(suffix.lora.slots, vec![1, 0]);
+        assert_eq!(suffix.logits_indices, vec![0, 1]);
+        assert_eq!(suffix.seqs.len(), 2);
+        assert_eq!(
+            (suffix.seqs[0].query_start, suffix.seqs[0].query_len),
+            (0, 1)
+        );
+        assert_eq!(suffix.seqs[0].context_len, batch.seqs[1].context_len);
+        assert_eq!(
+            suffix.seqs[0].block_table_start,
+            batch.seqs[1].block_table_start
+        );
+        assert_eq!(
+            (suffix.seqs[1].query_start, suffix.seqs[1].query_len),
+            (1, 1)
+        );
+
+        // Prompt logprobs: every row of the prompt from its first logits row on stays.
+        batch.logits_indices = vec![4, 5, 6, 7];
+        let (suffix, rows) = batch.logits_suffix().unwrap();
+        assert_eq!(rows, vec![4, 5, 6, 7]);
+        assert_eq!(suffix.logits_indices, vec![0, 1, 2, 3]);
+        assert_eq!(suffix.seqs[0].query_len, 3);
+
+        // Nothing to drop: no pruned batch.
+        let mut decode = BatchInput::default();
+        decode.add_sequence(&[1], 3, &[0], 4, true).unwrap();
+        decode.add_sequence(&[2], 5, &[1, 2], 4, true).unwrap();
+        assert!(decode.logits_suffix().is_none());
+
+        // No logits at all: every row goes.
+        let mut chunk = BatchInput::default();
+        chunk.add_sequence(&[1, 2], 0, &[0], 4, false).unwrap();
+        let (suffix, rows) = chunk.logits_suffix().unwrap();
+        assert!(rows.is_empty() && suffix.is_empty() && suffix.seqs.is_empty());
     }
 
     #[test]

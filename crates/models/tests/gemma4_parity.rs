@@ -201,6 +201,20 @@ fn chunked_and_batched_runs_equal_the_whole_prompt_of(name: &str) {
     assert_eq!(chunked, batched, "{name}");
 }
 
+/// The KV-shared layers run only on the rows the logits depend on: asking for the last two
+/// rows' logits (the earlier rows are dropped after the last cache-writing layer) gives
+/// bitwise the rows of a run that asks for every row's (nothing dropped).
+#[test]
+fn kv_shared_layers_on_the_logits_rows_only_change_no_value() {
+    let model = hf_model("pruned", "gemma4_e2b_like", |_, _| {});
+    let tokens: Vec<u32> = (0..29).map(|i| (i * 31 + 5) % 512).collect();
+    let every_row = teacher_forced(model.as_ref(), &tokens[..1], &tokens[1..]);
+    let last_two = teacher_forced(model.as_ref(), &tokens[..27], &tokens[27..]);
+    assert_eq!(every_row.len(), 28);
+    assert_eq!(last_two.len(), 2);
+    assert!(every_row[26..] == last_two[..], "pruned rows differ");
+}
+
 /// Negative controls: a moved weight in a KV-shared layer's query norm, or in one layer's
 /// per-layer embedding gate, must break parity, so the comparison can fail.
 #[test]

@@ -24,7 +24,7 @@ pub(crate) use linear::{embed, Linear, LinearScratch, RowBytes, RowTable, Stacke
 pub(crate) use mlp::{Activation, GatedMlp, MlpBuffers};
 pub(crate) use moe::{FeedForward, MoeBlock, MoeBuffers, Routing};
 pub(crate) use norm::{LayerNorm, RmsNorm};
-pub(crate) use per_layer::{PerLayerBuffers, PerLayerEmbeddings, PerLayerGate};
+pub(crate) use per_layer::{compact_rows, PerLayerBuffers, PerLayerEmbeddings, PerLayerGate};
 pub(crate) use rope::Rope;
 
 use tokenmill_kernels::{add_rows, ThreadPool};

@@ -86,6 +86,12 @@ impl PerLayerEmbeddings {
         buffers.activated.resize(n * self.width, 0.0);
     }
 
+    /// Moves the per-layer inputs of `rows` (ascending, rows of this step) to the front, in
+    /// order: row `rows[i]`'s become row `i`'s (see [`BatchInput::logits_suffix`](crate::BatchInput::logits_suffix)).
+    pub fn keep_rows(&self, buffers: &mut PerLayerBuffers, rows: &[usize]) {
+        compact_rows(&mut buffers.inputs, self.layers * self.width, rows);
+    }
+
     /// Every token's per-layer inputs into `ws.per_layer.inputs`, from the scaled embeddings
     /// in `ws.hidden`.
     pub fn inputs(&self, step: &Step<'_>, ws: &mut Workspace) -> Result<()> {
@@ -162,5 +168,15 @@ impl PerLayerGate {
             &mut ws.linear,
         )?;
         ws.add_normed_residual(step.pool, &self.post_norm)
+    }
+}
+
+/// Moves the `width`-wide rows `rows` (ascending) of `buffer` to its front, in order. Row
+/// `rows[i] >= i`, so each copy reads a row no earlier copy has overwritten.
+pub(crate) fn compact_rows(buffer: &mut [f32], width: usize, rows: &[usize]) {
+    for (to, &from) in rows.iter().enumerate() {
+        if to != from {
+            buffer.copy_within(from * width..(from + 1) * width, to * width);
+        }
     }
 }

@@ -24,6 +24,7 @@ use crate::batch::BatchInput;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCacheStorage, LayerKvLayout};
+use crate::layers::compact_rows;
 use crate::layers::{
     Activation, AttentionBlock, AttentionOptions, AttentionShape, EmbeddingAndHead, GatedMlp,
     MoeBlock, PerLayerEmbeddings, PerLayerGate, RmsNorm, Rope, Routing, Step, Workspace,
@@ -162,24 +163,69 @@ impl GemmaModel {
 
     /// Validates the batch, embeds it and runs every block: the residual stream in
     /// `workspace.hidden` is then ready for the final norm (sized for `rows` logits rows).
+    ///
+    /// With `prune`, the layers after the last one that writes the cache (Gemma 4's KV-shared
+    /// layers) run only on the rows the logits depend on ([`BatchInput::logits_suffix`]):
+    /// the returned batch then describes `workspace.hidden`'s rows (`None`: `step`'s do).
+    /// Each row's values are the same either way: every block but attention is row by row,
+    /// and attention reads the same cache as a later prefill chunk would.
     fn run_layers(
         &self,
         step: &Step<'_>,
         kv: &mut KvCacheStorage,
         workspace: &mut Workspace,
         rows: usize,
-    ) -> Result<()> {
+        prune: bool,
+    ) -> Result<Option<BatchInput>> {
         validate_batch(&self.config, step.batch, kv)?;
         self.prepare(workspace, step.num_tokens(), rows);
         self.ends.embed(step, workspace)?;
         if let Some(per_layer) = &self.per_layer {
             per_layer.inputs(step, workspace)?;
         }
-        for (index, layer) in self.layers.iter().enumerate() {
+        let cached = self.config.num_kv_cache_layers();
+        let (writing, shared) = self.layers.split_at(cached.min(self.layers.len()));
+        self.run_range(step, writing, 0, kv, workspace)?;
+        if shared.is_empty() {
+            return Ok(None);
+        }
+        let pruned = match prune.then(|| step.batch.logits_suffix()).flatten() {
+            Some((batch, kept)) => {
+                compact_rows(&mut workspace.hidden, self.config.hidden_size, &kept);
+                if let Some(per_layer) = &self.per_layer {
+                    per_layer.keep_rows(&mut workspace.per_layer, &kept);
+                }
+                self.prepare(workspace, batch.num_tokens(), rows);
+                Some(batch)
+            }
+            None => None,
+        };
+        let reduced = pruned.as_ref().map(|batch| Step {
+            pool: step.pool,
+            batch,
+        });
+        let step = reduced.as_ref().unwrap_or(step);
+        if step.num_tokens() > 0 {
+            self.run_range(step, shared, writing.len(), kv, workspace)?;
+        }
+        Ok(pruned)
+    }
+
+    /// Runs `layers`, the model's layers from `first` on.
+    fn run_range(
+        &self,
+        step: &Step<'_>,
+        layers: &[GemmaLayer],
+        first: usize,
+        kv: &mut KvCacheStorage,
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        for (offset, layer) in layers.iter().enumerate() {
             let rope = match (&self.local_rope, layer.local) {
                 (Some(local), true) => local,
                 _ => &self.global_rope,
             };
+            let index = first + offset;
             layer.forward(step, rope, (index, self.layers.len()), kv, workspace)?;
         }
         Ok(())
@@ -422,8 +468,17 @@ impl CausalLm for GemmaModel {
         logits: &mut Vec<f32>,
     ) -> Result<()> {
         let step = Step { pool, batch };
-        self.run_layers(&step, kv, workspace, batch.logits_indices.len())?;
-        self.ends.logits(&step, workspace, logits)
+        let rows = batch.logits_indices.len();
+        match self.run_layers(&step, kv, workspace, rows, true)? {
+            Some(pruned) => {
+                let step = Step {
+                    pool,
+                    batch: &pruned,
+                };
+                self.ends.logits(&step, workspace, logits)
+            }
+            None => self.ends.logits(&step, workspace, logits),
+        }
     }
 
     fn forward_hidden(
@@ -435,7 +490,7 @@ impl CausalLm for GemmaModel {
         hidden: &mut Vec<f32>,
     ) -> Result<()> {
         let step = Step { pool, batch };
-        self.run_layers(&step, kv, workspace, 0)?;
+        self.run_layers(&step, kv, workspace, 0, false)?;
         self.ends.final_hidden(&step, workspace, hidden)
     }
 }
