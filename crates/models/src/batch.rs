@@ -211,9 +211,7 @@ impl BatchInput {
         self.lora.slots[range].fill(slot);
         Ok(())
     }
-}
 
-impl BatchInput {
     /// The part of the batch the output rows still depend on once no later layer writes the
     /// cache (Gemma 4's KV-shared layers): each sequence's tokens from its first logits row
     /// to its end (a suffix, so each stays a contiguous run that attends to the cache as a

@@ -38,8 +38,8 @@ impl Sqlite {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         // Switching a fresh file to WAL takes an exclusive lock; two servers that both read
         // the file first deadlock, and SQLite answers one of them SQLITE_BUSY without waiting.
-        retry_busy(|| conn.pragma_update(None, "journal_mode", "WAL"))?;
-        retry_busy(|| conn.pragma_update(None, "synchronous", "NORMAL"))?;
+        retry_busy(|| Ok(conn.pragma_update(None, "journal_mode", "WAL")?))?;
+        retry_busy(|| Ok(conn.pragma_update(None, "synchronous", "NORMAL")?))?;
         let mut owners_dir = path.as_os_str().to_owned();
         owners_dir.push(".owners");
         let owners_dir = PathBuf::from(owners_dir);
@@ -121,36 +121,20 @@ impl Sqlite {
 
 /// Runs `step` again while SQLite answers SQLITE_BUSY without having waited (a lock
 /// deadlock between connections opening the same fresh file), up to [`BUSY_TIMEOUT`].
-fn retry_busy<T, E>(mut step: impl FnMut() -> Result<T, E>) -> Result<T, E>
-where
-    E: BusyError,
-{
+fn retry_busy<T>(mut step: impl FnMut() -> Result<T, StoreError>) -> Result<T, StoreError> {
     let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
     let mut pause = Duration::from_millis(2);
     loop {
         match step() {
-            Err(e) if e.is_busy() && std::time::Instant::now() < deadline => {
+            Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
             other => return other,
         }
-    }
-}
-
-trait BusyError {
-    fn is_busy(&self) -> bool;
-}
-
-impl BusyError for rusqlite::Error {
-    fn is_busy(&self) -> bool {
-        matches!(self, rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::DatabaseBusy)
-    }
-}
-
-impl BusyError for StoreError {
-    fn is_busy(&self) -> bool {
-        matches!(self, StoreError::Sqlite(e) if e.is_busy())
     }
 }
 

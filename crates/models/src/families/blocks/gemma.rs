@@ -469,16 +469,9 @@ impl CausalLm for GemmaModel {
     ) -> Result<()> {
         let step = Step { pool, batch };
         let rows = batch.logits_indices.len();
-        match self.run_layers(&step, kv, workspace, rows, true)? {
-            Some(pruned) => {
-                let step = Step {
-                    pool,
-                    batch: &pruned,
-                };
-                self.ends.logits(&step, workspace, logits)
-            }
-            None => self.ends.logits(&step, workspace, logits),
-        }
+        let pruned = self.run_layers(&step, kv, workspace, rows, true)?;
+        let batch = pruned.as_ref().unwrap_or(batch);
+        self.ends.logits(&Step { pool, batch }, workspace, logits)
     }
 
     fn forward_hidden(
