@@ -21,12 +21,11 @@ import tempfile
 from pathlib import Path
 
 import httpx
-import jsonschema
 import pytest
 
 from conftest import MODEL_NAME, start_server, stop_server
 from gemma4_gguf import write_model
-from test_tools import ASK, TOOLS, WEATHER
+from tool_protocol import forced_call_and_round_trip, required_call
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = json.loads((REPO / "crates/text/tests/fixtures/chat_templates_gemma4.json").read_text())
@@ -83,68 +82,17 @@ def test_prompts_are_the_reference_templates_tokens(gemma4_server, case):
     assert response.json()["usage"]["prompt_tokens"] == len(expected)
 
 
-def check_call(call) -> dict:
-    tool = next(t for t in TOOLS if t["function"]["name"] == call.function.name)
-    arguments = json.loads(call.function.arguments)
-    jsonschema.validate(arguments, tool["function"]["parameters"])
-    return arguments
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_forced_tool_call_and_round_trip(gemma4_server, stream):
-    client = gemma4_server.client()
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    if stream:
-        chunks = client.chat.completions.create(
-            model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice=named,
-            max_tokens=256, temperature=0, stream=True,
-        )
-        name, arguments, finish = None, "", None
-        for chunk in chunks:
-            for choice in chunk.choices:
-                for delta in choice.delta.tool_calls or []:
-                    name = delta.function.name or name
-                    arguments += delta.function.arguments or ""
-                finish = choice.finish_reason or finish
-        assert (name, finish) == ("get_weather", "tool_calls")
-        jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
-        return
-    response = client.chat.completions.create(
-        model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice=named,
-        max_tokens=256, temperature=0,
-    )
-    choice = response.choices[0]
-    assert choice.finish_reason == "tool_calls", choice
-    (call,) = choice.message.tool_calls
-    assert call.function.name == "get_weather" and call.id.startswith("call_")
-    check_call(call)
     # The round trip: the call, its reasoning and its result go back through Gemma 4's
     # template (tool_call / tool_response blocks).
-    follow_up = client.chat.completions.create(
-        model=MODEL_NAME,
-        messages=ASK
-        + [
-            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()],
-             "reasoning_content": "The user wants the weather: call get_weather."},
-            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 18})},
-        ],
-        tools=TOOLS,
-        max_tokens=16,
-        temperature=0,
+    forced_call_and_round_trip(
+        gemma4_server.client(), stream, {"reasoning_content": "The user wants the weather: call get_weather."}
     )
-    assert follow_up.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    assert follow_up.usage.prompt_tokens > response.usage.prompt_tokens
 
 
 def test_required_tool_choice_calls_one_of_the_tools(gemma4_server):
-    response = gemma4_server.client().chat.completions.create(
-        model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
-        parallel_tool_calls=False, max_tokens=256, temperature=0,
-    )
-    choice = response.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    (call,) = choice.message.tool_calls
-    check_call(call)
+    required_call(gemma4_server.client())
 
 
 def test_streamed_text_is_the_whole_answer(gemma4_server):
