@@ -65,6 +65,9 @@ pub struct ServerConfig {
     /// Generation requests beyond this many waiting get a 503 with `Retry-After`; `None` = no
     /// bound.
     pub max_waiting_requests: Option<usize>,
+    /// Admission jobs (template renders, grammar compiles, tokenizing long prompts) run at
+    /// once on the blocking pool (`--max-admission-jobs`; default: the cores available).
+    pub max_admission_jobs: usize,
     /// `--enable-auto-tool-choice`, `--tool-call-parser`, `--exclude-tools-when-tool-choice-none`.
     pub tools: ToolSettings,
     /// `--reasoning-parser`.
@@ -110,6 +113,7 @@ impl ServerConfig {
             header_read_timeout: DEFAULT_READ_TIMEOUT,
             body_read_timeout: DEFAULT_READ_TIMEOUT,
             max_waiting_requests: None,
+            max_admission_jobs: std::thread::available_parallelism().map_or(2, usize::from),
             tools: ToolSettings::default(),
             reasoning_parser: None,
             response_role: "assistant".into(),

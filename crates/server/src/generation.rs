@@ -19,17 +19,19 @@ use tokenmill_protocol::{
 use tokenmill_text::{reasoning_markers, DecodeOptions, Tokenizer};
 
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The engine's sampling parameters for a validated request, built once for all its choices
 /// (`bad_words` are tokenized here, where the tokenizer is, and a structured output is compiled
 /// here, so a bad schema, regex or grammar is a 400 naming its field before anything is queued).
-/// A grammar compiles on the blocking pool: a large schema must not hold an async worker that
-/// other connections share.
+/// A grammar compiles in the admission pool (`crate::admission`): a large schema must not hold
+/// an async worker that other connections share, nor may many of them hold every core.
 pub(crate) async fn engine_sampling(
     validated: &ValidatedSampling,
-    model: &Arc<LoadedModel>,
-    reasoning_parser: Option<&str>,
+    state: &AppState,
 ) -> Result<SamplingParams, ApiError> {
+    let model = &state.inner.model;
+    let reasoning_parser = state.config().reasoning_parser.as_deref();
     let sampling = &validated.sampling;
     let thinking_budget = match sampling.thinking_token_budget {
         Some(budget) => Some(thinking_budget(budget, model, reasoning_parser)?),
@@ -38,10 +40,12 @@ pub(crate) async fn engine_sampling(
     let structured_output = match sampling.structured_output.clone() {
         Some(request) => {
             let model = Arc::clone(model);
-            let compiled =
-                tokio::task::spawn_blocking(move || compile_structured_output(&request, &model))
-                    .await
-                    .map_err(|e| ApiError::Internal(format!("grammar compilation task: {e}")))?;
+            let compiled = state
+                .admission()
+                .run("grammar compilation", move || {
+                    compile_structured_output(&request, &model)
+                })
+                .await?;
             Some(compiled?)
         }
         None => None,

@@ -12,6 +12,7 @@
 //! chat template + tokenize → one engine request per (prompt, choice) → JSON or SSE.
 //! A dropped SSE body drops the engine streams, which aborts the requests in the engine.
 
+mod admission;
 mod anthropic_output;
 pub mod chat_output;
 mod config;

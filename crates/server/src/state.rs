@@ -9,6 +9,7 @@ use tokenmill_engine::{EngineClient, GenerateRequest, LoadedModel, RequestId, Re
 use tokenmill_metrics::EngineMetrics;
 use tokenmill_protocol::ValidationLimits;
 
+use crate::admission::Admission;
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::responses_runs::Responses;
@@ -44,6 +45,9 @@ pub(crate) struct Inner {
     pub template_renders_tools: bool,
     /// `/v1/responses`: the store and the background runs.
     pub responses: Responses,
+    /// The bounded pool for expensive work before admission (templates, grammars, long
+    /// prompts' tokenizing).
+    pub admission: Admission,
 }
 
 impl std::fmt::Debug for AppState {
@@ -83,6 +87,7 @@ impl AppState {
         AppState {
             inner: Arc::new(Inner {
                 responses: Responses::new(config.response_store.clone()),
+                admission: Admission::new(config.max_admission_jobs),
                 template_renders_tools,
                 engine,
                 model,
@@ -117,6 +122,11 @@ impl AppState {
     /// the context length (times a margin).
     pub(crate) fn max_prompt_bytes(&self) -> usize {
         self.inner.max_prompt_bytes
+    }
+
+    /// The bounded pool for expensive work before admission.
+    pub(crate) fn admission(&self) -> &Admission {
+        &self.inner.admission
     }
 
     /// How logprob entries name tokens (`--return-tokens-as-token-ids`).

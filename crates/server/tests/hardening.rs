@@ -1,7 +1,8 @@
 //! Hostile clients over real sockets and in-process: read timeouts (silent connections,
 //! half-sent request lines, headers dripped byte by byte, short bodies), the fan-out and
 //! prompt-size caps, `priority` without the priority policy, the waiting-queue bound, the
-//! early bind, the OpenAPI document's security matching the server, and JSON error bodies
+//! early bind, the OpenAPI document's security matching the server, long prompts in the
+//! bounded admission pool, and JSON error bodies
 //! on the responses hyper writes by itself (malformed request heads, 431, 414).
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] functions
@@ -449,4 +450,51 @@ async fn malformed_and_oversized_request_heads_get_json_errors() {
     let (status, body) = status_and_json(&text);
     assert!(status.starts_with("HTTP/1.1 400 "), "{text}");
     assert_eq!(body["error"]["param"], "prompt", "{body}");
+}
+
+/// Long prompts tokenize in the admission pool: with one job allowed, six concurrent 300 KB
+/// `/tokenize` requests run one at a time, `/health` answers while they are still running
+/// (no async worker is held), and each gets the tokens the tokenizer gives (the pool path is
+/// the inline path's result).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_prompts_tokenize_in_the_bounded_pool_while_health_answers() {
+    let app = std::sync::Arc::new(TestApp::with_engine_config(
+        |engine| {
+            engine.max_model_len = Some(8192);
+            engine.kv_cache = KvCacheSizing::Bytes(256 << 20);
+        },
+        |server| server.max_admission_jobs = 1,
+    ));
+    let text: String = (0..60_000).map(|i| format!("w{} ", i % 997)).collect();
+    assert!(
+        text.len() > 200 << 10,
+        "over the inline limit: {}",
+        text.len()
+    );
+    let expected = app.state_model_tokenizer().encode(&text, true).unwrap();
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let requests: Vec<_> = (0..6)
+        .map(|_| {
+            let (app, text, finished) = (app.clone(), text.clone(), finished.clone());
+            tokio::spawn(async move {
+                let answer = app
+                    .post_json("/tokenize", &json!({"model": MODEL_NAME, "prompt": text}))
+                    .await;
+                finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                answer
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (status, _) = app.get("/health").await;
+    assert_eq!(status, StatusCode::OK);
+    let done = finished.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(done < 6, "health answered only after all {done} jobs");
+    for request in requests {
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["count"], expected.len(), "{body}");
+        let tokens: Vec<u32> = serde_json::from_value(body["tokens"].clone()).unwrap();
+        assert_eq!(tokens, expected);
+    }
 }

@@ -82,12 +82,7 @@ pub(crate) async fn create(
         _ => String::new(),
     };
 
-    let params = engine_sampling(
-        &validated,
-        &state.inner.model,
-        state.config().reasoning_parser.as_deref(),
-    )
-    .await?;
+    let params = engine_sampling(&validated, &state).await?;
     let mut guard = InFlightGuard::new(&state);
     let mut streams = Vec::with_capacity(validated.sampling.n as usize);
     for choice in 0..validated.sampling.n {
@@ -204,7 +199,7 @@ pub(crate) async fn chat_prompt(
         };
         tracing::info!("chat prompt: {shown:?}");
     }
-    let prompt_token_ids = encode(state, &prompt, add_special_tokens)?;
+    let prompt_token_ids = encode(state, &prompt, add_special_tokens).await?;
     if prompt_token_ids.is_empty() {
         return Err(ApiError::invalid_param(
             "messages",

@@ -47,7 +47,7 @@ pub(crate) async fn create(
     for prompt in requested {
         let (mut token_ids, text) = match prompt {
             Prompt::Text(text) => (
-                encode(&state, &text, validated.output.add_special_tokens)?,
+                encode(&state, &text, validated.output.add_special_tokens).await?,
                 text,
             ),
             Prompt::Tokens(ids) => {
@@ -80,12 +80,7 @@ pub(crate) async fn create(
         log_prompts(&state, &prompts);
     }
 
-    let params = engine_sampling(
-        &validated,
-        &state.inner.model,
-        state.config().reasoning_parser.as_deref(),
-    )
-    .await?;
+    let params = engine_sampling(&validated, &state).await?;
     let mut guard = InFlightGuard::new(&state);
     let n = validated.sampling.n;
     let mut streams = Vec::with_capacity(prompts.len() * n as usize);

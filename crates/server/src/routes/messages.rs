@@ -207,12 +207,7 @@ async fn create_message(state: AppState, body: Body) -> Result<Response, Anthrop
             tracing::info!("messages request for metadata.user_id {user:?}");
         }
     }
-    let params = engine_sampling(
-        &validated,
-        &state.inner.model,
-        state.config().reasoning_parser.as_deref(),
-    )
-    .await?;
+    let params = engine_sampling(&validated, &state).await?;
     let mut guard = InFlightGuard::new(&state);
     let mut engine_req = engine_request(
         prepared.prompt_token_ids.clone(),

@@ -220,12 +220,7 @@ pub(crate) async fn create(
     }
     let responses = &state.inner.responses;
     let store = request.store.unwrap_or(true) && responses.store.is_some();
-    let params = engine_sampling(
-        &validated,
-        &state.inner.model,
-        state.config().reasoning_parser.as_deref(),
-    )
-    .await?;
+    let params = engine_sampling(&validated, &state).await?;
     let mut guard = InFlightGuard::new(&state);
     let mut engine_req = engine_request(
         prepared.prompt_token_ids.clone(),

@@ -1,6 +1,8 @@
 //! `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info` (vLLM extras), plus the
 //! prompt-preparation helpers the generation routes share: chat templating and tokenization.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
@@ -10,6 +12,7 @@ use tokenmill_protocol::{
 };
 use tokenmill_text::{ChatTemplate, RenderOptions, TextError, Tokenizer};
 
+use crate::admission::INLINE_TOKENIZE_BYTES;
 use crate::error::ApiError;
 use crate::generation::token_text;
 use crate::routes::{check_model, json_response, read_json};
@@ -46,7 +49,7 @@ pub(crate) async fn tokenize(
         TokenizeInput::Prompt {
             text,
             add_special_tokens,
-        } => encode(&state, &text, add_special_tokens)?,
+        } => encode(&state, &text, add_special_tokens).await?,
         TokenizeInput::Chat {
             mut messages,
             template,
@@ -56,7 +59,7 @@ pub(crate) async fn tokenize(
             let renders_tools = renders_tools(&state, &template).await?;
             prepare_tool_history(&mut messages, None, !renders_tools);
             let prompt = render_chat(&state, &messages, &template).await?;
-            encode(&state, &prompt, add_special_tokens)?
+            encode(&state, &prompt, add_special_tokens).await?
         }
     };
     Ok(tokenize_response(
@@ -124,7 +127,12 @@ pub(crate) async fn renders_tools(
     match &options.chat_template {
         Some(source) => {
             let source = source.clone();
-            off_runtime(move || ChatTemplate::new(source).is_ok_and(|t| t.renders_tools())).await
+            state
+                .admission()
+                .run("chat template", move || {
+                    ChatTemplate::new(source).is_ok_and(|t| t.renders_tools())
+                })
+                .await
         }
         None => Ok(state.inner.template_renders_tools),
     }
@@ -142,19 +150,9 @@ fn check_request_template(state: &AppState, options: &ChatTemplateOptions) -> Re
     Ok(())
 }
 
-/// Runs template work on the blocking pool: a render is bounded (fuel, output size) but may
-/// still take a while, and must not hold an async worker that `/health` needs. A panic in
-/// the template engine is a 500 with its details logged.
-async fn off_runtime<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError::Internal(format!("chat template task: {e}")))
-}
-
-/// Tokenizes prompt text (`add_special_tokens` adds BOS where the model wants one).
-pub(crate) fn encode(
+/// Tokenizes prompt text (`add_special_tokens` adds BOS where the model wants one). A long
+/// text tokenizes in the admission pool (`crate::admission`), a short one inline.
+pub(crate) async fn encode(
     state: &AppState,
     text: &str,
     add_special_tokens: bool,
@@ -173,12 +171,19 @@ pub(crate) fn encode(
             ),
         ));
     }
-    state
-        .inner
-        .model
-        .tokenizer
-        .encode(text, add_special_tokens)
-        .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))
+    let encoded = if text.len() <= INLINE_TOKENIZE_BYTES {
+        state.inner.model.tokenizer.encode(text, add_special_tokens)
+    } else {
+        let model = Arc::clone(&state.inner.model);
+        let text = text.to_owned();
+        state
+            .admission()
+            .run("tokenizing", move || {
+                model.tokenizer.encode(&text, add_special_tokens)
+            })
+            .await?
+    };
+    encoded.map_err(|e| ApiError::invalid_param("prompt", e.to_string()))
 }
 
 /// Renders a conversation with the request's template (only under
@@ -207,14 +212,16 @@ pub(crate) async fn render_chat(
             .collect()
     });
     let source = options.chat_template.clone();
-    let model = std::sync::Arc::clone(&state.inner.model);
-    let rendered = off_runtime(move || match source {
-        Some(source) => {
-            ChatTemplate::new(source).and_then(|template| template.render(&values, &render))
-        }
-        None => model.chat_template.render(&values, &render),
-    })
-    .await?;
+    let model = Arc::clone(&state.inner.model);
+    let rendered = state
+        .admission()
+        .run("chat template", move || match source {
+            Some(source) => {
+                ChatTemplate::new(source).and_then(|template| template.render(&values, &render))
+            }
+            None => model.chat_template.render(&values, &render),
+        })
+        .await?;
     rendered.map_err(template_error)
 }
 
