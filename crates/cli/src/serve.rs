@@ -75,8 +75,8 @@ pub struct ServeArgs {
     /// Expensive pre-admission jobs (chat-template renders, grammar and schema compiles,
     /// tokenizing prompts over 16 KiB) run at once, off the async workers; more wait in turn,
     /// and beyond 64 waiting per job get 503 with Retry-After. Default: the cores available.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Frontend")]
-    pub max_admission_jobs: Option<u64>,
+    #[arg(long, value_name = "N", help_heading = "Frontend")]
+    pub max_admission_jobs: Option<std::num::NonZeroUsize>,
     /// Seconds a connection may take to send a complete request head (slow-loris defence;
     /// also closes keep-alive connections idle that long).
     #[arg(long, default_value_t = 30.0, help_heading = "Frontend")]
@@ -172,7 +172,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     server.max_n = args.max_n;
     server.max_waiting_requests = args.max_waiting_requests;
     if let Some(jobs) = args.max_admission_jobs {
-        server.max_admission_jobs = usize::try_from(jobs).unwrap_or(usize::MAX);
+        server.max_admission_jobs = jobs.get();
     }
     server.header_read_timeout =
         positive_seconds("--header-read-timeout", args.header_read_timeout)?;

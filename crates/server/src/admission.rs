@@ -3,7 +3,7 @@
 //! blocking pool (never on an async worker that `/health`, `/metrics` and every stream share)
 //! and at most `jobs` of them run at once, so N hostile requests occupy N permits, not every
 //! core or tokio's 512 blocking threads. Callers beyond the permits wait in turn; beyond
-//! `max_queued` waiting they get a 503 with `Retry-After` at once.
+//! [`QUEUED_PER_JOB`] waiting per permit they get a 503 with `Retry-After` at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,7 +25,6 @@ pub(crate) struct Admission {
     permits: Arc<Semaphore>,
     waiting: Arc<AtomicUsize>,
     jobs: usize,
-    max_queued: usize,
 }
 
 /// Counts one caller as waiting until it holds a permit or gives up (a dropped future: the
@@ -46,7 +45,6 @@ impl Admission {
             permits: Arc::new(Semaphore::new(jobs)),
             waiting: Arc::new(AtomicUsize::new(0)),
             jobs,
-            max_queued: jobs.saturating_mul(QUEUED_PER_JOB),
         }
     }
 
@@ -88,7 +86,9 @@ impl Admission {
     fn enter_queue(&self) -> Result<Waiting<'_>, ApiError> {
         let before = self.waiting.fetch_add(1, Ordering::AcqRel);
         let waiting = Waiting(&self.waiting);
-        if before >= self.max_queued && self.permits.available_permits() == 0 {
+        if before >= self.jobs.saturating_mul(QUEUED_PER_JOB)
+            && self.permits.available_permits() == 0
+        {
             return Err(ApiError::unavailable(format!(
                 "The server is busy preparing other requests ({} running, {before} waiting); \
                  retry later.",

@@ -2,8 +2,8 @@
 //! half-sent request lines, headers dripped byte by byte, short bodies), the fan-out and
 //! prompt-size caps, `priority` without the priority policy, the waiting-queue bound, the
 //! early bind, the OpenAPI document's security matching the server, long prompts in the
-//! bounded admission pool, and JSON error bodies
-//! on the responses hyper writes by itself (malformed request heads, 431, 414).
+//! bounded admission pool, and JSON error bodies on the responses hyper writes by itself
+//! (malformed request heads, 431, 414).
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] functions
 
@@ -452,10 +452,10 @@ async fn malformed_and_oversized_request_heads_get_json_errors() {
     assert_eq!(body["error"]["param"], "prompt", "{body}");
 }
 
-/// Long prompts tokenize in the admission pool: with one job allowed, six concurrent 300 KB
-/// `/tokenize` requests run one at a time, `/health` answers while they are still running
-/// (no async worker is held), and each gets the tokens the tokenizer gives (the pool path is
-/// the inline path's result).
+/// Long prompts tokenize in the admission pool: with one job allowed, six concurrent ~290 KB
+/// `/tokenize` requests (far over the 16 KiB inline limit) take turns, `/health` answers
+/// while they are still running (no async worker is held), and each gets the tokens the
+/// tokenizer gives (the pool path is the inline path's result).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_prompts_tokenize_in_the_bounded_pool_while_health_answers() {
     let app = std::sync::Arc::new(TestApp::with_engine_config(
@@ -468,7 +468,7 @@ async fn long_prompts_tokenize_in_the_bounded_pool_while_health_answers() {
     let text: String = (0..60_000).map(|i| format!("w{} ", i % 997)).collect();
     assert!(
         text.len() > 200 << 10,
-        "over the inline limit: {}",
+        "long enough to keep the one job busy: {}",
         text.len()
     );
     let expected = app.state_model_tokenizer().encode(&text, true).unwrap();
